@@ -1,0 +1,175 @@
+"""The ``edgevlm`` command: a thin click layer over the library.
+
+Each command parses its options, calls the library, formats the result, and turns an
+``EdgeVLMError`` into one line on stderr and the error's exit code (never a traceback).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import click
+
+from .errors import EdgeVLMError
+
+
+class CLIError(click.ClickException):
+    """A one-line error with our exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def handle_errors(fn):
+    """Map library errors to a ClickException at the edge."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except EdgeVLMError as exc:
+            raise CLIError(str(exc), exc.exit_code) from None
+
+    return wrapper
+
+
+class ImageSize(click.ParamType):
+    """``WxH`` (e.g. ``1024x768``) or one number for a square."""
+
+    name = "WxH"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        text = str(value).lower().replace("×", "x")
+        try:
+            parts = [int(p) for p in text.split("x")]
+        except ValueError:
+            self.fail(f"'{value}' is not WIDTHxHEIGHT (e.g. 1024x768)", param, ctx)
+        if len(parts) == 1:
+            parts = parts * 2
+        if len(parts) != 2 or min(parts) <= 0:
+            self.fail(f"'{value}' is not WIDTHxHEIGHT with positive sides", param, ctx)
+        return tuple(parts)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edgevlm")
+def main() -> None:
+    """Run GGUF vision-language models through llama.cpp, planned to fit in memory."""
+
+
+def _not_yet(name: str, issue: int) -> None:
+    raise CLIError(f"'edgevlm {name}' is not implemented yet (planned in issue #{issue})", 3)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def chat(args) -> None:
+    """Chat with a model about images (not yet implemented)."""
+    _not_yet("chat", 3)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def caption(args) -> None:
+    """Caption folders of images, resumably (not yet implemented)."""
+    _not_yet("caption", 7)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def plan(args) -> None:
+    """Plan GPU layers, context and KV types for this machine (not yet implemented)."""
+    _not_yet("plan", 4)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector to check against FILE.")
+@click.option("--image-size", type=ImageSize(), default=None,
+              help="Image size for the token count (default: the projector's native size).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@handle_errors
+def inspect(file, mmproj, image_size, as_json) -> None:
+    """Show what a GGUF model or projector holds (metadata and tensor table only).
+
+    \b
+    edgevlm inspect model.gguf
+    edgevlm inspect model.gguf --mmproj mmproj.gguf --json
+    """
+    from .inspect import inspect_files, pair_error
+
+    report = inspect_files(file, mmproj, image_size)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _render_inspect(report)
+    err = pair_error(report)
+    if err is not None:
+        raise err
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def _render_inspect(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    if "model" in report:
+        m = report["model"]
+        t = Table(title=f"text model  {m['path']}", show_header=False, box=None, title_justify="left")
+        t.add_column(style="bold")
+        t.add_column()
+        per = m["weight_bytes_per_layer"]
+        rows = [
+            ("arch", m["arch"]), ("name", m["name"]), ("file_type", m["file_type"]),
+            ("n_layer", m["n_layer"]), ("n_embd", m["n_embd"]),
+            ("n_head / n_head_kv", f"{m['n_head']} / {m['n_head_kv']}"), ("head_dim", m["head_dim"]),
+            ("n_ff", m["n_ff"]), ("n_vocab", m["n_vocab"]), ("n_ctx_train", m["n_ctx_train"]),
+            ("weights", _mib(m["weight_bytes"])),
+            ("  per layer", _mib(max(per)) if per else "-"),
+            ("  outside layers", _mib(m["weight_bytes_outside_layers"])),
+            ("chat template", "yes" if m["has_chat_template"] else "no (family fallback)"),
+        ]
+        if m["n_swa"]:
+            rows.insert(9, ("sliding window", m["n_swa"]))
+        for k, v in rows:
+            t.add_row(k, str(v))
+        console.print(t)
+    if "mmproj" in report:
+        p = report["mmproj"]
+        t = Table(title=f"vision projector  {p['path']}", show_header=False, box=None, title_justify="left")
+        t.add_column(style="bold")
+        t.add_column()
+        it = p["image_tokens"]
+        rows = [
+            ("projector_type", p["projector_type"]), ("file_type", p["file_type"]),
+            ("image_size / patch_size", f"{p['image_size']} / {p['patch_size']}"),
+            ("vision n_layer", p["n_layer"]), ("vision n_embd", p["n_embd"]),
+            ("output width", p["n_mmproj_embd"]), ("weights", _mib(p["weight_bytes"])),
+        ]
+        if p["image_grid_pinpoints"]:
+            rows.append(("pinpoints", " ".join(f"{w}x{h}" for w, h in p["image_grid_pinpoints"])))
+        if p["spatial_merge_size"]:
+            rows.append(("spatial merge", p["spatial_merge_size"]))
+        for key in ("image_min_pixels", "image_max_pixels"):
+            if p[key]:
+                rows.append((key, p[key]))
+        rows.append((f"image tokens @ {it['width']}x{it['height']}",
+                     f"{it['n_tokens']} in {it['n_chunks']} chunk(s), {it['n_pos']} positions"))
+        for k, v in rows:
+            t.add_row(k, str(v))
+        console.print(t)
+    if "pair" in report:
+        ok = report["pair"]["compatible"]
+        console.print("pair: [green]compatible[/]" if ok else "pair: [red]NOT compatible[/]")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,86 @@
+"""One sink for llama.cpp's two loggers (llama/ggml and clip/mtmd).
+
+llama.cpp logs in fragments (``GGML_LOG_LEVEL_CONT``); lines are re-joined on newlines here so
+listeners see whole lines. By default nothing is printed (edgevlm is silent unless ``--verbose``);
+``capture()`` collects the lines of a block of code so callers can parse buffer sizes and timings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import re
+import sys
+import threading
+from collections.abc import Iterator
+
+_lock = threading.Lock()
+_state = {"installed": False, "echo": False, "partial": ""}
+_listeners: list[list[str]] = []
+_callbacks: list[object] = []  # keep ctypes callbacks alive for the life of the process
+
+
+def _on_text(level: int, text: bytes, _user) -> None:
+    try:
+        s = text.decode("utf-8", errors="replace") if text else ""
+    except Exception:  # never raise into C
+        return
+    with _lock:
+        if _state["echo"]:
+            sys.stderr.write(s)
+            sys.stderr.flush()
+        buf = _state["partial"] + s
+        *lines, rest = buf.split("\n")
+        _state["partial"] = rest
+        if lines:
+            for sink in _listeners:
+                sink.extend(lines)
+
+
+def install() -> None:
+    """Route both of llama.cpp's loggers here (idempotent)."""
+    if _state["installed"]:
+        return
+    import llama_cpp
+    from llama_cpp import mtmd_cpp
+
+    cb = llama_cpp.llama_log_callback(_on_text)
+    _callbacks.append(cb)
+    llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_helper_log_set(cb, ctypes.c_void_p(0))
+    _state["installed"] = True
+
+
+def set_echo(echo: bool) -> None:
+    """Print llama.cpp's own log to stderr (``--verbose``)."""
+    install()
+    _state["echo"] = echo
+
+
+@contextlib.contextmanager
+def capture() -> Iterator[list[str]]:
+    """Collect the whole log lines emitted inside the block."""
+    install()
+    lines: list[str] = []
+    with _lock:
+        _listeners.append(lines)
+    try:
+        yield lines
+    finally:
+        with _lock:
+            _listeners.remove(lines)
+
+
+_MIB = re.compile(r"([A-Za-z_]+):\s+(\S+)\s+(.*?)\s*=\s*([0-9.]+)\s*MiB")
+
+
+def buffer_sizes(lines: list[str]) -> list[tuple[str, str, str, float]]:
+    """``(function, buffer, what, MiB)`` for llama.cpp's ``... buffer size = X MiB`` lines."""
+    out = []
+    for line in lines:
+        if "buffer size" not in line and "model size" not in line:
+            continue
+        m = _MIB.search(line)
+        if m:
+            out.append((m.group(1), m.group(2), m.group(3), float(m.group(4))))
+    return out

@@ -1,0 +1,106 @@
+"""LLaVA-1.5 (``mlp``) and LLaVA-1.6 (``mlp`` + pinpoints) pairs: a ``llama`` text model with an
+SPM vocab and Q4_0 weights, and a CLIP ``clip`` mmproj in F16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .shapes import LLAVA16_PINPOINTS, TextShape, VisionShape
+from .vocab import spm_vocab, write_vocab
+from .writer import FILE_TYPES, RandomGGUF
+
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+
+def write_llama_text(path: Path, t: TextShape, seed: int, name: str, weight_type: str = "q4_0") -> Path:
+    g = RandomGGUF(path, "llama", seed, weight_type)
+    w = g.writer
+    w.add_name(name)
+    w.add_file_type(FILE_TYPES[weight_type])
+    w.add_context_length(t.n_ctx_train)
+    w.add_embedding_length(t.n_embd)
+    w.add_block_count(t.n_layer)
+    w.add_feed_forward_length(t.n_ff)
+    w.add_head_count(t.n_head)
+    w.add_head_count_kv(t.n_head_kv)
+    w.add_rope_dimension_count(t.head_dim)
+    w.add_rope_freq_base(t.rope_theta)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(t.n_vocab)
+    write_vocab(w, spm_vocab(t.n_vocab))
+
+    kv = t.n_head_kv * t.head_dim
+    g.weight("token_embd.weight", (t.n_vocab, t.n_embd), scale=1.0)
+    for i in range(t.n_layer):
+        p = f"blk.{i}"
+        g.ones(f"{p}.attn_norm.weight", t.n_embd)
+        g.linear(f"{p}.attn_q", t.n_embd, t.n_embd, bias=False)
+        g.linear(f"{p}.attn_k", kv, t.n_embd, bias=False)
+        g.linear(f"{p}.attn_v", kv, t.n_embd, bias=False)
+        g.linear(f"{p}.attn_output", t.n_embd, t.n_embd, bias=False)
+        g.ones(f"{p}.ffn_norm.weight", t.n_embd)
+        g.linear(f"{p}.ffn_gate", t.n_ff, t.n_embd, bias=False)
+        g.linear(f"{p}.ffn_up", t.n_ff, t.n_embd, bias=False)
+        g.linear(f"{p}.ffn_down", t.n_embd, t.n_ff, bias=False)
+    g.ones("output_norm.weight", t.n_embd)
+    g.weight("output.weight", (t.n_vocab, t.n_embd))
+    return g.write()
+
+
+def write_clip_mlp(path: Path, v: VisionShape, n_text_embd: int, seed: int, name: str,
+                   pinpoints: list[int] | None = None) -> Path:
+    g = RandomGGUF(path, "clip", seed, "f16")
+    w = g.writer
+    w.add_name(name)
+    w.add_file_type(FILE_TYPES["f16"])
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.has_text_encoder", False)
+    w.add_bool("clip.has_llava_projector", True)
+    w.add_string("clip.projector_type", "mlp")
+    w.add_bool("clip.use_gelu", False)  # CLIP ViT-L uses quick-GELU
+    w.add_uint32("clip.vision.image_size", v.image_size)
+    w.add_uint32("clip.vision.patch_size", v.patch_size)
+    w.add_uint32("clip.vision.embedding_length", v.n_embd)
+    w.add_uint32("clip.vision.feed_forward_length", v.n_ff)
+    w.add_uint32("clip.vision.projection_dim", v.n_embd)
+    w.add_uint32("clip.vision.attention.head_count", v.n_head)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    w.add_uint32("clip.vision.block_count", v.n_layer)
+    w.add_array("clip.vision.image_mean", CLIP_MEAN)
+    w.add_array("clip.vision.image_std", CLIP_STD)
+    if pinpoints:
+        w.add_array("clip.vision.image_grid_pinpoints", pinpoints)
+        w.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
+
+    n_patches = (v.image_size // v.patch_size) ** 2
+    E = v.n_embd
+    g.bias("v.class_embd", E, scale=0.5)
+    g.weight("v.patch_embd.weight", (E, 3, v.patch_size, v.patch_size))
+    g.weight("v.position_embd.weight", (n_patches + 1, E), scale=0.5)
+    g.norm("v.pre_ln", E)
+    for i in range(v.n_layer):
+        p = f"v.blk.{i}"
+        g.norm(f"{p}.ln1", E)
+        for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            g.linear(f"{p}.{proj}", E, E)
+        g.norm(f"{p}.ln2", E)
+        g.linear(f"{p}.ffn_up", v.n_ff, E)
+        g.linear(f"{p}.ffn_down", E, v.n_ff)
+    g.linear("mm.0", n_text_embd, E)
+    g.linear("mm.2", n_text_embd, n_text_embd)
+    if pinpoints:
+        g.bias("v.image_newline", n_text_embd, scale=0.5)
+    return g.write()
+
+
+def write_llava(outdir: Path, text: TextShape, vision: VisionShape, seed: int,
+                family: str) -> tuple[Path, Path]:
+    tiled = family == "llava16"
+    label = "LLaVA-1.6" if tiled else "LLaVA-1.5"
+    model = write_llama_text(outdir / "model.gguf", text, seed, f"{label} random ({family})")
+    mmproj = write_clip_mlp(
+        outdir / "mmproj.gguf", vision, text.n_embd, seed + 1, f"{label} CLIP random",
+        pinpoints=LLAVA16_PINPOINTS if tiled else None,
+    )
+    return model, mmproj

@@ -1,0 +1,61 @@
+"""Shared fixtures: generated model pairs (cached on disk across runs) and real images."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from edgevlm.testing import cached_model_pair
+
+ALL_FAMILIES = ["llava15", "llava16", "qwen2vl", "qwen25vl"]
+
+
+@pytest.fixture(scope="session")
+def model_pair():
+    """``model_pair(family, preset="tiny", seed=0)`` → ModelPair, generated once per cache."""
+    def get(family: str = "llava15", preset: str = "tiny", seed: int = 0):
+        return cached_model_pair(family, preset, seed)
+    return get
+
+
+@pytest.fixture(scope="session", params=ALL_FAMILIES)
+def any_pair(request, model_pair):
+    return model_pair(request.param)
+
+
+def make_image(path: Path, width: int, height: int, seed: int = 0, mode: str = "noise") -> Path:
+    rng = np.random.default_rng(seed)
+    if mode == "noise":
+        arr = (rng.random((height, width, 3)) * 255).astype(np.uint8)
+    else:  # a gradient with a coloured square: structured content
+        y, x = np.mgrid[0:height, 0:width]
+        arr = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1),
+                        np.full_like(x, 128)], axis=-1).astype(np.uint8)
+        arr[height // 4: height // 2, width // 4: width // 2] = rng.integers(0, 255, 3)
+    Image.fromarray(arr).save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory):
+    d = tmp_path_factory.mktemp("images")
+    return {
+        "noise": make_image(d / "noise.png", 320, 240, seed=1),
+        "gradient": make_image(d / "gradient.png", 640, 400, seed=2, mode="gradient"),
+        "square": make_image(d / "square.jpg", 336, 336, seed=3),
+    }
+
+
+def run_cli(*args: str, input: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real ``edgevlm`` console entry point in a subprocess."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run(
+        [sys.executable, "-m", "edgevlm", *args], input=input, capture_output=True, text=True,
+        timeout=timeout, env=env,
+    )
