@@ -1,0 +1,91 @@
+"""Bad files: one line naming the file and the problem, exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import run_cli
+
+
+def assert_clean_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+@pytest.fixture()
+def bad_files(tmp_path, model_pair):
+    pair = model_pair("llava15")
+    data = pair.model.read_bytes()
+    files = {
+        "missing": tmp_path / "missing.gguf",
+        "empty": tmp_path / "empty.gguf",
+        "notgguf": tmp_path / "notgguf.gguf",
+        "trunc_tensors": tmp_path / "trunc_tensors.gguf",
+        "trunc_header": tmp_path / "trunc_header.gguf",
+    }
+    files["empty"].write_bytes(b"")
+    files["notgguf"].write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
+    files["trunc_tensors"].write_bytes(data[: len(data) - 4096])
+    files["trunc_header"].write_bytes(data[:200])
+    return files
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("missing", "no such file"),
+    ("empty", "empty file"),
+    ("notgguf", "not a GGUF file"),
+    ("trunc_tensors", "truncated"),
+    ("trunc_header", "truncated or corrupt"),
+])
+def test_bad_model_file(bad_files, case, needle):
+    path = str(bad_files[case])
+    assert_clean_error(run_cli("inspect", path), path, needle)
+
+
+def test_bad_mmproj_file(bad_files, model_pair):
+    pair = model_pair("llava15")
+    path = str(bad_files["trunc_tensors"])
+    assert_clean_error(run_cli("inspect", str(pair.model), "--mmproj", path), path, "truncated")
+
+
+def test_mmproj_passed_as_model(model_pair):
+    pair = model_pair("llava15")
+    r = run_cli("inspect", str(pair.mmproj), "--mmproj", str(pair.mmproj))
+    assert_clean_error(r, str(pair.mmproj), "vision projector (mmproj), not a language model")
+
+
+def test_model_passed_as_mmproj(model_pair):
+    pair = model_pair("llava15")
+    r = run_cli("inspect", str(pair.model), "--mmproj", str(pair.model))
+    assert_clean_error(r, str(pair.model), "is a language model")
+
+
+@pytest.fixture(scope="module")
+def mismatched_mmproj(tmp_path_factory):
+    """An mmproj whose output width (96) differs from the tiny text model's n_embd (64)."""
+    from edgevlm.testing.llava import write_clip_mlp
+    from edgevlm.testing.shapes import LLAVA_PRESETS
+
+    out = tmp_path_factory.mktemp("mismatch") / "mmproj.gguf"
+    return write_clip_mlp(out, LLAVA_PRESETS["tiny"][1], 96, 5, "mismatch")
+
+
+def test_mismatched_pair(model_pair, mismatched_mmproj):
+    pair = model_pair("llava15")
+    r = run_cli("inspect", str(pair.model), "--mmproj", str(mismatched_mmproj))
+    assert_clean_error(r, str(mismatched_mmproj), "output width 96", "n_embd 64", "not a pair")
+    assert "pair: NOT compatible" in r.stdout
+
+
+def test_mismatched_pair_json(model_pair, mismatched_mmproj):
+    pair = model_pair("llava15")
+    r = run_cli("inspect", str(pair.model), "--mmproj", str(mismatched_mmproj), "--json")
+    assert r.returncode == 2
+    rep = json.loads(r.stdout)
+    assert rep["pair"]["compatible"] is False and "96" in rep["pair"]["reason"]
