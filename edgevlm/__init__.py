@@ -1,5 +1,7 @@
 """edgevlm: vision-language models on laptops through llama.cpp, planned to fit in memory."""
 
+from .api import load
+from .engine import ChatResult, Engine, GenerationResponse
 from .errors import (
     BackendError,
     EdgeVLMError,
@@ -10,10 +12,19 @@ from .errors import (
 )
 from .families import ImageTokens, image_tokens
 from .gguf_info import ProjectorInfo, TextModelInfo, check_pair, load_projector, load_text_model
+from .images import LoadedImage, load_image
+from .stats import TurnStats
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ChatResult",
+    "Engine",
+    "GenerationResponse",
+    "LoadedImage",
+    "TurnStats",
+    "load",
+    "load_image",
     "BackendError",
     "EdgeVLMError",
     "ImageError",

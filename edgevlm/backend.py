@@ -8,8 +8,10 @@ No policy lives here: what to evaluate, when, and what to keep is the engine's b
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +65,50 @@ class Chunks(list):
             pass
 
 
+@contextlib.contextmanager
+def _load_progress(callback):
+    """Give ``Llama`` a load-progress callback (it exposes none): patch the default params
+    factory it calls, for the duration of the constructor only."""
+    if callback is None:
+        yield
+        return
+    import llama_cpp.llama as llama_mod
+
+    lc = llama_mod.llama_cpp
+    original = lc.llama_model_default_params
+
+    def report(progress: float, _user) -> bool:
+        try:
+            callback(float(progress))
+        except Exception:  # never raise into C
+            pass
+        return True
+
+    c_cb = lc.llama_progress_callback(report)
+
+    def patched():
+        params = original()
+        params.progress_callback = c_cb
+        return params
+
+    lc.llama_model_default_params = patched
+    try:
+        yield
+    finally:
+        lc.llama_model_default_params = original
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature <= 0 means greedy; otherwise top-k → top-p → min-p → temperature → seeded draw."""
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+
+
 class Backend:
     """llama.cpp text model + mtmd projector, loaded once."""
 
@@ -114,7 +160,8 @@ class Backend:
                     flash_attn=flash_attn, offload_kqv=offload_kqv, use_mmap=use_mmap,
                     type_k=KV_TYPES[type_k], type_v=KV_TYPES[type_v], verbose=verbose,
                 )
-                self.llama = llama_cpp.Llama(self.model_path, **kwargs)
+                with _load_progress(progress_callback):
+                    self.llama = llama_cpp.Llama(self.model_path, **kwargs)
             except (ValueError, RuntimeError) as exc:
                 raise ModelFileError(f"{self.model_path}: llama.cpp could not load it ({exc})") from None
             params = mtmd_cpp.mtmd_context_params_default()
@@ -306,6 +353,32 @@ class Backend:
     def kv_clear(self) -> None:
         mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
         self.llama_cpp.llama_memory_clear(mem, True)
+
+    # --- sampling ---------------------------------------------------------------------
+    def make_sampler(self, params: SamplingParams):
+        """A llama.cpp sampler chain for ``params`` (free with ``free_sampler``)."""
+        lc = self.llama_cpp
+        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if params.temperature <= 0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+            return chain
+        if params.top_k > 0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(params.top_k))
+        if 0 < params.top_p < 1:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(params.top_p, 1))
+        if 0 < params.min_p < 1:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(params.min_p, 1))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(params.temperature))
+        seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**31)
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return chain
+
+    def sample(self, sampler) -> int:
+        """Sample from the last logits and accept the token into the sampler's state."""
+        return int(self.llama_cpp.llama_sampler_sample(sampler, self.llama.ctx, -1))
+
+    def free_sampler(self, sampler) -> None:
+        self.llama_cpp.llama_sampler_free(sampler)
 
     # --- vocab ------------------------------------------------------------------------
     def is_eog(self, token: int) -> bool:

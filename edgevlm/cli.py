@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 
 import click
 
@@ -65,11 +66,48 @@ def _not_yet(name: str, issue: int) -> None:
     raise CLIError(f"'edgevlm {name}' is not implemented yet (planned in issue #{issue})", 3)
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def chat(args) -> None:
-    """Chat with a model about images (not yet implemented)."""
-    _not_yet("chat", 3)
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("--model", "-m", required=True, type=click.Path(dir_okay=False), help="Text model GGUF.")
+@click.option("--mmproj", required=True, type=click.Path(dir_okay=False), help="Vision projector GGUF.")
+@click.option("--image", "-i", "images", multiple=True, type=click.Path(dir_okay=False),
+              help="Image for the first message (repeatable).")
+@click.option("--system", help="System prompt.")
+@click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(1))
+@click.option("--temp", default=0.2, show_default=True, type=click.FloatRange(0), help="0 = greedy.")
+@click.option("--top-k", default=40, show_default=True, type=click.IntRange(0))
+@click.option("--top-p", default=0.95, show_default=True, type=click.FloatRange(0, 1))
+@click.option("--min-p", default=0.05, show_default=True, type=click.FloatRange(0, 1))
+@click.option("--seed", type=int, help="Seed for sampling (reproducible with --temp > 0).")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--ctx", default=4096, show_default=True, type=click.IntRange(64), help="Context size in tokens.")
+@click.option("--ngl", default=-1, show_default=True, type=int, help="Layers on the GPU (-1 = all).")
+@click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
+@click.option("--max-pixels", default=100_000_000, show_default=True, type=click.IntRange(1),
+              help="Refuse images with more pixels than this (decompression-bomb guard).")
+@click.option("--stats", "show_stats", is_flag=True, help="Print a one-line stats footer to stderr.")
+@click.option("--json", "as_json", is_flag=True, help="One-shot: print one JSON object {text, stats}.")
+@click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
+@handle_errors
+def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, min_p, seed, stop,
+         ctx, ngl, threads, max_pixels, show_stats, as_json, verbose) -> None:
+    """Chat with a vision-language model about images.
+
+    \b
+    One-shot:     edgevlm chat -m model.gguf --mmproj mmproj.gguf -i photo.jpg "Describe it"
+    Interactive:  edgevlm chat -m model.gguf --mmproj mmproj.gguf
+    Scripted:     printf '/image a.png\\nWhat is it?\\n' | edgevlm chat -m ... --mmproj ...
+    """
+    from .chat_cli import run_chat
+
+    code = run_chat(
+        prompt=prompt, model=model, mmproj=mmproj, images=list(images), system=system,
+        gen=dict(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                 seed=seed, stop=list(stop)),
+        n_ctx=ctx, n_gpu_layers=ngl, n_threads=threads, max_pixels=max_pixels,
+        show_stats=show_stats, as_json=as_json, verbose=verbose,
+    )
+    sys.exit(code)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -1,0 +1,386 @@
+"""Multi-turn multimodal chat over one Backend: KV reuse, image embedding cache, streaming.
+
+Every turn renders the whole conversation with the model's template, turns it into a sequence
+of *items* (text tokens and image chunks, each with its KV cells and positions) and compares it
+with what the KV cache already holds. Only the items after the first difference are evaluated
+(``llama_memory_seq_rm`` drops the rest), so a follow-up turn costs just the tokens it adds.
+Image chunks are encoded once: their embeddings are cached by content hash (bounded LRU), so a
+picture seen before — in this conversation, after ``reset()``, or in a new one — is not re-encoded.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .backend import Backend, Chunks, SamplingParams
+from .chat_format import LLAVA15_TEMPLATE, PromptFormatter
+from .errors import InputError
+from .images import LoadedImage, load_image
+from .stats import TurnStats, peak_rss_bytes, per_second
+
+@dataclass
+class Message:
+    role: str  # "system" | "user" | "assistant"
+    text: str
+    images: list[LoadedImage] = field(default_factory=list)
+    tokens: list[int] | None = None  # assistant: the exact ids generated
+
+
+@dataclass(frozen=True)
+class GenerationResponse:
+    """One step of ``Engine.stream``: new text, and on the last step the reason and stats."""
+
+    text: str
+    token: int | None = None
+    finish_reason: str | None = None
+    stats: TurnStats | None = None
+
+
+@dataclass
+class ChatResult:
+    text: str
+    stats: TurnStats
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class _Item:
+    key: tuple  # ("t", token_id) or ("i", image_sha, chunk_index)
+    n_tokens: int
+    n_pos: int
+
+
+class _ImageUnit:
+    """The mtmd chunks of one picture (as ``<marker>`` tokenizes) and their embeddings."""
+
+    def __init__(self, key: str, chunks: Chunks):
+        self.key = key
+        self.chunks = chunks
+        self.embeddings: dict[int, np.ndarray] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.embeddings.values())
+
+
+class ImageCache:
+    """LRU of image units, bounded by count and by embedding bytes."""
+
+    def __init__(self, backend: Backend, max_units: int = 32, max_bytes: int = 512 * 2**20):
+        self.backend = backend
+        self.max_units = max_units
+        self.max_bytes = max_bytes
+        self._units: OrderedDict[str, _ImageUnit] = OrderedDict()
+
+    def get(self, image: LoadedImage) -> _ImageUnit:
+        unit = self._units.get(image.sha256)
+        if unit is not None:
+            self._units.move_to_end(image.sha256)
+            return unit
+        bm = self.backend.bitmap_from_rgb(image.rgb, image.sha256[:16])
+        try:
+            chunks = self.backend.tokenize(self.backend.marker, [bm], add_special=False)
+        finally:
+            self.backend.free_bitmap(bm)
+        unit = _ImageUnit(image.sha256, chunks)
+        self._units[image.sha256] = unit
+        return unit
+
+    def trim(self, keep: set[str]) -> None:
+        """Evict least-recently-used units beyond the bounds, never those in ``keep``."""
+        while len(self._units) > self.max_units or self.nbytes > self.max_bytes:
+            victim = next((k for k in self._units if k not in keep), None)
+            if victim is None:
+                return
+            self._units.pop(victim).chunks.close()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(u.nbytes for u in self._units.values())
+
+    def close(self) -> None:
+        for unit in self._units.values():
+            unit.chunks.close()
+        self._units.clear()
+
+
+class Engine:
+    """A chat with images over one loaded model pair."""
+
+    def __init__(self, backend: Backend, system: str | None = None, max_image_pixels: int | None = None,
+                 image_cache_units: int = 32, image_cache_bytes: int = 512 * 2**20):
+        self.backend = backend
+        self.system = system
+        self.max_image_pixels = max_image_pixels
+        self.images = ImageCache(backend, image_cache_units, image_cache_bytes)
+        lc = backend.llama_cpp
+        vocab = lc.llama_model_get_vocab(backend.llama.model)
+        self.add_bos = bool(lc.llama_vocab_get_add_bos(vocab))
+        self.bos_id = lc.llama_vocab_bos(vocab)
+        bos_text = backend.token_bytes(self.bos_id).decode("utf-8", "ignore") if self.bos_id >= 0 else ""
+        eos_id = lc.llama_vocab_eos(vocab)
+        eos_text = backend.llama.detokenize([eos_id], special=True).decode("utf-8", "ignore") if eos_id >= 0 else ""
+        info = backend.text_info
+        self.formatter = PromptFormatter(
+            info.chat_template, info.arch, backend.proj_info.projector_type, backend.marker,
+            bos_token=bos_text, eos_token=eos_text, strip_bos=self.add_bos,
+        )
+        self.default_stops = ["\nUSER:"] if self.formatter.template == LLAVA15_TEMPLATE else []
+        self.messages: list[Message] = []
+        self._kv: list[_Item] = []  # what the KV cache holds, in order
+        self.last_stats: TurnStats | None = None
+
+    # --- conversation -----------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the conversation and the KV cache (image embeddings stay cached)."""
+        self.messages.clear()
+        self._kv.clear()
+        self.backend.kv_clear()
+
+    def close(self) -> None:
+        self.images.close()
+        self.backend.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def n_ctx(self) -> int:
+        return self.backend.n_ctx
+
+    @property
+    def n_ctx_used(self) -> int:
+        return sum(it.n_tokens for it in self._kv)
+
+    def load_images(self, images: Iterable[Any]) -> list[LoadedImage]:
+        out = []
+        for img in images:
+            if isinstance(img, LoadedImage):
+                out.append(img)
+            elif self.max_image_pixels:
+                out.append(load_image(img, self.max_image_pixels))
+            else:
+                out.append(load_image(img))
+        return out
+
+    def chat(self, text: str, images: Iterable[Any] = (), **gen: Any) -> ChatResult:
+        """One turn: returns the whole reply with its stats."""
+        parts = []
+        last = None
+        for resp in self.stream(text, images, **gen):
+            parts.append(resp.text)
+            last = resp
+        assert last is not None and last.stats is not None
+        return ChatResult("".join(parts), last.stats, last.finish_reason or "stop")
+
+    # --- one turn ----------------------------------------------------------------------
+    def _render(self) -> tuple[list[_Item], dict[str, _ImageUnit]]:
+        msgs: list[tuple[str, str, int]] = []
+        if self.system:
+            msgs.append(("system", self.system, 0))
+        imgs: list[LoadedImage] = []
+        assistant: list[list[int]] = []
+        for m in self.messages:
+            msgs.append((m.role, m.text, len(m.images)))
+            imgs.extend(m.images)
+            if m.role == "assistant":
+                assistant.append(m.tokens or [])
+        items: list[_Item] = [_Item(("t", self.bos_id), 1, 1)] if self.add_bos else []
+        units: dict[str, _ImageUnit] = {}
+        for piece in self.formatter.render(msgs):
+            if piece.kind == "text":
+                items += [_Item(("t", t), 1, 1) for t in self.backend.tokenize_text(piece.text)]
+            elif piece.kind == "assistant":
+                items += [_Item(("t", t), 1, 1) for t in assistant[piece.index]]
+            else:
+                unit = self.images.get(imgs[piece.index])
+                units[unit.key] = unit
+                for ci, c in enumerate(unit.chunks):
+                    if c.kind == "text":
+                        items += [_Item(("t", t), 1, 1) for t in c.tokens or []]
+                    else:
+                        items.append(_Item(("i", unit.key, ci), c.n_tokens, c.n_pos))
+        return items, units
+
+    def _evaluate(self, items: list[_Item], units: dict[str, _ImageUnit],
+                  new_images: set[str]) -> dict[str, Any]:
+        """Bring the KV cache to ``items``; returns counters for the stats."""
+        be = self.backend
+        k = 0
+        while k < min(len(items), len(self._kv)) and items[k].key == self._kv[k].key:
+            k += 1
+        if k == len(items):  # nothing new: re-evaluate the last token to get logits
+            k -= 1
+        need = sum(it.n_tokens for it in items)
+        if need + 1 > be.n_ctx:
+            raise InputError(
+                f"the prompt needs {need:,} tokens but the context holds {be.n_ctx:,} "
+                f"(use a larger --ctx, fewer or smaller images, or /reset)"
+            )
+        pos = sum(it.n_pos for it in self._kv[:k])
+        if k < len(self._kv):
+            be.kv_remove(pos)
+            del self._kv[k:]
+        c = {"cached_n": sum(it.n_tokens for it in items[:k]), "prompt_n": 0, "image_tokens": 0,
+             "encode_ms": 0.0, "encoded": 0, "reused": 0}
+        todo = items[k:]
+        c["image_tokens"] = sum(it.n_tokens for it in todo if it.key[0] == "i" and it.key[1] in new_images)
+        i = 0
+        try:
+            while i < len(todo):
+                it = todo[i]
+                if it.key[0] == "t":
+                    j = i
+                    while j < len(todo) and todo[j].key[0] == "t":
+                        j += 1
+                    toks = [t.key[1] for t in todo[i:j]]
+                    pos = be.decode_tokens(toks, pos, logits_last=(j == len(todo)))
+                    self._kv.extend(todo[i:j])
+                    c["prompt_n"] += len(toks)
+                    i = j
+                    continue
+                unit = units[it.key[1]]
+                chunk = unit.chunks[it.key[2]]
+                emb = unit.embeddings.get(it.key[2])
+                if emb is None:
+                    t0 = time.perf_counter()
+                    emb = be.encode_image(chunk)
+                    c["encode_ms"] += (time.perf_counter() - t0) * 1000
+                    c["encoded"] += 1
+                    unit.embeddings[it.key[2]] = emb
+                else:
+                    c["reused"] += 1
+                pos = be.decode_image(chunk, emb, pos)
+                self._kv.append(it)
+                c["prompt_n"] += it.n_tokens
+                i += 1
+        except BaseException:
+            # The KV cache now holds part of this prompt: drop it so the next turn rebuilds.
+            self.backend.kv_clear()
+            self._kv.clear()
+            raise
+        finally:
+            self.images.trim(keep=set(units))
+        return c
+
+    def stream(self, text: str, images: Iterable[Any] = (), *, max_tokens: int = 512,
+               temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+               seed: int | None = None, stop: Iterable[str] = ()) -> Iterator[GenerationResponse]:
+        """Add a user turn and stream the reply. The last response carries stats."""
+        loaded = self.load_images(images)
+        t_start = time.perf_counter()
+        self.messages.append(Message("user", text, loaded))
+        try:
+            items, units = self._render()
+            counters = self._evaluate(items, units, {img.sha256 for img in loaded})
+        except BaseException:
+            self.messages.pop()
+            raise
+        t_prompt = time.perf_counter()
+        yield from self._generate(
+            SamplingParams(temperature, top_k, top_p, min_p, seed), max_tokens,
+            list(stop) + self.default_stops, counters, t_start, t_prompt,
+        )
+
+    def _generate(self, params: SamplingParams, max_tokens: int, stops: list[str],
+                  counters: dict[str, Any], t_start: float, t_prompt: float) -> Iterator[GenerationResponse]:
+        be = self.backend
+        sampler = be.make_sampler(params)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        tokens: list[int] = []
+        ends: list[int] = []  # text length after each token
+        text = ""
+        emitted = 0
+        finish = "interrupted"
+        times: list[float] = []
+        pos = sum(it.n_pos for it in self._kv)
+        try:
+            while True:
+                if len(tokens) >= max_tokens:
+                    finish = "length"
+                    break
+                if self.n_ctx_used >= be.n_ctx:
+                    finish = "context"
+                    break
+                if tokens:  # the previous token goes into the KV cache before sampling the next
+                    pos = be.decode_tokens([tokens[-1]], pos)
+                    self._kv.append(_Item(("t", tokens[-1]), 1, 1))
+                tok = be.sample(sampler)
+                times.append(time.perf_counter())
+                if be.is_eog(tok):
+                    finish = "stop"
+                    break
+                tokens.append(tok)
+                text += decoder.decode(be.token_bytes(tok))
+                ends.append(len(text))
+                cut = _find_stop(text, stops, emitted)
+                if cut is not None:
+                    if cut > emitted:
+                        yield GenerationResponse(text[emitted:cut], tok)
+                    text = text[:cut]
+                    emitted = cut
+                    keep = sum(1 for e in ends if e <= cut)
+                    del tokens[keep:]
+                    finish = "stop"
+                    break
+                safe = len(text) - _stop_overlap(text, stops)
+                if safe > emitted:
+                    yield GenerationResponse(text[emitted:safe], tok)
+                    emitted = safe
+        finally:
+            be.free_sampler(sampler)
+            # Whatever was generated (also when interrupted) becomes the assistant message.
+            tail = text[emitted:]
+            self.messages.append(Message("assistant", text, tokens=list(tokens)))
+            self.last_stats = self._stats(counters, tokens, times, t_start, t_prompt, finish)
+        yield GenerationResponse(tail, None, finish, self.last_stats)
+
+    def _stats(self, c: dict[str, Any], tokens: list[int], times: list[float], t_start: float,
+               t_prompt: float, finish: str) -> TurnStats:
+        prompt_ms = (t_prompt - t_start) * 1000
+        n = len(tokens)
+        ttft = (times[0] - t_start) * 1000 if times else prompt_ms
+        pred_ms = (times[-1] - t_prompt) * 1000 if times else 0.0
+        itl = float(np.mean(np.diff(times)) * 1000) if len(times) > 1 else 0.0
+        return TurnStats(
+            prompt_n=c["prompt_n"], prompt_ms=round(prompt_ms, 2),
+            prompt_per_second=per_second(c["prompt_n"], prompt_ms),
+            predicted_n=n, predicted_ms=round(pred_ms, 2), predicted_per_second=per_second(n, pred_ms),
+            ttft_ms=round(ttft, 2), itl_ms_mean=round(itl, 2), image_tokens=c["image_tokens"],
+            image_encode_ms=round(c["encode_ms"], 2), images_encoded=c["encoded"],
+            images_reused=c["reused"], cached_n=c["cached_n"], n_ctx_used=self.n_ctx_used,
+            n_ctx=self.backend.n_ctx, peak_rss_bytes=peak_rss_bytes(),
+            device_memory_used_bytes=None, finish_reason=finish,
+        )
+
+
+def _find_stop(text: str, stops: list[str], emitted: int) -> int | None:
+    best = None
+    for s in stops:
+        if not s:
+            continue
+        i = text.find(s, max(0, emitted - len(s)))
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best
+
+
+def _stop_overlap(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of ``text`` that could still grow into a stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if s.startswith(text[-n:]):
+                best = n
+                break
+    return best
