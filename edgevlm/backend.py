@@ -132,6 +132,7 @@ class Backend:
         image_max_tokens: int | None = None,
         warmup: bool = False,
         use_mmap: bool = True,
+        op_offload: bool | None = None,
         verbose: bool = False,
         progress_callback: Any = None,
     ) -> None:
@@ -159,6 +160,7 @@ class Backend:
                     n_threads=self.n_threads, n_threads_batch=self.n_threads,
                     flash_attn=flash_attn, offload_kqv=offload_kqv, use_mmap=use_mmap,
                     type_k=KV_TYPES[type_k], type_v=KV_TYPES[type_v], verbose=verbose,
+                    op_offload=op_offload,
                 )
                 with _load_progress(progress_callback):
                     self.llama = llama_cpp.Llama(self.model_path, **kwargs)

@@ -68,7 +68,7 @@ def test_model_passed_as_mmproj(model_pair):
 
 @pytest.fixture(scope="module")
 def mismatched_mmproj(tmp_path_factory):
-    """An mmproj whose output width (96) differs from the tiny text model's n_embd (64)."""
+    """An mmproj whose output width (96) differs from the tiny text model's n_embd (128)."""
     from edgevlm.testing.llava import write_clip_mlp
     from edgevlm.testing.shapes import LLAVA_PRESETS
 
@@ -79,7 +79,7 @@ def mismatched_mmproj(tmp_path_factory):
 def test_mismatched_pair(model_pair, mismatched_mmproj):
     pair = model_pair("llava15")
     r = run_cli("inspect", str(pair.model), "--mmproj", str(mismatched_mmproj))
-    assert_clean_error(r, str(mismatched_mmproj), "output width 96", "n_embd 64", "not a pair")
+    assert_clean_error(r, str(mismatched_mmproj), "output width 96", "n_embd 128", "not a pair")
     assert "pair: NOT compatible" in r.stdout
 
 

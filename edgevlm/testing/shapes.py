@@ -35,7 +35,7 @@ class VisionShape:
 # LLaVA: real CLIP geometry (336 px, 14 px patches → 576 tokens) even in the tiny preset, so the
 # token arithmetic the budgeter and planner see is the real one; only widths and depths shrink.
 LLAVA_PRESETS = {
-    "tiny": (TextShape(1024, 64, 2, 4, 2, 128), VisionShape(336, 14, 64, 2, 4, 128)),
+    "tiny": (TextShape(1024, 128, 2, 4, 2, 256), VisionShape(336, 14, 64, 2, 4, 128)),
     # LLaVA-1.5-7B text shapes (Vicuna-7B) with 2 layers; CLIP ViT-L/14-336 with 2 blocks.
     "real": (TextShape(32000, 4096, 2, 32, 32, 11008), VisionShape(336, 14, 1024, 2, 16, 4096)),
 }
@@ -45,7 +45,7 @@ LLAVA16_PINPOINTS = [336, 672, 672, 336, 672, 672, 1008, 336, 336, 1008]
 
 # Qwen2-VL: 14 px patches merged 2×2 → one token per 28×28 px.
 QWEN_PRESETS = {
-    "tiny": (TextShape(1024, 64, 2, 4, 2, 128, n_ctx_train=32768, rope_theta=1e6),
+    "tiny": (TextShape(1024, 128, 2, 4, 2, 256, n_ctx_train=32768, rope_theta=1e6),
              VisionShape(560, 14, 64, 2, 4, 128, merge=2)),
     # Qwen2-VL-2B text shapes with 2 layers; its 675M ViT (1280 wide) with 2 blocks.
     "real": (TextShape(151936, 1536, 2, 12, 2, 8960, n_ctx_train=32768, rope_theta=1e6),
