@@ -6,22 +6,40 @@ import os
 from typing import Any
 
 from .backend import Backend
+from .devices import probe
 from .engine import Engine
+from .errors import DoesNotFit
+from .guard import Guard
+from .planner import Plan, Wishes, make_plan
 
 
-def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *, n_ctx: int = 4096,
-         n_gpu_layers: int = -1, n_threads: int | None = None, system: str | None = None,
+def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
+         n_ctx: int | None = None, n_gpu_layers: int | None = None, kv: str = "auto",
+         image_tokens: int | None = None, images: int = 1, device: str | None = None,
+         free_memory: list[str] | None = None, gpu_overhead: int | None = None,
+         plan: Plan | None = None, n_threads: int | None = None, system: str | None = None,
          verbose: bool = False, **backend_options: Any) -> Engine:
-    """Load a model pair once and return an Engine for chatting about images.
+    """Plan memory, load a model pair once, and return an Engine for chatting about images.
 
     >>> vlm = edgevlm.load("model.gguf", "mmproj.gguf")
     >>> print(vlm.chat("What is in this picture?", images=["photo.jpg"]).text)
     >>> for r in vlm.stream("And the colours?"):
     ...     print(r.text, end="")
 
-    ``backend_options`` go to ``Backend`` (``flash_attn``, ``type_k``, ``type_v``, ``n_batch``,
-    ``image_max_tokens``, ``progress_callback`` ...).
+    ``n_ctx``, ``n_gpu_layers``, ``kv`` and ``image_tokens`` are wishes the planner keeps
+    (None / "auto": the planner chooses); it raises ``DoesNotFit`` if nothing fits.
+    ``backend_options`` override the plan's ``Backend`` arguments (``flash_attn``, ``n_batch``,
+    ``progress_callback`` ...).
     """
-    backend = Backend(model, mmproj, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
-                      verbose=verbose, **backend_options)
-    return Engine(backend, system=system)
+    measure = lambda: probe(device, free_memory, gpu_overhead)  # noqa: E731
+    if plan is None:
+        wishes = Wishes(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, kv=kv, image_tokens=image_tokens,
+                        images=images)
+        plan = make_plan(os.fspath(model), os.fspath(mmproj), measure(), wishes)
+    if not plan.fits:
+        raise DoesNotFit(next((r for r in plan.reasons if r.startswith("does not fit")),
+                              "the model does not fit in the memory available"))
+    opts = {**plan.backend_options(), **backend_options}
+    backend = Backend(model, mmproj, n_threads=n_threads, verbose=verbose, **opts)
+    guard = Guard(plan, backend.proj_info, measure)
+    return Engine(backend, system=system, plan=plan, guard=guard)

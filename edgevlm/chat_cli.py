@@ -15,7 +15,12 @@ from .repl import ChatLoop
 
 def _load(model: str, mmproj: str, verbose: bool, **opts: Any) -> Engine:
     if verbose or not sys.stderr.isatty():
-        return load(model, mmproj, verbose=verbose, **opts)
+        engine = load(model, mmproj, verbose=verbose, **opts)
+        if verbose and engine.plan is not None:
+            from .cli import render_plan
+
+            render_plan(engine.plan, file=sys.stderr)
+        return engine
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("loading {task.description}"), BarColumn(), TimeElapsedColumn(),
@@ -32,10 +37,9 @@ def _stderr_console():
 
 
 def run_chat(*, prompt: str | None, model: str, mmproj: str, images: list[str], system: str | None,
-             gen: dict, n_ctx: int, n_gpu_layers: int, n_threads: int | None, max_pixels: int,
-             show_stats: bool, as_json: bool, verbose: bool) -> int:
-    engine = _load(model, mmproj, verbose, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                   n_threads=n_threads, system=system)
+             gen: dict, load_options: dict, max_pixels: int, show_stats: bool, as_json: bool,
+             verbose: bool) -> int:
+    engine = _load(model, mmproj, verbose, system=system, **load_options)
     engine.max_image_pixels = max_pixels
     try:
         if prompt is not None:
@@ -58,12 +62,14 @@ def _one_shot(engine: Engine, prompt: str, images: list[str], gen: dict, show_st
             result = engine.chat(prompt, loaded, **gen)
         except KeyboardInterrupt:
             return 130
+        flush_notices(engine)
         print(json.dumps({"text": result.text.strip(), "stats": result.stats.to_dict()}))
         return 0
     started = False
     stream = engine.stream(prompt, loaded, **gen)
     try:
         for resp in stream:
+            flush_notices(engine)
             piece = resp.text if started else resp.text.lstrip()
             started = started or bool(piece)
             sys.stdout.write(piece)
@@ -79,4 +85,10 @@ def _one_shot(engine: Engine, prompt: str, images: list[str], gen: dict, show_st
     return 0
 
 
-__all__ = ["run_chat", "EdgeVLMError"]
+def flush_notices(engine: Engine) -> None:
+    for notice in engine.notices:
+        print(f"note: {notice}", file=sys.stderr)
+    engine.notices.clear()
+
+
+__all__ = ["run_chat", "flush_notices", "EdgeVLMError"]

@@ -66,6 +66,163 @@ def _not_yet(name: str, issue: int) -> None:
     raise CLIError(f"'edgevlm {name}' is not implemented yet (planned in issue #{issue})", 3)
 
 
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def caption(args) -> None:
+    """Caption folders of images, resumably (not yet implemented)."""
+    _not_yet("caption", 7)
+
+
+class AutoInt(click.ParamType):
+    """An integer, or ``auto`` (None) to let the planner choose."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).lower() == "auto":
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"'{value}' is not a whole number or 'auto'", param, ctx)
+
+
+class Size(click.ParamType):
+    """A memory size: ``8GiB``, ``6G``, ``512MiB``."""
+
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        from .devices import parse_size
+
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except EdgeVLMError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def plan_options(fn):
+    """Options shared by every command that loads through the planner."""
+    for opt in reversed([
+        click.option("--ctx", type=AutoInt(), default="auto", show_default=True,
+                     help="Context size in tokens, or auto (largest that fits, up to 8192)."),
+        click.option("--ngl", type=AutoInt(), default="auto", show_default=True,
+                     help="Layers on the GPU (-1 = all), or auto."),
+        click.option("--kv", type=click.Choice(["auto", "f16", "q8_0", "q4_0"]), default="auto",
+                     show_default=True, help="KV cache type."),
+        click.option("--image-tokens", type=click.IntRange(1), help="Token budget per image."),
+        click.option("--images", "n_images", type=click.IntRange(0), default=1, show_default=True,
+                     help="Images to keep in context at once."),
+        click.option("--free-memory", multiple=True, metavar="[DEV=]SIZE",
+                     help="What-if free memory per GPU (repeatable), e.g. 8GiB or CUDA0=6GiB."),
+        click.option("--device", help="cpu, or one GPU by name (CUDA0); default: all."),
+        click.option("--gpu-overhead", type=Size(), help="Memory kept free per GPU [default: 384MiB]."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def wishes_from(ctx, ngl, kv, image_tokens, n_images):
+    from .planner import Wishes
+
+    return Wishes(n_ctx=ctx, image_tokens=image_tokens, images=n_images, kv=kv,
+                  n_gpu_layers=ngl)
+
+
+@main.command()
+@click.option("--model", "-m", required=True, type=click.Path(dir_okay=False), help="Text model GGUF.")
+@click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector GGUF.")
+@plan_options
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@handle_errors
+def plan(model, mmproj, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu_overhead,
+         as_json) -> None:
+    """Plan GPU layers, context, KV types and the encoder's place from measured free memory.
+
+    \b
+    edgevlm plan -m model.gguf --mmproj mmproj.gguf
+    edgevlm plan -m model.gguf --mmproj mmproj.gguf --free-memory 8GiB --json
+    """
+    from .devices import probe
+    from .planner import make_plan
+
+    pr = probe(device, list(free_memory), gpu_overhead)
+    p = make_plan(model, mmproj, pr, wishes_from(ctx, ngl, kv, image_tokens, n_images))
+    if as_json:
+        click.echo(json.dumps(p.to_dict(), indent=2))
+    else:
+        render_plan(p)
+    if not p.fits:
+        raise CLIError(p.reasons[next(i for i, r in enumerate(p.reasons) if r.startswith("does not fit"))], 1)
+
+
+_BAR = (("weights", "blue"), ("kv", "magenta"), ("compute", "yellow"), ("encoder", "green"))
+
+
+def render_plan(p, file=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from .devices import format_size
+
+    console = Console(highlight=False, soft_wrap=True, file=file)
+    t = Table(title="plan", show_header=False, box=None, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    rows = [
+        ("fits", "yes" if p.fits else f"NO — {format_size(p.shortfall_bytes)} short"),
+        ("n_gpu_layers", p.n_gpu_layers), ("n_ctx", p.n_ctx),
+        ("n_batch / n_ubatch", f"{p.n_batch} / {p.n_ubatch}"),
+        ("KV cache", f"K {p.type_k}, V {p.type_v}"), ("flash attention", "on" if p.flash_attn else "off"),
+        ("vision encoder", "GPU" if p.mmproj_on_gpu else "CPU"),
+        ("image budget", f"{p.image_max_tokens} tokens; {p.max_images_in_context} image(s) in context"),
+    ]
+    for k, v in rows:
+        t.add_row(k, str(v))
+    console.print(t)
+    width = 40
+
+    def sz(n: int) -> str:
+        return f"{n / 2**30:.1f}G" if abs(n) >= 2**30 else f"{n / 2**20:.0f}M"
+
+    dt = Table(title="memory per device (M = MiB, G = GiB)", box=None, title_justify="left")
+    for col in ("device", "free", "weights", "KV", "compute", "encoder", "total", "headroom"):
+        dt.add_column(col, justify="left" if col == "device" else "right", no_wrap=True)
+    bars = []
+    for d in p.devices:
+        b = d.predicted
+        parts = {"weights": b.weights + b.other, "kv": b.kv, "compute": b.compute,
+                 "encoder": b.mmproj_weights + b.mmproj_compute}
+        scale = max(d.budget_bytes, b.total, 1)
+        bar = Text(f"{d.name:>6} ")
+        used = 0
+        for key, colour in _BAR:
+            n = round(parts[key] / scale * width)
+            bar.append("█" * n, style=colour)
+            used += n
+        bar.append("░" * max(0, width - used), style="dim")
+        bars.append(bar)
+        dt.add_row(f"{d.name} ({d.kind})", sz(d.free_bytes), sz(parts["weights"]), sz(b.kv),
+                   sz(b.compute), sz(parts["encoder"]), sz(b.total),
+                   Text(sz(d.headroom_bytes), style="red" if d.headroom_bytes < 0 else "green"))
+    console.print(dt)
+    for bar in bars:
+        console.print(bar)
+    legend = Text("  ")
+    for key, colour in _BAR:
+        legend.append("█", style=colour).append(f" {key}  ")
+    legend.append("░", style="dim").append(" headroom")
+    console.print(legend)
+    console.print("why:")
+    for r in p.reasons:
+        console.print(f"  - {r}")
+
+
 @main.command()
 @click.argument("prompt", required=False)
 @click.option("--model", "-m", required=True, type=click.Path(dir_okay=False), help="Text model GGUF.")
@@ -80,8 +237,7 @@ def _not_yet(name: str, issue: int) -> None:
 @click.option("--min-p", default=0.05, show_default=True, type=click.FloatRange(0, 1))
 @click.option("--seed", type=int, help="Seed for sampling (reproducible with --temp > 0).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--ctx", default=4096, show_default=True, type=click.IntRange(64), help="Context size in tokens.")
-@click.option("--ngl", default=-1, show_default=True, type=int, help="Layers on the GPU (-1 = all).")
+@plan_options
 @click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
 @click.option("--max-pixels", default=100_000_000, show_default=True, type=click.IntRange(1),
               help="Refuse images with more pixels than this (decompression-bomb guard).")
@@ -90,7 +246,8 @@ def _not_yet(name: str, issue: int) -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
 def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, min_p, seed, stop,
-         ctx, ngl, threads, max_pixels, show_stats, as_json, verbose) -> None:
+         ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu_overhead, threads, max_pixels,
+         show_stats, as_json, verbose) -> None:
     """Chat with a vision-language model about images.
 
     \b
@@ -104,24 +261,12 @@ def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, 
         prompt=prompt, model=model, mmproj=mmproj, images=list(images), system=system,
         gen=dict(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                  seed=seed, stop=list(stop)),
-        n_ctx=ctx, n_gpu_layers=ngl, n_threads=threads, max_pixels=max_pixels,
-        show_stats=show_stats, as_json=as_json, verbose=verbose,
+        load_options=dict(n_ctx=ctx, n_gpu_layers=ngl, kv=kv, image_tokens=image_tokens,
+                          images=n_images, device=device, free_memory=list(free_memory),
+                          gpu_overhead=gpu_overhead, n_threads=threads),
+        max_pixels=max_pixels, show_stats=show_stats, as_json=as_json, verbose=verbose,
     )
     sys.exit(code)
-
-
-@main.command(context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def caption(args) -> None:
-    """Caption folders of images, resumably (not yet implemented)."""
-    _not_yet("caption", 7)
-
-
-@main.command(context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def plan(args) -> None:
-    """Plan GPU layers, context and KV types for this machine (not yet implemented)."""
-    _not_yet("plan", 4)
 
 
 @main.command()

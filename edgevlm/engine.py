@@ -115,8 +115,12 @@ class Engine:
     """A chat with images over one loaded model pair."""
 
     def __init__(self, backend: Backend, system: str | None = None, max_image_pixels: int | None = None,
-                 image_cache_units: int = 32, image_cache_bytes: int = 512 * 2**20):
+                 image_cache_units: int = 32, image_cache_bytes: int = 512 * 2**20,
+                 plan: Any = None, guard: Any = None):
         self.backend = backend
+        self.plan = plan  # the Plan it was loaded with (None when built by hand)
+        self.guard = guard  # runtime admission check for images (None: no check)
+        self.notices: list[str] = []  # things the user should be told (e.g. an image shrunk)
         self.system = system
         self.max_image_pixels = max_image_pixels
         self.images = ImageCache(backend, image_cache_units, image_cache_bytes)
@@ -277,7 +281,7 @@ class Engine:
                temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                seed: int | None = None, stop: Iterable[str] = ()) -> Iterator[GenerationResponse]:
         """Add a user turn and stream the reply. The last response carries stats."""
-        loaded = self.load_images(images)
+        loaded = self._admit(self.load_images(images))
         t_start = time.perf_counter()
         self.messages.append(Message("user", text, loaded))
         try:
@@ -291,6 +295,20 @@ class Engine:
             SamplingParams(temperature, top_k, top_p, min_p, seed), max_tokens,
             list(stop) + self.default_stops, counters, t_start, t_prompt,
         )
+
+    def _admit(self, images: list[LoadedImage]) -> list[LoadedImage]:
+        """Run each new image past the guard (memory now, context left); may shrink it."""
+        if self.guard is None or not images:
+            return images
+        free = self.backend.n_ctx - self.n_ctx_used - 64
+        out = []
+        for img in images:
+            adm = self.guard.admit(img, free)
+            free -= adm.tokens
+            if adm.notice:
+                self.notices.append(adm.notice)
+            out.append(adm.image)
+        return out
 
     def _generate(self, params: SamplingParams, max_tokens: int, stops: list[str],
                   counters: dict[str, Any], t_start: float, t_prompt: float) -> Iterator[GenerationResponse]:

@@ -32,3 +32,7 @@ class ImageError(InputError):
 
 class BackendError(EdgeVLMError):
     """llama.cpp / mtmd refused or failed at run time."""
+
+
+class DoesNotFit(EdgeVLMError):
+    """The plan found no configuration that fits the memory available; says by how much."""

@@ -110,8 +110,19 @@ def load_image(source: str | os.PathLike[str] | bytes, max_pixels: int = DEFAULT
         Image.MAX_IMAGE_PIXELS = saved_limit
     if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.size == 0:
         raise ImageError(f"{label}: could not convert to RGB")
-    rgb = np.ascontiguousarray(rgb)
+    return from_rgb(rgb, label, fmt, tuple(notes))
+
+
+def from_rgb(rgb: np.ndarray, source: str, fmt: str = "array", notes: tuple[str, ...] = ()) -> LoadedImage:
+    """Wrap H×W×3 uint8 pixels; the hash covers size and pixels, not the file format."""
+    rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
     digest = hashlib.sha256()
     digest.update(f"{rgb.shape[1]}x{rgb.shape[0]}".encode())
     digest.update(rgb.tobytes())
-    return LoadedImage(rgb, label, fmt, digest.hexdigest(), tuple(notes))
+    return LoadedImage(rgb, source, fmt, digest.hexdigest(), tuple(notes))
+
+
+def resized(image: LoadedImage, width: int, height: int) -> LoadedImage:
+    """The same picture at another size (bicubic), noted."""
+    rgb = np.asarray(Image.fromarray(image.rgb).resize((width, height), Image.Resampling.BICUBIC))
+    return from_rgb(rgb, image.source, image.format, image.notes + (f"resized to {width}x{height}",))

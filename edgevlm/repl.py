@@ -161,6 +161,9 @@ class ChatLoop:
         gen = self.engine.stream(text or msg, images, **self.gen)
         try:
             for resp in gen:
+                for notice in self.engine.notices:
+                    self._say(f"note: {notice}")
+                self.engine.notices.clear()
                 piece = resp.text
                 if not started:
                     piece = piece.lstrip()

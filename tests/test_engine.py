@@ -159,8 +159,13 @@ def test_interrupted_reply_keeps_the_session(engine, images):
 def test_prompt_longer_than_context(model_pair, images):
     pair = model_pair("llava15")
     with edgevlm.load(pair.model, pair.mmproj, n_ctx=256, n_threads=2) as eng:
-        with pytest.raises(InputError, match="needs .* tokens but the context holds 256"):
+        # the guard refuses an image that cannot fit before anything is encoded
+        with pytest.raises(InputError, match="square.jpg: needs 576 tokens but only .* left in the context"):
             eng.chat("Describe.", [images["square"]], max_tokens=4)
+        assert eng.messages == [] and eng.n_ctx_used == 0
+        # a text prompt longer than the context is refused too
+        with pytest.raises(InputError, match="the prompt needs .* tokens but the context holds 256"):
+            eng.chat("word " * 400, max_tokens=4)
         assert eng.messages == [] and eng.n_ctx_used == 0
         r = eng.chat("Just text then.", max_tokens=3, **GREEDY)  # still usable
         assert r.stats.predicted_n >= 1
