@@ -67,8 +67,11 @@ def capture() -> Iterator[list[str]]:
     try:
         yield lines
     finally:
-        with _lock:
-            _listeners.remove(lines)
+        with _lock:  # by identity: nested captures may hold equal lists
+            for i, sink in enumerate(_listeners):
+                if sink is lines:
+                    del _listeners[i]
+                    break
 
 
 _MIB = re.compile(r"([A-Za-z_]+):\s+(\S+)\s+(.*?)\s*=\s*([0-9.]+)\s*MiB")

@@ -1,0 +1,37 @@
+"""The estimator against llama.cpp itself: every family, several shapes and settings.
+
+Bounds: weights and KV within 0.5 %, compute buffers within 5 %, and the vision encoder never
+under-estimated (all within the 0.005 MiB rounding of llama.cpp's log lines).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from edgevlm.testing.measure import Config, measure
+
+MATRIX = []
+for fam in ("llava15", "llava16", "qwen2vl", "qwen25vl"):
+    img = 256 if fam.startswith("qwen") else None
+    MATRIX += [
+        Config(fam, n_ctx=256, flash_attn=True, image_max_tokens=img),
+        Config(fam, n_ctx=1000, flash_attn=False, image_max_tokens=img),
+        Config(fam, n_ctx=2048, type_k="q8_0", type_v="q8_0", flash_attn=True, n_ubatch=256,
+               image_max_tokens=64 if img else None),
+        Config(fam, n_ctx=4096, type_k="q4_0", type_v="q4_0", flash_attn=True, n_ubatch=128,
+               n_batch=256, image_max_tokens=1024 if img else None),
+        Config(fam, n_ctx=1024, type_k="q8_0", type_v="f16", flash_attn=False, n_ubatch=512,
+               image_max_tokens=1024 if img else None),
+    ]
+
+
+@pytest.mark.parametrize("cfg", MATRIX, ids=lambda c: c.label.replace(" ", "-"))
+def test_estimate_matches_llama_cpp(model_pair, cfg):
+    pair = model_pair(cfg.family)
+    comps = {c.name: c for c in measure(str(pair.model), str(pair.mmproj), cfg)}
+    for name in ("weights (mapped)", "weights (repack)", "kv", "mmproj weights"):
+        assert comps[name].within(0.005), (name, comps[name])
+    assert comps["compute"].within(0.05), comps["compute"]
+    enc = comps["mmproj compute"]
+    assert enc.predicted >= enc.measured - 0.006 * 2**20, enc  # never under
+    assert enc.within(0.05), enc

@@ -1,0 +1,189 @@
+"""The planner's decisions on injected (what-if) devices, the CLI, and the runtime guard."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import edgevlm
+from edgevlm.devices import Device, Probe, parse_size, probe
+from edgevlm.errors import DoesNotFit, InputError
+from edgevlm.gguf_info import read_gguf
+from edgevlm.guard import SAFETY, Guard
+from edgevlm.images import from_rgb
+from edgevlm.planner import Planner, Wishes, make_plan
+
+from .conftest import run_cli
+
+GiB, MiB = 2**30, 2**20
+
+
+def host(free=16 * GiB):
+    return Device("CPU", "test host", "cpu", free, 32 * GiB, True, "what-if")
+
+
+def gpu(free, name="CUDA0", known=True):
+    return Device(name, "test GPU", "gpu", free, max(free, 8 * GiB), known, "what-if", 256 * MiB)
+
+
+def plan_for(pair, devices, **wishes):
+    return Planner(read_gguf(pair.model), read_gguf(pair.mmproj), Probe(tuple(devices)),
+                   Wishes(**wishes)).plan()
+
+
+@pytest.fixture(scope="module")
+def real(model_pair):
+    return model_pair("llava15", "real")
+
+
+def test_parse_size():
+    assert parse_size("8GiB") == 8 * GiB and parse_size("8G") == 8 * GiB
+    assert parse_size("8GB") == 8 * 10**9 and parse_size("512 MiB") == 512 * MiB
+    with pytest.raises(InputError):
+        parse_size("eight gigs")
+
+
+def test_cpu_only_plans_against_ram(model_pair):
+    p = plan_for(model_pair("llava15"), [host()])
+    assert p.fits and p.n_gpu_layers == 0 and not p.mmproj_on_gpu
+    assert [d.kind for d in p.devices] == ["cpu"]
+    assert p.devices[0].predicted.total > 0 and p.devices[0].headroom_bytes > 0
+
+
+def test_roomy_gpu_takes_everything(real):
+    p = plan_for(real, [gpu(8 * GiB), host()])
+    assert p.fits and p.n_gpu_layers == 3 and p.mmproj_on_gpu
+    assert (p.type_k, p.type_v) == ("f16", "f16") and p.flash_attn
+    g = p.devices[0].predicted
+    assert g.weights > 0 and g.kv > 0 and g.compute > 0 and g.mmproj_weights > 0 and g.mmproj_compute > 0
+    assert p.max_images_in_context >= 1 and p.image_max_tokens == 576
+
+
+def test_degradation_order(real):
+    """Less and less GPU memory walks the documented order: ctx → q8_0 → layers → encoder → q4_0."""
+    seen = []
+    for free in (1200, 900, 800, 700, 600, 500, 450, 400, 350, 300):
+        p = plan_for(real, [gpu(free * MiB), host()])
+        seen.append((free, p.n_ctx, p.type_k, p.n_gpu_layers, p.mmproj_on_gpu, p.fits))
+    ctxs = [s[1] for s in seen]
+    assert ctxs[0] > min(ctxs)  # the context shrinks first
+    layer_counts = [s[3] for s in seen]
+    assert layer_counts == sorted(layer_counts, reverse=True) and layer_counts[-1] < 3
+    assert any(s[2] == "q8_0" for s in seen)
+    assert any(not s[4] for s in seen)  # encoder moved to the CPU at some point
+    assert all(s[5] for s in seen)  # the host takes what the GPU cannot
+
+
+def test_refuses_with_shortfall(real):
+    p = plan_for(real, [host(300 * MiB)])
+    assert not p.fits and p.shortfall_bytes > 0
+    msg = next(r for r in p.reasons if r.startswith("does not fit"))
+    assert "MiB short on CPU" in msg and "q4_0" in msg
+
+
+def test_user_values_are_kept_and_checked(real):
+    p = plan_for(real, [gpu(600 * MiB), host()], n_ctx=4096, kv="f16", n_gpu_layers=3)
+    assert p.n_ctx == 4096 and p.type_k == "f16" and p.n_gpu_layers == 3
+    assert not p.fits  # they cannot all fit, and the plan says so instead of changing them
+    p2 = plan_for(real, [gpu(8 * GiB), host()], n_ctx=1000)
+    assert p2.fits and p2.n_ctx == 1024  # padded like llama.cpp
+
+
+def test_unknown_free_memory_gets_a_larger_margin(real):
+    known = plan_for(real, [gpu(2 * GiB), host()])
+    unknown = plan_for(real, [gpu(2 * GiB, known=False), host()])
+    assert unknown.devices[0].budget_bytes < known.devices[0].budget_bytes
+
+
+def test_quantized_kv_needs_flash_attention(real):
+    p = plan_for(real, [host()], kv="q8_0", flash_attn=False)
+    assert any("needs flash attention" in r for r in p.reasons)
+
+
+def test_dynamic_budget_counts_encoder_at_largest_image(model_pair):
+    pair = model_pair("qwen2vl")
+    small = plan_for(pair, [host()], image_tokens=256, flash_attn=False)
+    big = plan_for(pair, [host()], image_tokens=4096, flash_attn=False)
+    assert big.devices[0].predicted.mmproj_compute > 10 * small.devices[0].predicted.mmproj_compute
+    assert big.image_max_tokens == 4096
+
+
+def test_plan_cli_table_and_json(real):
+    r = run_cli("plan", "-m", str(real.model), "--mmproj", str(real.mmproj), "--free-memory", "8GiB")
+    assert r.returncode == 0, r.stderr
+    for word in ("n_gpu_layers", "memory per device", "GPU0", "headroom", "why:"):
+        assert word in r.stdout
+    r = run_cli("plan", "-m", str(real.model), "--mmproj", str(real.mmproj), "--free-memory", "8GiB",
+                "--json")
+    d = json.loads(r.stdout)
+    for key in ("n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "type_k", "type_v", "flash_attn",
+                "offload_kqv", "mmproj_on_gpu", "image_max_tokens", "max_images_in_context", "reasons"):
+        assert key in d, key
+    dev = d["devices"][0]
+    assert {"name", "kind", "free_bytes", "total_bytes"} <= set(dev)
+    assert {"weights", "kv", "compute", "mmproj_weights", "mmproj_compute", "total"} <= set(dev["predicted"])
+    assert dev["free_bytes"] == 8 * GiB
+
+
+def test_plan_cli_refusal_exit_code(real):
+    r = run_cli("plan", "-m", str(real.model), "--mmproj", str(real.mmproj), "--device", "cpu",
+                "--free-memory", "cpu=300MiB")
+    assert r.returncode == 1 and "does not fit" in r.stderr and "MiB short" in r.stderr
+
+
+def test_chat_refuses_when_nothing_fits(model_pair):
+    pair = model_pair("llava15")
+    r = run_cli("chat", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--device", "cpu",
+                "--free-memory", "cpu=1MiB", "hi")
+    assert r.returncode == 1 and "does not fit" in r.stderr and "Traceback" not in r.stderr
+    with pytest.raises(DoesNotFit):
+        edgevlm.load(pair.model, pair.mmproj, device="cpu", free_memory=["cpu=1MiB"])
+
+
+def test_chat_verbose_prints_the_plan(model_pair, images):
+    pair = model_pair("llava15")
+    r = run_cli("chat", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-v", "--temp", "0",
+                "-n", "2", "hi")
+    assert r.returncode == 0 and "memory per device" in r.stderr and "why:" in r.stderr
+
+
+class Meter:
+    """What-if memory for the guard, changed between requests like another app would."""
+
+    def __init__(self, free):
+        self.free = free
+
+    def __call__(self):
+        return Probe((host(self.free),))
+
+
+def test_guard_shrinks_a_dynamic_image_when_memory_drops(model_pair):
+    pair = model_pair("qwen2vl")
+    p = make_plan(str(pair.model), str(pair.mmproj), probe(device="cpu"), Wishes(image_tokens=1024))
+    meter = Meter(16 * GiB)
+    eng = edgevlm.load(pair.model, pair.mmproj, plan=p, n_threads=2)
+    eng.guard = Guard(p, eng.backend.proj_info, meter)
+    big = from_rgb((np.random.default_rng(0).random((896, 896, 3)) * 255).astype(np.uint8), "big.png")
+    r1 = eng.chat("one", [big], max_tokens=2, temperature=0)
+    assert r1.stats.image_tokens == 1024 and not eng.notices
+    eng.reset()
+    eng.guard.reserved_encoder = 0  # as if the encoder had not grown yet
+    need = eng.guard._encoder_bytes(896, 896)
+    meter.free = SAFETY + need // 2  # another program took memory: half the growth is free
+    r2 = eng.chat("two", [big], max_tokens=2, temperature=0)  # admitted smaller, and runs
+    assert r2.stats.image_tokens < 1024 and eng.notices and "reduced to" in eng.notices[0]
+    eng.close()
+
+
+def test_guard_refuses_fixed_size_image_without_memory(model_pair, images):
+    pair = model_pair("llava15")
+    eng = edgevlm.load(pair.model, pair.mmproj, device="cpu", n_threads=2)
+    eng.guard.measure = Meter(0)
+    with pytest.raises(InputError, match="more memory but only"):
+        eng.chat("hi", [images["square"]], max_tokens=2)
+    assert eng.messages == []
+    eng.guard.measure = Meter(16 * GiB)
+    assert eng.chat("hi", [images["square"]], max_tokens=2, temperature=0).stats.image_tokens == 576
+    eng.close()
