@@ -179,6 +179,7 @@ class Backend:
                 params.image_min_tokens = image_min_tokens
             if image_max_tokens:
                 params.image_max_tokens = image_max_tokens
+            self.image_max_tokens = image_max_tokens
             self.mctx = mtmd_cpp.mtmd_init_from_file(self.mmproj_path.encode(), self.llama.model, params)
         self.load_log = list(lines)
         if not self.mctx:

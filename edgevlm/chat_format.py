@@ -66,22 +66,28 @@ class PromptFormatter:
                                         add_generation_prompt=True)
         self.stop_texts = [eos_token] if eos_token else []
 
-    def user_content(self, text: str, n_images: int) -> str:
-        """Images first, each at a media marker, then the text (LLaVA: ``<image>\\n{text}``)."""
-        if not n_images:
-            return text
-        return self.marker * n_images + "\n" + text
+    def user_content(self, text: str, labels: list[str | None]) -> str:
+        """Images first, each at a media marker, then the text (LLaVA: ``<image>\\n{text}``).
 
-    def render(self, messages: list[tuple[str, str, int]]) -> list[Piece]:
-        """``messages`` = [(role, text, n_images)], assistant text ignored (sentinels used)."""
+        Views of one picture (AnyRes tiles) carry a label so the model knows what it sees:
+        ``global view: <image>\\ntile row 1 col 2: <image>\\n...``.
+        """
+        if not labels:
+            return text
+        if all(lb is None for lb in labels):
+            return self.marker * len(labels) + "\n" + text
+        return "".join(f"{lb}: {self.marker}\n" if lb else f"{self.marker}\n" for lb in labels) + text
+
+    def render(self, messages: list[tuple[str, str, list[str | None]]]) -> list[Piece]:
+        """``messages`` = [(role, text, image labels)]; assistant text is a sentinel."""
         rendered = []
         n_assistant = 0
-        for role, text, n_images in messages:
+        for role, text, labels in messages:
             if role == "assistant":
                 rendered.append({"role": role, "content": _SENTINEL.format(n_assistant)})
                 n_assistant += 1
             elif role == "user":
-                rendered.append({"role": role, "content": self.user_content(text, n_images)})
+                rendered.append({"role": role, "content": self.user_content(text, labels)})
             else:
                 rendered.append({"role": role, "content": text})
         prompt = self._fmt(messages=rendered).prompt

@@ -56,6 +56,23 @@ class ImageSize(click.ParamType):
         return tuple(parts)
 
 
+class Tiles(click.ParamType):
+    """``auto``, ``off`` or a number of tiles."""
+
+    name = "auto|off|N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value in ("auto", "off"):
+            return value
+        try:
+            n = int(value)
+        except ValueError:
+            self.fail(f"'{value}' is not auto, off or a number", param, ctx)
+        if n < 0:
+            self.fail("the number of tiles cannot be negative", param, ctx)
+        return n if n > 0 else "off"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="edgevlm")
 def main() -> None:
@@ -237,6 +254,8 @@ def render_plan(p, file=None) -> None:
 @click.option("--min-p", default=0.05, show_default=True, type=click.FloatRange(0, 1))
 @click.option("--seed", type=int, help="Seed for sampling (reproducible with --temp > 0).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--tiles", type=Tiles(), default="auto", show_default=True,
+              help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
 @plan_options
 @click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
 @click.option("--max-pixels", default=100_000_000, show_default=True, type=click.IntRange(1),
@@ -246,7 +265,7 @@ def render_plan(p, file=None) -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
 def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, min_p, seed, stop,
-         ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu_overhead, threads, max_pixels,
+         tiles, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu_overhead, threads, max_pixels,
          show_stats, as_json, verbose) -> None:
     """Chat with a vision-language model about images.
 
@@ -265,8 +284,58 @@ def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, 
                           images=n_images, device=device, free_memory=list(free_memory),
                           gpu_overhead=gpu_overhead, n_threads=threads),
         max_pixels=max_pixels, show_stats=show_stats, as_json=as_json, verbose=verbose,
+        image_tokens=image_tokens, tiles=tiles,
     )
     sys.exit(code)
+
+
+@main.command()
+@click.argument("image", type=click.Path(dir_okay=False))
+@click.option("--mmproj", required=True, type=click.Path(dir_okay=False), help="Vision projector GGUF.")
+@click.option("--image-tokens", type=click.IntRange(1), help="Token budget for this image.")
+@click.option("--tiles", type=Tiles(), default="auto", show_default=True,
+              help="Detail tiles for fixed-size encoders (LLaVA-1.5).")
+@click.option("--scorer", type=click.Choice(["edges", "entropy", "compress"]), default="edges",
+              show_default=True, help="How tile detail is scored.")
+@click.option("--overlay", type=click.Path(dir_okay=False), help="Write a PNG showing the views.")
+@click.option("--max-pixels", default=100_000_000, show_default=True, type=click.IntRange(1))
+@click.option("--json", "as_json", is_flag=True, help="Print the image plan as JSON.")
+@handle_errors
+def budget(image, mmproj, image_tokens, tiles, scorer, overlay, max_pixels, as_json) -> None:
+    """Show how an image is split and budgeted before the encoder runs.
+
+    \b
+    edgevlm budget photo.jpg --mmproj mmproj.gguf --image-tokens 2304 --overlay views.png
+    """
+    from .budget import draw_overlay, plan_image
+    from .gguf_info import load_projector
+    from .images import load_image
+
+    proj = load_projector(mmproj)
+    img = load_image(image, max_pixels)
+    ip = plan_image(img, proj, image_tokens, tiles, scorer=scorer)
+    if overlay:
+        draw_overlay(img, ip, overlay)
+    if as_json:
+        click.echo(json.dumps({"image": image, "projector_type": proj.projector_type, **ip.to_dict()}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    title = (f"{image} {img.width}x{img.height} · {ip.kind} · total {ip.total_tokens} tokens"
+             + (f" (budget {image_tokens})" if image_tokens else ""))
+    t = Table(title=title, title_justify="left", box=None)
+    for col in ("view", "box", "sent as", "tokens", "score", "selected"):
+        t.add_column(col, justify="right" if col in ("tokens", "score") else "left")
+    for v in ip.views:
+        t.add_row(v.label, "{},{}–{},{}".format(*v.box), f"{v.size[0]}x{v.size[1]}", str(v.tokens),
+                  "" if v.score is None else f"{v.score:.2f}", "yes" if v.selected else "-")
+    console.print(t)
+    for n in ip.notes:
+        console.print(f"note: {n}")
+    if overlay:
+        console.print(f"overlay written to {overlay}")
 
 
 @main.command()

@@ -22,6 +22,7 @@ import numpy as np
 from .backend import Backend, Chunks, SamplingParams
 from .chat_format import LLAVA15_TEMPLATE, PromptFormatter
 from .errors import InputError
+from .budget import ImagePlan, plan_image, render_views
 from .images import LoadedImage, load_image
 from .stats import TurnStats, peak_rss_bytes, per_second
 
@@ -29,8 +30,10 @@ from .stats import TurnStats, peak_rss_bytes, per_second
 class Message:
     role: str  # "system" | "user" | "assistant"
     text: str
-    images: list[LoadedImage] = field(default_factory=list)
+    images: list[LoadedImage] = field(default_factory=list)  # the views sent, in order
     tokens: list[int] | None = None  # assistant: the exact ids generated
+    labels: list[str | None] = field(default_factory=list)  # per view ("global view", ...)
+    sources: list[str] = field(default_factory=list)  # the pictures the user gave
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ class Engine:
         self.plan = plan  # the Plan it was loaded with (None when built by hand)
         self.guard = guard  # runtime admission check for images (None: no check)
         self.notices: list[str] = []  # things the user should be told (e.g. an image shrunk)
+        self.image_tokens: int | None = None  # per-picture budget (None: the plan's)
+        self.tiles: str | int = "auto"  # AnyRes tiles for fixed-size encoders: auto | off | N
         self.system = system
         self.max_image_pixels = max_image_pixels
         self.images = ImageCache(backend, image_cache_units, image_cache_bytes)
@@ -189,13 +194,13 @@ class Engine:
 
     # --- one turn ----------------------------------------------------------------------
     def _render(self) -> tuple[list[_Item], dict[str, _ImageUnit]]:
-        msgs: list[tuple[str, str, int]] = []
+        msgs: list[tuple[str, str, list[str | None]]] = []
         if self.system:
-            msgs.append(("system", self.system, 0))
+            msgs.append(("system", self.system, []))
         imgs: list[LoadedImage] = []
         assistant: list[list[int]] = []
         for m in self.messages:
-            msgs.append((m.role, m.text, len(m.images)))
+            msgs.append((m.role, m.text, m.labels or [None] * len(m.images)))
             imgs.extend(m.images)
             if m.role == "assistant":
                 assistant.append(m.tokens or [])
@@ -281,9 +286,12 @@ class Engine:
                temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                seed: int | None = None, stop: Iterable[str] = ()) -> Iterator[GenerationResponse]:
         """Add a user turn and stream the reply. The last response carries stats."""
-        loaded = self._admit(self.load_images(images))
+        originals = self.load_images(images)
+        views, labels = self._budget(originals)
+        loaded = self._admit(views)
         t_start = time.perf_counter()
-        self.messages.append(Message("user", text, loaded))
+        self.messages.append(Message("user", text, loaded, labels=labels,
+                                     sources=[im.source for im in originals]))
         try:
             items, units = self._render()
             counters = self._evaluate(items, units, {img.sha256 for img in loaded})
@@ -295,6 +303,24 @@ class Engine:
             SamplingParams(temperature, top_k, top_p, min_p, seed), max_tokens,
             list(stop) + self.default_stops, counters, t_start, t_prompt,
         )
+
+    def plan_image(self, image: LoadedImage) -> ImagePlan:
+        """The views of one picture under this engine's image budget (decided before encoding)."""
+        cap = self.plan.image_max_tokens if self.plan is not None else None
+        budget = self.image_tokens if self.image_tokens is not None else cap
+        dyn_cap = self.backend.image_max_tokens
+        return plan_image(image, self.backend.proj_info, budget, self.tiles, max_tokens=dyn_cap)
+
+    def _budget(self, images: list[LoadedImage]) -> tuple[list[LoadedImage], list[str | None]]:
+        views: list[LoadedImage] = []
+        labels: list[str | None] = []
+        for img in images:
+            ip = self.plan_image(img)
+            self.notices.extend(f"{img.source}: {n}" for n in ip.notes)
+            for label, pix in render_views(img, ip):
+                views.append(pix)
+                labels.append(label)
+        return views, labels
 
     def _admit(self, images: list[LoadedImage]) -> list[LoadedImage]:
         """Run each new image past the guard (memory now, context left); may shrink it."""

@@ -328,11 +328,19 @@ class Planner:
                            f"({'as asked' if w.image_tokens else 'default for dynamic-resolution models'}); "
                            f"the encoder is counted at that largest image")
             return n
-        n = self.image_tokens_max(w.image_tokens or 10**6)
-        if w.image_tokens and w.image_tokens < n:
-            reasons.append(f"--image-tokens {w.image_tokens} is below this projector's fixed {n} per view")
-        reasons.append(f"image budget {n} tokens per image ({p.projector_type}"
-                       f"{', tiled' if p.image_grid_pinpoints else ', fixed size'})")
+        per_view = (p.image_size // p.patch_size) ** 2
+        if p.image_grid_pinpoints:
+            n = self.image_tokens_max(w.image_tokens or 10**6)
+            kind = "tiled: overview + pinpoint tiles"
+        elif w.image_tokens and w.image_tokens >= 2 * per_view:
+            n = w.image_tokens // per_view * per_view  # AnyRes: global view + tiles
+            kind = f"fixed size: global view + {n // per_view - 1} tile(s) of {per_view}"
+        else:
+            n = per_view
+            kind = "fixed size"
+        if w.image_tokens and w.image_tokens < per_view:
+            reasons.append(f"--image-tokens {w.image_tokens} is below this projector's {per_view} per view")
+        reasons.append(f"image budget {n} tokens per image ({p.projector_type}, {kind})")
         return n
 
     def _kv_choices(self, fa: bool, reasons: list[str]) -> list[str]:

@@ -185,10 +185,10 @@ def test_template_fallback_llava(llava):
 
     fmt = llava.formatter
     assert fmt.source == "fallback"
-    pieces = fmt.render([("user", "What is it?", 1)])
+    pieces = fmt.render([("user", "What is it?", [None])])
     assert [p.kind for p in pieces] == ["text", "image", "text"]
     assert pieces[0].text == "USER: " and pieces[2].text == "\nWhat is it?\nASSISTANT:"
-    again = fmt.render([("user", "q1", 1), ("assistant", "", 0), ("user", "q2", 0)])
+    again = fmt.render([("user", "q1", [None]), ("assistant", "", []), ("user", "q2", [])])
     assert [p.kind for p in again] == ["text", "image", "text", "assistant", "text"]
     assert again[4].text == "</s>\nUSER: q2\nASSISTANT:"
     assert split_pieces("a<__media__>b", "<__media__>")[1].kind == "image"
@@ -196,7 +196,7 @@ def test_template_fallback_llava(llava):
 
 def test_template_from_gguf_qwen(qwen):
     assert qwen.formatter.source == "gguf"
-    pieces = qwen.formatter.render([("user", "Hi", 1)])
+    pieces = qwen.formatter.render([("user", "Hi", [None])])
     text = "".join(p.text for p in pieces if p.kind == "text")
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
 
@@ -206,7 +206,7 @@ def test_item_tokenization_matches_mtmd(engine, images):
     engine.messages.append(edgevlm.engine.Message("user", "Hello there.", engine.load_images([images["noise"]])))
     items, units = engine._render()
     engine.messages.clear()
-    pieces = engine.formatter.render([("user", "Hello there.", 1)])
+    pieces = engine.formatter.render([("user", "Hello there.", [None])])
     prompt = "".join(p.text if p.kind == "text" else engine.backend.marker for p in pieces)
     img = engine.load_images([images["noise"]])[0]
     bm = engine.backend.bitmap_from_rgb(img.rgb)
