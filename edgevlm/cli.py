@@ -83,13 +83,6 @@ def _not_yet(name: str, issue: int) -> None:
     raise CLIError(f"'edgevlm {name}' is not implemented yet (planned in issue #{issue})", 3)
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def caption(args) -> None:
-    """Caption folders of images, resumably (not yet implemented)."""
-    _not_yet("caption", 7)
-
-
 class AutoInt(click.ParamType):
     """An integer, or ``auto`` (None) to let the planner choose."""
 
@@ -422,6 +415,10 @@ def _render_inspect(report: dict) -> None:
         ok = report["pair"]["compatible"]
         console.print("pair: [green]compatible[/]" if ok else "pair: [red]NOT compatible[/]")
 
+
+from .caption_cmd import caption  # noqa: E402  (defined in its own module, registered here)
+
+main.add_command(caption)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -147,11 +147,17 @@ class Engine:
         self.last_stats: TurnStats | None = None
 
     # --- conversation -----------------------------------------------------------------
-    def reset(self) -> None:
-        """Forget the conversation and the KV cache (image embeddings stay cached)."""
+    def reset(self, keep_cache: bool = False) -> None:
+        """Forget the conversation (image embeddings stay cached).
+
+        With ``keep_cache`` the KV cache is left as it is: the next conversation reuses every
+        token it shares with the old one from the start (a system prompt, an instruction), and
+        only the rest is dropped and evaluated.
+        """
         self.messages.clear()
-        self._kv.clear()
-        self.backend.kv_clear()
+        if not keep_cache:
+            self._kv.clear()
+            self.backend.kv_clear()
 
     def close(self) -> None:
         self.images.close()
