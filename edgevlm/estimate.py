@@ -8,8 +8,11 @@ formulas mirror the vendored llama.cpp (``llama-model.cpp`` layer placement,
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
+
+from . import compute
 
 from .gguf_info import GGUFFile
 
@@ -160,18 +163,48 @@ def kv_bytes(n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int, type_k: st
     return out
 
 
-def text_compute_bytes(t, cells: int, n_ubatch: int, n_batch: int, flash_attn: bool,
+
+@functools.lru_cache(maxsize=4096)
+def _text_compute(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx, n_ubatch,
+                  n_batch, flash_attn, type_k, type_v, n_layer) -> int:
+    return compute.text_compute_bytes(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab,
+                                      n_ctx, n_ubatch, n_batch, flash_attn, type_k, type_v, n_layer)
+
+
+def text_compute_bytes(t, n_ctx: int, n_ubatch: int, n_batch: int, flash_attn: bool,
                        type_k: str = "f16", type_v: str = "f16") -> int:
-    """Text compute buffer (``sched_reserve``) — provisional closed form, replaced below."""
-    ub = min(n_ubatch, n_batch, cells)
-    logits = t.n_vocab * ub * 4
-    attn = 0 if flash_attn else cells * ub * t.n_head * 4 * 2
-    ffn = 3 * t.n_ff * ub * 4
-    return max(logits, attn, ffn) + 4 * t.n_embd * ub * 4
+    """Text compute buffer (``sched_reserve``) for a context of ``n_ctx`` tokens (unpadded:
+    llama.cpp clamps the batch to it before padding). Exact for ``llama`` and ``qwen2vl``
+    graphs; other architectures are planned with the ``llama`` graph of the same shapes."""
+    arch = "qwen2vl" if t.arch == "qwen2vl" else "llama"
+    # the buffer does not depend on the depth once there are two layers: replay two
+    return _text_compute(arch, t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab,
+                         n_ctx, n_ubatch, n_batch, flash_attn, type_k, type_v, min(t.n_layer, 2))
+
+
+_CLIP_EXACT = {"mlp", "qwen2vl_merger", "qwen2.5vl_merger"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _clip_compute(ptype, image_size, patch_size, n_embd, n_head, n_ff, n_layer, n_patches,
+                  n_mmproj_embd, merge, flash_attn, n_wa_pattern) -> int:
+    return compute.clip_compute_bytes(ptype, image_size, patch_size, n_embd, n_head, n_ff, n_layer,
+                                      n_patches, n_mmproj_embd, merge, flash_attn, n_wa_pattern)
 
 
 def clip_compute_bytes(proj, n_patches: int, flash_attn: bool) -> int:
-    """Vision encoder compute buffer for one chunk of ``n_patches`` patches — provisional."""
+    """Vision encoder compute buffer for one chunk of ``n_patches`` patches (before merging).
+
+    Exact for ``mlp`` and the Qwen2/2.5-VL mergers; other projectors get a conservative upper
+    bound (full attention scores in f32 plus four activations and the FFN)."""
+    ptype = proj.projector_type
+    if ptype == "mlp_norm":
+        ptype = "mlp"
+    if ptype in _CLIP_EXACT:
+        merge = int(proj.spatial_merge_size or 2) if ptype != "mlp" else 1
+        return _clip_compute(ptype, proj.image_size, proj.patch_size, proj.n_embd, proj.n_head,
+                             proj.n_ff, proj.n_layer, n_patches, proj.n_mmproj_embd, merge,
+                             flash_attn, int(proj.n_wa_pattern or 0))
     n = n_patches + 1
-    attn = 0 if flash_attn else n * n * proj.n_head * 4 * 2
-    return attn + n * max(proj.n_ff, proj.n_embd * 4) * 4 * 3
+    attn = n * max(proj.n_embd, 1) * 4 * 2 if flash_attn else n * n * max(proj.n_head, 1) * 4
+    return attn + n * (4 * proj.n_embd + 3 * max(proj.n_ff, proj.n_embd)) * 4 + 12 * n_patches * proj.patch_size ** 2

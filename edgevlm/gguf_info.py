@@ -221,6 +221,7 @@ class ProjectorInfo:
     spatial_merge_size: int | None = None
     image_min_pixels: int | None = None
     image_max_pixels: int | None = None
+    n_wa_pattern: int | None = None  # Qwen2.5-VL: every n-th block has full attention
     has_vision_encoder: bool = True
     has_audio_encoder: bool = False
     kind: str = "mmproj"
@@ -339,6 +340,7 @@ def projector_info(gf: GGUFFile) -> ProjectorInfo:
         spatial_merge_size=md.get("clip.vision.spatial_merge_size"),
         image_min_pixels=md.get("clip.vision.image_min_pixels"),
         image_max_pixels=md.get("clip.vision.image_max_pixels"),
+        n_wa_pattern=md.get("clip.vision.n_wa_pattern"),
         has_vision_encoder=has_vision,
         has_audio_encoder=bool(md.get("clip.has_audio_encoder", False)),
     )

@@ -207,7 +207,7 @@ class Planner:
         host_w, gpu_w = weight_bytes(self.tensors, devs, self.repack)
         kv = kv_bytes(t.n_layer, t.n_head_kv, t.head_dim, c.n_ctx, c.type_k, c.type_v, devs[: t.n_layer],
                       c.offload_kqv, t.n_swa, None, c.n_ubatch)
-        compute = text_compute_bytes(t, kv_cells(c.n_ctx), c.n_ubatch, c.n_batch, c.flash_attn, c.type_k, c.type_v)
+        compute = text_compute_bytes(t, c.n_ctx, c.n_ubatch, c.n_batch, c.flash_attn, c.type_k, c.type_v)
         enc = 0
         if self.proj is not None:
             enc = clip_compute_bytes(self.proj, self.encoder_patches(c.image_tokens), c.flash_attn)

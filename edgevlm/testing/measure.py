@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import llamalog
 from ..backend import Backend
-from ..estimate import TextTensors, clip_compute_bytes, kv_bytes, kv_cells, layer_devices, text_compute_bytes, weight_bytes
+from ..estimate import TextTensors, clip_compute_bytes, kv_bytes, layer_devices, text_compute_bytes, weight_bytes
 from ..families import image_tokens
 from ..gguf_info import read_gguf, text_model_info, projector_info
 
@@ -111,14 +111,13 @@ def measure(model: str, mmproj: str, cfg: Config, n_threads: int = 2) -> list[Co
     tt = TextTensors.from_gguf(text_gf, text.n_layer)
     host, _ = weight_bytes(tt, layer_devices(text.n_layer, 0, []), repack=True)
     kv = kv_bytes(text.n_layer, text.n_head_kv, text.head_dim, cfg.n_ctx, cfg.type_k, cfg.type_v)
-    cells = kv_cells(cfg.n_ctx)
     clip_compute = [v for k, v in got.items() if k.startswith("reserve_compute_meta:")]
     return [
         Component("weights (mapped)", mib("load_tensors:CPU_Mapped:model buffer size"), host.mapped),
         Component("weights (repack)", mib("load_tensors:CPU_REPACK:model buffer size"), host.repack),
         Component("kv", mib("llama_kv_cache:CPU:KV buffer size"), kv[-1]),
         Component("compute", mib("sched_reserve:CPU:compute buffer size"),
-                  text_compute_bytes(text, cells, cfg.n_ubatch, cfg.n_batch, cfg.flash_attn,
+                  text_compute_bytes(text, cfg.n_ctx, cfg.n_ubatch, cfg.n_batch, cfg.flash_attn,
                                      cfg.type_k, cfg.type_v)),
         Component("mmproj weights", int(round(got.get("clip:model", 0.0) * MIB)), proj_gf.weight_bytes),
         Component("mmproj compute", int(round(max(clip_compute or [0.0]) * MIB)),
