@@ -37,8 +37,7 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
                         images=images)
         plan = make_plan(os.fspath(model), os.fspath(mmproj), measure(), wishes)
     if not plan.fits:
-        raise DoesNotFit(next((r for r in plan.reasons if r.startswith("does not fit")),
-                              "the model does not fit in the memory available"))
+        raise DoesNotFit(plan.refusal or "the model does not fit in the memory available")
     opts = {**plan.backend_options(), **backend_options}
     backend = Backend(model, mmproj, n_threads=n_threads, verbose=verbose, **opts)
     guard = Guard(plan, backend.proj_info, measure)

@@ -167,7 +167,7 @@ def plan(model, mmproj, ctx, ngl, kv, image_tokens, n_images, free_memory, devic
     else:
         render_plan(p)
     if not p.fits:
-        raise CLIError(p.reasons[next(i for i, r in enumerate(p.reasons) if r.startswith("does not fit"))], 1)
+        raise CLIError(p.refusal or "does not fit", 1)
 
 
 _BAR = (("weights", "blue"), ("kv", "magenta"), ("compute", "yellow"), ("encoder", "green"))

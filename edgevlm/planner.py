@@ -119,6 +119,7 @@ class Plan:
     fits: bool
     shortfall_bytes: int = 0
     repack: bool = True
+    refusal: str | None = None  # why it cannot run, when fits is False
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("devices", "reasons")}
@@ -232,6 +233,8 @@ class Planner:
         return out
 
     def shortfall(self, c: _Config) -> int:
+        if c.type_v != "f16" and not c.flash_attn:
+            return 0  # not a memory question: refused before (quantized V needs FA)
         return max(0, max(b.total - budget for b, budget in zip(self.predict(c), self.budgets)))
 
     # --- search -----------------------------------------------------------------------
@@ -257,6 +260,9 @@ class Planner:
         )
         if not gpu:
             reasons.append("no GPU in the plan: the whole model runs from host RAM")
+        if c.type_v != "f16" and not c.flash_attn:
+            reasons.append(f"cannot run: a {c.type_v} V cache needs flash attention, which is off")
+            return self._finish(c, reasons, fits=False)
         if self.shortfall(c) == 0:
             reasons.append(f"fits as wished: {self._summary(c)}")
             return self._finish(c, reasons)
@@ -389,7 +395,8 @@ class Planner:
                 f"encoder on {'GPU' if c.mmproj_gpu else 'CPU'}")
 
     def _finish(self, c: _Config, reasons: list[str], fits: bool = True) -> Plan:
-        preds = self.predict(c)
+        preds = self.predict(c) if (c.type_v == "f16" or c.flash_attn) else \
+            self.predict(replace(c, type_v="f16"))
         devs = []
         for d, b, budget in zip(list(self.gpus) + [self.host], preds, self.budgets):
             devs.append(DevicePlan(d.name, d.kind, d.free_bytes, d.total_bytes, budget, d.free_known, b))
@@ -403,13 +410,16 @@ class Planner:
         for dv in devs:
             reasons.append(f"{dv.name}: {format_size(dv.predicted.total)} predicted of "
                            f"{format_size(dv.budget_bytes)} budget ({format_size(dv.headroom_bytes)} headroom)")
+        refusal = None if fits else next(
+            (r for r in reversed(reasons) if r.startswith(("does not fit", "cannot run"))), "does not fit")
         return Plan(
+            refusal=refusal,
             model=self.text.path, mmproj=self.proj.path if self.proj else "",
             n_gpu_layers=c.ngl, n_ctx=kv_cells(c.n_ctx), n_batch=c.n_batch, n_ubatch=c.n_ubatch,
             type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn, offload_kqv=c.offload_kqv,
             mmproj_on_gpu=c.mmproj_gpu, image_max_tokens=per_image, max_images_in_context=max_images,
             devices=tuple(devs), reasons=tuple(reasons), fits=fits,
-            shortfall_bytes=0 if fits else self.shortfall(c), repack=self.repack,
+            shortfall_bytes=0 if fits and not refusal else self.shortfall(c), repack=self.repack,
         )
 
 

@@ -99,7 +99,8 @@ def test_unknown_free_memory_gets_a_larger_margin(real):
 
 def test_quantized_kv_needs_flash_attention(real):
     p = plan_for(real, [host()], kv="q8_0", flash_attn=False)
-    assert any("needs flash attention" in r for r in p.reasons)
+    assert not p.fits and "needs flash attention" in p.refusal
+    assert plan_for(real, [host()], kv="q8_0").fits  # flash attention is on by default
 
 
 def test_dynamic_budget_counts_encoder_at_largest_image(model_pair):
