@@ -283,12 +283,7 @@ class Planner:
         if gpu:
             c = self._place(c, max_layers, reasons)
             if self.shortfall(c) == 0:
-                if w.n_ctx is None and c.n_ctx < want_ctx:
-                    before = c.n_ctx
-                    c = self._grow_ctx(c, want_ctx)
-                    if c.n_ctx > before:
-                        reasons.append(f"context back up to {c.n_ctx} (KV of host layers is in RAM)")
-                return self._finish(c, reasons)
+                return self._finish(self._relax(c, want_ctx, reasons), reasons)
         # 6. q4_0 KV
         if "q4_0" in kv_choices and c.type_k != "q4_0":
             c.type_k = c.type_v = "q4_0"
@@ -302,6 +297,19 @@ class Planner:
         reasons.append(f"does not fit: {short / MIB:,.0f} MiB short on "
                        f"{self._worst_device(c)} even at {self._summary(c)}")
         return self._finish(c, reasons, fits=False)
+
+    def _relax(self, c: _Config, want_ctx: int, reasons: list[str]) -> _Config:
+        """After layers moved to the host, undo earlier sacrifices that are no longer needed."""
+        w = self.wishes
+        if w.kv == "auto" and c.type_k != "f16" and self.shortfall(replace(c, type_k="f16", type_v="f16")) == 0:
+            c = replace(c, type_k="f16", type_v="f16")
+            reasons.append("KV cache back to f16: with layers on the host it fits")
+        if w.n_ctx is None and c.n_ctx < kv_cells(want_ctx):
+            before = c.n_ctx
+            c = self._grow_ctx(c, want_ctx)
+            if c.n_ctx > before:
+                reasons.append(f"context back up to {c.n_ctx}: with layers on the host it fits")
+        return c
 
     def _place(self, c: _Config, max_layers: int, reasons: list[str]) -> _Config:
         w = self.wishes
