@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -75,19 +76,130 @@ class GGUFFile:
         return [per.get(i, 0) for i in range(n)], outside
 
 
-def _field_value(fld: Any) -> tuple[Any, int | None]:
-    """Decode a reader field; big arrays come back as (None, length)."""
-    types = fld.types
-    if types and types[0] == gguf.GGUFValueType.ARRAY:
-        n = len(fld.data)
-        if n > _MAX_DECODED_ARRAY:
-            return None, n
-        return fld.contents(), n
-    return fld.contents(), None
+# GGUF value types (gguf.GGUFValueType): fixed-size scalars as struct formats
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+            11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+class _NeedMore(Exception):
+    """The header continues past the bytes read so far."""
+
+
+class _Cursor:
+    """Sequential little-endian reads over the first bytes of a file (``buf``)."""
+
+    def __init__(self, buf: bytes, file_size: int):
+        self.buf = buf
+        self.file_size = file_size
+        self.pos = 0
+
+    def _need(self, n: int) -> None:
+        if self.pos + n > len(self.buf):
+            if self.pos + n <= self.file_size and len(self.buf) < self.file_size:
+                raise _NeedMore()
+            raise EOFError("header runs past the end of the file")
+
+    def unpack(self, fmt: str):
+        n = struct.calcsize(fmt)
+        self._need(n)
+        v = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return v[0] if len(v) == 1 else v
+
+    def string(self, decode: bool = True):
+        n = self.unpack("<Q")
+        self._need(n)
+        raw = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return bytes(raw).decode("utf-8", errors="replace") if decode else None
+
+    def value(self, vtype: int) -> tuple[Any, int | None]:
+        """(decoded value or None for big arrays, array length or None)."""
+        if vtype in _SCALARS:
+            return self.unpack(_SCALARS[vtype]), None
+        if vtype == _STRING:
+            return self.string(), None
+        if vtype == _ARRAY:
+            etype, count = self.unpack("<I"), self.unpack("<Q")
+            big = count > _MAX_DECODED_ARRAY
+            if etype in _SCALARS:
+                size = struct.calcsize(_SCALARS[etype])
+                self._need(size * count)
+                if big:
+                    self.pos += size * count
+                    return None, count
+                vals = list(struct.unpack_from("<" + _SCALARS[etype][1] * count, self.buf, self.pos))
+                self.pos += size * count
+                return vals, count
+            if etype == _STRING:
+                vals = [self.string(not big) for _ in range(count)]
+                return (None if big else vals), count
+            if etype == _ARRAY:  # nested arrays: walk them, keep nothing
+                for _ in range(count):
+                    self.value(_ARRAY)
+                return None, count
+            raise ValueError(f"unknown array element type {etype}")
+        raise ValueError(f"unknown value type {vtype}")
+
+
+def _parse(buf: bytes, path: str, size: int) -> GGUFFile:
+    cur = _Cursor(buf, size)
+    magic = bytes(buf[:4])
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+    cur.pos = 4
+    version = cur.unpack("<I")
+    if version not in (2, 3):
+        raise ModelFileError(f"{path}: unsupported GGUF version {version}")
+    n_tensors, n_kv = cur.unpack("<Q"), cur.unpack("<Q")
+    if n_tensors > 10**7 or n_kv > 10**7:
+        raise ModelFileError(f"{path}: corrupt GGUF header (implausible counts)")
+    metadata: dict[str, Any] = {}
+    lengths: dict[str, int] = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        value, n = cur.value(cur.unpack("<I"))
+        if n is not None:
+            lengths[key] = n
+        if value is not None:
+            metadata[key] = value
+    infos = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        n_dims = cur.unpack("<I")
+        shape = tuple(cur.unpack("<Q") for _ in range(n_dims))
+        ttype, offset = cur.unpack("<I"), cur.unpack("<Q")
+        infos.append((name, shape, ttype, offset))
+    align = int(metadata.get("general.alignment", 32))
+    data_start = (cur.pos + align - 1) // align * align
+    tensors = []
+    end = 0
+    for name, shape, ttype, offset in infos:
+        try:
+            qtype = gguf.GGMLQuantizationType(ttype)
+            block, tsize = gguf.GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise ModelFileError(f"{path}: tensor {name} has unknown type {ttype}") from None
+        n_el = 1
+        for d in shape:
+            n_el *= d
+        n_bytes = n_el * tsize // block
+        tensors.append(TensorInfo(name, qtype.name, shape, n_el, n_bytes, data_start + offset))
+        end = max(end, data_start + offset + n_bytes)
+    if end > size:
+        raise ModelFileError(
+            f"{path}: truncated GGUF: tensor data ends at byte {end:,} but the file has {size:,}"
+        )
+    return GGUFFile(path, size, metadata, lengths, tuple(tensors))
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
-    """Parse the header and tensor table of ``path``; raise ModelFileError with one clear line."""
+    """Parse the header and tensor table of ``path``; raise ModelFileError with one clear line.
+
+    Only the header is read (through a memory map), and big arrays (vocabularies, merges) are
+    skipped rather than decoded, so a multi-GB model with a 150k vocabulary answers at once.
+    """
     p = os.fspath(path)
     if not os.path.exists(p):
         raise ModelFileError(f"{p}: no such file")
@@ -95,55 +207,38 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         raise ModelFileError(f"{p}: is a directory, not a GGUF file")
     try:
         size = os.path.getsize(p)
-        with open(p, "rb") as fh:
-            magic = fh.read(4)
+        fh = open(p, "rb")
     except OSError as exc:
         raise ModelFileError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    if size == 0:
-        raise ModelFileError(f"{p}: empty file (0 bytes), not a GGUF model")
-    if magic != GGUF_MAGIC:
-        raise ModelFileError(f"{p}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+    with fh:
+        if size == 0:
+            raise ModelFileError(f"{p}: empty file (0 bytes), not a GGUF model")
+        magic = fh.read(4)
+        if magic != GGUF_MAGIC:
+            raise ModelFileError(f"{p}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        want = 4 * 2**20  # headers are a few MB at most (vocabulary + merges); read more if not
+        while True:
+            fh.seek(0)
+            buf = fh.read(min(want, size))
+            try:
+                return parse_header(buf, p, size)
+            except _NeedMore:
+                want *= 4
+
+
+def parse_header(buf: bytes, path: str, size: int) -> GGUFFile:
+    """Parse a GGUF header from the file's first bytes (``size`` = the whole file's size).
+
+    Raises ``_NeedMore`` when ``buf`` ends before the header does and the file is longer.
+    """
     try:
-        reader = gguf.GGUFReader(p, "r")
-    except Exception as exc:  # the reader raises ValueError/IndexError/KeyError on damage
+        return _parse(buf, path, size)
+    except (ModelFileError, _NeedMore):
+        raise
+    except (struct.error, EOFError, ValueError, IndexError, OverflowError, MemoryError) as exc:
         raise ModelFileError(
-            f"{p}: truncated or corrupt GGUF header ({type(exc).__name__}: {exc})"
+            f"{path}: truncated or corrupt GGUF header ({type(exc).__name__}: {exc})"
         ) from None
-
-    metadata: dict[str, Any] = {}
-    lengths: dict[str, int] = {}
-    for name, fld in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        try:
-            value, n = _field_value(fld)
-        except Exception:  # undecodable string etc.: keep going, it is metadata only
-            continue
-        if n is not None:
-            lengths[name] = n
-        if value is not None:
-            metadata[name] = value
-
-    tensors = []
-    end = 0
-    for t in reader.tensors:
-        tensors.append(
-            TensorInfo(
-                name=t.name,
-                ggml_type=t.tensor_type.name,
-                shape=tuple(int(x) for x in t.shape),
-                n_elements=int(t.n_elements),
-                n_bytes=int(t.n_bytes),
-                offset=int(t.data_offset),
-            )
-        )
-        end = max(end, int(t.data_offset) + int(t.n_bytes))
-    if end > size:
-        raise ModelFileError(
-            f"{p}: truncated GGUF: tensor data ends at byte {end:,} but the file has {size:,}"
-        )
-    del reader
-    return GGUFFile(p, size, metadata, lengths, tuple(tensors))
 
 
 def _first(v: Any) -> Any:
