@@ -38,11 +38,15 @@ def _stderr_console():
 
 def run_chat(*, prompt: str | None, model: str, mmproj: str, images: list[str], system: str | None,
              gen: dict, load_options: dict, max_pixels: int, show_stats: bool, as_json: bool,
-             verbose: bool, image_tokens: int | None = None, tiles: str | int = "auto") -> int:
+             verbose: bool, image_tokens: int | None = None, tiles: str | int = "auto",
+             evict: str = "summary", summary_prompt: str | None = None) -> int:
     engine = _load(model, mmproj, verbose, system=system, **load_options)
     engine.max_image_pixels = max_pixels
     engine.image_tokens = image_tokens
     engine.tiles = tiles
+    engine.session.enabled = evict == "summary"
+    if summary_prompt:
+        engine.session.summary_prompt = summary_prompt
     try:
         if prompt is not None:
             return _one_shot(engine, prompt, images, gen, show_stats, as_json)

@@ -6,71 +6,14 @@ Each command parses its options, calls the library, formats the result, and turn
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 
 import click
 
-from .errors import EdgeVLMError
-
-
-class CLIError(click.ClickException):
-    """A one-line error with our exit code."""
-
-    def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def handle_errors(fn):
-    """Map library errors to a ClickException at the edge."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except EdgeVLMError as exc:
-            raise CLIError(str(exc), exc.exit_code) from None
-
-    return wrapper
-
-
-class ImageSize(click.ParamType):
-    """``WxH`` (e.g. ``1024x768``) or one number for a square."""
-
-    name = "WxH"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        text = str(value).lower().replace("×", "x")
-        try:
-            parts = [int(p) for p in text.split("x")]
-        except ValueError:
-            self.fail(f"'{value}' is not WIDTHxHEIGHT (e.g. 1024x768)", param, ctx)
-        if len(parts) == 1:
-            parts = parts * 2
-        if len(parts) != 2 or min(parts) <= 0:
-            self.fail(f"'{value}' is not WIDTHxHEIGHT with positive sides", param, ctx)
-        return tuple(parts)
-
-
-class Tiles(click.ParamType):
-    """``auto``, ``off`` or a number of tiles."""
-
-    name = "auto|off|N"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int) or value in ("auto", "off"):
-            return value
-        try:
-            n = int(value)
-        except ValueError:
-            self.fail(f"'{value}' is not auto, off or a number", param, ctx)
-        if n < 0:
-            self.fail("the number of tiles cannot be negative", param, ctx)
-        return n if n > 0 else "off"
+from .cli_types import (  # noqa: F401  (shared with caption_cmd; importable from here too)
+    AutoInt, CLIError, ImageSize, Size, Tiles, handle_errors, plan_options, wishes_from,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -81,66 +24,6 @@ def main() -> None:
 
 def _not_yet(name: str, issue: int) -> None:
     raise CLIError(f"'edgevlm {name}' is not implemented yet (planned in issue #{issue})", 3)
-
-
-class AutoInt(click.ParamType):
-    """An integer, or ``auto`` (None) to let the planner choose."""
-
-    name = "N|auto"
-
-    def convert(self, value, param, ctx):
-        if value is None or isinstance(value, int):
-            return value
-        if str(value).lower() == "auto":
-            return None
-        try:
-            return int(value)
-        except ValueError:
-            self.fail(f"'{value}' is not a whole number or 'auto'", param, ctx)
-
-
-class Size(click.ParamType):
-    """A memory size: ``8GiB``, ``6G``, ``512MiB``."""
-
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        from .devices import parse_size
-
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_size(value)
-        except EdgeVLMError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-def plan_options(fn):
-    """Options shared by every command that loads through the planner."""
-    for opt in reversed([
-        click.option("--ctx", type=AutoInt(), default="auto", show_default=True,
-                     help="Context size in tokens, or auto (largest that fits, up to 8192)."),
-        click.option("--ngl", type=AutoInt(), default="auto", show_default=True,
-                     help="Layers on the GPU (-1 = all), or auto."),
-        click.option("--kv", type=click.Choice(["auto", "f16", "q8_0", "q4_0"]), default="auto",
-                     show_default=True, help="KV cache type."),
-        click.option("--image-tokens", type=click.IntRange(1), help="Token budget per image."),
-        click.option("--images", "n_images", type=click.IntRange(0), default=1, show_default=True,
-                     help="Images to keep in context at once."),
-        click.option("--free-memory", multiple=True, metavar="[DEV=]SIZE",
-                     help="What-if free memory per GPU (repeatable), e.g. 8GiB or CUDA0=6GiB."),
-        click.option("--device", help="cpu, or one GPU by name (CUDA0); default: all."),
-        click.option("--gpu-overhead", type=Size(), help="Memory kept free per GPU [default: 384MiB]."),
-    ]):
-        fn = opt(fn)
-    return fn
-
-
-def wishes_from(ctx, ngl, kv, image_tokens, n_images):
-    from .planner import Wishes
-
-    return Wishes(n_ctx=ctx, image_tokens=image_tokens, images=n_images, kv=kv,
-                  n_gpu_layers=ngl)
 
 
 @main.command()
@@ -249,6 +132,9 @@ def render_plan(p, file=None) -> None:
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--tiles", type=Tiles(), default="auto", show_default=True,
               help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
+@click.option("--evict", type=click.Choice(["summary", "off"]), default="summary", show_default=True,
+              help="When the context is full: replace old images by their summary, or fail.")
+@click.option("--summary-prompt", help="Prompt used to summarise an image ({n}, {name}).")
 @plan_options
 @click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
 @click.option("--max-pixels", default=100_000_000, show_default=True, type=click.IntRange(1),
@@ -258,7 +144,7 @@ def render_plan(p, file=None) -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
 def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, min_p, seed, stop,
-         tiles, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu_overhead, threads, max_pixels,
+         tiles, evict, summary_prompt, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu_overhead, threads, max_pixels,
          show_stats, as_json, verbose) -> None:
     """Chat with a vision-language model about images.
 
@@ -277,7 +163,7 @@ def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, 
                           images=n_images, device=device, free_memory=list(free_memory),
                           gpu_overhead=gpu_overhead, n_threads=threads),
         max_pixels=max_pixels, show_stats=show_stats, as_json=as_json, verbose=verbose,
-        image_tokens=image_tokens, tiles=tiles,
+        image_tokens=image_tokens, tiles=tiles, evict=evict, summary_prompt=summary_prompt,
     )
     sys.exit(code)
 

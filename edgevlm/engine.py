@@ -24,6 +24,7 @@ from .chat_format import LLAVA15_TEMPLATE, PromptFormatter
 from .errors import InputError
 from .budget import ImagePlan, plan_image, render_views
 from .images import LoadedImage, load_image
+from .session import Picture, RoomReport, SessionPolicy, make_room
 from .stats import TurnStats, peak_rss_bytes, per_second
 
 @dataclass
@@ -34,6 +35,12 @@ class Message:
     tokens: list[int] | None = None  # assistant: the exact ids generated
     labels: list[str | None] = field(default_factory=list)  # per view ("global view", ...)
     sources: list[str] = field(default_factory=list)  # the pictures the user gave
+    pictures: list[int] = field(default_factory=list)  # per view: the picture's number (1-based)
+    notes: list[str] = field(default_factory=list)  # text standing in for evicted pictures
+
+    @property
+    def content_text(self) -> str:
+        return "\n".join(self.notes + [self.text]) if self.notes else self.text
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,8 @@ class Engine:
         self.guard = guard  # runtime admission check for images (None: no check)
         self.notices: list[str] = []  # things the user should be told (e.g. an image shrunk)
         self.image_tokens: int | None = None  # per-picture budget (None: the plan's)
+        self.session = SessionPolicy()  # what happens when the context runs out
+        self.pictures: list[Picture] = []  # every picture given, numbered from 1
         self.tiles: str | int = "auto"  # AnyRes tiles for fixed-size encoders: auto | off | N
         self.system = system
         self.max_image_pixels = max_image_pixels
@@ -147,6 +156,21 @@ class Engine:
         self.last_stats: TurnStats | None = None
 
     # --- conversation -----------------------------------------------------------------
+    def complete(self, text: str, max_tokens: int, stops: Iterable[str] = ()) -> str:
+        """Ask one greedy question after the current conversation and forget it afterwards
+        (the next turn drops its tokens from the KV cache by prefix matching)."""
+        self.messages.append(Message("user", text))
+        try:
+            items, units = self._render()
+            c = self._evaluate(items, units, set())
+            now = time.perf_counter()
+            out = "".join(r.text for r in self._generate(
+                SamplingParams(0.0), max_tokens, list(stops) + self.default_stops, c, now, now,
+                record=False))
+        finally:
+            self.messages.pop()
+        return out
+
     def reset(self, keep_cache: bool = False) -> None:
         """Forget the conversation (image embeddings stay cached).
 
@@ -155,6 +179,7 @@ class Engine:
         only the rest is dropped and evaluated.
         """
         self.messages.clear()
+        self.pictures.clear()
         if not keep_cache:
             self._kv.clear()
             self.backend.kv_clear()
@@ -206,7 +231,7 @@ class Engine:
         imgs: list[LoadedImage] = []
         assistant: list[list[int]] = []
         for m in self.messages:
-            msgs.append((m.role, m.text, m.labels or [None] * len(m.images)))
+            msgs.append((m.role, m.content_text, m.labels or [None] * len(m.images)))
             imgs.extend(m.images)
             if m.role == "assistant":
                 assistant.append(m.tokens or [])
@@ -293,17 +318,22 @@ class Engine:
                seed: int | None = None, stop: Iterable[str] = ()) -> Iterator[GenerationResponse]:
         """Add a user turn and stream the reply. The last response carries stats."""
         originals = self.load_images(images)
-        views, labels = self._budget(originals)
-        loaded = self._admit(views)
+        views, labels, pics = self._budget(originals)
+        reserve = min(max_tokens, self.backend.n_ctx // 4)
+        loaded = self._admit(views, reserve)
         t_start = time.perf_counter()
-        self.messages.append(Message("user", text, loaded, labels=labels,
-                                     sources=[im.source for im in originals]))
+        msg = Message("user", text, loaded, labels=labels, sources=[im.source for im in originals],
+                      pictures=pics)
+        self.messages.append(msg)
         try:
+            room = make_room(self, reserve) if self.session.enabled else RoomReport()
             items, units = self._render()
             counters = self._evaluate(items, units, {img.sha256 for img in loaded})
         except BaseException:
-            self.messages.pop()
+            self.messages.remove(msg)
+            del self.pictures[len(self.pictures) - len(originals):]
             raise
+        counters.update(room.counters(self, counters))
         t_prompt = time.perf_counter()
         yield from self._generate(
             SamplingParams(temperature, top_k, top_p, min_p, seed), max_tokens,
@@ -317,22 +347,27 @@ class Engine:
         dyn_cap = self.backend.image_max_tokens
         return plan_image(image, self.backend.proj_info, budget, self.tiles, max_tokens=dyn_cap)
 
-    def _budget(self, images: list[LoadedImage]) -> tuple[list[LoadedImage], list[str | None]]:
+    def _budget(self, images: list[LoadedImage]) -> tuple[list[LoadedImage], list[str | None], list[int]]:
         views: list[LoadedImage] = []
         labels: list[str | None] = []
+        pics: list[int] = []
         for img in images:
             ip = self.plan_image(img)
             self.notices.extend(f"{img.source}: {n}" for n in ip.notes)
+            self.pictures.append(Picture(len(self.pictures) + 1, img, ip.total_tokens))
             for label, pix in render_views(img, ip):
                 views.append(pix)
                 labels.append(label)
-        return views, labels
+                pics.append(len(self.pictures))
+        return views, labels, pics
 
-    def _admit(self, images: list[LoadedImage]) -> list[LoadedImage]:
+    def _admit(self, images: list[LoadedImage], reserve: int = 0) -> list[LoadedImage]:
         """Run each new image past the guard (memory now, context left); may shrink it."""
         if self.guard is None or not images:
             return images
-        free = self.backend.n_ctx - self.n_ctx_used - 64
+        # With eviction on, older pictures can make room: a new one only has to fit the budget.
+        used = 0 if self.session.enabled else self.n_ctx_used
+        free = self.backend.n_ctx - used - 64 - (reserve if self.session.enabled else 0)
         out = []
         for img in images:
             adm = self.guard.admit(img, free)
@@ -343,7 +378,8 @@ class Engine:
         return out
 
     def _generate(self, params: SamplingParams, max_tokens: int, stops: list[str],
-                  counters: dict[str, Any], t_start: float, t_prompt: float) -> Iterator[GenerationResponse]:
+                  counters: dict[str, Any], t_start: float, t_prompt: float,
+                  record: bool = True) -> Iterator[GenerationResponse]:
         be = self.backend
         sampler = be.make_sampler(params)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -391,9 +427,10 @@ class Engine:
             be.free_sampler(sampler)
             # Whatever was generated (also when interrupted) becomes the assistant message.
             tail = text[emitted:]
-            self.messages.append(Message("assistant", text, tokens=list(tokens)))
-            self.last_stats = self._stats(counters, tokens, times, t_start, t_prompt, finish)
-        yield GenerationResponse(tail, None, finish, self.last_stats)
+            if record:
+                self.messages.append(Message("assistant", text, tokens=list(tokens)))
+                self.last_stats = self._stats(counters, tokens, times, t_start, t_prompt, finish)
+        yield GenerationResponse(tail, None, finish, self.last_stats if record else None)
 
     def _stats(self, c: dict[str, Any], tokens: list[int], times: list[float], t_start: float,
                t_prompt: float, finish: str) -> TurnStats:
@@ -411,6 +448,8 @@ class Engine:
             images_reused=c["reused"], cached_n=c["cached_n"], n_ctx_used=self.n_ctx_used,
             n_ctx=self.backend.n_ctx, peak_rss_bytes=peak_rss_bytes(),
             device_memory_used_bytes=None, finish_reason=finish,
+            summarized_images=c.get("summarized_images", 0), evicted_tokens=c.get("evicted_tokens", 0),
+            rebuild_tokens=c.get("rebuild_tokens", 0), dropped_turns=c.get("dropped_turns", 0),
         )
 
 

@@ -19,6 +19,7 @@ from typing import IO
 
 from .engine import Engine
 from .errors import EdgeVLMError
+from .session import recall
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 # A path ending in an image extension: quoted, or unquoted with backslash-escaped spaces.
@@ -29,7 +30,8 @@ HELP = """commands:
   /image PATH   attach an image to the next message (repeatable)
   /reset        forget the conversation (cached image encodings are kept)
   /stats        statistics of the last reply
-  /history      what the conversation holds
+  /history      what the conversation holds (pictures in context or as summaries)
+  /recall N     send picture N again (after it was replaced by its summary)
   /quit         leave (also /exit, /bye, Ctrl-D)
   \"\"\"          start or end a multi-line message
 image paths typed in a message are attached too."""
@@ -148,7 +150,18 @@ class ChatLoop:
                 imgs = f" [{len(m.images)} image(s)]" if m.images else ""
                 text = m.text.strip().replace("\n", " ")
                 self._say(f"{i + 1:3d} {m.role:9s}{imgs} {text[:70]}{'…' if len(text) > 70 else ''}")
+            for p in self.engine.pictures:
+                where = "in context" if p.in_context else f"summary: {p.summary[:60]}"
+                self._say(f"    image {p.number} ({p.name}, {p.tokens} tokens): {where}")
             self._say(f"context: {self.engine.n_ctx_used:,} / {self.engine.n_ctx:,} tokens")
+        elif cmd == "/recall":
+            try:
+                img = recall(self.engine, int(args[0]) if args else -1)
+            except (ValueError, EdgeVLMError) as exc:
+                self._say(f"Error: {exc if isinstance(exc, EdgeVLMError) else '/recall needs an image number'}")
+                return None
+            self.queued.append(img)
+            self._say(f"image {args[0]} ({img.source}) queued for the next message")
         else:
             self._say(f"Error: unknown command {cmd} (try /help)")
         return None

@@ -27,6 +27,10 @@ class TurnStats:
     peak_rss_bytes: int  # peak resident host memory of the process so far
     device_memory_used_bytes: int | None  # on GPU backends that report it, else None
     finish_reason: str  # "stop" (EOS / stop string), "length" (max tokens), "context", "interrupted"
+    summarized_images: int = 0  # pictures replaced by their summary this turn to make room
+    evicted_tokens: int = 0  # image tokens those pictures freed
+    rebuild_tokens: int = 0  # tokens of earlier turns evaluated again after the replacement
+    dropped_turns: int = 0  # text-only turns dropped to make room (text policy "drop")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -164,7 +164,7 @@ def test_prompt_longer_than_context(model_pair, images):
             eng.chat("Describe.", [images["square"]], max_tokens=4)
         assert eng.messages == [] and eng.n_ctx_used == 0
         # a text prompt longer than the context is refused too
-        with pytest.raises(InputError, match="the prompt needs .* tokens but the context holds 256"):
+        with pytest.raises(InputError, match="needs .* tokens but the context holds 256"):
             eng.chat("word " * 400, max_tokens=4)
         assert eng.messages == [] and eng.n_ctx_used == 0
         r = eng.chat("Just text then.", max_tokens=3, **GREEDY)  # still usable
