@@ -30,7 +30,7 @@ from typing import Any
 
 from .budget import render_views
 from .caption_inputs import InputItem, discover
-from .caption_outputs import CaptionRecord, Entry, Plain
+from .caption_outputs import CaptionRecord, Entry, Plain, compose
 from .errors import BackendError, EdgeVLMError, ImageError, InputError
 from .images import DEFAULT_MAX_PIXELS, LoadedImage, load_image
 
@@ -231,6 +231,19 @@ class Preparer:
         p.load_ms = (time.perf_counter() - t0) * 1000
         return p
 
+    def settled(self, item: InputItem) -> bool:
+        """Cheaply known to need no model: done by an earlier run (same size and mtime) or
+        kept by the --existing policy."""
+        prev = self.index.get(item.path)
+        if prev is not None:
+            try:
+                st = os.stat(item.path)
+            except OSError:
+                return False
+            if prev.data.get("bytes") == st.st_size and prev.data.get("mtime_ns") == st.st_mtime_ns:
+                return True
+        return item.path not in self.conflicts and self.out.skip_reason(item) is not None
+
     def _fail(self, p: Prepared, kind: str, msg: str) -> Prepared:
         p.status, p.error_kind, p.error = "error", kind, msg
         return p
@@ -402,13 +415,14 @@ class Captioner:
         self.prefetch = prefetch
         self.wait_s = 0.0
         self.fails_in_a_row = 0
-        engine.system = settings.system
-        engine.image_tokens = settings.image_tokens
-        engine.tiles = settings.tiles
-        engine.max_image_pixels = settings.max_pixels
-        cache = getattr(engine, "images", None)
-        if cache is not None:  # every picture is new: keep few embeddings around
-            cache.max_units = min(cache.max_units, 4)
+        if engine is not None:  # None: every input is known to be done (nothing to caption)
+            engine.system = settings.system
+            engine.image_tokens = settings.image_tokens
+            engine.tiles = settings.tiles
+            engine.max_image_pixels = settings.max_pixels
+            cache = getattr(engine, "images", None)
+            if cache is not None:  # every picture is new: keep few embeddings around
+                cache.max_units = min(cache.max_units, 4)
 
     def run(self, items: Iterable[InputItem]) -> Iterator[CaptionResult]:
         pf = Prefetcher(items, self.preparer, self.prefetch)
@@ -438,6 +452,8 @@ class Captioner:
         t0 = time.perf_counter()
         prompt = render_prompt(self.settings.prompt, p.item, p.existing)
         eng = self.engine
+        if eng is None:
+            raise RuntimeError("Captioner without an engine met an image to caption")
         # Keep the KV prefix (system prompt, turn header) unless the old conversation would
         # crowd the new image out of the context the guard sees.
         eng.reset(keep_cache=eng.n_ctx_used + p.planned_tokens + 64 <= eng.n_ctx)
@@ -464,8 +480,6 @@ class Captioner:
                            raw_caption=raw if raw != caption else None)
         rec.notes = rec.notes + [n for n in eng.notices if n not in rec.notes]
         if rec.target is not None:
-            from .caption_outputs import compose
-
             rec.text = compose(p.existing, caption, self.out.policy, self.out.separator)
         return CaptionResult("done", p.item, rec)
 

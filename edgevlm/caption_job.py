@@ -159,9 +159,7 @@ class CaptionJob:
         self.summary.other_settings = self.index.other_settings
         try:
             if self.index.drop:
-                gone = {id(e) for e in self.index.drop}
-                self.log.rewrite([e for e in self.log.entries if id(e) not in gone])
-                self.summary.dropped_records = len(self.index.drop)
+                self.summary.dropped_records = self.log.remove(self.index.drop)
             self.summary.recovered = self.deliverable.recover(self.log.entries)
         except OSError as exc:
             raise OutputError(f"{self.out}: cannot update ({exc.strerror or exc})") from None
@@ -180,9 +178,9 @@ class CaptionJob:
         t0 = time.perf_counter()
         try:
             for res in cap.run(self.items):
-                self._account(res)
                 if res.record is not None:
                     self._write(res, stop)
+                self._account(res)
                 s.elapsed_s = time.perf_counter() - t0
                 if on_result is not None:
                     on_result(res, s)
@@ -233,8 +231,6 @@ class CaptionJob:
                 rec.caption, rec.text = None, None
                 rec.error, rec.error_kind = f"cannot write {rec.target} ({exc.strerror or exc})", "io"
                 res.status = "failed"
-                self.summary.done -= 1
-                self.summary.failed += 1
             try:
                 self.log.append(rec)
                 if commit is not None:
@@ -247,8 +243,7 @@ class CaptionJob:
         try:
             self.deliverable.finish()
             if self.index.superseded:  # records of files that changed since: replaced now
-                gone = {id(e) for e in self.index.superseded}
-                self.log.rewrite([e for e in self.log.entries if id(e) not in gone])
+                self.log.remove(self.index.superseded)
                 self.index.superseded.clear()
         except OSError as exc:
             raise OutputError(f"{self.out}: cannot update ({exc.strerror or exc})") from None

@@ -20,6 +20,7 @@ import io
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -309,6 +310,35 @@ class RecordLog:
         os.close(self.fd)
         self.fd = fd
         self.entries = keep
+
+    def remove(self, drop: Iterable[Entry]) -> int:
+        """Rewrite the file without the records in ``drop`` (as the file is now, records
+        appended since ``open`` included); returns how many went."""
+        gone = Counter(e.raw for e in drop)  # the earliest copies go, should a line repeat
+        with open(self.path, "rb") as fh:
+            data = fh.read()
+        now = RecordLog(self.path, self.fmt)
+        now._parse(data)
+        keep = []
+        for e in now.entries:
+            if gone[e.raw] > 0:
+                gone[e.raw] -= 1
+            else:
+                keep.append(e)
+        if len(keep) < len(now.entries):
+            self.rewrite(keep)
+        return len(now.entries) - len(keep)
+
+    @classmethod
+    def peek(cls, path: str, fmt: str = "jsonl") -> list[Entry]:
+        """The records in ``path`` without locking or repairing it ([] if there is none)."""
+        log = cls(path, fmt)
+        try:
+            with open(path, "rb") as fh:
+                log._parse(fh.read())
+        except (OSError, InputError):
+            return []
+        return log.entries
 
     def close(self) -> None:
         if self.fd is not None:
