@@ -10,6 +10,7 @@ from .devices import probe
 from .engine import Engine
 from .errors import DoesNotFit
 from .guard import Guard
+from .merge import MergeSpec
 from .planner import Plan, Wishes, make_plan
 
 
@@ -17,7 +18,8 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
          n_ctx: int | None = None, n_gpu_layers: int | None = None, kv: str = "auto",
          image_tokens: int | None = None, images: int = 1, device: str | None = None,
          free_memory: list[str] | None = None, gpu_overhead: int | None = None,
-         plan: Plan | None = None, n_threads: int | None = None, system: str | None = None,
+         plan: Plan | None = None, merge: str = "off", n_threads: int | None = None,
+         system: str | None = None,
          verbose: bool = False, **backend_options: Any) -> Engine:
     """Plan memory, load a model pair once, and return an Engine for chatting about images.
 
@@ -34,11 +36,13 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
     measure = lambda: probe(device, free_memory, gpu_overhead)  # noqa: E731
     if plan is None:
         wishes = Wishes(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, kv=kv, image_tokens=image_tokens,
-                        images=images)
+                        images=images, merge=merge)
         plan = make_plan(os.fspath(model), os.fspath(mmproj), measure(), wishes)
     if not plan.fits:
         raise DoesNotFit(plan.refusal or "the model does not fit in the memory available")
     opts = {**plan.backend_options(), **backend_options}
     backend = Backend(model, mmproj, n_threads=n_threads, verbose=verbose, **opts)
     guard = Guard(plan, backend.proj_info, measure)
-    return Engine(backend, system=system, plan=plan, guard=guard)
+    engine = Engine(backend, system=system, plan=plan, guard=guard)
+    engine.merge = MergeSpec.parse(merge)
+    return engine

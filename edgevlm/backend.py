@@ -319,6 +319,52 @@ class Backend:
             raise BackendError(f"decoding image embeddings failed (code {rc})")
         return int(new_past.value)
 
+    def image_positions(self, chunk: Chunk, n_past: int, indices) -> np.ndarray:
+        """(len(indices), 4) decoder positions (t, y, x, z) mtmd gives those image tokens."""
+        m = self.mtmd
+        img = m.mtmd_input_chunk_get_tokens_image(chunk.handle)
+        out = np.zeros((len(indices), 4), dtype=np.int32)
+        for k, i in enumerate(indices):
+            p = m.mtmd_image_tokens_get_decoder_pos(img, n_past, int(i))
+            out[k] = (p.t, p.y, p.x, p.z)
+        return out
+
+    def decode_embeddings(self, embd: np.ndarray, positions: np.ndarray, non_causal: bool = False,
+                          seq_id: int = 0) -> None:
+        """Feed arbitrary embedding rows (e.g. merged image tokens) with explicit positions.
+
+        ``positions``: (n,) for 1-D RoPE, (n, 4) section-major M-RoPE (t, y, x, z). A non-causal
+        image goes in one ubatch, as mtmd does.
+        """
+        lc = self.llama_cpp
+        embd = np.ascontiguousarray(embd, dtype=np.float32)
+        n, d = embd.shape
+        pos = positions.reshape(n, -1).astype(np.int32)
+        if pos.shape[1] == 1:
+            pos = np.concatenate([pos, np.zeros((n, 3), np.int32)], axis=1)
+        base = embd.ctypes.data
+        batch = lc.llama_batch_ext_init(self.llama.ctx)
+        step = n if non_causal else self.n_batch
+        if non_causal:
+            lc.llama_set_causal_attn(self.llama.ctx, False)
+        try:
+            for off in range(0, n, step):
+                lc.llama_batch_ext_clear(batch)
+                for i in range(off, min(n, off + step)):
+                    e = lc.llama_embd(ctypes.cast(base + i * d * 4, ctypes.POINTER(ctypes.c_float)), 1, d)
+                    idx = lc.llama_batch_ext_add_embd(batch, seq_id, e)
+                    if idx < 0:
+                        raise BackendError(f"could not add an embedding to the batch (code {idx})")
+                    p = (lc.llama_pos * 4)(*pos[i].tolist())
+                    lc.llama_batch_ext_set_pos(batch, idx, p)
+                rc = lc.llama_process(self.llama.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+                if rc != 0:
+                    raise BackendError(f"decoding merged image tokens failed (code {rc})")
+        finally:
+            if non_causal:
+                lc.llama_set_causal_attn(self.llama.ctx, True)
+            lc.llama_batch_ext_free(batch)
+
     def decode_tokens(self, tokens: list[int], n_past: int, logits_last: bool = True,
                       seq_id: int = 0) -> int:
         """Evaluate text tokens at positions n_past..; returns the new n_past."""

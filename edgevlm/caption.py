@@ -19,23 +19,27 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
-import re
-import string
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .budget import render_views
 from .caption_inputs import InputItem, discover
-from .caption_outputs import CaptionRecord, Entry, Plain, compose
+from .caption_outputs import CaptionRecord, Entry
+from .caption_sidecars import Plain
+from .caption_text import (  # noqa: F401  (re-exported)
+    DEFAULT_PROMPT,
+    PLACEHOLDERS,
+    check_template,
+    clean_caption,
+    compose,
+    render_prompt,
+)
 from .errors import BackendError, EdgeVLMError, ImageError, InputError
 from .images import DEFAULT_MAX_PIXELS, LoadedImage, load_image
 
-DEFAULT_PROMPT = "Write a one-sentence caption for this image."
-PLACEHOLDERS = ("name", "filename", "path", "existing")
 FAILS_IN_A_ROW = 3  # runtime failures in a row that stop the run (llama.cpp is broken, not the image)
 
 
@@ -85,57 +89,6 @@ def model_identity(model: str, mmproj: str) -> tuple[str, str]:
         except OSError:
             return os.path.basename(p)
     return os.path.basename(model), f"{ident(model)}+{ident(mmproj)}"
-
-
-# --- prompts and cleanup ----------------------------------------------------------------------
-def check_template(template: str) -> None:
-    try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as exc:
-        raise InputError(f"--prompt: {exc} (write {{{{ and }}}} for literal braces)") from None
-    for f in fields:
-        if f not in PLACEHOLDERS:
-            raise InputError(f"--prompt: unknown placeholder {{{f}}} (use "
-                             + ", ".join("{" + p + "}" for p in PLACEHOLDERS) + ")")
-
-
-def render_prompt(template: str, item: InputItem, existing: str | None) -> str:
-    return template.format_map({"name": item.name, "filename": os.path.basename(item.path),
-                                "path": item.path, "existing": (existing or "").strip()})
-
-
-_PREAMBLES = [re.compile(p, re.IGNORECASE) for p in (
-    r"^(sure|certainly|of course|okay|ok)\b[,.!:]?\s*",
-    r"^(here is|here's|below is)\s+(a|an|the|my)?\s*([\w-]+\s+){0,3}(caption|description)\b[^:\n]*?[:.]\s*",
-    r"^(caption|description)\s*:\s*",
-    r"^(in\s+)?(this|the)\s+(image|picture|photo|photograph|scene|illustration)\s*,?\s*"
-    r"(we can see|we see|you can see|there is|there are|i see)\s+",
-    r"^(this|the)\s+(image|picture|photo|photograph|scene|illustration|artwork)\s+"
-    r"(shows|depicts|features|displays|contains|captures|presents|portrays|illustrates|is of)\s+",
-    r"^(an?\s+)?(image|picture|photo|photograph)\s+(of|showing|depicting)\s+",
-)]
-_QUOTES = [('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019")]
-
-
-def clean_caption(text: str, truncated: bool = False) -> str:
-    """Drop preambles ("Sure! Here is a caption:", "The image shows"), wrapping quotes and line
-    breaks; after ``max_tokens`` cut an unfinished last sentence (if a finished one exists)."""
-    t = " ".join(text.split())
-    changed = True
-    while changed and t:
-        changed = False
-        for rx in _PREAMBLES:
-            new = rx.sub("", t, count=1)
-            if new != t and new:
-                t, changed = new, True
-        for a, b in _QUOTES:
-            if len(t) >= 2 and t.startswith(a) and t.endswith(b):
-                t, changed = t[1:-1].strip(), True
-    if truncated:
-        ends = [m.end() for m in re.finditer(r"[.!?](?=\s|$)", t)]
-        if ends and ends[-1] < len(t) and ends[-1] >= len(t) // 3:
-            t = t[:ends[-1]]
-    return t[:1].upper() + t[1:] if t else t
 
 
 # --- preparing inputs in a background thread ---------------------------------------------------
@@ -304,8 +257,10 @@ class Prefetcher:
 
     _END = object()
 
-    def __init__(self, items: Iterable[InputItem], prepare: Callable[[InputItem], Prepared], depth: int = 2):
+    def __init__(self, items: Iterable[InputItem], prepare: Callable[[InputItem], Prepared], depth: int = 2,
+                 stop: StopToken | None = None):
         self.items = items
+        self.stop = stop
         self.prepare = prepare
         self.q: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self.stopped = threading.Event()
@@ -333,7 +288,13 @@ class Prefetcher:
     def __iter__(self) -> Iterator[Prepared]:
         while True:
             t0 = time.perf_counter()
-            obj = self.q.get()
+            while True:
+                try:
+                    obj = self.q.get(timeout=0.1)
+                    break
+                except queue.Empty:
+                    if self.stop is not None:
+                        self.stop.check()
             self.wait_s += time.perf_counter() - t0
             if obj is self._END:
                 return
@@ -351,35 +312,24 @@ class Prefetcher:
 
 # --- stopping cleanly --------------------------------------------------------------------------
 class StopToken:
-    """Ctrl-C, the polite way: ``request()`` stops after the current image; ``abandon()`` stops
-    now (KeyboardInterrupt), except inside ``critical()`` (writing a record), where it waits."""
+    """Ctrl-C, the polite way. ``request()``: stop after the current image. ``abandon()``: stop
+    at the next safe point (between generated tokens, or while waiting for an image) without
+    writing the current image, which a rerun does. Flags only: a signal handler may call them
+    at any moment (even inside a llama.cpp log callback, where an exception would be lost)."""
 
     def __init__(self) -> None:
         self.requested = False
         self.abandoned = False
-        self._critical = 0
-        self._pending = False
 
     def request(self) -> None:
         self.requested = True
 
     def abandon(self) -> None:
         self.requested = self.abandoned = True
-        if self._critical:
-            self._pending = True
-        else:
-            raise KeyboardInterrupt
 
-    @contextmanager
-    def critical(self) -> Iterator[None]:
-        self._critical += 1
-        try:
-            yield
-        finally:
-            self._critical -= 1
-            if not self._critical and self._pending:
-                self._pending = False
-                raise KeyboardInterrupt
+    def check(self) -> None:
+        if self.abandoned:
+            raise KeyboardInterrupt
 
 
 # --- the captioning loop -----------------------------------------------------------------------
@@ -423,9 +373,12 @@ class Captioner:
             cache = getattr(engine, "images", None)
             if cache is not None:  # every picture is new: keep few embeddings around
                 cache.max_units = min(cache.max_units, 4)
+            session = getattr(engine, "session", None)
+            if session is not None:  # one picture per conversation: nothing to summarise away
+                session.enabled = False
 
     def run(self, items: Iterable[InputItem]) -> Iterator[CaptionResult]:
-        pf = Prefetcher(items, self.preparer, self.prefetch)
+        pf = Prefetcher(items, self.preparer, self.prefetch, self.stop)
         try:
             for p in pf:
                 if self.stop.requested:
@@ -436,11 +389,12 @@ class Captioner:
             self.wait_s = pf.wait_s
 
     def _record(self, p: Prepared, **kw: Any) -> CaptionRecord:
-        return CaptionRecord(
+        fields: dict[str, Any] = dict(
             custom_id=self.preparer.custom_id(p.item.path, p.sha256), path=p.item.path,
             sha256=p.sha256, caption=None, model=self.model_name, prompt=None, settings=self.digest,
             width=p.width, height=p.height, bytes=p.bytes, mtime_ns=p.mtime_ns, notes=p.notes,
-            target=self.out.target(p.item), existing=p.existing, created=_now(), **kw)
+            target=self.out.target(p.item), existing=p.existing, created=_now())
+        return CaptionRecord(**{**fields, **kw})
 
     def _one(self, p: Prepared) -> CaptionResult:
         if p.status == "skip":
@@ -460,9 +414,14 @@ class Captioner:
         eng.notices.clear()
         try:
             parts, stats = [], None
-            for r in eng.stream(prompt, [p.image], **self.settings.gen()):
-                parts.append(r.text)
-                stats = r.stats or stats
+            stream = eng.stream(prompt, [p.image], **self.settings.gen())
+            try:
+                for r in stream:
+                    self.stop.check()
+                    parts.append(r.text)
+                    stats = r.stats or stats
+            finally:
+                stream.close()
         except KeyboardInterrupt:
             raise
         except EdgeVLMError as exc:

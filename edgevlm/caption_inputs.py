@@ -105,6 +105,7 @@ class Discovery:
     dirs_not_entered: int = 0  # subdirectories skipped without --recursive
     unmatched: list[str] = field(default_factory=list)  # globs that matched nothing
     sharded_out: int = 0  # inputs that belong to other shards
+    root: str = "."  # the deepest folder holding every input, all shards (metadata.jsonl's home)
 
 
 def _posix(p: str) -> str:
@@ -241,12 +242,22 @@ def discover(inputs: Iterable[str] = (), *, recursive: bool = False, from_list: 
         for entry in read_list(from_list, null, stdin):
             finder.argument(entry, from_list=True)
     found = finder.found
+    found.root = common_root(found.items)
     if shard is not None:
         i, n = shard
         keep = [it for it in found.items if shard_of(it.key, n) == i - 1]
         found.sharded_out = len(found.items) - len(keep)
         found.items = keep
     return found
+
+
+def common_root(items: list[InputItem]) -> str:
+    """The deepest folder holding every item (relative to the current one when inside it)."""
+    if not items:
+        return "."
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(i.path)) for i in items])
+    rel = os.path.relpath(root)
+    return rel if not rel.startswith("..") else root
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -12,15 +12,15 @@ rerun). The CLI adds 2 for bad input and 1 when llama.cpp or the disk fails the 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .caption import CaptionResult, Captioner, CaptionSettings, ResumeIndex, StopToken, model_identity
-from .caption_inputs import InputItem
-from .caption_outputs import Metadata, OutputError, Plain, RecordLog, Sidecars
+from .caption import Captioner, CaptionResult, CaptionSettings, Preparer, ResumeIndex, StopToken, model_identity
+from .caption_inputs import InputItem, common_root
+from .caption_outputs import OutputError, RecordLog
+from .caption_sidecars import Metadata, Plain, Sidecars
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 4, 130
 FORMATS = ("jsonl", "csv", "txt", "metadata")
@@ -109,15 +109,6 @@ class CaptionSummary:
         return out
 
 
-def common_root(items: list[InputItem]) -> str:
-    """The deepest directory holding every input (where metadata.jsonl goes by default)."""
-    if not items:
-        return "."
-    root = os.path.commonpath([os.path.dirname(os.path.abspath(i.path)) for i in items])
-    rel = os.path.relpath(root)
-    return rel if not rel.startswith("..") else root
-
-
 class CaptionJob:
     """Caption ``items`` into ``out`` (``fmt`` jsonl/csv), or sidecars / metadata.jsonl (txt /
     metadata, with the record log at ``out``), resuming whatever an earlier run did."""
@@ -165,6 +156,11 @@ class CaptionJob:
             raise OutputError(f"{self.out}: cannot update ({exc.strerror or exc})") from None
         return self
 
+    def needs_model(self) -> bool:
+        """Whether some input may need captioning (False: a rerun of a finished job)."""
+        prep = Preparer(None, self.settings, self.digest, self.deliverable, self.index, self.conflicts)
+        return not all(prep.settled(it) for it in self.items)
+
     def todo(self) -> int:
         """Inputs without a record of these settings (an upper bound of the work left)."""
         return sum(1 for it in self.items if self.index.get(it.path) is None)
@@ -179,7 +175,7 @@ class CaptionJob:
         try:
             for res in cap.run(self.items):
                 if res.record is not None:
-                    self._write(res, stop)
+                    self._write(res)
                 self._account(res)
                 s.elapsed_s = time.perf_counter() - t0
                 if on_result is not None:
@@ -189,8 +185,7 @@ class CaptionJob:
         finally:
             s.elapsed_s = time.perf_counter() - t0
             s.wait_ms = cap.wait_s * 1000
-            with stop.critical():
-                self._finish()
+            self._finish()
         if stop.requested and s.remaining:
             s.interrupted = True
         return s
@@ -217,26 +212,25 @@ class CaptionJob:
         s.cached_tokens += st.get("cached_n", 0)
         s.engine_ms += st.get("prompt_ms", 0.0) + st.get("predicted_ms", 0.0)
 
-    def _write(self, res: CaptionResult, stop: StopToken) -> None:
-        """Stage the deliverable, append the record, complete the deliverable: none of it is
-        cut short by a second Ctrl-C."""
+    def _write(self, res: CaptionResult) -> None:
+        """Stage the deliverable (a failure there fails this image), append the record, then
+        complete the deliverable."""
         rec = res.record
         assert rec is not None
         t0 = time.perf_counter()
-        with stop.critical():
-            commit = None
-            try:
-                commit = self.deliverable.stage(rec)
-            except OSError as exc:  # e.g. the image's folder is read-only: this image fails
-                rec.caption, rec.text = None, None
-                rec.error, rec.error_kind = f"cannot write {rec.target} ({exc.strerror or exc})", "io"
-                res.status = "failed"
-            try:
-                self.log.append(rec)
-                if commit is not None:
-                    commit()
-            except OSError as exc:
-                raise OutputError(f"{self.out}: cannot write ({exc.strerror or exc})") from None
+        commit = None
+        try:
+            commit = self.deliverable.stage(rec)
+        except OSError as exc:  # e.g. the image's folder is read-only
+            rec.caption, rec.text = None, None
+            rec.error, rec.error_kind = f"cannot write {rec.target} ({exc.strerror or exc})", "io"
+            res.status = "failed"
+        try:
+            self.log.append(rec)
+            if commit is not None:
+                commit()
+        except OSError as exc:
+            raise OutputError(f"{self.out}: cannot write ({exc.strerror or exc})") from None
         self.summary.write_ms += (time.perf_counter() - t0) * 1000
 
     def _finish(self) -> None:

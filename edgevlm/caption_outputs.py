@@ -1,15 +1,10 @@
-"""Where captions go, written so that a run killed at any moment leaves valid files.
+"""The record log of a caption run, written so that a kill at any moment leaves a valid file.
 
-- ``RecordLog``: the record file (JSONL, or CSV). Each record is appended with one ``write``
-  on an ``O_APPEND`` descriptor and ``fsync``-ed before the next image starts; the file is
-  locked (``flock``) while a run writes it. On open, a torn last record (power loss, a kill
-  between pages of a large write) is cut off, and the records already there index what is done.
-- ``Sidecars`` (``--format txt``): ``<image stem>.txt`` next to each image, written through a
-  temporary file and ``rename``. The record goes to the log *first*; a sidecar a kill left
-  unwritten is written on the next run (``recover``).
-- ``Metadata`` (``--format metadata``): Hugging Face imagefolder ``metadata.jsonl``
-  (``file_name``, ``text``), rewritten whole (temporary file + ``rename``) every few seconds and
-  at the end; the log is the truth it is rebuilt from.
+``RecordLog`` is the JSONL (or CSV) file of ``CaptionRecord``s. Each record is appended with one
+``write`` on an ``O_APPEND`` descriptor and ``fsync``-ed before the next image starts; the file
+is locked (``flock``) while a run writes it. On open, a torn last record (power loss, a kill
+between the pages of a large write) is cut off, and the records already there say what is done.
+Files beside the log (sidecars, metadata.jsonl) are in ``caption_sidecars``.
 """
 
 from __future__ import annotations
@@ -19,13 +14,11 @@ import fcntl
 import io
 import json
 import os
-import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .caption_inputs import InputItem
 from .errors import EdgeVLMError, InputError
 
 ERROR_KINDS = ("input", "io", "context", "runtime")  # io and runtime errors are retried by a rerun
@@ -101,7 +94,7 @@ def csv_row(rec: CaptionRecord) -> bytes:
 
 def _csv_dict(row: list[str]) -> dict[str, Any]:
     d: dict[str, Any] = {}
-    for col, val in zip(CSV_COLUMNS, row):
+    for col, val in zip(CSV_COLUMNS, row, strict=True):
         if val == "":
             d[col] = None
         elif col in _CSV_INTS:
@@ -344,200 +337,3 @@ class RecordLog:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-
-
-# --- deliverables beside the log ---------------------------------------------------------------
-def compose(existing: str | None, caption: str, policy: str, separator: str) -> str:
-    """The text to write given what was there: overwrite/skip → caption; append/prepend join."""
-    old = (existing or "").strip()
-    if not old or policy in ("overwrite", "skip"):
-        return caption
-    return old + separator + caption if policy == "append" else caption + separator + old
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
-
-
-class Plain:
-    """``jsonl`` / ``csv``: nothing beside the log. ``{existing}`` reads a sidecar if present."""
-
-    kind = "plain"
-
-    def __init__(self, policy: str = "overwrite", separator: str = " ", ext: str = ".txt"):
-        self.policy = policy
-        self.separator = separator
-        self.ext = ext
-
-    def sidecar(self, item: InputItem) -> str:
-        return os.path.splitext(item.path)[0] + self.ext
-
-    def prepare(self, items: list[InputItem]) -> dict[str, str]:
-        """Inputs that cannot be written (path → error message)."""
-        return {}
-
-    def target(self, item: InputItem) -> str | None:
-        return None
-
-    def existing(self, item: InputItem) -> str | None:
-        text = _read_text(self.sidecar(item))
-        return text if text and text.strip() else None
-
-    def skip_reason(self, item: InputItem) -> str | None:
-        return None
-
-    def stage(self, rec: CaptionRecord) -> Callable[[], None] | None:
-        """Do the part of writing ``rec`` that can fail on the image's account (before the log
-        has the record); returns what completes it after the log append."""
-        return None
-
-    def recover(self, entries: list[Entry]) -> int:
-        return 0
-
-    def finish(self) -> None:
-        pass
-
-
-class Sidecars(Plain):
-    """``--format txt``: ``<stem>.txt`` next to each image, per ``--existing``."""
-
-    kind = "txt"
-
-    def prepare(self, items: list[InputItem]) -> dict[str, str]:
-        owner: dict[str, str] = {}
-        bad: dict[str, str] = {}
-        for it in items:
-            t = os.path.normcase(os.path.abspath(self.sidecar(it)))
-            if t == os.path.normcase(os.path.abspath(it.path)):
-                bad[it.path] = f"its caption file would be the image itself ({self.ext})"
-            elif t in owner:
-                bad[it.path] = (f"its caption file {self.sidecar(it)} is also the caption file of "
-                                f"{owner[t]}; rename one of them")
-            else:
-                owner[t] = it.path
-        return bad
-
-    def target(self, item: InputItem) -> str | None:
-        return self.sidecar(item)
-
-    def skip_reason(self, item: InputItem) -> str | None:
-        if self.policy == "skip" and self.existing(item) is not None:
-            return "has a caption file"
-        return None
-
-    def stage(self, rec: CaptionRecord) -> Callable[[], None] | None:
-        if not (rec.ok and rec.target and rec.text is not None):
-            return None
-        target = rec.target
-        tmp = stage_file(target, rec.text.encode("utf-8"))
-        return lambda: commit_file(tmp, target)
-
-    def recover(self, entries: list[Entry]) -> int:
-        """Write the sidecars a killed run logged but did not write; returns how many."""
-        latest: dict[str, dict] = {}
-        for e in entries:
-            if e.data.get("target") and e.data.get("text") is not None and not e.data.get("error"):
-                latest[e.data["target"]] = e.data
-        fixed = 0
-        for target, d in latest.items():
-            now = _read_text(target)
-            if now == d["text"]:
-                continue
-            untouched = now == d.get("existing") or ((now is None or not now.strip()) and not d.get("existing"))
-            if untouched:
-                atomic_write(target, d["text"].encode("utf-8"))
-                fixed += 1
-        return fixed
-
-
-class Metadata(Plain):
-    """``--format metadata``: ``metadata.jsonl`` with ``file_name`` and ``text`` under ``root``."""
-
-    kind = "metadata"
-    FLUSH_SECONDS = 30.0
-
-    def __init__(self, root: str, policy: str = "skip", separator: str = " ", ext: str = ".txt"):
-        super().__init__(policy, separator, ext)
-        self.root = root
-        self.path = os.path.join(root, "metadata.jsonl")
-        self.rows: dict[str, dict] = {}
-        self.dirty = False
-        self.last_flush = time.monotonic()
-        text = _read_text(self.path)
-        for n, line in enumerate((text or "").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                row = None
-            if not isinstance(row, dict) or "file_name" not in row:
-                raise InputError(f"{self.path}: line {n} is not a metadata record with file_name; "
-                                 "fix it or choose another --root")
-            self.rows[str(row["file_name"])] = row
-
-    def file_name(self, item: InputItem) -> str | None:
-        rel = os.path.relpath(os.path.abspath(item.path), os.path.abspath(self.root))
-        return None if rel.startswith("..") else rel.replace(os.sep, "/")
-
-    def prepare(self, items: list[InputItem]) -> dict[str, str]:
-        return {it.path: f"not under --root {self.root}, so metadata.jsonl cannot name it"
-                for it in items if self.file_name(it) is None}
-
-    def target(self, item: InputItem) -> str | None:
-        return self.file_name(item)
-
-    def existing(self, item: InputItem) -> str | None:
-        row = self.rows.get(self.file_name(item) or "")
-        text = row.get("text") if row else None
-        return text if isinstance(text, str) and text.strip() else None
-
-    def skip_reason(self, item: InputItem) -> str | None:
-        if self.policy == "skip" and self.existing(item) is not None:
-            return "has a caption in metadata.jsonl"
-        return None
-
-    def _set(self, file_name: str, text: str) -> None:
-        row = self.rows.get(file_name)
-        if row is None or row.get("text") != text:
-            self.rows[file_name] = {**(row or {}), "file_name": file_name, "text": text}
-            self.dirty = True
-
-    def stage(self, rec: CaptionRecord) -> Callable[[], None] | None:
-        if not (rec.ok and rec.target and rec.text is not None):
-            return None
-        target, text = rec.target, rec.text
-
-        def commit() -> None:
-            self._set(target, text)
-            if time.monotonic() - self.last_flush >= self.FLUSH_SECONDS:
-                self.flush()
-        return commit
-
-    def recover(self, entries: list[Entry]) -> int:
-        before = self.dirty
-        self.dirty = False
-        for e in entries:
-            d = e.data
-            if d.get("target") and d.get("text") is not None and not d.get("error"):
-                self._set(d["target"], d["text"])
-        fixed = int(self.dirty)
-        self.dirty = self.dirty or before
-        if self.dirty:
-            self.flush()
-        return fixed
-
-    def flush(self) -> None:
-        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.rows.values())
-        os.makedirs(self.root or ".", exist_ok=True)
-        atomic_write(self.path, body.encode("utf-8"))
-        self.dirty = False
-        self.last_flush = time.monotonic()
-
-    def finish(self) -> None:
-        if self.dirty:
-            self.flush()

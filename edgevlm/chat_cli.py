@@ -39,8 +39,14 @@ def _stderr_console():
 def run_chat(*, prompt: str | None, model: str, mmproj: str, images: list[str], system: str | None,
              gen: dict, load_options: dict, max_pixels: int, show_stats: bool, as_json: bool,
              verbose: bool, image_tokens: int | None = None, tiles: str | int = "auto",
-             evict: str = "summary", summary_prompt: str | None = None) -> int:
-    engine = _load(model, mmproj, verbose, system=system, **load_options)
+             evict: str = "summary", summary_prompt: str | None = None, merge: str = "off") -> int:
+    from .merge import NO_GRID, MergeSpec
+
+    spec = MergeSpec.parse(merge)  # bad values fail before the model loads
+    engine = _load(model, mmproj, verbose, system=system, merge=merge, **load_options)
+    if spec.enabled and engine.backend.proj_info.projector_type in NO_GRID:
+        print(f"note: --merge ignored: {engine.backend.proj_info.projector_type} tokens are not on a "
+              f"spatial grid", file=sys.stderr)
     engine.max_image_pixels = max_pixels
     engine.image_tokens = image_tokens
     engine.tiles = tiles

@@ -135,6 +135,8 @@ def render_plan(p, file=None) -> None:
 @click.option("--evict", type=click.Choice(["summary", "off"]), default="summary", show_default=True,
               help="When the context is full: replace old images by their summary, or fail.")
 @click.option("--summary-prompt", help="Prompt used to summarise an image ({n}, {name}).")
+@click.option("--merge", "merge_spec", default="off", show_default=True,
+              help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.")
 @plan_options
 @click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
 @click.option("--max-pixels", default=100_000_000, show_default=True, type=click.IntRange(1),
@@ -144,7 +146,7 @@ def render_plan(p, file=None) -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
 def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, min_p, seed, stop,
-         tiles, evict, summary_prompt, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu_overhead, threads, max_pixels,
+         tiles, evict, summary_prompt, merge_spec, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu_overhead, threads, max_pixels,
          show_stats, as_json, verbose) -> None:
     """Chat with a vision-language model about images.
 
@@ -164,6 +166,7 @@ def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, 
                           gpu_overhead=gpu_overhead, n_threads=threads),
         max_pixels=max_pixels, show_stats=show_stats, as_json=as_json, verbose=verbose,
         image_tokens=image_tokens, tiles=tiles, evict=evict, summary_prompt=summary_prompt,
+        merge=merge_spec,
     )
     sys.exit(code)
 

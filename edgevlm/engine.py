@@ -24,6 +24,7 @@ from .chat_format import LLAVA15_TEMPLATE, PromptFormatter
 from .errors import InputError
 from .budget import ImagePlan, plan_image, render_views
 from .images import LoadedImage, load_image
+from .merge import NO_GRID, MergeResult, MergeSpec, grid_shape, merge_tokens
 from .session import Picture, RoomReport, SessionPolicy, make_room
 from .stats import TurnStats, peak_rss_bytes, per_second
 
@@ -74,10 +75,12 @@ class _ImageUnit:
         self.key = key
         self.chunks = chunks
         self.embeddings: dict[int, np.ndarray] = {}
+        self.merged: dict[tuple[int, str], MergeResult] = {}  # (chunk, merge spec) → result
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self.embeddings.values())
+        return sum(e.nbytes for e in self.embeddings.values()) + \
+            sum(r.embd.nbytes for r in self.merged.values())
 
 
 class ImageCache:
@@ -135,6 +138,7 @@ class Engine:
         self.session = SessionPolicy()  # what happens when the context runs out
         self.pictures: list[Picture] = []  # every picture given, numbered from 1
         self.tiles: str | int = "auto"  # AnyRes tiles for fixed-size encoders: auto | off | N
+        self.merge = MergeSpec()  # visual token merging after the projector (off by default)
         self.system = system
         self.max_image_pixels = max_image_pixels
         self.images = ImageCache(backend, image_cache_units, image_cache_bytes)
@@ -249,8 +253,41 @@ class Engine:
                     if c.kind == "text":
                         items += [_Item(("t", t), 1, 1) for t in c.tokens or []]
                     else:
-                        items.append(_Item(("i", unit.key, ci), c.n_tokens, c.n_pos))
+                        items.append(self._image_item(unit, ci, c))
         return items, units
+
+    def _merging(self) -> bool:
+        return self.merge.enabled and self.backend.proj_info.projector_type not in NO_GRID
+
+    def _image_item(self, unit: _ImageUnit, ci: int, c) -> _Item:
+        if not self._merging():
+            return _Item(("i", unit.key, ci), c.n_tokens, c.n_pos)
+        spec = str(self.merge)
+        done = unit.merged.get((ci, spec))
+        n_out = done.n_out if done is not None else (self.merge.target(c.n_tokens) or c.n_tokens)
+        return _Item(("i", unit.key, ci, spec), n_out, c.n_pos if self.backend.use_mrope else n_out)
+
+    def _decode_merged(self, unit: _ImageUnit, ci: int, chunk, emb: np.ndarray, pos: int,
+                       c: dict[str, Any]) -> tuple[int, int]:
+        """Merge an image chunk's embeddings and feed them; returns (new pos, tokens fed)."""
+        spec = str(self.merge)
+        res = unit.merged.get((ci, spec))
+        if res is None:
+            w, h = grid_shape(chunk.n_tokens, chunk.nx, chunk.ny)
+            res = merge_tokens(emb, w, h, self.merge)
+            unit.merged[(ci, spec)] = res
+        be = self.backend
+        if be.use_mrope:
+            positions = be.image_positions(chunk, pos, res.representative)
+            new_pos = pos + chunk.n_pos  # M-RoPE: advance as mtmd would
+        else:
+            positions = pos + np.arange(res.n_out)
+            new_pos = pos + res.n_out
+        be.decode_embeddings(res.embd, positions, be.non_causal)
+        c["image_tokens_in"] += res.n_in
+        c["image_tokens_out"] += res.n_out
+        c["merge_map_size"] += res.n_in
+        return new_pos, res.n_out
 
     def _evaluate(self, items: list[_Item], units: dict[str, _ImageUnit],
                   new_images: set[str]) -> dict[str, Any]:
@@ -275,6 +312,7 @@ class Engine:
              "encode_ms": 0.0, "encoded": 0, "reused": 0}
         todo = items[k:]
         c["image_tokens"] = sum(it.n_tokens for it in todo if it.key[0] == "i" and it.key[1] in new_images)
+        c.update(image_tokens_in=0, image_tokens_out=0, merge_map_size=0)
         i = 0
         try:
             while i < len(todo):
@@ -300,7 +338,15 @@ class Engine:
                     unit.embeddings[it.key[2]] = emb
                 else:
                     c["reused"] += 1
-                pos = be.decode_image(chunk, emb, pos)
+                if len(it.key) > 3:  # merged image tokens
+                    pos, fed = self._decode_merged(unit, it.key[2], chunk, emb, pos, c)
+                    it = _Item(it.key, fed, it.n_pos if be.use_mrope else fed)
+                    if it.key[1] in new_images:
+                        c["image_tokens"] += fed - todo[i].n_tokens
+                else:
+                    pos = be.decode_image(chunk, emb, pos)
+                    c["image_tokens_in"] += it.n_tokens
+                    c["image_tokens_out"] += it.n_tokens
                 self._kv.append(it)
                 c["prompt_n"] += it.n_tokens
                 i += 1
@@ -450,6 +496,8 @@ class Engine:
             device_memory_used_bytes=None, finish_reason=finish,
             summarized_images=c.get("summarized_images", 0), evicted_tokens=c.get("evicted_tokens", 0),
             rebuild_tokens=c.get("rebuild_tokens", 0), dropped_turns=c.get("dropped_turns", 0),
+            image_tokens_in=c.get("image_tokens_in", 0), image_tokens_out=c.get("image_tokens_out", 0),
+            merge_map_size=c.get("merge_map_size", 0),
         )
 
 

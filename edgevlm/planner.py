@@ -55,6 +55,7 @@ class Wishes:
     n_ubatch: int = 512
     margin: float = 0.05  # fraction of usable memory kept free (larger when free is unknown)
     reply_tokens: int = 512
+    merge: str = "off"  # visual token merging: ratio/tokens shrink what an image costs in context
 
 
 @dataclass(frozen=True)
@@ -242,8 +243,17 @@ class Planner:
         w, t = self.wishes, self.text
         reasons: list[str] = []
         per_image = self._image_budget(reasons)
+        self.per_image_kv = per_image
+        if per_image and w.merge != "off":
+            from .merge import MergeSpec
+
+            spec = MergeSpec.parse(w.merge)
+            if spec.target(per_image) is not None:
+                self.per_image_kv = spec.target(per_image)
+                reasons.append(f"--merge {spec}: an image keeps {self.per_image_kv} of its {per_image} "
+                               f"tokens in context (the encoder still sees all of them)")
         text_room = 512 + w.reply_tokens
-        min_ctx = w.min_ctx or max(2048, w.images * per_image + text_room)
+        min_ctx = w.min_ctx or max(2048, w.images * self.per_image_kv + text_room)
         want_ctx = w.n_ctx or max(min_ctx, min(t.n_ctx_train or 8192, 8192))
         if w.n_ctx is not None and w.n_ctx < w.images * per_image + 64:
             reasons.append(f"--ctx {w.n_ctx} holds fewer than {w.images} image(s) of {per_image} tokens")
@@ -410,7 +420,7 @@ class Planner:
             devs.append(DevicePlan(d.name, d.kind, d.free_bytes, d.total_bytes, budget, d.free_known, b))
         for note in self.probe.notes:
             reasons.append(note)
-        per_image = c.image_tokens or 0
+        per_image = getattr(self, "per_image_kv", c.image_tokens) or 0
         room = kv_cells(c.n_ctx) - 512 - self.wishes.reply_tokens
         max_images = max(0, room // per_image) if per_image else 0
         reasons.append(f"{max_images} image(s) of {per_image} tokens fit in the context with "
@@ -425,7 +435,7 @@ class Planner:
             model=self.text.path, mmproj=self.proj.path if self.proj else "",
             n_gpu_layers=c.ngl, n_ctx=kv_cells(c.n_ctx), n_batch=c.n_batch, n_ubatch=c.n_ubatch,
             type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn, offload_kqv=c.offload_kqv,
-            mmproj_on_gpu=c.mmproj_gpu, image_max_tokens=per_image, max_images_in_context=max_images,
+            mmproj_on_gpu=c.mmproj_gpu, image_max_tokens=c.image_tokens or 0, max_images_in_context=max_images,
             devices=tuple(devs), reasons=tuple(reasons), fits=fits,
             shortfall_bytes=0 if fits and not refusal else self.shortfall(c), repack=self.repack,
         )

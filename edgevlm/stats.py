@@ -31,6 +31,9 @@ class TurnStats:
     evicted_tokens: int = 0  # image tokens those pictures freed
     rebuild_tokens: int = 0  # tokens of earlier turns evaluated again after the replacement
     dropped_turns: int = 0  # text-only turns dropped to make room (text policy "drop")
+    image_tokens_in: int = 0  # image tokens the projector produced (evaluated this turn)
+    image_tokens_out: int = 0  # image tokens fed to the model after merging
+    merge_map_size: int = 0  # entries of the input→output token map (0 when merging is off)
 
     def to_dict(self) -> dict:
         return asdict(self)

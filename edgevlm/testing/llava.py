@@ -75,9 +75,9 @@ def write_clip_mlp(path: Path, v: VisionShape, n_text_embd: int, seed: int, name
 
     n_patches = (v.image_size // v.patch_size) ** 2
     E = v.n_embd
-    g.bias("v.class_embd", E, scale=0.5)
+    g.bias("v.class_embd", E, scale=0.02)
     g.weight("v.patch_embd.weight", (E, 3, v.patch_size, v.patch_size))
-    g.weight("v.position_embd.weight", (n_patches + 1, E), scale=0.5)
+    g.weight("v.position_embd.weight", (n_patches + 1, E), scale=0.02)
     g.norm("v.pre_ln", E)
     for i in range(v.n_layer):
         p = f"v.blk.{i}"

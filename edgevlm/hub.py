@@ -1,0 +1,784 @@
+"""The Hugging Face hub: pull (verified), list, remove, and plan from a remote GGUF header.
+
+Downloads go through ``huggingface_hub.hf_hub_download``: its cache (``HF_HOME`` /
+``HF_HUB_CACHE``), its retries (a dropped connection resumes with a Range request), tokens
+(``HF_TOKEN`` or ``hf auth login``), ``HF_HUB_OFFLINE`` and ``HF_ENDPOINT`` (a mirror, or the
+tests' local server). On top of it every downloaded file is hashed and compared with the hub's
+sha256 for LFS files (git's blob sha1 for small files); a mismatch deletes the file from the
+cache and raises one clear line.
+
+Planning before download: ``read_remote_header`` fetches only the GGUF header and tensor table
+with HTTP range requests (2 MiB first, ×4 until the header parses: a few MB for a 7B model),
+parses it with the same ``parse_header`` a local file goes through, and keeps the result on disk
+(``<edgevlm cache>/hub-headers``) so the next plan of that file needs no network at all.
+
+The environment is read at call time (not at import, as ``huggingface_hub.constants`` does), so a
+process that changes ``HF_ENDPOINT`` / ``HF_HOME`` / ``HF_HUB_OFFLINE`` sees the change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .errors import EdgeVLMError, InputError, ModelFileError
+from .gguf_info import GGUFFile, TensorInfo, _NeedMore, parse_header
+from .registry import (
+    FileRef, RemoteFile, ResolvedModel, _is_mmproj_name, load_registry, pick_mmproj_file, resolve,
+)
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+HEADER_FIRST_CHUNK = 2 * 2**20
+HEADER_MAX_BYTES = 512 * 2**20  # a "header" larger than this is not one
+HEADER_CACHE_VERSION = 1
+_HASH_CHUNK = 8 * 2**20
+
+
+class DownloadError(EdgeVLMError):
+    """The hub could not be reached, refused, or sent something else than announced (exit 1)."""
+
+
+class IntegrityError(DownloadError):
+    """A downloaded file does not have the hub's sha256."""
+
+
+# --- settings (environment, read at call time) --------------------------------------------
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    endpoint: str
+    cache_dir: str
+    offline: bool
+
+
+def settings() -> HubSettings:
+    """Endpoint, cache folder and offline flag with huggingface_hub's precedence rules."""
+    endpoint = (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if not cache:
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+            "huggingface")
+        cache = os.path.join(home, "hub")
+    offline = _truthy(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"))
+    return HubSettings(endpoint, os.path.expandvars(os.path.expanduser(cache)), offline)
+
+
+def edgevlm_cache_dir() -> Path:
+    base = os.environ.get("EDGEVLM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "edgevlm")
+    return Path(base)
+
+
+def _hf():
+    try:
+        import huggingface_hub
+    except ImportError:  # pragma: no cover - it is a dependency
+        raise InputError("huggingface_hub is not installed (pip install huggingface_hub)") from None
+    return huggingface_hub
+
+
+def _hf_utils():
+    _hf()
+    return importlib.import_module("huggingface_hub.utils")
+
+
+# --- the local hub cache (layout: models--owner--name/{refs,blobs,snapshots}) ----------------
+
+def repo_cache_dir(repo: str, cache_dir: str | None = None) -> Path:
+    return Path(cache_dir or settings().cache_dir) / ("models--" + repo.replace("/", "--"))
+
+
+def _commit_for(repo_dir: Path, revision: str) -> str | None:
+    if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
+        return revision
+    try:
+        return (repo_dir / "refs" / revision).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def cached_path(rf: RemoteFile) -> str | None:
+    """The file's path in the hub cache for its revision, or None (no network, no hf import)."""
+    repo_dir = repo_cache_dir(rf.repo)
+    commit = _commit_for(repo_dir, rf.revision)
+    if commit is None:
+        return None
+    p = repo_dir / "snapshots" / commit / rf.file
+    return str(p) if p.is_file() else None
+
+
+def _cached_listing(repo: str, revision: str) -> list[str] | None:
+    repo_dir = repo_cache_dir(repo)
+    commit = _commit_for(repo_dir, revision)
+    snap = repo_dir / "snapshots" / commit if commit else None
+    if snap is None or not snap.is_dir():
+        return None
+    return sorted(str(p.relative_to(snap)).replace(os.sep, "/") for p in snap.rglob("*") if p.is_file())
+
+
+# --- errors -------------------------------------------------------------------------------
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _http_module():
+    """httpx (huggingface_hub 1.x) or httpx2 (2.x): whichever its session is built on."""
+    session = _hf_utils().get_session()
+    return importlib.import_module(type(session).__module__.split(".")[0])
+
+
+def _map_error(exc: BaseException, what: str, s: HubSettings) -> EdgeVLMError:
+    """One line for anything huggingface_hub or the HTTP client raises."""
+    errors = importlib.import_module("huggingface_hub.errors")
+
+    def isa(name: str) -> bool:
+        cls = getattr(errors, name, None)
+        return cls is not None and isinstance(exc, cls)
+
+    if isinstance(exc, EdgeVLMError):
+        return exc
+    if isa("GatedRepoError"):
+        return InputError(f"{what}: the repository is gated: accept its terms on the hub, then set "
+                          f"HF_TOKEN (or run 'hf auth login')")
+    if isa("RepositoryNotFoundError"):
+        return InputError(f"{what}: no such repository on {s.endpoint} (or it is private: set HF_TOKEN)")
+    if isa("RevisionNotFoundError"):
+        return InputError(f"{what}: no such revision on {s.endpoint}")
+    if isa("RemoteEntryNotFoundError") or isa("EntryNotFoundError"):
+        return InputError(f"{what}: no such file in the repository on {s.endpoint}")
+    if isa("OfflineModeIsEnabled") or isa("LocalEntryNotFoundError"):
+        why = "offline mode is on (HF_HUB_OFFLINE)" if s.offline else f"{s.endpoint} cannot be reached"
+        return DownloadError(f"{what}: not in the local cache and {why}")
+    if isa("HfHubHTTPError"):
+        resp = getattr(exc, "response", None)
+        code = getattr(resp, "status_code", "?")
+        return DownloadError(f"{what}: {s.endpoint} answered HTTP {code} ({_first_line(exc)})")
+    try:
+        http = _http_module()
+        if isinstance(exc, http.TransportError):
+            return DownloadError(f"{what}: cannot reach {s.endpoint} ({type(exc).__name__}: {_first_line(exc)})")
+    except Exception:  # pragma: no cover
+        pass
+    if isinstance(exc, OSError):
+        return DownloadError(f"{what}: {exc.strerror or _first_line(exc)}")
+    return DownloadError(f"{what}: {type(exc).__name__}: {_first_line(exc)}")
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    try:
+        return isinstance(exc, _http_module().TransportError)
+    except Exception:  # pragma: no cover
+        return False
+
+
+# --- listing ------------------------------------------------------------------------------
+
+def repo_files(repo: str, revision: str = "main") -> list[str]:
+    """Files of a hub repo: from the hub, or from the local cache when offline / unreachable."""
+    s = settings()
+    cached = _cached_listing(repo, revision)
+    if s.offline:
+        if cached is None:
+            raise DownloadError(f"hf:{repo}: not in the local cache and offline mode is on (HF_HUB_OFFLINE)")
+        return cached
+    hf = _hf()
+    try:
+        return sorted(hf.HfApi(endpoint=s.endpoint).list_repo_files(repo, revision=revision))
+    except Exception as exc:  # noqa: BLE001 - mapped to one line below
+        if cached is not None and _is_transport_error(exc):
+            return cached
+        raise _map_error(exc, f"hf:{repo}", s) from None
+
+
+# --- integrity ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Digest:
+    algo: str  # "sha256" (LFS) or "git-sha1" (small files stored in git)
+    hexdigest: str
+    source: str  # "registry" | "hub"
+
+
+def expected_digest(rf: RemoteFile) -> Digest | None:
+    """What the file must hash to: the registry's pinned sha256, else the hub's LFS sha256."""
+    if rf.sha256:
+        return Digest("sha256", rf.sha256.lower(), "registry")
+    s = settings()
+    hf = _hf()
+    try:
+        infos = hf.HfApi(endpoint=s.endpoint).get_paths_info(rf.repo, [rf.file], revision=rf.revision)
+    except Exception as exc:  # noqa: BLE001
+        raise _map_error(exc, rf.spec, s) from None
+    for info in infos:
+        if getattr(info, "path", None) != rf.file:
+            continue
+        lfs = getattr(info, "lfs", None)
+        if lfs is not None:
+            sha = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+            if sha:
+                return Digest("sha256", str(sha).lower(), "hub")
+        blob = getattr(info, "blob_id", None)
+        if blob:
+            return Digest("git-sha1", str(blob).lower(), "hub")
+    raise InputError(f"{rf.spec}: no such file in the repository on {s.endpoint}")
+
+
+def hash_file(path: str, algo: str = "sha256", progress: Callable[[int, int], None] | None = None) -> str:
+    size = os.path.getsize(path)
+    if algo == "git-sha1":
+        h = hashlib.sha1(f"blob {size}\0".encode())
+    else:
+        h = hashlib.sha256()
+    done = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            h.update(chunk)
+            done += len(chunk)
+            if progress:
+                progress(done, size)
+    return h.hexdigest()
+
+
+# --- download -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DownloadResult:
+    remote: RemoteFile
+    path: str
+    size: int
+    downloaded: bool  # False: it was in the cache already
+    verified: Digest | None  # the digest the file was checked against (None: not re-checked)
+
+
+@contextlib.contextmanager
+def _progress_bars(enabled: bool) -> Iterator[None]:
+    utils = _hf_utils()
+    was_disabled = utils.are_progress_bars_disabled()
+    if not enabled and not was_disabled:
+        utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not enabled and not was_disabled:
+            utils.enable_progress_bars()
+
+
+def download(rf: RemoteFile, *, progress: bool = True, verify_existing: bool = False,
+             on_verify: Callable[[int, int], None] | None = None) -> DownloadResult:
+    """Get one file into the hub cache (resumable, verified); returns its local path."""
+    s = settings()
+    before = cached_path(rf)
+    if s.offline:
+        if before is None:
+            raise DownloadError(f"{rf.spec}: not in the local cache ({s.cache_dir}) and offline mode "
+                                f"is on (HF_HUB_OFFLINE)")
+        return DownloadResult(rf, before, os.path.getsize(before), False, None)
+    # Ask for the digest first when a download is expected: no point fetching GBs unverifiable.
+    digest = expected_digest(rf) if (before is None or verify_existing) else None
+    hf = _hf()
+    try:
+        with _progress_bars(progress):
+            path = hf.hf_hub_download(rf.repo, rf.file, revision=rf.revision, cache_dir=s.cache_dir,
+                                      endpoint=s.endpoint)
+    except Exception as exc:  # noqa: BLE001
+        raise _map_error(exc, rf.spec, s) from None
+    downloaded = before is None or not os.path.samefile(before, path)
+    checked = None
+    if downloaded or verify_existing:
+        if digest is None:  # the revision moved on: a new file came down
+            digest = expected_digest(rf)
+        got = hash_file(path, digest.algo, on_verify)
+        if got != digest.hexdigest:
+            remove_cached_file(rf.repo, path)
+            raise IntegrityError(
+                f"{rf.spec}: {digest.algo} mismatch after download (expected {digest.hexdigest[:16]}…, "
+                f"got {got[:16]}…); the corrupt file was deleted from the cache, pull again")
+        checked = digest
+    return DownloadResult(rf, path, os.path.getsize(path), downloaded, checked)
+
+
+def remove_cached_file(repo: str, pointer: str) -> int:
+    """Delete one snapshot entry and its blob when nothing else points at it; bytes freed."""
+    repo_dir = repo_cache_dir(repo).resolve()
+    p = Path(pointer)
+    blob = p.resolve() if p.is_symlink() else None
+    freed = 0
+    if p.is_symlink() or p.exists():
+        if blob is None:
+            freed += p.stat().st_size
+        p.unlink()
+    if blob is not None and blob.exists() and repo_dir in blob.parents:
+        still_used = any(q.is_symlink() and q.resolve() == blob
+                         for q in (repo_dir / "snapshots").rglob("*"))
+        if not still_used:
+            freed += blob.stat().st_size
+            blob.unlink()
+    _prune(repo_dir)
+    return freed
+
+
+def _prune(repo_dir: Path) -> None:
+    """Remove empty snapshot folders; the whole repo folder once no file is left in it."""
+    snaps = repo_dir / "snapshots"
+    if snaps.is_dir():
+        for d in sorted((q for q in snaps.rglob("*") if q.is_dir()), key=lambda q: -len(q.parts)):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+    left = [q for q in snaps.rglob("*") if q.is_file() or q.is_symlink()] if snaps.is_dir() else []
+    if not left:
+        shutil.rmtree(repo_dir, ignore_errors=True)
+        locks = repo_dir.parent / ".locks" / repo_dir.name
+        shutil.rmtree(locks, ignore_errors=True)
+
+
+@dataclass
+class PullResult:
+    resolved: ResolvedModel
+    files: list[tuple[str, DownloadResult]] = field(default_factory=list)  # (role, result)
+
+    @property
+    def model_path(self) -> str:
+        return self.resolved.model.local  # type: ignore[return-value]
+
+    @property
+    def mmproj_path(self) -> str | None:
+        return self.resolved.mmproj.local if self.resolved.mmproj else None
+
+
+def ensure_local(r: ResolvedModel, *, progress: bool = True, refresh: bool = False,
+                 verify_existing: bool = False,
+                 on_file: Callable[[str, RemoteFile], None] | None = None,
+                 on_verify: Callable[[int, int], None] | None = None) -> PullResult:
+    """Download whatever of ``r`` is remote and not in the cache; returns the model with local
+    paths filled in. ``refresh`` (``pull``) also asks the hub whether the revision moved on;
+    without it a cached file is used without any network request (``chat``, ``caption``)."""
+    out = PullResult(r)
+    refs: dict[str, FileRef | None] = {"model": r.model, "mmproj": r.mmproj}
+    for role, ref in refs.items():
+        if ref is None or ref.remote is None:
+            continue
+        if ref.local is not None and not (refresh or verify_existing):
+            continue
+        if on_file:
+            on_file(role, ref.remote)
+        res = download(ref.remote, progress=progress, verify_existing=verify_existing, on_verify=on_verify)
+        out.files.append((role, res))
+        refs[role] = FileRef(local=res.path, remote=ref.remote)
+    from dataclasses import replace
+
+    out.resolved = replace(r, model=refs["model"], mmproj=refs["mmproj"])
+    return out
+
+
+def pull(spec: str, mmproj: str | None = None, **kw: Any) -> PullResult:
+    """``edgevlm pull``: resolve a name (or hf: spec) and download its files, verified."""
+    r = resolve(spec, mmproj)
+    if r.kind in ("local", "demo"):
+        return PullResult(r)
+    kw.setdefault("refresh", True)
+    return ensure_local(r, **kw)
+
+
+# --- header-only reads --------------------------------------------------------------------
+
+def _header_cache_file(s: HubSettings, rf: RemoteFile) -> Path:
+    key = hashlib.sha256(f"{s.endpoint}\n{rf.repo}\n{rf.revision}\n{rf.file}".encode()).hexdigest()[:40]
+    return edgevlm_cache_dir() / "hub-headers" / f"{key}.json"
+
+
+def gguf_to_json(gf: GGUFFile) -> dict[str, Any]:
+    return {"file_size": gf.file_size, "metadata": gf.metadata, "array_lengths": gf.array_lengths,
+            "tensors": [[t.name, t.ggml_type, list(t.shape), t.n_elements, t.n_bytes, t.offset]
+                        for t in gf.tensors]}
+
+
+def gguf_from_json(d: dict[str, Any], path: str) -> GGUFFile:
+    tensors = tuple(TensorInfo(n, ty, tuple(sh), ne, nb, off) for n, ty, sh, ne, nb, off in d["tensors"])
+    return GGUFFile(path, int(d["file_size"]), dict(d["metadata"]), dict(d["array_lengths"]), tensors)
+
+
+def _load_header_cache(p: Path, label: str) -> tuple[dict[str, Any], GGUFFile] | None:
+    try:
+        with open(p, encoding="utf-8") as fh:
+            d = json.load(fh)
+        if d.get("version") != HEADER_CACHE_VERSION:
+            return None
+        return d, gguf_from_json(d["gguf"], label)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _save_header_cache(p: Path, record: dict[str, Any]) -> None:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(record, fh)
+    os.replace(tmp, p)
+
+
+@dataclass(frozen=True)
+class HeaderRead:
+    gguf: GGUFFile
+    source: str  # "local" | "cache" | "remote"
+    bytes_fetched: int = 0
+    etag: str | None = None
+    commit: str | None = None
+
+
+def read_remote_header(rf: RemoteFile, *, first_chunk: int = HEADER_FIRST_CHUNK) -> GGUFFile:
+    """The GGUF header of a hub file, from a few range requests or the on-disk header cache."""
+    return fetch_header(rf, first_chunk=first_chunk).gguf
+
+
+def fetch_header(rf: RemoteFile, *, first_chunk: int = HEADER_FIRST_CHUNK) -> HeaderRead:
+    s = settings()
+    label = rf.spec
+    cache_file = _header_cache_file(s, rf)
+    cached = _load_header_cache(cache_file, label)
+    if s.offline:
+        if cached is None:
+            raise DownloadError(f"{label}: header not cached and offline mode is on (HF_HUB_OFFLINE); "
+                                f"plan it once online, or pull it")
+        return HeaderRead(cached[1], "cache", 0, cached[0].get("etag"), cached[0].get("commit"))
+    hf = _hf()
+    url = hf.hf_hub_url(rf.repo, rf.file, revision=rf.revision, endpoint=s.endpoint)
+    try:
+        meta = hf.get_hf_file_metadata(url, endpoint=s.endpoint)
+    except Exception as exc:  # noqa: BLE001
+        if cached is not None and _is_transport_error(exc):
+            return HeaderRead(cached[1], "cache", 0, cached[0].get("etag"), cached[0].get("commit"))
+        raise _map_error(exc, label, s) from None
+    if cached is not None and meta.etag and cached[0].get("etag") == meta.etag:
+        return HeaderRead(cached[1], "cache", 0, meta.etag, meta.commit_hash)
+    headers = _hf_utils().build_hf_headers()
+    if _origin(meta.location) != _origin(url):
+        headers.pop("authorization", None)  # a signed CDN url: the token stays on the hub
+        headers.pop("Authorization", None)
+    try:
+        gf, fetched = _range_read_header(meta.location or url, meta.size, label, headers, first_chunk)
+    except EdgeVLMError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise _map_error(exc, label, s) from None
+    _save_header_cache(cache_file, {
+        "version": HEADER_CACHE_VERSION, "endpoint": s.endpoint, "repo": rf.repo, "file": rf.file,
+        "revision": rf.revision, "etag": meta.etag, "commit": meta.commit_hash, "bytes_fetched": fetched,
+        "gguf": gguf_to_json(gf),
+    })
+    return HeaderRead(gf, "remote", fetched, meta.etag, meta.commit_hash)
+
+
+def _origin(url: str | None) -> tuple[str, str, int | None]:
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url or "")
+    return u.scheme, (u.hostname or "").lower(), u.port
+
+
+def _get_range(url: str, start: int, end: int, headers: dict[str, str]) -> tuple[bytes, int | None]:
+    """Bytes [start, end] of url, and the file's total size when the server says it."""
+    utils = _hf_utils()
+    session = utils.get_session()
+    h = dict(headers, Range=f"bytes={start}-{end}")
+    h["Accept-Encoding"] = "identity"
+    with session.stream("GET", url, headers=h, follow_redirects=True) as r:
+        if r.status_code == 416:  # start is past the end
+            return b"", None
+        if r.status_code >= 400:
+            r.read()
+            utils.hf_raise_for_status(r)
+        if r.status_code == 206:
+            data = r.read()
+            total = None
+            cr = r.headers.get("Content-Range", "")
+            if "/" in cr and cr.rsplit("/", 1)[1].strip().isdigit():
+                total = int(cr.rsplit("/", 1)[1])
+            return bytes(data[: end - start + 1]), total
+        # 200: the server ignored Range. Read only as far as needed, then drop the connection.
+        buf = bytearray()
+        for chunk in r.iter_bytes():
+            buf += chunk
+            if len(buf) > end:
+                break
+        cl = r.headers.get("Content-Length")
+        return bytes(buf[start:end + 1]), int(cl) if cl and cl.isdigit() else None
+
+
+def _range_read_header(url: str, size: int | None, label: str, headers: dict[str, str],
+                       first_chunk: int) -> tuple[GGUFFile, int]:
+    buf = bytearray()
+    total = size
+    want = max(first_chunk, 64)
+    while True:
+        if total is not None:
+            want = min(want, total)
+        if len(buf) < want:
+            data, t = _get_range(url, len(buf), want - 1, headers)
+            total = total if total is not None else t
+            if not data:
+                raise ModelFileError(f"{label}: the server sent no bytes for range {len(buf)}-{want - 1}")
+            buf += data
+        if total is None:
+            raise DownloadError(f"{label}: the server does not say how large the file is")
+        try:
+            return parse_header(bytes(buf), label, total), len(buf)
+        except _NeedMore:
+            if len(buf) >= HEADER_MAX_BYTES:
+                raise ModelFileError(f"{label}: GGUF header larger than {HEADER_MAX_BYTES // 2**20} MiB") from None
+            want = len(buf) * 4
+
+
+# --- planning -----------------------------------------------------------------------------
+
+def gguf_for(ref: FileRef, *, fetch: bool = True) -> GGUFFile:
+    """The header of a file: local when it is on disk, else cached or fetched from the hub."""
+    from .gguf_info import read_gguf
+
+    if ref.local is not None:
+        return read_gguf(ref.local)
+    assert ref.remote is not None
+    if not fetch:
+        cached = _load_header_cache(_header_cache_file(settings(), ref.remote), ref.remote.spec)
+        if cached is None:
+            raise DownloadError(f"{ref.remote.spec}: header not read yet")
+        return cached[1]
+    return read_remote_header(ref.remote)
+
+
+def plan_resolved(r: ResolvedModel, probe, wishes=None, *, fetch: bool = True):
+    """A Plan for a resolved model: from local files, or from remote headers (same Planner)."""
+    from .planner import Planner, Wishes
+
+    text = gguf_for(r.model, fetch=fetch)
+    proj = gguf_for(r.mmproj, fetch=fetch) if r.mmproj is not None else None
+    return Planner(text, proj, probe, wishes or Wishes()).plan()
+
+
+def plan_remote(spec: str, probe, wishes=None, mmproj: str | None = None):
+    """``edgevlm plan --model NAME``: plan from the headers alone (nothing is downloaded)."""
+    return plan_resolved(resolve(spec, mmproj, need_mmproj=False), probe, wishes)
+
+
+# --- listing models -----------------------------------------------------------------------
+
+@dataclass
+class ModelRow:
+    name: str
+    title: str
+    repo: str
+    files: list[str]
+    size: int  # bytes, model + mmproj
+    size_exact: bool
+    local: str  # "yes" | "partial" | "no"
+    fits: bool | None  # None: unknown (header not read, or the planner could not say)
+    fit: str  # one-line verdict
+    license: str = ""
+    params: str = ""
+    paths: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fit_verdict(plan) -> tuple[bool, str]:
+    if not plan.fits:
+        return False, f"no ({plan.shortfall_bytes / 2**30:.1f} GiB short)"
+    gpu = [d for d in plan.devices if d.kind != "cpu"]
+    if not gpu:
+        where = "CPU"
+    elif plan.n_gpu_layers == 0:
+        where = "CPU (GPU too small)"
+    else:
+        where = f"{plan.n_gpu_layers} layers on {gpu[0].name}"
+    return True, f"yes · {where} · ctx {plan.n_ctx}"
+
+
+def _row_for(r: ResolvedModel, title: str, license: str, params: str, probe, wishes, check: bool) -> ModelRow:
+    refs = [f for f in (r.model, r.mmproj) if f is not None]
+    local = sum(f.local is not None for f in refs)
+    size, exact = 0, True
+    for f in refs:
+        if f.local is not None:
+            size += os.path.getsize(f.local)
+        else:
+            hdr = _load_header_cache(_header_cache_file(settings(), f.remote), f.remote.spec) if f.remote else None
+            if hdr is not None:
+                size += hdr[1].file_size
+            else:
+                size += (f.remote.size or 0) if f.remote else 0
+                exact = False
+    fits, verdict = None, "? (run 'edgevlm models --check' or 'edgevlm plan --model NAME')"
+    try:
+        plan = plan_resolved(r, probe, wishes, fetch=check)
+        fits, verdict = _fit_verdict(plan)
+    except DownloadError as exc:
+        if check:
+            verdict = f"? ({_first_line(exc)})"
+    except (EdgeVLMError, NotImplementedError) as exc:
+        verdict = f"? ({_first_line(exc)})"
+    return ModelRow(
+        name=r.name, title=title, repo=r.model.remote.repo if r.model.remote else "",
+        files=[f.name for f in refs], size=size, size_exact=exact,
+        local="yes" if local == len(refs) else ("partial" if local else "no"),
+        fits=fits, fit=verdict, license=license, params=params,
+        paths=[f.local for f in refs if f.local],
+    )
+
+
+def list_models(probe=None, wishes=None, *, check: bool = False) -> list[ModelRow]:
+    """Registry models (default quantisation, plus any other one in the cache) and other GGUF
+    repos found in the hub cache, with sizes and the planner's verdict for this machine."""
+    if probe is None:
+        from .devices import probe as do_probe
+
+        probe = do_probe()
+    reg = load_registry()
+    rows: list[ModelRow] = []
+    seen: set[tuple[str, str]] = set()
+    for e in reg.entries:
+        for q in e.quants:
+            r = resolve(f"{e.name}:{q}", registry=reg)
+            is_default = q == e.default_quant
+            if not is_default and r.model.local is None:
+                continue
+            row = _row_for(r, e.title, e.license, e.params, probe, wishes, check)
+            row.name = e.name if is_default else f"{e.name}:{q}"
+            rows.append(row)
+            for f in (r.model, r.mmproj):
+                if f is not None and f.remote is not None:
+                    seen.add((f.remote.repo, f.remote.file))
+    rows.extend(_unregistered_rows(seen, probe, wishes))
+    return rows
+
+
+def _unregistered_rows(seen: set[tuple[str, str]], probe, wishes) -> list[ModelRow]:
+    root = Path(settings().cache_dir)
+    if not root.is_dir():
+        return []
+    out = []
+    for repo_dir in sorted(root.glob("models--*")):
+        repo = repo_dir.name[len("models--"):].replace("--", "/", 1)
+        commit = _commit_for(repo_dir, "main")
+        snaps = [repo_dir / "snapshots" / commit] if commit else sorted((repo_dir / "snapshots").glob("*"))
+        for snap in snaps:
+            if not snap.is_dir():
+                continue
+            files = sorted(str(p.relative_to(snap)).replace(os.sep, "/") for p in snap.rglob("*.gguf"))
+            projs = [f for f in files if _is_mmproj_name(f)]
+            for f in files:
+                if _is_mmproj_name(f) or (repo, f) in seen:
+                    continue
+                rev = "main" if snap.name == commit else snap.name
+                model = FileRef(str(snap / f), RemoteFile(repo, f, rev))
+                proj = FileRef(str(snap / pick_mmproj_file(projs)), RemoteFile(repo, pick_mmproj_file(projs), rev)) \
+                    if projs else None
+                r = ResolvedModel(model.label, "hf", model.label, model, proj)
+                out.append(_row_for(r, "(not in the registry)", "", "", probe, wishes, False))
+    return out
+
+
+# --- removing -----------------------------------------------------------------------------
+
+def remove(spec: str) -> list[tuple[str, int]]:
+    """``edgevlm rm``: delete a pulled model's files from the hub cache; (file, bytes freed).
+
+    ``name`` removes every quantisation of that registry model and its projector;
+    ``name:quant`` removes that file, and the projector once no other quantisation is left.
+    """
+    reg = load_registry()
+    if spec.startswith("hf:"):
+        r = resolve(spec, need_mmproj=False)
+        targets = [r.model.remote]
+        siblings: list[RemoteFile] = []
+        proj = r.mmproj.remote if r.mmproj else None
+        if proj is not None:
+            listing = _cached_listing(proj.repo, proj.revision) or []
+            siblings = [RemoteFile(proj.repo, f, proj.revision) for f in listing
+                        if f.lower().endswith(".gguf") and not _is_mmproj_name(f) and f != r.model.remote.file]
+    else:
+        name, _, quant = spec.partition(":")
+        entry = reg.get(name)
+        if entry is None:
+            from .registry import unknown_name_message
+
+            if os.path.exists(spec) or spec == "demo":
+                raise InputError(f"'{spec}' is not a downloaded model: rm only deletes what 'edgevlm pull' "
+                                 f"put in the hub cache")
+            raise InputError(unknown_name_message(spec, reg))
+        _, q = reg.lookup(spec)
+        quants = [q] if quant else entry.quants
+        rfs = {qq: resolve(f"{entry.name}:{qq}", registry=reg) for qq in entry.quants}
+        targets = [rfs[qq].model.remote for qq in quants]
+        siblings = [rfs[qq].model.remote for qq in entry.quants if qq not in quants]
+        proj = rfs[q].mmproj.remote if rfs[q].mmproj else None
+    removed: list[tuple[str, int]] = []
+    for rf in targets:
+        for pointer in _pointers(rf):
+            removed.append((rf.file, remove_cached_file(rf.repo, str(pointer))))
+    if proj is not None and not any(_pointers(sib) for sib in siblings):
+        for pointer in _pointers(proj):
+            removed.append((proj.file, remove_cached_file(proj.repo, str(pointer))))
+    if not removed:
+        raise InputError(f"{spec} is not downloaded (nothing to remove)")
+    return removed
+
+
+def _pointers(rf: RemoteFile | None) -> list[Path]:
+    """Every snapshot entry of the file, whatever the revision."""
+    if rf is None:
+        return []
+    snaps = repo_cache_dir(rf.repo) / "snapshots"
+    if not snaps.is_dir():
+        return []
+    return [p for p in (s / rf.file for s in snaps.iterdir()) if p.is_symlink() or p.exists()]
+
+
+# --- choosing a model when none is given --------------------------------------------------
+
+def choose_model(probe, wishes=None, *, fetch: bool = True) -> tuple[ResolvedModel, str]:
+    """``$EDGEVLM_MODEL``, else the largest registry model whose plan fits this machine."""
+    env = os.environ.get("EDGEVLM_MODEL")
+    if env:
+        return resolve(env), f"EDGEVLM_MODEL={env}"
+    reg = load_registry()
+    tried: list[str] = []
+    for e in sorted(reg.entries, key=lambda e: e.approx_size(), reverse=True):
+        r = resolve(e.name, registry=reg)
+        try:
+            plan = plan_resolved(r, probe, wishes, fetch=fetch and not settings().offline)
+        except (EdgeVLMError, NotImplementedError) as exc:
+            tried.append(f"{e.name}: {_first_line(exc)}")
+            continue
+        if plan.fits:
+            ok, verdict = _fit_verdict(plan)
+            size = e.approx_size() / 2**30
+            return r, (f"no --model given: {e.name} ({size:.1f} GiB) is the largest registry model "
+                       f"that fits this machine by the plan ({verdict.removeprefix('yes · ')}); "
+                       f"pass --model or set EDGEVLM_MODEL to choose")
+        tried.append(f"{e.name}: does not fit")
+    detail = "; ".join(tried[:3])
+    raise InputError(f"no --model given and no registry model could be planned to fit ({detail}); "
+                     f"pass --model NAME, or --model demo to try the pipeline offline")
+
+
+__all__ = [
+    "DownloadError", "IntegrityError", "HubSettings", "settings", "cached_path", "repo_files",
+    "download", "ensure_local", "pull", "read_remote_header", "fetch_header", "plan_resolved",
+    "plan_remote", "list_models", "remove", "choose_model", "ModelRow", "PullResult",
+    "DownloadResult", "gguf_to_json", "gguf_from_json", "hash_file", "expected_digest",
+]

@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Benchmark ``edgevlm caption`` against the loop people write around llama-cpp-python.
+
+    python scripts/bench_caption.py                          # llava15/real, 8 images, bench_caption.json
+    python scripts/bench_caption.py --images 4 --max-tokens 8 --runs 1
+    python scripts/bench_caption.py --family qwen2vl --preset tiny --shell-loop 2
+
+Side by side in one process, on the same generated model pair (random weights, real shapes),
+the same N pictures, the same system prompt and instruction, greedy decoding, one n_ctx, one
+thread count, flash attention, n_batch 512, f16 KV:
+
+- ``edgevlm``: a ``CaptionJob`` over the folder, exactly what ``edgevlm caption`` runs (record
+  log with fsync, resume index, background decoding, KV prefix reuse);
+- ``library``: ``Llama`` + the family's mtmd chat handler loaded once, then one
+  ``create_chat_completion`` per image (system + image + instruction), captions appended to a
+  JSONL file — the loop in most captioning scripts;
+- ``shell loop`` (``--shell-loop K``, off by default): ``edgevlm chat --json`` as a new process
+  per image, so the model loads for every picture (the shell-script way), timed on K images.
+
+Each side captions one warm-up image first (not timed). With ``--runs`` > 1 the order of the
+sides alternates. Reported: images/s, generated tok/s, the ratio edgevlm ÷ library, the share of
+edgevlm's wall time spent inside encode + prefill + decode (TurnStats prompt_ms + predicted_ms),
+where the rest went, and the prompt tokens the KV prefix saved per image. Other processes on a
+shared machine skew wall times: each timed block records the share of CPU time they used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+from PIL import Image, ImageDraw  # noqa: E402
+
+from edgevlm.testing import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
+
+SYSTEM = ("You are an image captioning assistant for a text-to-image training dataset. Describe "
+          "the main subject, the setting, the colours, the lighting and the composition in one "
+          "factual sentence. Do not start with 'The image shows' and do not mention the camera.")
+PROMPT = "Write a one-sentence caption for this image."
+SPEED_TARGET = 1.2  # edgevlm images/s ÷ library images/s, at least
+SHARE_TARGET = 0.95  # share of edgevlm's wall time inside encode + prefill + decode, at least
+SIZES = [(640, 480), (800, 600), (512, 512), (480, 640)]
+
+
+def make_images(outdir: Path, n: int) -> list[Path]:
+    """N deterministic pictures: gradients with shapes, PNG and JPEG, four sizes."""
+    paths = []
+    for i in range(n):
+        w, h = SIZES[i % len(SIZES)]
+        rng = np.random.default_rng(100 + i)
+        y, x = np.mgrid[0:h, 0:w]
+        c = rng.integers(0, 255, 3)
+        arr = np.stack([(x * 255 // w + c[0]) % 256, (y * 255 // h + c[1]) % 256,
+                        np.full_like(x, c[2])], axis=-1).astype(np.uint8)
+        img = Image.fromarray(arr)
+        draw = ImageDraw.Draw(img)
+        for _ in range(6):
+            x0, y0 = int(rng.integers(0, w - 60)), int(rng.integers(0, h - 60))
+            box = [x0, y0, x0 + int(rng.integers(30, w // 2)), y0 + int(rng.integers(30, h // 2))]
+            fill = tuple(int(v) for v in rng.integers(0, 255, 3))
+            (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=fill)
+        p = outdir / (f"img{i:03d}.png" if i % 2 == 0 else f"img{i:03d}.jpg")
+        img.save(p, quality=90) if p.suffix == ".jpg" else img.save(p)
+        paths.append(p)
+    return paths
+
+
+class CpuMeter:
+    """Share of the machine's CPU time other processes used while a block ran (Linux)."""
+
+    def __enter__(self):
+        self.b0, self.o0, self.t0 = _busy(), _own(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        b1, o1, wall = _busy(), _own(), time.perf_counter() - self.t0
+        self.others = None if self.b0 is None or b1 is None or wall <= 0 else round(
+            max(0.0, (b1 - self.b0) - (o1 - self.o0)) / (wall * (os.cpu_count() or 1)), 3)
+
+
+def _busy() -> float | None:
+    try:
+        with open("/proc/stat") as fh:
+            v = [int(x) for x in fh.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _own() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+# --- the sides ------------------------------------------------------------------------------
+class EdgeSide:
+    name = "edgevlm"
+
+    def __init__(self, model: Path, mmproj: Path, args):
+        import edgevlm
+
+        self.model, self.mmproj, self.args = model, mmproj, args
+        self.engine = edgevlm.load(model, mmproj, n_ctx=args.n_ctx, n_threads=args.threads, kv="f16",
+                                   flash_attn=True, n_batch=args.n_batch, n_ubatch=args.n_batch,
+                                   type_k="f16", type_v="f16", image_max_tokens=None)
+        self.stops = list(self.engine.default_stops)
+
+    def run(self, images: list[Path], out: Path) -> dict[str, Any]:
+        from edgevlm.caption import CaptionSettings
+        from edgevlm.caption_inputs import discover
+        from edgevlm.caption_job import CaptionJob
+
+        settings = CaptionSettings(prompt=PROMPT, system=SYSTEM, max_tokens=self.args.max_tokens)
+        t0 = time.perf_counter()
+        items = discover([str(p) for p in images]).items
+        with CaptionJob(items, settings, model=str(self.model), mmproj=str(self.mmproj), out=str(out)) as job:
+            s = job.run(self.engine, prefetch=2)
+        wall = time.perf_counter() - t0
+        recs = [json.loads(ln) for ln in out.read_text().splitlines()]
+        assert s.done == len(images) and all(r["error"] is None for r in recs), recs
+        return {"wall_s": wall, "captions": {Path(r["path"]).name: r["caption"] for r in recs},
+                "generated": s.generated_tokens, "prompt_evaluated": s.prompt_tokens,
+                "cached_per_image": s.cached_per_image, "engine_ms": s.engine_ms,
+                "engine_share": s.engine_ms / (wall * 1000), "wait_ms": s.wait_ms,
+                "write_ms": s.write_ms, "load_ms_background": s.load_ms}
+
+    def close(self):
+        self.engine.close()
+
+
+class LibrarySide:
+    name = "library"
+
+    def __init__(self, family: str, model: Path, mmproj: Path, args, stops: list[str]):
+        import llama_cpp
+        from llama_cpp import llama_chat_format as lcf
+
+        if family in ("llava15", "llava16"):
+            cls = lcf.Llava16ChatHandler if family == "llava16" else lcf.Llava15ChatHandler
+        else:  # the generated Qwen pairs carry a chat template: the generic mtmd handler uses it
+            cls = lcf.MTMDChatHandler
+        self.handler_name = cls.__name__
+        self.llm = llama_cpp.Llama(str(model), n_ctx=args.n_ctx, n_batch=args.n_batch,
+                                   n_ubatch=args.n_batch, n_threads=args.threads,
+                                   n_threads_batch=args.threads, flash_attn=True,
+                                   chat_handler=cls(clip_model_path=str(mmproj), verbose=False),
+                                   verbose=False)
+        self.args, self.stops = args, stops
+
+    def run(self, images: list[Path], out: Path) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        captions, generated, prompt = {}, 0, 0
+        with out.open("w") as fh:
+            for p in images:
+                r = self.llm.create_chat_completion(
+                    messages=[{"role": "system", "content": SYSTEM},
+                              {"role": "user", "content": [
+                                  {"type": "image_url", "image_url": {"url": p.resolve().as_uri()}},
+                                  {"type": "text", "text": PROMPT}]}],
+                    max_tokens=self.args.max_tokens, temperature=0.0, repeat_penalty=1.0,
+                    stop=list(self.stops))
+                text = r["choices"][0]["message"]["content"].strip()
+                generated += r["usage"]["completion_tokens"]
+                prompt += r["usage"]["prompt_tokens"]
+                captions[p.name] = text
+                fh.write(json.dumps({"path": str(p), "caption": text}) + "\n")
+                fh.flush()
+        return {"wall_s": time.perf_counter() - t0, "captions": captions, "generated": generated,
+                "prompt_evaluated": prompt}
+
+    def close(self):
+        self.llm.close()
+
+
+def shell_loop(model: Path, mmproj: Path, images: list[Path], args) -> dict[str, Any]:
+    """``edgevlm chat --json`` as a new process per image: the model loads every time."""
+    t0 = time.perf_counter()
+    generated = 0
+    for p in images:
+        r = subprocess.run([sys.executable, "-m", "edgevlm", "chat", "-m", str(model), "--mmproj",
+                            str(mmproj), "-i", str(p), "--system", SYSTEM, "-n", str(args.max_tokens),
+                            "--temp", "0", "--ctx", str(args.n_ctx), "--threads", str(args.threads),
+                            "--kv", "f16", "--json", PROMPT], capture_output=True, text=True, check=True)
+        generated += json.loads(r.stdout)["stats"]["predicted_n"]
+    return {"wall_s": time.perf_counter() - t0, "generated": generated, "images": len(images)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", default="llava15", choices=list(FAMILIES))
+    ap.add_argument("--preset", default="real", choices=list(PRESETS))
+    ap.add_argument("--images", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=max(1, min(os.cpu_count() or 1, 8)))
+    ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--n-batch", type=int, default=512)
+    ap.add_argument("--shell-loop", type=int, default=0, metavar="K",
+                    help="also time a process per image (model reloaded) on K images")
+    ap.add_argument("--out", type=Path, default=Path("bench_caption.json"))
+    args = ap.parse_args(argv)
+
+    import llama_cpp
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=max(Console().width, 110))
+    pair = cached_model_pair(args.family, args.preset, 0)
+    runs: dict[str, list[dict]] = {"edgevlm": [], "library": []}
+    shell = None
+    with tempfile.TemporaryDirectory(prefix="bench_caption.") as tmp:
+        d = Path(tmp)
+        (d / "imgs").mkdir()
+        images = make_images(d / "imgs", args.images)
+        (d / "warm").mkdir()
+        warm = make_images(d / "warm", 1)
+        t0 = time.perf_counter()
+        edge = EdgeSide(pair.model, pair.mmproj, args)
+        lib = LibrarySide(args.family, pair.model, pair.mmproj, args, edge.stops)
+        con.print(f"[dim]{args.family}/{args.preset}: both sides loaded in {time.perf_counter() - t0:.1f} s "
+                  f"({lib.handler_name}); {args.images} images, {args.max_tokens} tokens each, "
+                  f"{args.threads} threads[/dim]")
+        sides = [edge, lib]
+        for s in sides:  # warm-up, not timed
+            s.run(warm, d / f"warm-{s.name}.jsonl")
+        for r in range(args.runs):
+            for s in (sides if r % 2 == 0 else sides[::-1]):
+                out = d / f"{s.name}-{r}.jsonl"
+                with CpuMeter() as m:
+                    res = s.run(images, out)
+                res["busy_others"] = m.others
+                runs[s.name].append(res)
+                con.print(f"[dim]run {r + 1}: {s.name} {res['wall_s']:.1f} s "
+                          f"(others used {(m.others or 0):.0%} of the CPUs)[/dim]")
+        for s in sides:
+            s.close()
+        if args.shell_loop:
+            with CpuMeter() as m:
+                shell = shell_loop(pair.model, pair.mmproj, images[: args.shell_loop], args)
+            shell["busy_others"] = m.others
+
+    def med(name: str, key: str) -> float:
+        return float(statistics.median(x[key] for x in runs[name]))
+
+    n = args.images
+    e_wall, l_wall = med("edgevlm", "wall_s"), med("library", "wall_s")
+    speed = l_wall / e_wall
+    share = med("edgevlm", "engine_share")
+    same = sum(runs["edgevlm"][0]["captions"][k] == v for k, v in runs["library"][0]["captions"].items())
+    result: dict[str, Any] = {
+        "config": {"family": args.family, "preset": args.preset, "images": n, "runs": args.runs,
+                   "max_tokens": args.max_tokens, "threads": args.threads, "n_ctx": args.n_ctx,
+                   "n_batch": args.n_batch, "system": SYSTEM, "prompt": PROMPT,
+                   "library_handler": lib.handler_name, "llama_cpp_python": llama_cpp.__version__,
+                   "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()}},
+        "edgevlm": runs["edgevlm"], "library": runs["library"], "shell_loop": shell,
+        "ratio_images_per_s": round(speed, 3), "edgevlm_engine_share": round(share, 4),
+        "same_captions": same,
+        "targets": {"speed_ge_1.2": speed >= SPEED_TARGET, "engine_share_ge_0.95": share >= SHARE_TARGET},
+    }
+    for side in runs.values():
+        for x in side:
+            x.pop("captions")
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+    t = Table(title=f"captioning {n} images ({args.family}/{args.preset}, {args.max_tokens} tokens, "
+                    f"median of {args.runs} run(s))")
+    for col in ("side", "wall s", "images/s", "tok/s", "prompt tok/img", "vs library", "others' CPU"):
+        t.add_column(col, justify="left" if col == "side" else "right")
+    for name, label in (("edgevlm", "edgevlm caption"), ("library", f"library loop ({lib.handler_name})")):
+        wall, gen = med(name, "wall_s"), med(name, "generated")
+        t.add_row(label, f"{wall:.2f}", f"{n / wall:.3f}", f"{gen / wall:.1f}",
+                  f"{med(name, 'prompt_evaluated') / n:.0f}", f"{l_wall / wall:.2f}x",
+                  ", ".join(f"{(x['busy_others'] or 0):.0%}" for x in runs[name]))
+    if shell:
+        k = shell["images"]
+        per = shell["wall_s"] / k
+        t.add_row(f"shell loop, model per image ({k} img)", f"{per * n:.2f}*", f"{1 / per:.3f}",
+                  f"{shell['generated'] / shell['wall_s']:.1f}", "-", f"{l_wall / (per * n):.2f}x",
+                  f"{(shell['busy_others'] or 0):.0%}")
+    e = runs["edgevlm"][0]
+    meets = "[green]meets" if speed >= SPEED_TARGET else "[red]misses"
+    meets2 = "[green]meets" if share >= SHARE_TARGET else "[red]misses"
+    t.caption = (f"edgevlm ÷ library images/s = {speed:.2f}x ({meets} ≥ {SPEED_TARGET}x[/]); inside "
+                 f"encode+prefill+decode: {share:.1%} of edgevlm's wall ({meets2} ≥ {SHARE_TARGET:.0%}[/]); "
+                 f"waiting for images {e['wait_ms']:.0f} ms, writing {e['write_ms']:.0f} ms, decoding in the "
+                 f"background {e['load_ms_background']:.0f} ms; KV prefix reused {e['cached_per_image']:g} "
+                 f"tok/image; same captions {same}/{n}" + (" (* = extrapolated to N)" if shell else ""))
+    con.print(t)
+    con.print(f"[dim]wrote {args.out}[/dim]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
