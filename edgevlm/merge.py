@@ -32,21 +32,21 @@ NO_GRID = {"resampler", "minicpmv", "ldp", "ldpv2", "idefics3", "pixtral", "llam
 
 @dataclass(frozen=True)
 class MergeSpec:
-    mode: str = "off"  # off | threshold | ratio | tokens
+    mode: str = "off"  # off | threshold | ratio | tokens | stride (uniform pruning baseline)
     value: float = 0.0
 
     @classmethod
     def parse(cls, text: str | None) -> "MergeSpec":
         if text is None or text == "off":
             return cls()
-        m = re.fullmatch(r"(threshold|ratio|tokens):([0-9.]+)", text.strip())
+        m = re.fullmatch(r"(threshold|ratio|tokens|stride):([0-9.]+)", text.strip())
         if not m:
             raise InputError(f"--merge '{text}': use off, threshold:T, ratio:R or tokens:N")
         mode, v = m.group(1), float(m.group(2))
         if mode == "threshold" and not -1.0 <= v <= 1.0:
             raise InputError("--merge threshold:T needs -1 ≤ T ≤ 1 (a cosine similarity)")
-        if mode == "ratio" and not 0.0 < v <= 1.0:
-            raise InputError("--merge ratio:R needs 0 < R ≤ 1")
+        if mode in ("ratio", "stride") and not 0.0 < v <= 1.0:
+            raise InputError(f"--merge {mode}:R needs 0 < R ≤ 1")
         if mode == "tokens" and v < 1:
             raise InputError("--merge tokens:N needs N ≥ 1")
         return cls(mode, v)
@@ -60,7 +60,7 @@ class MergeSpec:
 
     def target(self, n: int) -> int | None:
         """Tokens to keep when the count is known before merging (ratio/tokens), else None."""
-        if self.mode == "ratio":
+        if self.mode in ("ratio", "stride"):
             return max(1, math.ceil(self.value * n))
         if self.mode == "tokens":
             return max(1, min(n, int(self.value)))
@@ -100,6 +100,8 @@ def merge_tokens(embd: np.ndarray, width: int, height: int, spec: MergeSpec) -> 
     if not spec.enabled or n <= 1:
         ident = np.arange(n)
         return MergeResult(embd, ident, ident, 1.0)
+    if spec.mode == "stride":  # baseline: keep every k-th token, no averaging
+        return uniform_prune(embd, spec.target(n))
     assert width * height == n, (width, height, n)
     x = embd.astype(np.float64)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
