@@ -12,7 +12,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from . import compute
+from . import compute, graphalloc
 
 from .gguf_info import GGUFFile
 
@@ -25,7 +25,7 @@ _REPACKABLE = {"Q4_0", "IQ4_NL", "Q8_0", "Q4_K", "Q2_K"}
 
 
 def pad(n: int, to: int = CTX_PAD) -> int:
-    return (n + to - 1) // to * to
+    return graphalloc.pad(n, to)
 
 
 @dataclass(frozen=True)

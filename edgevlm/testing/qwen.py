@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .shapes import TextShape, VisionShape
 from .vocab import bpe_vocab, write_vocab
-from .writer import FILE_TYPES, RandomGGUF
+from .writer import FILE_TYPES, RandomGGUF, decoder_tensors, text_header
 
 QWEN_MEAN = [0.48145466, 0.4578275, 0.40821073]
 QWEN_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -37,36 +37,14 @@ def mrope_sections(head_dim: int) -> list[int]:
 
 def write_qwen2vl_text(path: Path, t: TextShape, seed: int, name: str, weight_type: str = "q4_0") -> Path:
     g = RandomGGUF(path, "qwen2vl", seed, weight_type)
+    text_header(g, t, name)
     w = g.writer
-    w.add_name(name)
-    w.add_file_type(FILE_TYPES[weight_type])
-    w.add_context_length(t.n_ctx_train)
-    w.add_embedding_length(t.n_embd)
-    w.add_block_count(t.n_layer)
-    w.add_feed_forward_length(t.n_ff)
-    w.add_head_count(t.n_head)
-    w.add_head_count_kv(t.n_head_kv)
     w.add_rope_freq_base(t.rope_theta)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_dimension_sections(mrope_sections(t.head_dim))
     write_vocab(w, bpe_vocab(t.n_vocab))
     w.add_chat_template(CHATML_TEMPLATE)
-
-    kv = t.n_head_kv * t.head_dim
-    g.weight("token_embd.weight", (t.n_vocab, t.n_embd), scale=1.0)
-    for i in range(t.n_layer):
-        p = f"blk.{i}"
-        g.ones(f"{p}.attn_norm.weight", t.n_embd)
-        g.linear(f"{p}.attn_q", t.n_embd, t.n_embd)
-        g.linear(f"{p}.attn_k", kv, t.n_embd)
-        g.linear(f"{p}.attn_v", kv, t.n_embd)
-        g.linear(f"{p}.attn_output", t.n_embd, t.n_embd, bias=False)
-        g.ones(f"{p}.ffn_norm.weight", t.n_embd)
-        g.linear(f"{p}.ffn_gate", t.n_ff, t.n_embd, bias=False)
-        g.linear(f"{p}.ffn_up", t.n_ff, t.n_embd, bias=False)
-        g.linear(f"{p}.ffn_down", t.n_embd, t.n_ff, bias=False)
-    g.ones("output_norm.weight", t.n_embd)
-    g.weight("output.weight", (t.n_vocab, t.n_embd))
+    decoder_tensors(g, t, qkv_bias=True)
     return g.write()
 
 

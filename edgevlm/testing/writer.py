@@ -86,3 +86,35 @@ class RandomGGUF:
         w.close()
         os.replace(self.tmp, self.path)
         return self.path
+
+
+def text_header(g: RandomGGUF, t, name: str) -> None:
+    """Metadata every generated decoder shares (shapes from a TextShape)."""
+    w = g.writer
+    w.add_name(name)
+    w.add_file_type(FILE_TYPES[g.weight_type])
+    w.add_context_length(t.n_ctx_train)
+    w.add_embedding_length(t.n_embd)
+    w.add_block_count(t.n_layer)
+    w.add_feed_forward_length(t.n_ff)
+    w.add_head_count(t.n_head)
+    w.add_head_count_kv(t.n_head_kv)
+
+
+def decoder_tensors(g: RandomGGUF, t, qkv_bias: bool) -> None:
+    """Token embedding, LLaMA-style blocks (RMS norms, GQA attention, SwiGLU FFN), output."""
+    kv = t.n_head_kv * t.head_dim
+    g.weight("token_embd.weight", (t.n_vocab, t.n_embd), scale=1.0)
+    for i in range(t.n_layer):
+        p = f"blk.{i}"
+        g.ones(f"{p}.attn_norm.weight", t.n_embd)
+        g.linear(f"{p}.attn_q", t.n_embd, t.n_embd, bias=qkv_bias)
+        g.linear(f"{p}.attn_k", kv, t.n_embd, bias=qkv_bias)
+        g.linear(f"{p}.attn_v", kv, t.n_embd, bias=qkv_bias)
+        g.linear(f"{p}.attn_output", t.n_embd, t.n_embd, bias=False)
+        g.ones(f"{p}.ffn_norm.weight", t.n_embd)
+        g.linear(f"{p}.ffn_gate", t.n_ff, t.n_embd, bias=False)
+        g.linear(f"{p}.ffn_up", t.n_ff, t.n_embd, bias=False)
+        g.linear(f"{p}.ffn_down", t.n_embd, t.n_ff, bias=False)
+    g.ones("output_norm.weight", t.n_embd)
+    g.weight("output.weight", (t.n_vocab, t.n_embd))
