@@ -27,8 +27,9 @@ def _not_yet(name: str, issue: int) -> None:
 
 
 @main.command()
-@click.option("--model", "-m", required=True, type=click.Path(dir_okay=False), help="Text model GGUF.")
-@click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector GGUF.")
+@click.option("--model", "-m", required=True,
+              help="GGUF path, registry name (llava-1.5-7b[:q8_0]), hf:owner/repo/file.gguf, or demo.")
+@click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @handle_errors
@@ -43,8 +44,16 @@ def plan(model, mmproj, ctx, ngl, kv, image_tokens, n_images, free_memory, devic
     from .devices import probe
     from .planner import make_plan
 
+    import os
+
     pr = probe(device, list(free_memory), gpu_overhead)
-    p = make_plan(model, mmproj, pr, wishes_from(ctx, ngl, kv, image_tokens, n_images))
+    wishes = wishes_from(ctx, ngl, kv, image_tokens, n_images)
+    if os.path.isfile(model):
+        p = make_plan(model, mmproj, pr, wishes)  # local files
+    else:
+        from .models_cmd import plan_for_spec
+
+        p = plan_for_spec(model, mmproj, pr, wishes)  # names / hf: / demo: header-only if not pulled
     if as_json:
         click.echo(json.dumps(p.to_dict(), indent=2))
     else:
@@ -118,8 +127,10 @@ def render_plan(p, file=None) -> None:
 
 @main.command()
 @click.argument("prompt", required=False)
-@click.option("--model", "-m", required=True, type=click.Path(dir_okay=False), help="Text model GGUF.")
-@click.option("--mmproj", required=True, type=click.Path(dir_okay=False), help="Vision projector GGUF.")
+@click.option("--model", "-m",
+              help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
+                   "(default: the largest registry model that fits; $EDGEVLM_MODEL).")
+@click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
 @click.option("--image", "-i", "images", multiple=True, type=click.Path(dir_okay=False),
               help="Image for the first message (repeatable).")
 @click.option("--system", help="System prompt.")
@@ -156,7 +167,12 @@ def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, 
     Scripted:     printf '/image a.png\\nWhat is it?\\n' | edgevlm chat -m ... --mmproj ...
     """
     from .chat_cli import run_chat
+    from .models_cmd import model_paths
 
+    model, mmproj = model_paths(
+        model, mmproj, quiet=as_json,
+        probe_args=dict(device=device, free_memory=list(free_memory), gpu_overhead=gpu_overhead),
+        wishes=wishes_from(ctx, ngl, kv, image_tokens, n_images))
     code = run_chat(
         prompt=prompt, model=model, mmproj=mmproj, images=list(images), system=system,
         gen=dict(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -308,6 +324,11 @@ def _render_inspect(report: dict) -> None:
 from .caption_cmd import caption  # noqa: E402  (defined in its own module, registered here)
 
 main.add_command(caption)
+
+from .models_cmd import models, pull, rm  # noqa: E402
+
+for _cmd in (pull, models, rm):
+    main.add_command(_cmd)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -21,18 +21,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
-import json
 import os
 import shutil
-import sys
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from .errors import EdgeVLMError, InputError, ModelFileError
-from .gguf_info import GGUFFile, TensorInfo, _NeedMore, parse_header
+from .errors import EdgeVLMError, InputError
 from .registry import (
-    FileRef, RemoteFile, ResolvedModel, _is_mmproj_name, load_registry, pick_mmproj_file, resolve,
+    FileRef,
+    RemoteFile,
+    ResolvedModel,
+    _is_mmproj_name,
+    load_registry,
+    pick_mmproj_file,
+    resolve,
 )
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -130,6 +134,14 @@ def _cached_listing(repo: str, revision: str) -> list[str] | None:
 
 
 # --- errors -------------------------------------------------------------------------------
+
+def _short(exc: BaseException) -> str:
+    """An error's first line without the leading 'hf:owner/repo/file: ' label."""
+    text = _first_line(exc)
+    if text.startswith(("hf:", "/")) and ": " in text:
+        text = text.split(": ", 1)[1]
+    return text
+
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
@@ -316,20 +328,28 @@ def remove_cached_file(repo: str, pointer: str) -> int:
     """Delete one snapshot entry and its blob when nothing else points at it; bytes freed."""
     repo_dir = repo_cache_dir(repo).resolve()
     p = Path(pointer)
-    blob = p.resolve() if p.is_symlink() else None
+    # The snapshot entry links to blobs/<etag> (which may itself link into huggingface_hub's
+    # shared xet store: that one is the hub client's to collect, this repo's link is ours).
+    blob = _link_target(p) if p.is_symlink() else None
     freed = 0
     if p.is_symlink() or p.exists():
         if blob is None:
             freed += p.stat().st_size
         p.unlink()
-    if blob is not None and blob.exists() and repo_dir in blob.parents:
-        still_used = any(q.is_symlink() and q.resolve() == blob
+    if blob is not None and repo_dir in blob.parents and (blob.exists() or blob.is_symlink()):
+        still_used = any(q.is_symlink() and _link_target(q) == blob
                          for q in (repo_dir / "snapshots").rglob("*"))
         if not still_used:
-            freed += blob.stat().st_size
+            with contextlib.suppress(OSError):
+                freed += blob.stat().st_size
             blob.unlink()
     _prune(repo_dir)
     return freed
+
+
+def _link_target(link: Path) -> Path:
+    """Where a symlink points, one hop, as an absolute normalised path (parents resolved)."""
+    return Path(os.path.normpath(os.path.join(link.parent.resolve(), os.readlink(link))))
 
 
 def _prune(repo_dir: Path) -> None:
@@ -394,184 +414,6 @@ def pull(spec: str, mmproj: str | None = None, **kw: Any) -> PullResult:
     return ensure_local(r, **kw)
 
 
-# --- header-only reads --------------------------------------------------------------------
-
-def _header_cache_file(s: HubSettings, rf: RemoteFile) -> Path:
-    key = hashlib.sha256(f"{s.endpoint}\n{rf.repo}\n{rf.revision}\n{rf.file}".encode()).hexdigest()[:40]
-    return edgevlm_cache_dir() / "hub-headers" / f"{key}.json"
-
-
-def gguf_to_json(gf: GGUFFile) -> dict[str, Any]:
-    return {"file_size": gf.file_size, "metadata": gf.metadata, "array_lengths": gf.array_lengths,
-            "tensors": [[t.name, t.ggml_type, list(t.shape), t.n_elements, t.n_bytes, t.offset]
-                        for t in gf.tensors]}
-
-
-def gguf_from_json(d: dict[str, Any], path: str) -> GGUFFile:
-    tensors = tuple(TensorInfo(n, ty, tuple(sh), ne, nb, off) for n, ty, sh, ne, nb, off in d["tensors"])
-    return GGUFFile(path, int(d["file_size"]), dict(d["metadata"]), dict(d["array_lengths"]), tensors)
-
-
-def _load_header_cache(p: Path, label: str) -> tuple[dict[str, Any], GGUFFile] | None:
-    try:
-        with open(p, encoding="utf-8") as fh:
-            d = json.load(fh)
-        if d.get("version") != HEADER_CACHE_VERSION:
-            return None
-        return d, gguf_from_json(d["gguf"], label)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _save_header_cache(p: Path, record: dict[str, Any]) -> None:
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(record, fh)
-    os.replace(tmp, p)
-
-
-@dataclass(frozen=True)
-class HeaderRead:
-    gguf: GGUFFile
-    source: str  # "local" | "cache" | "remote"
-    bytes_fetched: int = 0
-    etag: str | None = None
-    commit: str | None = None
-
-
-def read_remote_header(rf: RemoteFile, *, first_chunk: int = HEADER_FIRST_CHUNK) -> GGUFFile:
-    """The GGUF header of a hub file, from a few range requests or the on-disk header cache."""
-    return fetch_header(rf, first_chunk=first_chunk).gguf
-
-
-def fetch_header(rf: RemoteFile, *, first_chunk: int = HEADER_FIRST_CHUNK) -> HeaderRead:
-    s = settings()
-    label = rf.spec
-    cache_file = _header_cache_file(s, rf)
-    cached = _load_header_cache(cache_file, label)
-    if s.offline:
-        if cached is None:
-            raise DownloadError(f"{label}: header not cached and offline mode is on (HF_HUB_OFFLINE); "
-                                f"plan it once online, or pull it")
-        return HeaderRead(cached[1], "cache", 0, cached[0].get("etag"), cached[0].get("commit"))
-    hf = _hf()
-    url = hf.hf_hub_url(rf.repo, rf.file, revision=rf.revision, endpoint=s.endpoint)
-    try:
-        meta = hf.get_hf_file_metadata(url, endpoint=s.endpoint)
-    except Exception as exc:  # noqa: BLE001
-        if cached is not None and _is_transport_error(exc):
-            return HeaderRead(cached[1], "cache", 0, cached[0].get("etag"), cached[0].get("commit"))
-        raise _map_error(exc, label, s) from None
-    if cached is not None and meta.etag and cached[0].get("etag") == meta.etag:
-        return HeaderRead(cached[1], "cache", 0, meta.etag, meta.commit_hash)
-    headers = _hf_utils().build_hf_headers()
-    if _origin(meta.location) != _origin(url):
-        headers.pop("authorization", None)  # a signed CDN url: the token stays on the hub
-        headers.pop("Authorization", None)
-    try:
-        gf, fetched = _range_read_header(meta.location or url, meta.size, label, headers, first_chunk)
-    except EdgeVLMError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise _map_error(exc, label, s) from None
-    _save_header_cache(cache_file, {
-        "version": HEADER_CACHE_VERSION, "endpoint": s.endpoint, "repo": rf.repo, "file": rf.file,
-        "revision": rf.revision, "etag": meta.etag, "commit": meta.commit_hash, "bytes_fetched": fetched,
-        "gguf": gguf_to_json(gf),
-    })
-    return HeaderRead(gf, "remote", fetched, meta.etag, meta.commit_hash)
-
-
-def _origin(url: str | None) -> tuple[str, str, int | None]:
-    from urllib.parse import urlsplit
-
-    u = urlsplit(url or "")
-    return u.scheme, (u.hostname or "").lower(), u.port
-
-
-def _get_range(url: str, start: int, end: int, headers: dict[str, str]) -> tuple[bytes, int | None]:
-    """Bytes [start, end] of url, and the file's total size when the server says it."""
-    utils = _hf_utils()
-    session = utils.get_session()
-    h = dict(headers, Range=f"bytes={start}-{end}")
-    h["Accept-Encoding"] = "identity"
-    with session.stream("GET", url, headers=h, follow_redirects=True) as r:
-        if r.status_code == 416:  # start is past the end
-            return b"", None
-        if r.status_code >= 400:
-            r.read()
-            utils.hf_raise_for_status(r)
-        if r.status_code == 206:
-            data = r.read()
-            total = None
-            cr = r.headers.get("Content-Range", "")
-            if "/" in cr and cr.rsplit("/", 1)[1].strip().isdigit():
-                total = int(cr.rsplit("/", 1)[1])
-            return bytes(data[: end - start + 1]), total
-        # 200: the server ignored Range. Read only as far as needed, then drop the connection.
-        buf = bytearray()
-        for chunk in r.iter_bytes():
-            buf += chunk
-            if len(buf) > end:
-                break
-        cl = r.headers.get("Content-Length")
-        return bytes(buf[start:end + 1]), int(cl) if cl and cl.isdigit() else None
-
-
-def _range_read_header(url: str, size: int | None, label: str, headers: dict[str, str],
-                       first_chunk: int) -> tuple[GGUFFile, int]:
-    buf = bytearray()
-    total = size
-    want = max(first_chunk, 64)
-    while True:
-        if total is not None:
-            want = min(want, total)
-        if len(buf) < want:
-            data, t = _get_range(url, len(buf), want - 1, headers)
-            total = total if total is not None else t
-            if not data:
-                raise ModelFileError(f"{label}: the server sent no bytes for range {len(buf)}-{want - 1}")
-            buf += data
-        if total is None:
-            raise DownloadError(f"{label}: the server does not say how large the file is")
-        try:
-            return parse_header(bytes(buf), label, total), len(buf)
-        except _NeedMore:
-            if len(buf) >= HEADER_MAX_BYTES:
-                raise ModelFileError(f"{label}: GGUF header larger than {HEADER_MAX_BYTES // 2**20} MiB") from None
-            want = len(buf) * 4
-
-
-# --- planning -----------------------------------------------------------------------------
-
-def gguf_for(ref: FileRef, *, fetch: bool = True) -> GGUFFile:
-    """The header of a file: local when it is on disk, else cached or fetched from the hub."""
-    from .gguf_info import read_gguf
-
-    if ref.local is not None:
-        return read_gguf(ref.local)
-    assert ref.remote is not None
-    if not fetch:
-        cached = _load_header_cache(_header_cache_file(settings(), ref.remote), ref.remote.spec)
-        if cached is None:
-            raise DownloadError(f"{ref.remote.spec}: header not read yet")
-        return cached[1]
-    return read_remote_header(ref.remote)
-
-
-def plan_resolved(r: ResolvedModel, probe, wishes=None, *, fetch: bool = True):
-    """A Plan for a resolved model: from local files, or from remote headers (same Planner)."""
-    from .planner import Planner, Wishes
-
-    text = gguf_for(r.model, fetch=fetch)
-    proj = gguf_for(r.mmproj, fetch=fetch) if r.mmproj is not None else None
-    return Planner(text, proj, probe, wishes or Wishes()).plan()
-
-
-def plan_remote(spec: str, probe, wishes=None, mmproj: str | None = None):
-    """``edgevlm plan --model NAME``: plan from the headers alone (nothing is downloaded)."""
-    return plan_resolved(resolve(spec, mmproj, need_mmproj=False), probe, wishes)
 
 
 # --- listing models -----------------------------------------------------------------------
@@ -622,15 +464,15 @@ def _row_for(r: ResolvedModel, title: str, license: str, params: str, probe, wis
             else:
                 size += (f.remote.size or 0) if f.remote else 0
                 exact = False
-    fits, verdict = None, "? (run 'edgevlm models --check' or 'edgevlm plan --model NAME')"
+    fits, verdict = None, "? not planned yet"
     try:
         plan = plan_resolved(r, probe, wishes, fetch=check)
         fits, verdict = _fit_verdict(plan)
     except DownloadError as exc:
         if check:
-            verdict = f"? ({_first_line(exc)})"
-    except (EdgeVLMError, NotImplementedError) as exc:
-        verdict = f"? ({_first_line(exc)})"
+            verdict = f"? {_short(exc)}"
+    except Exception as exc:  # noqa: BLE001 - a listing must not die on one odd model
+        verdict = f"? {_short(exc)}"
     return ModelRow(
         name=r.name, title=title, repo=r.model.remote.repo if r.model.remote else "",
         files=[f.name for f in refs], size=size, size_exact=exact,
@@ -761,11 +603,11 @@ def choose_model(probe, wishes=None, *, fetch: bool = True) -> tuple[ResolvedMod
         r = resolve(e.name, registry=reg)
         try:
             plan = plan_resolved(r, probe, wishes, fetch=fetch and not settings().offline)
-        except (EdgeVLMError, NotImplementedError) as exc:
+        except Exception as exc:  # noqa: BLE001 - try the next one
             tried.append(f"{e.name}: {_first_line(exc)}")
             continue
         if plan.fits:
-            ok, verdict = _fit_verdict(plan)
+            _, verdict = _fit_verdict(plan)
             size = e.approx_size() / 2**30
             return r, (f"no --model given: {e.name} ({size:.1f} GiB) is the largest registry model "
                        f"that fits this machine by the plan ({verdict.removeprefix('yes · ')}); "
@@ -782,3 +624,18 @@ __all__ = [
     "plan_remote", "list_models", "remove", "choose_model", "ModelRow", "PullResult",
     "DownloadResult", "gguf_to_json", "gguf_from_json", "hash_file", "expected_digest",
 ]
+
+
+# Header-only reads and planning live in hub_remote (imported last: it uses this module).
+from .hub_remote import (  # noqa: E402, F401  (re-exported)
+    _header_cache_file,
+    gguf_to_json,
+    gguf_from_json,
+    _load_header_cache,
+    HeaderRead,
+    read_remote_header,
+    fetch_header,
+    gguf_for,
+    plan_resolved,
+    plan_remote,
+)

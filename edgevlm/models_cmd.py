@@ -64,6 +64,8 @@ def model_paths(model: str | None, mmproj: str | None, *, probe_args: dict | Non
     if model is not None and mmproj is not None and os.path.isfile(model):
         return model, mmproj  # two local files: exactly what the command did before
     if model is None:
+        if mmproj is not None:
+            raise CLIError("--mmproj needs --model", 2)
         from .devices import probe
         from .hub import choose_model
 
@@ -96,8 +98,8 @@ def pull(name, mmproj, verify, quiet) -> None:
 
     NAME is a registry name (see 'edgevlm models'), NAME:QUANT, or hf:owner/repo/file.gguf.
     Uses huggingface_hub: its cache (HF_HOME), tokens (HF_TOKEN), HF_ENDPOINT and
-    HF_HUB_OFFLINE; an interrupted transfer resumes with a range request. Each new file is
-    checked against the hub's sha256; a mismatch deletes it and exits 1.
+    HF_HUB_OFFLINE; a connection dropped mid-file is resumed with a range request. Each new
+    file is checked against the hub's sha256; a mismatch deletes it and exits 1.
 
     \b
     edgevlm pull llava-1.5-7b
@@ -130,6 +132,8 @@ def pull(name, mmproj, verify, quiet) -> None:
         if d.verified is not None:
             state += f", {d.verified.algo} ok"
         click.echo(f"{role:<6}  {os.path.basename(d.path):<44} {_size(d.size):>11}  {state}")
+    if r.entry is not None and r.entry.notes:
+        click.echo(f"note: {r.entry.notes}")
     click.echo(f"ready: edgevlm chat --model {name} --image photo.jpg \"Describe this image\"")
 
 
@@ -160,6 +164,7 @@ def models(check, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console(highlight=False, soft_wrap=True)
     t = Table(box=None, title_justify="left", pad_edge=False)
@@ -167,11 +172,14 @@ def models(check, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu
         t.add_column(col, justify="right" if col == "SIZE" else "left", no_wrap=col != "FITS THIS MACHINE")
     for r in rows:
         fit_style = {True: "green", False: "red", None: "dim"}[r.fits]
-        t.add_row(r.name, r.params, _size(r.size, r.size_exact), r.local, f"[{fit_style}]{r.fit}[/]", r.license)
+        t.add_row(r.name, r.params, _size(r.size, r.size_exact), r.local, Text(r.fit, style=fit_style), r.license)
     console.print(t)
     devs = " + ".join(f"{d.name} {_size(d.free_bytes)} free" for d in pr.devices)
-    console.print(f"[dim]planned for {devs} · ~ = approximate size (registry) · "
-                  f"registry {registry_path()} · hub cache {settings().cache_dir}[/]")
+    console.print(f"planned for {devs}; ~ = approximate size from the registry", style="dim", markup=False)
+    if any(r.fits is None and r.fit == "? not planned yet" for r in rows):
+        console.print("? = GGUF header not read yet: 'edgevlm models --check' reads them (a few MB "
+                      "each), or 'edgevlm plan --model NAME'", style="dim", markup=False)
+    console.print(f"registry {registry_path()} · hub cache {settings().cache_dir}", style="dim", markup=False)
 
 
 # --- rm --------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ The registry data is ``models/registry.json`` in a source checkout; the wheel sh
 copy as ``edgevlm/data/registry.json`` (package data). ``EDGEVLM_REGISTRY=/path/file.json``
 replaces both (a private registry, or the tests' one).
 
-Resolution never touches the network: a remote file is described (repo, file, revision) and,
-when the Hugging Face cache already holds it, its local path is filled in. ``edgevlm.hub`` does
+Resolution downloads nothing: a remote file is described (repo, file, revision) and, when the
+Hugging Face cache already holds it, its local path is filled in (only ``hf:`` specs ask the hub
+for the repo's file list). ``edgevlm.hub`` does
 the downloading and the header-only reads.
 """
 
@@ -41,7 +42,7 @@ DEMO_NOTE = ("demo: a generated tiny {family} pair with RANDOM weights: the answ
              "use a registry name (edgevlm models) for a real model.")
 # Preference among several projectors of one model: full precision first.
 _MMPROJ_PREFERENCE = ("f16", "bf16", "f32", "q8_0")
-_QUANT_RE = re.compile(r"(?<![a-z0-9])(i?q\d[a-z0-9_]*|bf16|f16|f32)(?![a-z0-9])", re.I)
+_QUANT_RE = re.compile(r"(?<![a-z0-9])(i?q\d[a-z0-9_]*|bf16|f16|f32)(?![a-z0-9])", re.IGNORECASE)
 
 
 # --- the registry ----------------------------------------------------------------------------
@@ -297,10 +298,14 @@ def _looks_like_path(spec: str) -> bool:
 
 def resolve(spec: str, mmproj: str | None = None, *, need_mmproj: bool = True,
             registry: Registry | None = None) -> ResolvedModel:
-    """Turn a ``--model`` spec (and an optional ``--mmproj`` spec) into files; no network.
+    """Turn a ``--model`` spec (and an optional ``--mmproj`` spec) into files.
+
+    Registry names, paths and ``demo`` need no network; an ``hf:`` spec lists the repo's files
+    (to find its projector or its file of a quantisation), from the local cache when offline.
 
     ``need_mmproj=False`` (``plan``) lets a local model go without a projector when none is
-    next to it. Raises InputError / ModelFileError with one clear line.
+    next to it (one that is found is still used). Raises InputError / ModelFileError with one
+    clear line.
     """
     spec = spec.strip()
     if not spec:
@@ -308,7 +313,7 @@ def resolve(spec: str, mmproj: str | None = None, *, need_mmproj: bool = True,
     if spec.startswith("hf:"):
         r = _resolve_hf(spec)
     elif os.path.isfile(os.path.expanduser(spec)) or _looks_like_path(spec):
-        r = _resolve_local(spec, mmproj is None and need_mmproj, need_mmproj)
+        r = _resolve_local(spec, mmproj is None, need_mmproj)
     elif spec == "demo" or spec.startswith("demo:"):
         r = _resolve_demo(spec)
     else:
@@ -344,9 +349,8 @@ def _resolve_entry(spec: str, entry: RegistryEntry, quant: str) -> ResolvedModel
     model = RemoteFile(f.repo or entry.repo, f.file, entry.revision, f.size, f.sha256)
     m = entry.mmproj
     proj = RemoteFile(m.repo or entry.repo, m.file, entry.revision, m.size, m.sha256)
-    notes = (entry.notes,) if entry.notes else ()
     return ResolvedModel(spec, "registry", f"{entry.name}:{quant}", _cached_ref(model), _cached_ref(proj),
-                         entry, quant, notes)
+                         entry, quant)
 
 
 def _parse_hf(spec: str) -> tuple[str, str, str | None, str | None]:

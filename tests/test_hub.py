@@ -87,6 +87,17 @@ def cli(*args: str, extra_env: dict | None = None, timeout: float = 120) -> subp
                           timeout=timeout, env=e)
 
 
+def run_here(*args: str):
+    """The same commands in this process (click's runner): for the cheap checks."""
+    from click.testing import CliRunner
+
+    from edgevlm.cli import main
+    from edgevlm.models_cmd import group
+
+    res = CliRunner().invoke(main if "pull" in main.commands else group, list(args))
+    return subprocess.CompletedProcess(args, res.exit_code, res.stdout, res.stderr)
+
+
 def assert_one_line_error(r: subprocess.CompletedProcess, code: int, *needles: str) -> None:
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
@@ -170,7 +181,7 @@ def test_unknown_name_suggests_close_names(env):
         resolve("llava-tiyn")
     r = cli("pull", "qwen-tinny")
     assert_one_line_error(r, 2, "'qwen-tinny'", "did you mean qwen-tiny")
-    r = cli("plan", "--model", "lava-tiny")
+    r = run_here("plan", "--model", "lava-tiny")
     assert_one_line_error(r, 2, "did you mean llava-tiny")
 
 
@@ -276,10 +287,19 @@ def test_corrupt_download_is_deleted_with_a_clear_error(env, hub):
     assert resolve("llava-tiny").model.local is None
 
 
+def test_small_git_files_are_checked_by_blob_sha1(env, hub):
+    from edgevlm.hub import download
+    from edgevlm.registry import RemoteFile
+
+    res = download(RemoteFile(LLAVA_REPO, "README.md"), progress=False)
+    assert res.downloaded and res.verified.algo == "git-sha1"
+    assert Path(res.path).read_bytes() == b"# tiny llava\n"
+
+
 def test_pull_unknown_file_and_repo_errors(env):
     r = cli("pull", f"hf:{LLAVA_REPO}/nope.gguf", "--mmproj", f"hf:{LLAVA_REPO}/{LLAVA_PROJ}")
     assert_one_line_error(r, 2, "nope.gguf", "no such file")
-    r = cli("pull", "hf:nobody/nothing-GGUF/x.gguf", "--mmproj", "hf:nobody/nothing-GGUF/m.gguf")
+    r = run_here("pull", "hf:nobody/nothing-GGUF/x.gguf", "--mmproj", "hf:nobody/nothing-GGUF/m.gguf")
     assert_one_line_error(r, 2, "no such repository")
 
 
@@ -289,7 +309,13 @@ def test_pull_unknown_file_and_repo_errors(env):
 def test_header_only_plan_equals_full_file_plan(env, hub, pairs, name, family):
     from edgevlm.devices import probe
     from edgevlm.gguf_info import read_gguf
-    from edgevlm.hub import fetch_header, gguf_from_json, gguf_to_json, plan_resolved, pull
+    from edgevlm.hub import (
+        fetch_header,
+        gguf_from_json,
+        gguf_to_json,
+        plan_resolved,
+        pull,
+    )
     from edgevlm.planner import Wishes, make_plan
     from edgevlm.registry import resolve
 
@@ -411,7 +437,7 @@ def test_models_lists_registry_and_cache(env, hub):
     assert rows["llava-tiny"]["size"] == 339136 + 339776 and rows["llava-tiny"]["size_exact"]
     assert rows["qwen-tiny"]["local"] == "no" and rows["qwen-tiny"]["fits"] is None  # header not read
     assert f"hf:{OTHER_REPO}/other-Q4_0.gguf" in rows
-    r = cli("models", "--check")
+    r = run_here("models", "--check")
     assert r.returncode == 0 and "qwen-tiny" in r.stdout and "yes" in r.stdout
 
 
@@ -421,12 +447,12 @@ def test_rm_removes_files_and_keeps_shared_projector(env, hub):
 
     pull("llava-tiny", progress=False)
     pull("llava-tiny:q8_0", progress=False)
-    r = cli("rm", "llava-tiny:q8_0")
+    r = run_here("rm", "llava-tiny:q8_0")
     assert r.returncode == 0, r.stderr
     assert LLAVA_Q8 in r.stdout and LLAVA_PROJ not in r.stdout  # q4_0 still needs the projector
     assert resolve("llava-tiny").is_local and resolve("llava-tiny:q8_0").model.local is None
     r = cli("rm", "llava-tiny")
     assert r.returncode == 0 and LLAVA_Q4 in r.stdout and LLAVA_PROJ in r.stdout
     assert not (env / "hf" / "hub" / ("models--" + LLAVA_REPO.replace("/", "--"))).exists()
-    assert_one_line_error(cli("rm", "llava-tiny"), 2, "not downloaded")
-    assert_one_line_error(cli("rm", "lava-tiny"), 2, "did you mean llava-tiny")
+    assert_one_line_error(run_here("rm", "llava-tiny"), 2, "not downloaded")
+    assert_one_line_error(run_here("rm", "lava-tiny"), 2, "did you mean llava-tiny")

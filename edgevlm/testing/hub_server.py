@@ -124,7 +124,7 @@ class FakeHub:
     def cdn(self) -> str:
         return f"http://localhost:{self.port}"
 
-    def start(self, port: int = 0) -> "FakeHub":
+    def start(self, port: int = 0) -> FakeHub:
         hub = self
 
         class Handler(_Handler):
@@ -143,7 +143,7 @@ class FakeHub:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         return self.start() if self._server is None else self
 
     def __exit__(self, *exc) -> None:
@@ -218,8 +218,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     @staticmethod
     def _entry(path: str, f: _File) -> dict:
-        return {"type": "file", "path": path, "size": f.size, "oid": f.git_sha1,
-                "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": 134}}
+        d = {"type": "file", "path": path, "size": f.size, "oid": f.git_sha1}
+        if _is_lfs(path):
+            d["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
+        return d
 
     def _api(self, repo: str, rest: list[str]) -> None:
         rev = "main"
@@ -231,10 +233,13 @@ class _Handler(BaseHTTPRequestHandler):
         if r is None:
             return
         if not rest:
-            return self._json({"id": repo, "modelId": repo, "sha": r.commit, "private": False,
-                               "siblings": [{"rfilename": p, "size": f.size, "blobId": f.git_sha1,
-                                             "lfs": {"sha256": f.sha256, "size": f.size, "pointerSize": 134}}
-                                            for p, f in sorted(r.files.items())]})
+            sib = []
+            for p, f in sorted(r.files.items()):
+                e = {"rfilename": p, "size": f.size, "blobId": f.git_sha1}
+                if _is_lfs(p):
+                    e["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": 134}
+                sib.append(e)
+            return self._json({"id": repo, "modelId": repo, "sha": r.commit, "private": False, "siblings": sib})
         if rest[0] == "tree":
             prefix = "/".join(rest[2:])
             return self._json([self._entry(p, f) for p, f in sorted(r.files.items())
@@ -257,9 +262,12 @@ class _Handler(BaseHTTPRequestHandler):
         if f is None:
             return self._error(404, "EntryNotFound", f"{file} does not exist on {rev}",
                                {"X-Repo-Commit": r.commit})
-        meta = {"X-Repo-Commit": r.commit, "X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(f.size),
-                "ETag": f'"{f.sha256}"', "Accept-Ranges": "bytes"}
-        if self.hub.redirect and file.endswith(".gguf"):
+        if _is_lfs(file):  # LFS: the etag is the content's sha256, announced on the redirect
+            meta = {"X-Repo-Commit": r.commit, "X-Linked-Etag": f'"{f.sha256}"',
+                    "X-Linked-Size": str(f.size), "ETag": f'"{f.sha256}"', "Accept-Ranges": "bytes"}
+        else:  # a file stored in git: its etag is the git blob sha1, served in place
+            meta = {"X-Repo-Commit": r.commit, "ETag": f'"{f.git_sha1}"', "Accept-Ranges": "bytes"}
+        if self.hub.redirect and _is_lfs(file):
             loc = f"{self.hub.cdn}/cdn/{quote(repo)}/{f.sha256}"
             return self._send(302, b"", {**meta, "Location": loc})
         self._content(repo, file, f, meta)
@@ -269,7 +277,11 @@ class _Handler(BaseHTTPRequestHandler):
         hit = next(((p, f) for p, f in (r.files.items() if r else ()) if f.sha256 == sha), None)
         if hit is None:
             return self._send(404, b"no such object", ctype="text/plain")
-        self._content(repo, hit[0], hit[1], {"ETag": f'"{sha}"', "Accept-Ranges": "bytes"})
+        name = os.path.basename(hit[0])
+        self._content(repo, hit[0], hit[1], {
+            "ETag": f'"{sha}"', "Accept-Ranges": "bytes",
+            # as the hub's CDN does: the client shows this name on its progress bar
+            "Content-Disposition": f"inline; filename*=UTF-8''{quote(name)}; filename=\"{name}\";"})
 
     def _content(self, repo: str, file: str, f: _File, meta: dict[str, str]) -> None:
         start, end, code = 0, f.size - 1, 200
@@ -316,6 +328,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+def _is_lfs(path: str) -> bool:
+    """Which files the fake repo stores in LFS (as the hub does for large binaries)."""
+    return path.endswith((".gguf", ".bin", ".safetensors"))
+
+
 # --- generated pairs under registry names --------------------------------------------------
 
 def serve_registry_names(hub: FakeHub, names: list[str] | None = None, preset: str = "tiny",
@@ -325,8 +342,8 @@ def serve_registry_names(hub: FakeHub, names: list[str] | None = None, preset: s
     Only families edgevlm can generate are served (LLaVA-1.5/1.6, Qwen2.5-VL); returns
     {name: (repo, model file, mmproj file)}.
     """
-    from . import cached_model_pair
     from ..registry import load_registry
+    from . import cached_model_pair
 
     reg = registry or load_registry()
     family_of = {"llava-1.5-7b": "llava15", "llava-1.6-mistral-7b": "llava16",
@@ -352,9 +369,10 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - manual us
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--preset", default="tiny", choices=["tiny", "real"])
     ap.add_argument("--no-redirect", action="store_true")
+    ap.add_argument("names", nargs="*", help="registry names to serve (default: all it can generate)")
     args = ap.parse_args(argv)
     hub = FakeHub(redirect=not args.no_redirect)
-    served = serve_registry_names(hub, preset=args.preset)
+    served = serve_registry_names(hub, args.names or None, preset=args.preset)
     hub.start(args.port)
     print(f"serving {', '.join(served)} (generated {args.preset} pairs, random weights)")
     print(f"export HF_ENDPOINT={hub.endpoint}")
