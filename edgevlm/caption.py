@@ -67,13 +67,16 @@ class CaptionSettings:
     def validate(self) -> None:
         check_template(self.prompt)
 
-    def digest(self, model_id: str) -> str:
+    def digest(self, model_id: str, output: str = "log") -> str:
+        """``output``: where captions go (a txt run after a jsonl run must write its sidecars)."""
         d = asdict(self)
         d.pop("max_file_bytes")
         if self.temperature <= 0:  # greedy: sampling knobs do not change the caption
             for k in ("top_k", "top_p", "min_p", "seed"):
                 d.pop(k)
         d["model"] = model_id
+        if output != "log":
+            d["output"] = output
         return hashlib.sha256(repr(sorted(d.items())).encode()).hexdigest()[:12]
 
     def gen(self) -> dict[str, Any]:
@@ -237,7 +240,8 @@ class Preparer:
                 p.status, p.reason, p.previous = "skip", "done", prev.data
                 return p
             self.index.supersede(prev)  # the file changed: its old record goes at the end
-        p.existing = self.out.existing(item)
+        if self.out.kind != "plain" or "{existing}" in s.prompt:
+            p.existing = self.out.existing(item)
         img = load_image(data, s.max_pixels, name=item.path)
         p.width, p.height = img.width, img.height
         p.notes = list(img.notes)
@@ -406,8 +410,8 @@ class Captioner:
         t0 = time.perf_counter()
         prompt = render_prompt(self.settings.prompt, p.item, p.existing)
         eng = self.engine
-        if eng is None:
-            raise RuntimeError("Captioner without an engine met an image to caption")
+        if eng is None:  # the file changed after the run decided no model was needed
+            return self._failed(p, prompt, "runtime", "changed while the run started; run again")
         # Keep the KV prefix (system prompt, turn header) unless the old conversation would
         # crowd the new image out of the context the guard sees.
         eng.reset(keep_cache=eng.n_ctx_used + p.planned_tokens + 64 <= eng.n_ctx)
@@ -460,6 +464,7 @@ def caption_images(engine: Any, inputs: Iterable[str | InputItem],
 
     ``fields`` override ``settings`` (``caption_images(vlm, paths, max_tokens=32)``)."""
     settings = replace(settings or CaptionSettings(), **fields)
+    inputs = list(inputs)
     items = [i for i in inputs if isinstance(i, InputItem)]
     names = [os.fspath(i) for i in inputs if not isinstance(i, InputItem)]
     if names:

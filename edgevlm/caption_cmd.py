@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .cli_types import CLIError, Size, Tiles, handle_errors, plan_options
+from .cli_types import CLIError, Size, Tiles, handle_errors, plan_options, wishes_from
 
 EXIT_CODES = """\b
 Exit codes: 0 every image has a caption · 4 some images failed (their records have "error") ·
@@ -22,8 +22,10 @@ the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to cont
 
 @click.command(epilog=EXIT_CODES)
 @click.argument("inputs", nargs=-1)
-@click.option("--model", "-m", required=True, type=click.Path(dir_okay=False), help="Text model GGUF.")
-@click.option("--mmproj", required=True, type=click.Path(dir_okay=False), help="Vision projector GGUF.")
+@click.option("--model", "-m",
+              help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
+                   "(default: the largest registry model that fits; $EDGEVLM_MODEL).")
+@click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
 @click.option("--recursive", "-r", is_flag=True, help="Enter subdirectories.")
 @click.option("--from-list", "from_list", metavar="FILE", help="Read input paths from FILE (- = stdin).")
 @click.option("--null", "-0", is_flag=True, help="The list is NUL-separated (find -print0).")
@@ -116,7 +118,14 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
             hints.append(f"{found.dirs_not_entered} folder(s) not entered (use --recursive)")
         raise CLIError("no images found" + (f": {'; '.join(hints)}" if hints else ""), 2)
 
-    job = CaptionJob(found.items, settings, model=model, mmproj=mmproj, out=out, fmt=fmt,
+    if not dry_run:  # a dry run downloads nothing
+        from .models_cmd import model_paths
+
+        model, mmproj = model_paths(
+            model, mmproj, quiet=quiet,
+            probe_args=dict(device=device, free_memory=list(free_memory), gpu_overhead=gpu_overhead),
+            wishes=wishes_from(ctx, ngl, kv, image_tokens, n_images))
+    job = CaptionJob(found.items, settings, model=model or "(auto)", mmproj=mmproj, out=out, fmt=fmt,
                      existing=existing, separator=separator, root=root or found.root,
                      sidecar_ext=sidecar_ext,
                      retry_errors=retry_errors)
@@ -236,7 +245,9 @@ class ProgressView:
         if self.mode == "json":
             return  # carried by the image event
         if self.bar is not None:
-            self.bar.console.print(msg, markup=False, highlight=False, style="red")
+            from rich.text import Text
+
+            self.bar.console.print(Text(msg, style="red"))  # a style= would colour the bar too
         else:
             print(msg, file=sys.stderr, flush=True)
 

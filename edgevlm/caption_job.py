@@ -125,7 +125,7 @@ class CaptionJob:
         self.fmt = fmt
         self.out = out or ("captions.csv" if fmt == "csv" else "captions.jsonl")
         self.model_name, ident = model_identity(model, mmproj)
-        self.digest = settings.digest(ident)
+        self.digest = settings.digest(ident, fmt if fmt in ("txt", "metadata") else "log")
         if fmt == "txt":
             self.deliverable: Plain = Sidecars(existing, separator, sidecar_ext)
         elif fmt == "metadata":

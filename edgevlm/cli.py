@@ -11,8 +11,16 @@ import sys
 
 import click
 
-from .cli_types import (  # noqa: F401  (shared with caption_cmd; importable from here too)
-    AutoInt, CLIError, ImageSize, Size, Tiles, handle_errors, plan_options, wishes_from,
+# Shared with caption_cmd (no import cycle through this module); importable from here too.
+from .cli_types import (  # noqa: F401
+    AutoInt,
+    CLIError,
+    ImageSize,
+    Size,
+    Tiles,
+    handle_errors,
+    plan_options,
+    wishes_from,
 )
 
 

@@ -396,3 +396,26 @@ def test_caption_images_python_api(model_pair, folder):
     assert recs[0].prompt == "Describe a." and recs[1].stats["cached_n"] > 0
     proj = edgevlm.load_projector(pair.mmproj)
     assert recs[0].image_tokens == edgevlm.image_tokens(proj, 64, 48).n_tokens  # as mtmd counts
+
+
+def test_changed_or_retried_images_keep_one_record_each(model_pair, tmp_path):
+    pair = model_pair("llava15")
+    d = tmp_path / "ds"
+    d.mkdir()
+    picture(d / "a.png", 1)
+    (d / "b.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)  # broken
+    (d / "c.jpg").write_text("text")
+    out = tmp_path / "c.jsonl"
+    listed = run_cli(*cap_args(pair, str(d), "--out", str(out), "--dry-run"))
+    assert listed.returncode == 0 and listed.stdout.split() == [str(d / n) for n in ("a.png", "b.png", "c.jpg")]
+    assert not out.exists()
+    assert run_cli(*cap_args(pair, str(d), "--out", str(out))).returncode == 4
+    picture(d / "b.png", 2)  # fixed: new bytes, so captioned again; its error record goes
+    r = run_cli(*cap_args(pair, str(d), "--out", str(out)))
+    assert r.returncode == 4 and "captioned 1" in summary_line(r.stderr)
+    recs = records(out)
+    assert sorted(Path(x["path"]).name for x in recs) == ["a.png", "b.png", "c.jpg"]
+    assert [x["error"] is None for x in recs if x["path"].endswith("b.png")] == [True]
+    r = run_cli(*cap_args(pair, str(d), "--out", str(out), "--retry-errors"))
+    assert r.returncode == 4 and "retried 1 image" in r.stderr
+    assert sorted(Path(x["path"]).name for x in records(out)) == ["a.png", "b.png", "c.jpg"]
