@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .cli_types import CLIError, Size, Tiles, handle_errors, plan_options, wishes_from
+from .cli_types import CLIError, Size, Tiles, handle_errors, plan_options, sampling_options, wishes_from
 
 EXIT_CODES = """\b
 Exit codes: 0 every image has a caption · 4 some images failed (their records have "error") ·
@@ -47,13 +47,7 @@ the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to cont
 @click.option("--prefix", default="", help="Text put before every caption (trigger words).")
 @click.option("--suffix", default="", help="Text put after every caption.")
 @click.option("--clean", is_flag=True, help='Strip preambles ("The image shows ..."), quotes, line breaks.')
-@click.option("--max-tokens", "-n", default=128, show_default=True, type=click.IntRange(1))
-@click.option("--temp", default=0.0, show_default=True, type=click.FloatRange(0), help="0 = greedy.")
-@click.option("--top-k", default=40, show_default=True, type=click.IntRange(0))
-@click.option("--top-p", default=0.95, show_default=True, type=click.FloatRange(0, 1))
-@click.option("--min-p", default=0.05, show_default=True, type=click.FloatRange(0, 1))
-@click.option("--seed", type=int, help="Seed for sampling (with --temp > 0).")
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@sampling_options(max_tokens=128, temp=0.0)
 @click.option("--tiles", type=Tiles(), default="auto", show_default=True,
               help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
 @plan_options

@@ -20,6 +20,7 @@ from .cli_types import (  # noqa: F401
     Tiles,
     handle_errors,
     plan_options,
+    sampling_options,
     wishes_from,
 )
 
@@ -142,13 +143,7 @@ def render_plan(p, file=None) -> None:
 @click.option("--image", "-i", "images", multiple=True, type=click.Path(dir_okay=False),
               help="Image for the first message (repeatable).")
 @click.option("--system", help="System prompt.")
-@click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(1))
-@click.option("--temp", default=0.2, show_default=True, type=click.FloatRange(0), help="0 = greedy.")
-@click.option("--top-k", default=40, show_default=True, type=click.IntRange(0))
-@click.option("--top-p", default=0.95, show_default=True, type=click.FloatRange(0, 1))
-@click.option("--min-p", default=0.05, show_default=True, type=click.FloatRange(0, 1))
-@click.option("--seed", type=int, help="Seed for sampling (reproducible with --temp > 0).")
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@sampling_options(max_tokens=512, temp=0.2)
 @click.option("--tiles", type=Tiles(), default="auto", show_default=True,
               help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
 @click.option("--evict", type=click.Choice(["summary", "off"]), default="summary", show_default=True,

@@ -127,3 +127,20 @@ def wishes_from(ctx, ngl, kv, image_tokens, n_images):
 
     return Wishes(n_ctx=ctx, image_tokens=image_tokens, images=n_images, kv=kv,
                   n_gpu_layers=ngl)
+
+
+def sampling_options(max_tokens: int, temp: float):
+    """-n/--max-tokens, --temp, --top-k, --top-p, --min-p, --seed, --stop with per-command defaults."""
+    def deco(fn):
+        for opt in reversed([
+            click.option("--max-tokens", "-n", default=max_tokens, show_default=True, type=click.IntRange(1)),
+            click.option("--temp", default=temp, show_default=True, type=click.FloatRange(0), help="0 = greedy."),
+            click.option("--top-k", default=40, show_default=True, type=click.IntRange(0)),
+            click.option("--top-p", default=0.95, show_default=True, type=click.FloatRange(0, 1)),
+            click.option("--min-p", default=0.05, show_default=True, type=click.FloatRange(0, 1)),
+            click.option("--seed", type=int, help="Seed for sampling (reproducible with --temp > 0)."),
+            click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        ]):
+            fn = opt(fn)
+        return fn
+    return deco

@@ -208,39 +208,4 @@ def rm(names) -> None:
         click.echo(f"freed {_size(total)}")
 
 
-# --- standalone group (tests, and until cli.py registers the commands) -------------------------
-
-@click.command("plan")
-@click.option("--model", "-m", required=True, help="Path, registry name, hf:owner/repo/file.gguf or demo.")
-@click.option("--mmproj", help="Vision projector (path or hf: spec).")
-@plan_options
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
-@handle_errors
-def plan_by_name(model, mmproj, ctx, ngl, kv, image_tokens, n_images, free_memory, device,
-                 gpu_overhead, as_json) -> None:
-    """Plan a model by name (header-only for files not downloaded); same output as 'edgevlm plan'."""
-    from .cli import render_plan
-    from .devices import probe
-
-    pr = probe(device, list(free_memory), gpu_overhead)
-    p = plan_for_spec(model, mmproj, pr, wishes_from(ctx, ngl, kv, image_tokens, n_images))
-    if as_json:
-        click.echo(json.dumps(p.to_dict(), indent=2))
-    else:
-        render_plan(p)
-    if not p.fits:
-        raise CLIError(p.refusal or "does not fit", 1)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def group() -> None:
-    """edgevlm model management (pull, models, rm, plan by name)."""
-
-
-for _cmd in (pull, models, rm, plan_by_name):
-    group.add_command(_cmd)
-
-__all__ = ["pull", "models", "rm", "plan_for_spec", "model_paths", "plan_by_name", "group"]
-
-if __name__ == "__main__":  # pragma: no cover
-    group()
+__all__ = ["pull", "models", "rm", "plan_for_spec", "model_paths"]

@@ -78,12 +78,9 @@ def env(hub, tmp_path, monkeypatch):
 
 
 def cli(*args: str, extra_env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """The commands through the real entry point once cli.py registers them, else their group."""
-    from edgevlm.cli import main
-
-    module = "edgevlm" if "pull" in main.commands else "edgevlm.models_cmd"
+    """The commands through the real entry point, in a subprocess."""
     e = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200", **(extra_env or {}))
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgevlm", *args], capture_output=True, text=True,
                           timeout=timeout, env=e)
 
 
@@ -92,9 +89,8 @@ def run_here(*args: str):
     from click.testing import CliRunner
 
     from edgevlm.cli import main
-    from edgevlm.models_cmd import group
 
-    res = CliRunner().invoke(main if "pull" in main.commands else group, list(args))
+    res = CliRunner().invoke(main, list(args))
     return subprocess.CompletedProcess(args, res.exit_code, res.stdout, res.stderr)
 
 
