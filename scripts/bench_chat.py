@@ -177,6 +177,7 @@ class LibrarySide:
             messages=self.history, max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0,
             stop=list(self.stops), stream=True,
         )
+        t_prompt = time.perf_counter()
         prompt_tokens = int(self.llm.n_tokens)  # the prompt is in the KV cache by now
         for chunk in stream:
             piece = chunk["choices"][0]["delta"].get("content")
@@ -191,6 +192,7 @@ class LibrarySide:
         return {
             "ttft_ms": ((ttft or t1) - t0) * 1000, "total_ms": (t1 - t0) * 1000, "text": reply,
             "n_chunks": n_chunks, "prompt_tokens": prompt_tokens,
+            "prompt_ms": (t_prompt - t0) * 1000,  # request → prompt evaluated (images included)
             "n_ctx_used": int(self.llm.n_tokens),
         }
 
@@ -390,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
             "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                         "python": platform.python_version()},
             "ttft_definition": "wall time from the request to the first streamed chunk with text",
+            "library_prompt_tokens_note": "the library's n_past after the prompt: tokens, except "
+                                          "on M-RoPE models (qwen2vl) where an image advances it "
+                                          "by max(nx, ny)",
             "loadavg_start": load_start, "loadavg_end": _loadavg(),
             "max_busy": args.max_busy, "retries": args.retries, "conv_retries": args.conv_retries,
         },
@@ -404,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
             "edgevlm_total_ms": [round(x["total_ms"], 2) for x in shots["edgevlm"]],
             "library_total_ms": [round(x["total_ms"], 2) for x in shots["library"]],
             "edgevlm_image_encode_ms": [x["image_encode_ms"] for x in shots["edgevlm"]],
+            # edgevlm's own stats (its clock starts after the images are decoded and hashed)
+            "edgevlm_engine_prompt_ms": [x["engine_prompt_ms"] for x in shots["edgevlm"]],
+            "edgevlm_engine_ttft_ms": [x["engine_ttft_ms"] for x in shots["edgevlm"]],
+            "library_prompt_ms": [round(x["prompt_ms"], 2) for x in shots["library"]],
             "edgevlm_prompt_tokens": e0["prompt_tokens"],
             "library_prompt_tokens": shots["library"][-1]["prompt_tokens"],
             "edgevlm_text": e0["text"], "library_text": shots["library"][-1]["text"],
