@@ -363,11 +363,11 @@ class Engine:
                temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                seed: int | None = None, stop: Iterable[str] = ()) -> Iterator[GenerationResponse]:
         """Add a user turn and stream the reply. The last response carries stats."""
+        t_start = time.perf_counter()  # TTFT counts image decoding, budgeting and the guard too
         originals = self.load_images(images)
         views, labels, pics = self._budget(originals)
         reserve = min(max_tokens, self.backend.n_ctx // 4)
         loaded = self._admit(views, reserve)
-        t_start = time.perf_counter()
         msg = Message("user", text, loaded, labels=labels, sources=[im.source for im in originals],
                       pictures=pics)
         self.messages.append(msg)
