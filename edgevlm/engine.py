@@ -373,7 +373,7 @@ class Engine:
         self.messages.append(msg)
         try:
             room = make_room(self, reserve) if self.session.enabled else RoomReport()
-            items, units = self._render()
+            items, units = room.rendered or self._render()
             counters = self._evaluate(items, units, {img.sha256 for img in loaded})
         except BaseException:
             self.messages.remove(msg)

@@ -67,7 +67,7 @@ def model_paths(model: str | None, mmproj: str | None, *, probe_args: dict | Non
         if mmproj is not None:
             raise CLIError("--mmproj needs --model", 2)
         from .devices import probe
-        from .hub import choose_model
+        from .model_list import choose_model
 
         r, why = choose_model(probe(**(probe_args or {})), wishes)
         _err(why)
@@ -154,7 +154,8 @@ def models(check, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu
     edgevlm models --check --free-memory 8GiB
     """
     from .devices import probe
-    from .hub import list_models, settings
+    from .hub import settings
+    from .model_list import list_models
     from .registry import registry_path
 
     pr = probe(device, list(free_memory), gpu_overhead)

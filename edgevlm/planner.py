@@ -283,10 +283,8 @@ class Planner:
                 return self._finish(c, reasons)
         # 3. q8_0 KV
         if "q8_0" in kv_choices and c.type_k == "f16":
-            c.type_k = c.type_v = "q8_0"
-            reasons.append("KV cache q8_0 (K and V matched): about half the f16 size")
-            if w.n_ctx is None:
-                c = self._grow_ctx(c, want_ctx)
+            c = self._quantize_kv(c, "q8_0", "KV cache q8_0 (K and V matched): about half the f16 size",
+                                  want_ctx, reasons)
             if self.shortfall(c) == 0:
                 return self._finish(c, reasons)
         # 4./5. fewer GPU layers, then the encoder to the CPU (and as many layers back as fit)
@@ -296,10 +294,8 @@ class Planner:
                 return self._finish(self._relax(c, want_ctx, reasons), reasons)
         # 6. q4_0 KV
         if "q4_0" in kv_choices and c.type_k != "q4_0":
-            c.type_k = c.type_v = "q4_0"
-            reasons.append("KV cache q4_0: a quarter of f16, some quality loss")
-            if w.n_ctx is None:
-                c = self._grow_ctx(c, want_ctx)
+            c = self._quantize_kv(c, "q4_0", "KV cache q4_0: a quarter of f16, some quality loss",
+                                  want_ctx, reasons)
             if self.shortfall(c) == 0:
                 return self._finish(c, reasons)
         # 7. refuse
@@ -307,6 +303,12 @@ class Planner:
         reasons.append(f"does not fit: {short / MIB:,.0f} MiB short on "
                        f"{self._worst_device(c)} even at {self._summary(c)}")
         return self._finish(c, reasons, fits=False)
+
+    def _quantize_kv(self, c: _Config, kind: str, reason: str, want_ctx: int, reasons: list[str]) -> _Config:
+        """A smaller KV type, then the context grown back towards the wish with the room it frees."""
+        c = replace(c, type_k=kind, type_v=kind)
+        reasons.append(reason)
+        return self._grow_ctx(c, want_ctx) if self.wishes.n_ctx is None else c
 
     def _relax(self, c: _Config, want_ctx: int, reasons: list[str]) -> _Config:
         """After layers moved to the host, undo earlier sacrifices that are no longer needed."""

@@ -66,6 +66,7 @@ class RoomReport:
     evicted_tokens: int = 0
     dropped_turns: int = 0
     prev_cells: int = 0  # cells of the earlier turns (after replacement), for rebuild counting
+    rendered: Any = None  # the engine's last render of the conversation (items, units), reused
 
     def counters(self, engine: "Engine", c: dict[str, Any]) -> dict[str, int]:
         rebuild = max(0, self.prev_cells - c["cached_n"]) if (self.summarized or self.dropped_turns) else 0
@@ -73,9 +74,11 @@ class RoomReport:
                 "rebuild_tokens": rebuild, "dropped_turns": self.dropped_turns}
 
 
-def _cells(engine: "Engine") -> int:
-    items, _ = engine._render()
-    return sum(it.n_tokens for it in items)
+def _cells(engine: "Engine", rep: "RoomReport | None" = None) -> int:
+    rendered = engine._render()
+    if rep is not None:
+        rep.rendered = rendered  # the turn evaluates this render when nothing changes after it
+    return sum(it.n_tokens for it in rendered[0])
 
 
 def summarize(engine: "Engine", pic: Picture) -> str:
@@ -128,7 +131,7 @@ def make_room(engine: "Engine", reserve: int) -> RoomReport:
     rep = RoomReport()
     budget = engine.backend.n_ctx - reserve
     current = engine.messages[-1]
-    while _cells(engine) > budget:
+    while _cells(engine, rep) > budget:
         old = [p for p in engine.pictures if p.in_context and p.number not in current.pictures
                and any(p.number in m.pictures for m in engine.messages[:-1])]
         if old:
@@ -148,7 +151,7 @@ def make_room(engine: "Engine", reserve: int) -> RoomReport:
             rep.dropped_turns += 1
             engine.notices.append("context full: the oldest turn was dropped")
             continue
-        need = _cells(engine)
+        need = _cells(engine, rep)
         raise InputError(
             f"this message needs {need:,} tokens but the context holds {engine.backend.n_ctx:,} "
             f"with {reserve} kept for the reply (shorten it, fewer images, or a larger --ctx)")

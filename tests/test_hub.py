@@ -412,7 +412,7 @@ def test_model_paths_pulls_what_is_missing(env, hub, pairs):
 
 def test_choose_model_picks_the_largest_that_fits(env, hub, monkeypatch):
     from edgevlm.devices import probe
-    from edgevlm.hub import choose_model
+    from edgevlm.model_list import choose_model
 
     r, why = choose_model(probe(free_memory=["8GiB"]))
     assert r.entry.name == "qwen-tiny" and "largest registry model that fits" in why
