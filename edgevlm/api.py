@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from .backend import Backend
@@ -19,7 +20,7 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
          image_tokens: int | None = None, images: int = 1, device: str | None = None,
          free_memory: list[str] | None = None, gpu_overhead: int | None = None,
          plan: Plan | None = None, merge: str = "off", n_threads: int | None = None,
-         system: str | None = None,
+         system: str | None = None, n_seq_max: int | Callable[[Plan], int] = 1,
          verbose: bool = False, **backend_options: Any) -> Engine:
     """Plan memory, load a model pair once, and return an Engine for chatting about images.
 
@@ -31,7 +32,8 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
     ``n_ctx``, ``n_gpu_layers``, ``kv`` and ``image_tokens`` are wishes the planner keeps
     (None / "auto": the planner chooses); it raises ``DoesNotFit`` if nothing fits.
     ``backend_options`` override the plan's ``Backend`` arguments (``flash_attn``, ``n_batch``,
-    ``progress_callback`` ...).
+    ``progress_callback`` ...). ``n_seq_max``: sequences the context holds (parallel captioning),
+    or a function of the plan that says how many.
     """
     measure = lambda: probe(device, free_memory, gpu_overhead)  # noqa: E731
     if plan is None:
@@ -41,7 +43,8 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
     if not plan.fits:
         raise DoesNotFit(plan.refusal or "the model does not fit in the memory available")
     opts = {**plan.backend_options(), **backend_options}
-    backend = Backend(model, mmproj, n_threads=n_threads, verbose=verbose, **opts)
+    seqs = n_seq_max(plan) if callable(n_seq_max) else n_seq_max
+    backend = Backend(model, mmproj, n_threads=n_threads, verbose=verbose, n_seq_max=seqs, **opts)
     guard = Guard(plan, backend.proj_info, measure)
     engine = Engine(backend, system=system, plan=plan, guard=guard)
     engine.merge = MergeSpec.parse(merge)

@@ -66,6 +66,32 @@ class Chunks(list):
 
 
 @contextlib.contextmanager
+def _context_sequences(n_seq_max: int):
+    """Give ``Llama``'s context ``n_seq_max`` sequences over one unified KV cache (it exposes
+    neither): patch the default params factory it calls, for the constructor only. Unified:
+    every sequence may use the whole context, and cells copied with ``seq_cp`` are shared."""
+    if n_seq_max <= 1:
+        yield
+        return
+    import llama_cpp.llama as llama_mod
+
+    lc = llama_mod.llama_cpp
+    original = lc.llama_context_default_params
+
+    def patched():
+        params = original()
+        params.n_seq_max = n_seq_max
+        params.kv_unified = True
+        return params
+
+    lc.llama_context_default_params = patched
+    try:
+        yield
+    finally:
+        lc.llama_context_default_params = original
+
+
+@contextlib.contextmanager
 def _load_progress(callback):
     """Give ``Llama`` a load-progress callback (it exposes none): patch the default params
     factory it calls, for the duration of the constructor only."""
@@ -135,6 +161,7 @@ class Backend:
         op_offload: bool | None = None,
         verbose: bool = False,
         progress_callback: Any = None,
+        n_seq_max: int = 1,
     ) -> None:
         import llama_cpp
         from llama_cpp import mtmd_cpp
@@ -162,7 +189,7 @@ class Backend:
                     type_k=KV_TYPES[type_k], type_v=KV_TYPES[type_v], verbose=verbose,
                     op_offload=op_offload,
                 )
-                with _load_progress(progress_callback):
+                with _load_progress(progress_callback), _context_sequences(n_seq_max):
                     self.llama = llama_cpp.Llama(self.model_path, **kwargs)
             except (ValueError, RuntimeError) as exc:
                 raise ModelFileError(f"{self.model_path}: llama.cpp could not load it ({exc})") from None
@@ -197,9 +224,14 @@ class Backend:
         self.non_causal = bool(mtmd_cpp.mtmd_decode_use_non_causal(self.mctx, None))
         self._post_decode_cb = mtmd_cpp.mtmd_helper_post_decode_callback()
         self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, 1)
+        self.n_seq_max = int(llama_cpp.llama_n_seq_max(self.llama.ctx))
+        self._batch_ext = None  # for decode_multi, made on first use
 
     # --- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
+        if getattr(self, "_batch_ext", None) is not None:
+            self.llama_cpp.llama_batch_ext_free(self._batch_ext)
+            self._batch_ext = None
         if getattr(self, "_batch", None) is not None:
             self.llama_cpp.llama_batch_free(self._batch)
             self._batch = None
@@ -389,6 +421,34 @@ class Backend:
             i += len(part)
         return n_past + len(tokens)
 
+    def decode_multi(self, entries: list[tuple[int, int, int, bool]]) -> None:
+        """One llama.cpp batch of text tokens from several sequences: ``(seq_id, token, pos,
+        output)`` each (at most ``n_batch``). Sample an output with ``sample(s, index)``."""
+        lc = self.llama_cpp
+        if self._batch_ext is None:
+            self._batch_ext = lc.llama_batch_ext_init(self.llama.ctx)
+        b = self._batch_ext
+        lc.llama_batch_ext_clear(b)
+        pos = (lc.llama_pos * 4)()
+        for seq, tok, p, out in entries:
+            idx = lc.llama_batch_ext_add_token(b, seq, tok)
+            if idx < 0:
+                raise BackendError(f"could not add token {tok} of sequence {seq} to the batch (code {idx})")
+            pos[0] = p
+            lc.llama_batch_ext_set_pos(b, idx, pos)
+            if out:
+                lc.llama_batch_ext_set_output_logits(b, idx, True)
+        rc = lc.llama_process(self.llama.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, b)
+        if rc != 0:
+            raise BackendError(f"llama_decode failed (code {rc}) on a batch of {len(entries)} tokens "
+                               f"from several sequences")
+
+    def seq_copy(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Let sequence ``dst`` share ``src``'s KV cells with positions in [p0, p1) (unified
+        cache: no copy, the cells gain a sequence)."""
+        mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
+        self.llama_cpp.llama_memory_seq_cp(mem, src, dst, p0, p1)
+
     def logits(self) -> np.ndarray:
         """Logits of the last token evaluated with logits on (a view; copy to keep)."""
         ptr = self.llama_cpp.llama_get_logits_ith(self.llama.ctx, -1)
@@ -422,9 +482,10 @@ class Backend:
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         return chain
 
-    def sample(self, sampler) -> int:
-        """Sample from the last logits and accept the token into the sampler's state."""
-        return int(self.llama_cpp.llama_sampler_sample(sampler, self.llama.ctx, -1))
+    def sample(self, sampler, index: int = -1) -> int:
+        """Sample from the logits of batch entry ``index`` (-1: the last output) and accept the
+        token into the sampler's state."""
+        return int(self.llama_cpp.llama_sampler_sample(sampler, self.llama.ctx, index))
 
     def free_sampler(self, sampler) -> None:
         self.llama_cpp.llama_sampler_free(sampler)
