@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .cli_types import CLIError, Size, Tiles, handle_errors, plan_options, sampling_options, wishes_from
+from .cli_types import AutoInt, CLIError, Size, Tiles, handle_errors, plan_options, sampling_options, wishes_from
 
 EXIT_CODES = """\b
 Exit codes: 0 every image has a caption · 4 some images failed (their records have "error") ·
@@ -33,7 +33,8 @@ the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to cont
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip files / folders matching (repeatable).")
 @click.option("--shard", metavar="I/N", help="Caption only shard I of N (1-based; deterministic split).")
 @click.option("--out", "-o", metavar="PATH",
-              help="Record file [default: captions.jsonl, captions.csv with --format csv].")
+              help="Record file [default: captions.jsonl, captions.csv with --format csv]; "
+                   "{shard} becomes I-of-N with --shard.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "txt", "metadata"]), default="jsonl",
               show_default=True, help="txt: <stem>.txt beside each image; metadata: HF imagefolder metadata.jsonl.")
 @click.option("--existing", type=click.Choice(["skip", "overwrite", "append", "prepend"]), default="skip",
@@ -57,6 +58,9 @@ the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to cont
 @click.option("--max-file-size", type=Size(), default="1GiB", show_default=True,
               help="Larger files get an error record.")
 @click.option("--retry-errors", is_flag=True, help="Caption again the images whose earlier record is an error.")
+@click.option("--parallel", type=AutoInt(), default="auto", show_default=True,
+              help="Images in flight, their captions generated in one batch (auto: up to 4, as "
+                   "many as the context holds; 1: one at a time).")
 @click.option("--prefetch", default=2, show_default=True, type=click.IntRange(1, 64),
               help="Images decoded ahead of the model.")
 @click.option("--progress", type=click.Choice(["auto", "bar", "json", "none"]), default="auto",
@@ -69,7 +73,7 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
             existing, separator, root, sidecar_ext, prompt, system, prefix, suffix, clean, max_tokens,
             temp, top_k, top_p, min_p, seed, stop, tiles, ctx, ngl, kv, image_tokens, n_images,
             free_memory, device, gpu_overhead, threads, max_pixels, max_file_size, retry_errors,
-            prefetch, progress, quiet, dry_run, verbose) -> None:
+            parallel, prefetch, progress, quiet, dry_run, verbose) -> None:
     """Caption images in bulk: files, folders, globs or a list; resumable.
 
     \b
@@ -81,13 +85,15 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
     Run the same command again after a crash or Ctrl-C: images already captioned (same image
     bytes, prompt, model and settings) are skipped; each record is written atomically.
     """
-    from .caption import DEFAULT_PROMPT, CaptionSettings, StopToken
+    from .caption import DEFAULT_PROMPT, CaptionSettings, StopToken, caption_slots
     from .caption_inputs import discover, parse_shard
     from .caption_job import CaptionJob
     from .caption_outputs import RecordLog
 
     if not inputs and from_list is None:
         raise CLIError("give images, folders or globs to caption, or --from-list FILE", 2)
+    if parallel is not None and parallel < 1:
+        raise CLIError(f"--parallel {parallel}: give 1 or more images in flight, or auto", 2)
     if from_list == "-" and "-" in inputs:
         raise CLIError("'-' is not an input; use --from-list - to read paths from stdin", 2)
     settings = CaptionSettings(
@@ -96,8 +102,13 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
         top_p=top_p, min_p=min_p, seed=seed, stop=tuple(stop), image_tokens=image_tokens,
         tiles=tiles, max_pixels=max_pixels, max_file_bytes=max_file_size)
     settings.validate()
+    shard_ix = parse_shard(shard) if shard else None
+    if out and "{shard}" in out:
+        if shard_ix is None:
+            raise CLIError(f"--out {out}: {{shard}} needs --shard I/N", 2)
+        out = out.replace("{shard}", f"{shard_ix[0]}-of-{shard_ix[1]}")
     found = discover(inputs, recursive=recursive, from_list=from_list, null=null, include=include,
-                     exclude=exclude, shard=parse_shard(shard) if shard else None)
+                     exclude=exclude, shard=shard_ix)
     ui = ProgressView("none" if quiet else progress, quiet)
     for pattern in found.unmatched:
         ui.note(f"note: {pattern}: no match")
@@ -147,7 +158,12 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
                     engine = _load(model, mmproj, verbose, system=settings.system, n_ctx=ctx,
                                    n_gpu_layers=ngl, kv=kv, image_tokens=image_tokens, images=n_images,
                                    device=device, free_memory=list(free_memory),
-                                   gpu_overhead=gpu_overhead, n_threads=threads)
+                                   gpu_overhead=gpu_overhead, n_threads=threads,
+                                   n_seq_max=lambda plan: caption_slots(
+                                       plan.n_ctx, plan.image_max_tokens, settings, parallel))
+                    if parallel and engine.backend.n_seq_max < parallel:
+                        ui.note(f"note: --parallel {parallel}: the context ({engine.n_ctx} tokens) holds "
+                                f"{engine.backend.n_seq_max} image(s) in flight; use a larger --ctx for more")
                 ui.start(job, fmt)
                 sig.running = True
                 summary = job.run(engine, stop=token, prefetch=prefetch, on_result=ui.update)
@@ -166,8 +182,8 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
 
 
 class _signals:
-    """Ctrl-C / SIGTERM. First: finish the current image, then stop (exit 130, summary). Second:
-    abandon the current image at the next token. Third, or second while the model loads: exit
+    """Ctrl-C / SIGTERM. First: finish the images in progress (one, or up to --parallel), then
+    stop (exit 130, summary). Second: abandon them at the next token. Third, or second while the model loads: exit
     at once — safe, since every record on disk is complete (the kernel drops the lock)."""
 
     def __init__(self, token, ui):
@@ -184,11 +200,11 @@ class _signals:
         self.count += 1
         if self.count == 1:
             self.token.request()
-            self.ui.note("finishing the current image, then stopping (Ctrl-C again to stop now)"
+            self.ui.note("finishing the image(s) in progress, then stopping (Ctrl-C again to stop now)"
                          if self.running else "stopping once the model has loaded (Ctrl-C again to quit now)")
         elif self.count == 2 and self.running:
             self.token.abandon()
-            self.ui.note("stopping now: the current image is left for the next run")
+            self.ui.note("stopping now: the image(s) in progress are left for the next run")
         else:
             self.ui.stop()
             print("stopped", file=sys.stderr, flush=True)

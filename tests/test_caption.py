@@ -241,14 +241,16 @@ def test_sigkill_anywhere_then_resume_exactly_one_record_each(model_pair, folder
     assert json.loads(r.stderr.splitlines()[-1])["event"] == "summary"
 
 
-def test_ctrl_c_finishes_the_current_image_and_prints_the_summary(model_pair, tmp_path):
+@pytest.mark.parametrize("parallel,at_most", [("1", 2), ("4", 6)])
+def test_ctrl_c_finishes_the_images_in_progress_and_prints_the_summary(model_pair, tmp_path, parallel, at_most):
     pair = model_pair("llava15")
     d = tmp_path / "many"
     d.mkdir()
-    for i in range(6):
+    for i in range(8):
         picture(d / f"{i}.png", 10 + i)
     out = tmp_path / "c.jsonl"
-    p = _popen(cap_args(pair, str(d), "--out", str(out), "--progress", "json", "-n", "12"))
+    p = _popen(cap_args(pair, str(d), "--out", str(out), "--progress", "json", "-n", "12",
+                        "--parallel", parallel))
     events = []
     assert p.stderr is not None
     for line in p.stderr:
@@ -260,12 +262,13 @@ def test_ctrl_c_finishes_the_current_image_and_prints_the_summary(model_pair, tm
     assert p.wait(timeout=120) == 130
     summary = events[-1]
     assert summary["event"] == "summary" and summary["interrupted"] and summary["exit_code"] == 130
-    assert any(e["event"] == "note" and "finishing the current image" in e["message"] for e in events)
+    assert any(e["event"] == "note" and "finishing the image(s) in progress" in e["message"] for e in events)
     done = records(out)
-    assert len(done) == summary["done"] and 1 <= len(done) <= 2  # the image in progress was finished
+    # the image(s) in progress were finished, no new ones started
+    assert len(done) == summary["done"] and 1 <= len(done) <= at_most
     r = run_cli(*cap_args(pair, str(d), "--out", str(out), "-n", "12"))
     assert r.returncode == 0, r.stderr
-    assert sorted(x["path"] for x in records(out)) == sorted(str(d / f"{i}.png") for i in range(6))
+    assert sorted(x["path"] for x in records(out)) == sorted(str(d / f"{i}.png") for i in range(8))
 
 
 @pytest.mark.parametrize("policy", ["skip", "overwrite", "append", "prepend"])
@@ -348,11 +351,13 @@ def test_shards_from_the_command_line(model_pair, folder, tmp_path):
     pair = model_pair("llava15")
     paths = []
     for i in (1, 2):
-        out = tmp_path / f"part{i}.jsonl"
-        r = run_cli(*cap_args(pair, str(folder["dir"]), "-r", "--shard", f"{i}/2", "--out", str(out)))
+        r = run_cli(*cap_args(pair, str(folder["dir"]), "-r", "--shard", f"{i}/2", "--out",
+                              str(tmp_path / "part{shard}.jsonl")))
         assert r.returncode in (0, 4), r.stderr
+        out = tmp_path / f"part{i}-of-2.jsonl"
         paths += [x["path"] for x in records(out)] if out.exists() else []
     assert len(paths) == len(set(paths)) == 8
+    assert_clean_error(run_cli(*cap_args(pair, str(folder["dir"]), "--out", "p{shard}.jsonl")), "{shard}")
 
 
 def test_list_from_stdin_with_a_missing_file(model_pair, folder, tmp_path):
@@ -363,11 +368,13 @@ def test_list_from_stdin_with_a_missing_file(model_pair, folder, tmp_path):
     r = run_cli(*cap_args(pair, "--from-list", "-", "--out", str(out), "--system",
                           "You write short, factual captions for a photo dataset."), input=listing)
     assert r.returncode == 4, r.stderr
-    recs = records(out)
-    assert [x["path"] for x in recs] == good + [str(tmp_path / "gone.png")]
-    assert recs[2]["error"] == "no such file" and recs[2]["error_kind"] == "io"
-    # the system prompt is evaluated once: the second image reuses it from the KV cache
-    assert recs[0]["stats"]["cached_n"] == 0 and recs[1]["stats"]["cached_n"] > 10
+    # with images in flight, records are written as images finish: the missing file's first
+    by = {x["path"]: x for x in records(out)}
+    assert sorted(by) == sorted(good + [str(tmp_path / "gone.png")])
+    gone = by[str(tmp_path / "gone.png")]
+    assert gone["error"] == "no such file" and gone["error_kind"] == "io"
+    # the system prompt is evaluated once: the second image shares it in the KV cache
+    assert by[good[0]]["stats"]["cached_n"] == 0 and by[good[1]]["stats"]["cached_n"] > 10
 
 
 def test_bad_input_one_line_exit_2(model_pair, folder, tmp_path):
