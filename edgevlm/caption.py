@@ -281,9 +281,9 @@ class Captioner:
                     if r is not None:
                         yield self._error(p, prompt, r.error)
                 if not runner.busy:
-                    if waiting is None:
+                    if waiting is None or self.stop.requested:
                         return
-                    continue
+                    continue  # it did not fit beside the others: now it runs alone
                 for c in runner.step():
                     self.stop.check()
                     p, prompt, notices, t0 = c.tag
