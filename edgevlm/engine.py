@@ -77,6 +77,20 @@ class _ImageUnit:
         self.embeddings: dict[int, np.ndarray] = {}
         self.merged: dict[tuple[int, str], MergeResult] = {}  # (chunk, merge spec) → result
 
+    def embedding(self, ci: int, backend: Backend, c: dict[str, Any]) -> np.ndarray:
+        """Chunk ``ci``'s embeddings: cached, or encoded now (counted in ``c``: encode_ms,
+        encoded, reused)."""
+        emb = self.embeddings.get(ci)
+        if emb is None:
+            t0 = time.perf_counter()
+            emb = backend.encode_image(self.chunks[ci])
+            c["encode_ms"] += (time.perf_counter() - t0) * 1000
+            c["encoded"] += 1
+            self.embeddings[ci] = emb
+        else:
+            c["reused"] += 1
+        return emb
+
     @property
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self.embeddings.values()) + \
@@ -329,15 +343,7 @@ class Engine:
                     continue
                 unit = units[it.key[1]]
                 chunk = unit.chunks[it.key[2]]
-                emb = unit.embeddings.get(it.key[2])
-                if emb is None:
-                    t0 = time.perf_counter()
-                    emb = be.encode_image(chunk)
-                    c["encode_ms"] += (time.perf_counter() - t0) * 1000
-                    c["encoded"] += 1
-                    unit.embeddings[it.key[2]] = emb
-                else:
-                    c["reused"] += 1
+                emb = unit.embedding(it.key[2], be, c)
                 if len(it.key) > 3:  # merged image tokens
                     pos, fed = self._decode_merged(unit, it.key[2], chunk, emb, pos, c)
                     it = _Item(it.key, fed, it.n_pos if be.use_mrope else fed)

@@ -119,10 +119,17 @@ def test_a_full_context_waits_instead_of_overcommitting(model_pair, pictures):
         peak = 0
         orig = runner.step
 
+        lc = eng.backend.llama_cpp
+        mem = lc.llama_get_memory(eng.backend.llama.ctx)
+
         def step():
             nonlocal peak
             peak = max(peak, runner.busy)
-            assert runner.cells_used() <= eng.n_ctx
+            # what llama.cpp holds per sequence (1-D positions: one cell each); prefixes shared
+            lens = [lc.llama_memory_seq_pos_max(mem, s.seq) + 1 for s in runner.slots if s.kv]
+            used = runner.cells_used()
+            assert max(lens) <= used <= eng.n_ctx
+            assert used + (len(lens) - 1) * min(lens) >= sum(lens)
             return orig()
 
         runner.step = step
