@@ -284,8 +284,7 @@ class Captioner:
                     if waiting is None or self.stop.requested:
                         return
                     continue  # it did not fit beside the others: now it runs alone
-                for c in runner.step():
-                    self.stop.check()
+                for c in runner.step():  # finished captions are written even when abandoning
                     p, prompt, notices, t0 = c.tag
                     if c.error is not None:
                         yield self._error(p, prompt, c.error)
