@@ -267,7 +267,7 @@ class Captioner:
                     eng.notices.clear()
                     try:
                         views, labels, _ = eng._budget([p.image])
-                        views = eng._admit(views, min(self.settings.max_tokens, eng.n_ctx // 4))
+                        views = eng._admit(views, eng.reply_reserve(self.settings.max_tokens))
                         eng.pictures.clear()
                         r = runner.submit((p, prompt, list(eng.notices), t0), prompt, views, labels,
                                           **self.settings.gen())

@@ -372,7 +372,7 @@ class Engine:
         t_start = time.perf_counter()  # TTFT counts image decoding, budgeting and the guard too
         originals = self.load_images(images)
         views, labels, pics = self._budget(originals)
-        reserve = min(max_tokens, self.backend.n_ctx // 4)
+        reserve = self.reply_reserve(max_tokens)
         loaded = self._admit(views, reserve)
         msg = Message("user", text, loaded, labels=labels, sources=[im.source for im in originals],
                       pictures=pics)
@@ -391,6 +391,11 @@ class Engine:
             SamplingParams(temperature, top_k, top_p, min_p, seed), max_tokens,
             list(stop) + self.default_stops, counters, t_start, t_prompt,
         )
+
+    def reply_reserve(self, max_tokens: int) -> int:
+        """KV cells kept free for a reply: ``max_tokens``, at most a quarter of the context (a
+        longer reply stops with finish_reason "context" when the cells run out)."""
+        return max(1, min(max_tokens, self.backend.n_ctx // 4))
 
     def plan_image(self, image: LoadedImage) -> ImagePlan:
         """The views of one picture under this engine's image budget (decided before encoding)."""

@@ -80,6 +80,7 @@ class _Job:
     params: SamplingParams
     max_tokens: int
     stops: list[str]
+    reserve: int = 0  # KV cells kept for the reply (Engine.reply_reserve)
     sampler: Any = None
     pending: list[_Item] = field(default_factory=list)  # text to evaluate in the next step
     pending_prompt: int = 0  # how many of them belong to the prompt (the rest: the last reply token)
@@ -120,7 +121,7 @@ class ParallelRunner:
 
     def _reserved(self) -> int:
         """Cells the prompts in flight may still need for their replies."""
-        return sum(s.job.max_tokens - len(s.job.tokens) + len(s.job.pending)
+        return sum(max(0, s.job.reserve - len(s.job.tokens)) + len(s.job.pending)
                    for s in self.slots if s.job is not None)
 
     @property
@@ -149,15 +150,16 @@ class ParallelRunner:
         t_start = time.perf_counter()
         labels = list(labels) if labels is not None else [None] * len(images)
         job = _Job(tag, SamplingParams(temperature, top_k, top_p, min_p, seed), max_tokens,
-                   list(stop) + self.engine.default_stops, t_start=t_start)
+                   list(stop) + self.engine.default_stops, reserve=self.engine.reply_reserve(max_tokens),
+                   t_start=t_start)
         slot = None
         try:
             items, units = self.render(text, images, labels)
             need = sum(it.n_tokens for it in items)
-            if need + max(1, min(max_tokens, self.be.n_ctx // 4)) > self.be.n_ctx:
+            if need + job.reserve > self.be.n_ctx:
                 raise InputError(f"the prompt needs {need:,} tokens but the context holds "
                                  f"{self.be.n_ctx:,} (use a larger --ctx or a smaller --image-tokens)")
-            slot = self._pick(items, max_tokens)
+            slot = self._pick(items, job.reserve)
             if slot is None:
                 return WAIT
             self._prefill(slot, job, items, units, {img.sha256 for img in images})
@@ -177,7 +179,7 @@ class ParallelRunner:
             k += 1
         return k
 
-    def _pick(self, items: list[_Item], max_tokens: int) -> _Slot | None:
+    def _pick(self, items: list[_Item], reserve: int) -> _Slot | None:
         """A free slot, set up to hold the longest prefix of ``items`` any slot holds (None:
         not enough KV cells until prompts in flight finish)."""
         free = [s for s in self.slots if s.job is None]
@@ -205,7 +207,7 @@ class ParallelRunner:
             if p1 > 0:
                 self.be.seq_copy(best_src.seq, own.seq, 0, p1)
             own.kv = list(keep)
-        need = sum(it.n_tokens for it in items[len(own.kv):]) + max(1, max_tokens)
+        need = sum(it.n_tokens for it in items[len(own.kv):]) + reserve
         if self.cells_used() + self._reserved() + need > self.be.n_ctx:
             if self.busy:
                 return None
@@ -338,7 +340,7 @@ class ParallelRunner:
         finish = self._accept(job, tok)
         if finish is None and len(job.tokens) >= job.max_tokens:
             finish = "length"
-        if finish is None and used + 1 > self.be.n_ctx:  # a safety net: replies have cells reserved
+        if finish is None and used + 1 > self.be.n_ctx:  # past its reserve, the context is full
             finish = "context"
         if finish is None:
             job.pending = [_Item(("t", job.tokens[-1]), 1, 1)]
