@@ -1,21 +1,43 @@
-"""One small error hierarchy; the CLI turns each into a one-line message and an exit code."""
+"""One small error hierarchy; the CLI turns each into a one-line message and an exit code, the
+server into an HTTP status.
+
+Everything a user can reach — the CLI, the chat session, the library's public calls — raises an
+``EdgeVLMError`` subclass for a problem it knows about; nothing else is meant to escape.
+"""
 
 from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "DoesNotFit",
+    "DownloadError",
+    "EdgeVLMError",
+    "ImageError",
+    "InputError",
+    "IntegrityError",
+    "ModelFileError",
+    "ModelPairError",
+    "OutputError",
+    "UnsupportedModel",
+]
 
 
 class EdgeVLMError(Exception):
     """Base class of every error edgevlm raises on purpose.
 
-    ``exit_code`` is what the CLI exits with (2 = bad input, 1 = runtime failure).
+    ``exit_code`` is what the CLI exits with (2 = bad input, 1 = runtime failure);
+    ``http_status`` is what a server answers.
     """
 
     exit_code = 1
+    http_status = 500
 
 
 class InputError(EdgeVLMError):
     """The user gave something unusable (a path, a value, a combination of options)."""
 
     exit_code = 2
+    http_status = 400
 
 
 class ModelFileError(InputError):
@@ -24,6 +46,10 @@ class ModelFileError(InputError):
 
 class ModelPairError(InputError):
     """A text model and a vision projector that cannot work together."""
+
+
+class UnsupportedModel(InputError):
+    """A model or projector type edgevlm cannot (yet) count or run."""
 
 
 class ImageError(InputError):
@@ -36,3 +62,19 @@ class BackendError(EdgeVLMError):
 
 class DoesNotFit(EdgeVLMError):
     """The plan found no configuration that fits the memory available; says by how much."""
+
+    http_status = 507
+
+
+class OutputError(EdgeVLMError):
+    """A result file could not be written (disk full, permissions): the run stops (exit 1)."""
+
+
+class DownloadError(EdgeVLMError):
+    """The hub could not be reached, refused, or sent something else than announced (exit 1)."""
+
+    http_status = 502
+
+
+class IntegrityError(DownloadError):
+    """A downloaded file does not have the hub's sha256."""

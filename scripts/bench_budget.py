@@ -43,17 +43,17 @@ def make_image(path: Path) -> Path:
 def worker(args: argparse.Namespace) -> int:
     """One configuration in this process: load, one turn with one image, print JSON."""
     import edgevlm
-    from edgevlm.stats import peak_rss_bytes
+    from edgevlm.runtime.stats import peak_rss_bytes
 
     budget = None if args.budget == "none" else int(args.budget)
     # Unbudgeted = what mtmd does on its own: up to 4096 tokens for dynamic models, every tile.
     eng = edgevlm.load(args.model, args.mmproj, n_ctx=8192, n_threads=args.threads,
-                       image_tokens=budget or 4096, device="cpu")
-    eng.image_tokens = budget
+                       image_tokens=budget or 4096, device="cpu",
+                       options=edgevlm.EngineOptions(image_tokens=budget))
     ttfts, encs, prefills = [], [], []
     for _ in range(args.runs):
         eng.reset()
-        eng.images.close()  # encode again every run: the cache would hide the encoder
+        eng.scheduler.images.clear()  # encode again every run: the cache would hide the encoder
         r = eng.chat("Describe the image.", [args.image], max_tokens=1, temperature=0)
         st = r.stats
         ttfts.append(st.ttft_ms)

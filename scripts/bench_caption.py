@@ -136,13 +136,13 @@ class EdgeSide:
                                    type_k="f16", type_v="f16", image_max_tokens=None,
                                    n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens,
                                                                         settings, want))
-        self.slots = self.engine.backend.n_seq_max
+        self.slots = self.engine.scheduler.n_slots
         self.stops = list(self.engine.default_stops)
 
     def run(self, images: list[Path], out: Path, max_tokens: int) -> dict[str, Any]:
         from edgevlm.caption import CaptionSettings
-        from edgevlm.caption_inputs import discover
-        from edgevlm.caption_job import CaptionJob
+        from edgevlm.caption.inputs import discover
+        from edgevlm.caption.job import CaptionJob
 
         settings = CaptionSettings(prompt=PROMPT, system=self.system, max_tokens=max_tokens)
         t0 = time.perf_counter()

@@ -107,7 +107,7 @@ class EdgeSide:
     def fresh(self) -> None:
         """Empty conversation, empty KV cache and no cached image embeddings."""
         self.engine.reset()
-        self.engine.images.close()
+        self.engine.scheduler.images.clear()
 
     def turn(self, text: str, images: list[Path], max_tokens: int) -> dict[str, Any]:
         t0 = time.perf_counter()

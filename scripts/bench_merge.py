@@ -38,7 +38,7 @@ def picture():
     font = ImageFont.load_default(size=28)
     for row in range(6):
         d.text((560, 420 + row * 40), "MENU  soup 4.50  tea 2.00", fill=(10, 10, 10), font=font)
-    from edgevlm.images import from_rgb
+    from edgevlm.vision.images import from_rgb
 
     return from_rgb(np.asarray(img), "bench.png")
 
@@ -49,20 +49,20 @@ def kv_per_token(eng) -> int:
 
 
 def measure(eng, img, spec: str, runs: int, image_tokens: int | None = None) -> dict:
-    from edgevlm.merge import MergeSpec
+    from edgevlm.vision.merge import MergeSpec
 
-    eng.merge = MergeSpec.parse(spec)
-    eng.image_tokens = image_tokens
-    ttft, prefill, out = [], [], None
+    view = eng.with_options(merge=MergeSpec.parse(spec), image_tokens=image_tokens)
+    cache = eng.scheduler.images
+    ttft, prefill, out, fid = [], [], None, [1.0]
     for _ in range(runs):
-        eng.reset()
-        eng.images.close()  # encode every run, like a new picture
-        r = eng.chat("Describe the picture.", [img], max_tokens=1, temperature=0.0)
+        view.reset()
+        cache.clear()  # encode every run, like a new picture
+        r = view.chat("Describe the picture.", [img], max_tokens=1, temperature=0.0)
         ttft.append(r.stats.ttft_ms)
         prefill.append(r.stats.prompt_ms - r.stats.image_encode_ms)
         out = r.stats
-    unit = next(iter(eng.images._units.values()))
-    fid = [res.fidelity for res in unit.merged.values()] or [1.0]
+        unit = cache.get(view.messages[0].images[0])
+        fid = [res.fidelity for res in unit.merged.values()] or [1.0]
     return {"spec": spec + (f" (budget {image_tokens})" if image_tokens else ""),
             "tokens": out.image_tokens_out or out.image_tokens, "tokens_in": out.image_tokens_in,
             "prefill_ms": statistics.median(prefill), "ttft_ms": statistics.median(ttft),

@@ -57,19 +57,18 @@ def rss() -> int:
 
 def run_edgevlm(pair, images, n_ctx, max_tokens, threads, reprefill: bool):
     import edgevlm
-    from edgevlm.images import from_rgb
+    from edgevlm.vision.images import from_rgb
 
-    eng = edgevlm.load(pair.model, pair.mmproj, n_ctx=n_ctx, n_threads=threads, device="cpu")
-    eng.session.enabled = not reprefill
+    eng = edgevlm.load(pair.model, pair.mmproj, n_ctx=n_ctx, n_threads=threads, device="cpu",
+                       options=edgevlm.EngineOptions(session=edgevlm.SessionOptions(enabled=not reprefill)))
     pics = [from_rgb(__import__("numpy").asarray(im), f"img{i + 1}.png") for i, im in enumerate(images)]
     rows, k = [], 0
     for t, (text, has_image) in enumerate(script()):
         imgs = [pics[k]] if has_image else []
         k += has_image
         if reprefill:  # stateless: everything again, images encoded again
-            eng.backend.kv_clear()
-            eng._kv.clear()
-            eng.images.close()
+            eng.scheduler.clear()
+            eng.scheduler.images.clear()
         t0 = time.perf_counter()
         try:
             r = eng.chat(text, imgs, max_tokens=max_tokens, temperature=0.0)

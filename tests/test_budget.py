@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from edgevlm.backend import Backend
-from edgevlm.budget import plan_image, render_views
-from edgevlm.detail import SCORERS
-from edgevlm.gguf_info import load_projector
-from edgevlm.images import from_rgb
+from edgevlm.backend.llama import Backend
+from edgevlm.vision.budget import plan_image, render_views
+from edgevlm.vision.detail import SCORERS
+from edgevlm.model.gguf_info import load_projector
+from edgevlm.vision.images import from_rgb
 
 from .conftest import run_cli
 
@@ -169,7 +169,7 @@ def test_chat_sends_labelled_views(model_pair, tmp_path):
     path = tmp_path / "shot.png"
     Image.fromarray(arr).save(path)
     with edgevlm.load(pair.model, pair.mmproj, image_tokens=2304, n_threads=2) as eng:
-        eng.image_tokens = 2304
+        assert eng.options.image_tokens == 2304
         r = eng.chat("Read it.", [path], max_tokens=2, temperature=0)
         msg = eng.messages[0]
         assert msg.labels[0] == "global view" and all(lb.startswith("tile row") for lb in msg.labels[1:])

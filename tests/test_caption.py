@@ -21,9 +21,9 @@ import pytest
 from PIL import Image
 
 from edgevlm.caption import CaptionSettings, check_template, clean_caption, render_prompt
-from edgevlm.caption_inputs import InputItem, discover, parse_shard, sniff
-from edgevlm.caption_outputs import CaptionRecord, RecordLog
-from edgevlm.caption_text import compose
+from edgevlm.caption.inputs import InputItem, discover, parse_shard, sniff
+from edgevlm.caption.outputs import CaptionRecord, RecordLog
+from edgevlm.caption.text import compose
 from edgevlm.errors import InputError
 
 from .conftest import run_cli

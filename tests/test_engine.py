@@ -7,6 +7,7 @@ import pytest
 
 import edgevlm
 from edgevlm.errors import ImageError, InputError
+from edgevlm.runtime.conversation import Message
 
 GREEDY = dict(temperature=0.0)
 
@@ -79,8 +80,7 @@ def test_incremental_turns_equal_full_prefill(engine, images):
     inc = first_logits(engine, "Now this one.", [images["noise"]])
     assert engine.last_stats.cached_n > 0
     # Fresh evaluation of the same conversation: empty KV cache, turns 1-2 kept as messages.
-    engine.backend.kv_clear()
-    engine._kv.clear()
+    engine.scheduler.clear()
     del engine.messages[-2:]  # turn 3 (user + reply) is asked again
     full = first_logits(engine, "Now this one.", [images["noise"]])
     assert engine.last_stats.cached_n == 0
@@ -105,8 +105,8 @@ def test_turn_three_answers_about_the_new_image(engine, images):
 def test_two_images_in_one_message(engine, images):
     r = engine.chat("Compare them.", [images["gradient"], images["noise"]], max_tokens=3, **GREEDY)
     assert r.stats.images_encoded + r.stats.images_reused == 2
-    one = engine.images.get(engine.load_images([images["gradient"]])[0])
-    two = engine.images.get(engine.load_images([images["noise"]])[0])
+    one = engine.scheduler.images.get(engine.load_images([images["gradient"]])[0])
+    two = engine.scheduler.images.get(engine.load_images([images["noise"]])[0])
     n = sum(c.n_tokens for u in (one, two) for c in u.chunks if c.kind == "image")
     assert r.stats.image_tokens == n
 
@@ -181,7 +181,7 @@ def test_bad_image_leaves_engine_untouched(engine, tmp_path):
 
 def test_template_fallback_llava(llava):
     """LLaVA-1.5 without a GGUF template: USER: <image>\\n{text}\\nASSISTANT: with newlines kept."""
-    from edgevlm.chat_format import split_pieces
+    from edgevlm.runtime.chat_format import split_pieces
 
     fmt = llava.formatter
     assert fmt.source == "fallback"
@@ -203,9 +203,8 @@ def test_template_from_gguf_qwen(qwen):
 
 def test_item_tokenization_matches_mtmd(engine, images):
     """Our per-piece tokenization gives the same ids mtmd gives for the whole prompt."""
-    engine.messages.append(edgevlm.engine.Message("user", "Hello there.", engine.load_images([images["noise"]])))
-    items, units = engine._render()
-    engine.messages.clear()
+    prompt = engine.render([Message("user", "Hello there.", engine.load_images([images["noise"]]))])
+    items = prompt.items
     pieces = engine.formatter.render([("user", "Hello there.", [None])])
     prompt = "".join(p.text if p.kind == "text" else engine.backend.marker for p in pieces)
     img = engine.load_images([images["noise"]])[0]

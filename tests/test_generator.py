@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edgevlm.backend import Backend
-from edgevlm.gguf_info import load_projector, load_text_model
+from edgevlm.backend.llama import Backend
+from edgevlm.model.gguf_info import load_projector, load_text_model
 from edgevlm.testing import make_model_pair
 
 from .conftest import ALL_FAMILIES

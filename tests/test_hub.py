@@ -122,7 +122,7 @@ def without_paths(plan) -> dict:
 # --- the registry ----------------------------------------------------------------------------
 
 def test_registry_lists_the_issue_models():
-    from edgevlm.registry import load_registry
+    from edgevlm.hub.registry import load_registry
 
     reg = load_registry(ROOT / "models" / "registry.json")
     for name in ("llava-1.5-7b", "llava-1.6-mistral-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b", "gemma-3-4b",
@@ -146,7 +146,7 @@ def test_packaged_registry_is_the_canonical_one():
 
 
 def test_registry_errors_are_one_line(tmp_path):
-    from edgevlm.registry import load_registry
+    from edgevlm.hub.registry import load_registry
 
     bad = tmp_path / "r.json"
     bad.write_text("{not json")
@@ -160,7 +160,7 @@ def test_registry_errors_are_one_line(tmp_path):
 # --- resolution ------------------------------------------------------------------------------
 
 def test_resolve_names_quants_aliases(env):
-    from edgevlm.registry import resolve
+    from edgevlm.hub.registry import resolve
 
     r = resolve("llava-tiny")
     assert r.kind == "registry" and r.quant == "q4_0" and r.model.remote.file == LLAVA_Q4
@@ -171,7 +171,7 @@ def test_resolve_names_quants_aliases(env):
 
 
 def test_unknown_name_suggests_close_names(env):
-    from edgevlm.registry import resolve
+    from edgevlm.hub.registry import resolve
 
     with pytest.raises(InputError, match="did you mean llava-tiny"):
         resolve("llava-tiyn")
@@ -182,7 +182,7 @@ def test_unknown_name_suggests_close_names(env):
 
 
 def test_real_registry_suggestions():
-    from edgevlm.registry import load_registry, unknown_name_message
+    from edgevlm.hub.registry import load_registry, unknown_name_message
 
     reg = load_registry(ROOT / "models" / "registry.json")
     assert "llava-1.5-7b" in unknown_name_message("llava-1.5-7", reg)
@@ -190,7 +190,7 @@ def test_real_registry_suggestions():
 
 
 def test_resolve_local_path_finds_mmproj_next_to_it(tmp_path, pairs):
-    from edgevlm.registry import resolve
+    from edgevlm.hub.registry import resolve
     from edgevlm.testing.llava import write_clip_mlp
     from edgevlm.testing.shapes import LLAVA_PRESETS
 
@@ -214,7 +214,7 @@ def test_resolve_local_path_finds_mmproj_next_to_it(tmp_path, pairs):
 
 
 def test_resolve_hf_specs(env):
-    from edgevlm.registry import resolve
+    from edgevlm.hub.registry import resolve
 
     r = resolve(f"hf:{LLAVA_REPO}/{LLAVA_Q8}")
     assert r.kind == "hf" and r.model.remote.file == LLAVA_Q8 and r.mmproj.remote.file == LLAVA_PROJ
@@ -227,7 +227,7 @@ def test_resolve_hf_specs(env):
 
 
 def test_demo_is_generated_and_says_random_weights():
-    from edgevlm.registry import resolve
+    from edgevlm.hub.registry import resolve
 
     r = resolve("demo")
     assert r.kind == "demo" and r.is_local and os.path.isfile(r.model.local) and os.path.isfile(r.mmproj.local)
@@ -240,7 +240,7 @@ def test_pull_downloads_and_verifies(env, hub):
     r = cli("pull", "llava-tiny")
     assert r.returncode == 0, r.stderr
     assert "downloaded, sha256 ok" in r.stdout and LLAVA_Q4 in r.stdout and LLAVA_PROJ in r.stdout
-    from edgevlm.registry import resolve
+    from edgevlm.hub.registry import resolve
 
     res = resolve("llava-tiny")
     assert res.is_local
@@ -254,7 +254,7 @@ def test_pull_downloads_and_verifies(env, hub):
 
 
 def test_pull_resumes_after_a_dropped_connection(env, hub):
-    from edgevlm.hub import pull
+    from edgevlm.hub.download import pull
 
     # Bigger than huggingface_hub's 10 MiB write chunk, so the cut lands after a written chunk.
     size = 24 * 2**20
@@ -278,14 +278,14 @@ def test_corrupt_download_is_deleted_with_a_clear_error(env, hub):
     assert_one_line_error(r, 1, LLAVA_Q4, "sha256 mismatch", "deleted from the cache")
     left = [p.name for p in (env / "hf" / "hub").rglob("*") if p.is_file() or p.is_symlink()]
     assert not any(n in (LLAVA_Q4, hub.sha256(LLAVA_REPO, LLAVA_Q4)) or n.endswith(".incomplete") for n in left), left
-    from edgevlm.registry import resolve
+    from edgevlm.hub.registry import resolve
 
     assert resolve("llava-tiny").model.local is None
 
 
 def test_small_git_files_are_checked_by_blob_sha1(env, hub):
-    from edgevlm.hub import download
-    from edgevlm.registry import RemoteFile
+    from edgevlm.hub.download import download
+    from edgevlm.hub.registry import RemoteFile
 
     res = download(RemoteFile(LLAVA_REPO, "README.md"), progress=False)
     assert res.downloaded and res.verified.algo == "git-sha1"
@@ -303,17 +303,12 @@ def test_pull_unknown_file_and_repo_errors(env):
 
 @pytest.mark.parametrize("name,family", [("llava-tiny", "llava15"), ("qwen-tiny", "qwen25vl")])
 def test_header_only_plan_equals_full_file_plan(env, hub, pairs, name, family):
-    from edgevlm.devices import probe
-    from edgevlm.gguf_info import read_gguf
-    from edgevlm.hub import (
-        fetch_header,
-        gguf_from_json,
-        gguf_to_json,
-        plan_resolved,
-        pull,
-    )
-    from edgevlm.planner import Wishes, make_plan
-    from edgevlm.registry import resolve
+    from edgevlm.plan.devices import probe
+    from edgevlm.model.gguf_info import read_gguf
+    from edgevlm.hub.download import pull
+    from edgevlm.hub.remote import fetch_header, gguf_from_json, gguf_to_json, plan_resolved
+    from edgevlm.plan.planner import Wishes, make_plan
+    from edgevlm.hub.registry import resolve
 
     r = resolve(name)
     hdr = fetch_header(r.model.remote, first_chunk=4096)  # small first read: the ×4 growth path
@@ -364,8 +359,8 @@ def test_real_registry_name_plans_against_the_test_server(hub, tmp_path, monkeyp
 
 
 def test_token_goes_to_the_hub_not_to_the_cdn(env, hub, monkeypatch):
-    from edgevlm.hub import read_remote_header
-    from edgevlm.registry import resolve
+    from edgevlm.hub.remote import read_remote_header
+    from edgevlm.hub.registry import resolve
 
     monkeypatch.setenv("HF_TOKEN", "hf_testtoken")
     read_remote_header(resolve("llava-tiny").model.remote)
@@ -377,8 +372,9 @@ def test_token_goes_to_the_hub_not_to_the_cdn(env, hub, monkeypatch):
 # --- offline ---------------------------------------------------------------------------------
 
 def test_offline_mode_uses_the_cache(env, hub, monkeypatch):
-    from edgevlm.hub import DownloadError, pull
-    from edgevlm.models_cmd import model_paths
+    from edgevlm.errors import DownloadError
+    from edgevlm.hub.download import pull
+    from edgevlm.cli.loading import model_paths
 
     pull("llava-tiny", progress=False)
     hub.clear_log()
@@ -397,7 +393,7 @@ def test_offline_mode_uses_the_cache(env, hub, monkeypatch):
 # --- chat/caption plumbing, models, rm -------------------------------------------------------
 
 def test_model_paths_pulls_what_is_missing(env, hub, pairs):
-    from edgevlm.models_cmd import model_paths
+    from edgevlm.cli.loading import model_paths
 
     model, mmproj = model_paths("qwen-tiny", None, quiet=True)
     assert Path(model).read_bytes() == pairs["qwen25vl"].model.read_bytes()
@@ -411,8 +407,8 @@ def test_model_paths_pulls_what_is_missing(env, hub, pairs):
 
 
 def test_choose_model_picks_the_largest_that_fits(env, hub, monkeypatch):
-    from edgevlm.devices import probe
-    from edgevlm.model_list import choose_model
+    from edgevlm.plan.devices import probe
+    from edgevlm.hub.listing import choose_model
 
     r, why = choose_model(probe(free_memory=["8GiB"]))
     assert r.entry.name == "qwen-tiny" and "largest registry model that fits" in why
@@ -422,7 +418,7 @@ def test_choose_model_picks_the_largest_that_fits(env, hub, monkeypatch):
 
 
 def test_models_lists_registry_and_cache(env, hub):
-    from edgevlm.hub import pull
+    from edgevlm.hub.download import pull
 
     pull("llava-tiny", progress=False)
     pull(f"hf:{OTHER_REPO}/other-Q4_0.gguf", progress=False)
@@ -438,8 +434,8 @@ def test_models_lists_registry_and_cache(env, hub):
 
 
 def test_rm_removes_files_and_keeps_shared_projector(env, hub):
-    from edgevlm.hub import pull
-    from edgevlm.registry import resolve
+    from edgevlm.hub.download import pull
+    from edgevlm.hub.registry import resolve
 
     pull("llava-tiny", progress=False)
     pull("llava-tiny:q8_0", progress=False)

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from edgevlm.errors import ImageError
-from edgevlm.images import load_image
+from edgevlm.vision.images import load_image
 
 
 def test_exif_orientation_is_applied(tmp_path):

@@ -7,9 +7,9 @@ import json
 import llama_cpp
 import pytest
 
-from edgevlm.backend import Backend
-from edgevlm.families import image_tokens
-from edgevlm.gguf_info import load_projector, load_text_model
+from edgevlm.backend.llama import Backend
+from edgevlm.model.projectors import image_tokens
+from edgevlm.model.gguf_info import load_projector, load_text_model
 
 from .conftest import ALL_FAMILIES, run_cli
 

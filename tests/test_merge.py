@@ -10,8 +10,8 @@ import pytest
 
 import edgevlm
 from edgevlm.errors import InputError
-from edgevlm.images import from_rgb
-from edgevlm.merge import MergeSpec, merge_tokens, uniform_prune
+from edgevlm.vision.images import from_rgb
+from edgevlm.vision.merge import MergeSpec, merge_tokens, uniform_prune
 
 from .conftest import run_cli
 
@@ -28,9 +28,9 @@ def eng(request, model_pair):
 
 
 def turn(e, spec, img, n=1):
+    """One turn of a fresh conversation with merging ``spec``, over the same loaded model."""
     e.reset()
-    e.merge = MergeSpec.parse(spec)
-    r = e.chat("Describe it.", [img], max_tokens=n, temperature=0.0)
+    r = e.with_options(merge=MergeSpec.parse(spec)).chat("Describe it.", [img], max_tokens=n, temperature=0.0)
     return r, e.backend.logits().copy()
 
 
@@ -66,12 +66,15 @@ def test_merge_off_is_the_normal_path(eng):
 
 @pytest.mark.parametrize("spec", ["ratio:0.5", "ratio:0.25", "tokens:37"])
 def test_counts_and_generation(eng, spec):
-    r, logits = turn(eng, spec, NOISE, n=4)
+    eng.reset()
+    view = eng.with_options(merge=MergeSpec.parse(spec))
+    r = view.chat("Describe it.", [NOISE], max_tokens=4, temperature=0.0)
+    logits = eng.backend.logits().copy()
     st = r.stats
     assert st.image_tokens_out == MergeSpec.parse(spec).target(st.image_tokens_in)
     assert st.image_tokens == st.image_tokens_out and st.merge_map_size == st.image_tokens_in
     assert st.predicted_n >= 1 and np.isfinite(logits).all()
-    follow = eng.chat("And?", max_tokens=2, temperature=0.0)  # KV kept with merged tokens
+    follow = view.chat("And?", max_tokens=2, temperature=0.0)  # KV kept with merged tokens
     assert follow.stats.cached_n >= st.image_tokens_out and follow.stats.images_encoded == 0
 
 

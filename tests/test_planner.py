@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import edgevlm
-from edgevlm.devices import Device, Probe, parse_size, probe
+from edgevlm.plan.devices import Device, Probe, parse_size, probe
 from edgevlm.errors import DoesNotFit, InputError
-from edgevlm.gguf_info import read_gguf
-from edgevlm.guard import SAFETY, Guard
-from edgevlm.images import from_rgb
-from edgevlm.planner import Planner, Wishes, make_plan
+from edgevlm.model.gguf_info import read_gguf
+from edgevlm.plan.guard import SAFETY
+from edgevlm.vision.images import from_rgb
+from edgevlm.plan.planner import Planner, Wishes, make_plan
 
 from .conftest import run_cli
 
@@ -165,14 +165,13 @@ def test_guard_shrinks_a_dynamic_image_when_memory_drops(model_pair):
     pair = model_pair("qwen2vl")
     p = make_plan(str(pair.model), str(pair.mmproj), probe(device="cpu"), Wishes(image_tokens=1024))
     meter = Meter(16 * GiB)
-    eng = edgevlm.load(pair.model, pair.mmproj, plan=p, n_threads=2)
-    eng.guard = Guard(p, eng.backend.proj_info, meter)
+    eng = edgevlm.load(pair.model, pair.mmproj, plan=p, n_threads=2, measure=meter)
     big = from_rgb((np.random.default_rng(0).random((896, 896, 3)) * 255).astype(np.uint8), "big.png")
     r1 = eng.chat("one", [big], max_tokens=2, temperature=0)
     assert r1.stats.image_tokens == 1024 and not eng.notices
     eng.reset()
     eng.guard.reserved_encoder = 0  # as if the encoder had not grown yet
-    need = eng.guard._encoder_bytes(896, 896)
+    need = eng.guard.encoder_bytes(896, 896)
     meter.free = SAFETY + need // 2  # another program took memory: half the growth is free
     r2 = eng.chat("two", [big], max_tokens=2, temperature=0)  # admitted smaller, and runs
     assert r2.stats.image_tokens < 1024 and eng.notices and "reduced to" in eng.notices[0]
@@ -181,11 +180,12 @@ def test_guard_shrinks_a_dynamic_image_when_memory_drops(model_pair):
 
 def test_guard_refuses_fixed_size_image_without_memory(model_pair, images):
     pair = model_pair("llava15")
-    eng = edgevlm.load(pair.model, pair.mmproj, device="cpu", n_threads=2)
-    eng.guard.measure = Meter(0)
+    meter = Meter(16 * GiB)
+    eng = edgevlm.load(pair.model, pair.mmproj, device="cpu", n_threads=2, measure=meter)
+    meter.free = 0
     with pytest.raises(InputError, match="more memory but only"):
         eng.chat("hi", [images["square"]], max_tokens=2)
     assert eng.messages == []
-    eng.guard.measure = Meter(16 * GiB)
+    meter.free = 16 * GiB
     assert eng.chat("hi", [images["square"]], max_tokens=2, temperature=0).stats.image_tokens == 576
     eng.close()

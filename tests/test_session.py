@@ -7,7 +7,7 @@ import pytest
 
 import edgevlm
 from edgevlm.errors import InputError
-from edgevlm.images import from_rgb
+from edgevlm.vision.images import from_rgb
 
 from .conftest import run_cli
 
@@ -83,7 +83,7 @@ def test_summaries_are_made_once_and_deterministic(model_pair):
             # the same pictures again, evicted again: their cached summaries are reused
             for i in (0, 1, 2, 3):
                 events += eng.chat(f"pic{i + 1} again", [pics[i]], **G).stats.summarized_images
-            assert eng.session.generated == len(eng.session.summaries) <= 4 < events
+            assert eng.summaries.generated == len(eng.summaries.texts) <= 4 < events
             transcripts.append([(m.role, m.content_text) for m in eng.messages])
     assert transcripts[0] == transcripts[1]
 

@@ -342,7 +342,7 @@ def serve_registry_names(hub: FakeHub, names: list[str] | None = None, preset: s
     Only families edgevlm can generate are served (LLaVA-1.5/1.6, Qwen2.5-VL); returns
     {name: (repo, model file, mmproj file)}.
     """
-    from ..registry import load_registry
+    from ..hub.registry import load_registry
     from . import cached_model_pair
 
     reg = registry or load_registry()

@@ -11,11 +11,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .. import llamalog
-from ..backend import Backend
-from ..estimate import TextTensors, clip_compute_bytes, kv_bytes, layer_devices, text_compute_bytes, weight_bytes
-from ..families import image_tokens
-from ..gguf_info import read_gguf, text_model_info, projector_info
+from ..backend import logs
+from ..backend.llama import Backend
+from ..model.gguf_info import projector_info, read_gguf, text_model_info
+from ..model.projectors import encoder_patches, facts, image_tokens
+from ..plan.estimate import TextTensors, clip_compute_bytes, kv_bytes, layer_devices, text_compute_bytes, weight_bytes
 
 MIB = 2**20
 _LINE = re.compile(r"^(\w+):\s+(\S+)\s+(.*?)\s*=\s*([0-9.]+) MiB")
@@ -71,8 +71,9 @@ def _sizes(lines: list[str]) -> dict[str, float]:
 
 def largest_image(proj, budget: int | None) -> tuple[int, int]:
     """Width and height of an image that reaches the budget (square, the worst case)."""
-    if proj.projector_type.startswith("qwen"):
-        side = 28 * int(np.sqrt(budget or 4096))
+    f = facts(proj)
+    if f.dynamic:
+        side = proj.patch_size * f.merge * int(np.sqrt(budget or 4096))
         return side, side
     return proj.image_size, proj.image_size  # one view / tile
 
@@ -83,7 +84,7 @@ def measure(model: str, mmproj: str, cfg: Config, n_threads: int = 2) -> list[Co
     text = text_model_info(text_gf)
     proj_gf = read_gguf(mmproj)
     proj = projector_info(proj_gf)
-    with llamalog.capture() as lines:
+    with logs.capture() as lines:
         be = Backend(model, mmproj, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                      n_gpu_layers=0, n_threads=n_threads, flash_attn=cfg.flash_attn,
                      type_k=cfg.type_k, type_v=cfg.type_v, warmup=False,
@@ -96,9 +97,7 @@ def measure(model: str, mmproj: str, cfg: Config, n_threads: int = 2) -> list[Co
                 with be.tokenize(be.marker, [bm], add_special=False) as chunks:
                     img = next(c for c in chunks if c.kind == "image")
                     be.encode_image(img)
-                    n_patches = img.n_tokens * (4 if proj.projector_type.startswith("qwen") else 1)
-                    if not proj.projector_type.startswith("qwen"):
-                        n_patches = (proj.image_size // proj.patch_size) ** 2
+                    n_patches = encoder_patches(proj, img.n_tokens)
             finally:
                 be.free_bitmap(bm)
         finally:

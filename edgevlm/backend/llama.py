@@ -1,0 +1,492 @@
+"""The loaded model pair: with ``system``, the only code that touches ``llama_cpp`` and ``mtmd``.
+
+``Backend`` owns a ``llama_cpp.Llama`` (model + context) and the mtmd context for a model pair,
+and offers the primitives the scheduler builds on: tokenize a prompt with images into chunks,
+encode an image chunk, decode text or image embeddings at a position (one sequence, or a batch
+from several), share and drop KV cells, sample, read logits and vocabulary facts.
+No policy lives here: what to evaluate, when, and what to keep is the scheduler's business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, ImageError, InputError, ModelFileError, ModelPairError
+from ..model.gguf_info import check_pair, load_projector, load_text_model
+from ..model.kv_types import KV_TYPES
+from . import logs
+from .sampling import SamplingParams
+from .system import install_log_sink
+
+__all__ = ["Backend", "Chunk", "Chunks", "SamplingParams"]
+
+CHUNK_TEXT, CHUNK_IMAGE, CHUNK_AUDIO = 0, 1, 2
+
+
+@dataclass
+class Chunk:
+    """One piece of a tokenized prompt, in order. ``handle`` stays valid while its Chunks live."""
+
+    kind: str  # "text" or "image"
+    n_tokens: int
+    n_pos: int
+    tokens: list[int] | None  # text chunks only
+    image_id: str | None  # image chunks: mtmd's id (we set it to the content hash)
+    nx: int = 0
+    ny: int = 0
+    handle: Any = None
+
+
+class Chunks(list):
+    """A list of Chunk that frees mtmd's chunk array when closed."""
+
+    def __init__(self, items, ptr, backend: "Backend"):
+        super().__init__(items)
+        self._ptr = ptr
+        self._backend = backend
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            self._backend.mtmd.mtmd_input_chunks_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):  # pragma: no cover - safety net
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+@contextlib.contextmanager
+def _llama_defaults(n_seq_max: int, progress_callback):
+    """``Llama`` exposes neither several sequences nor a load-progress callback: patch the
+    default-params factories it calls, for the constructor only. ``n_seq_max`` > 1 gives the
+    context that many sequences over one unified KV cache (every sequence may use the whole
+    context, and cells copied with ``seq_cp`` are shared)."""
+    import llama_cpp.llama as llama_mod
+
+    lc = llama_mod.llama_cpp
+    saved = lc.llama_context_default_params, lc.llama_model_default_params
+    keep: list[Any] = []
+
+    def context_params():
+        params = saved[0]()
+        if n_seq_max > 1:
+            params.n_seq_max = n_seq_max
+            params.kv_unified = True
+        return params
+
+    def model_params():
+        params = saved[1]()
+        if progress_callback is not None:
+            def report(progress: float, _user) -> bool:
+                try:
+                    progress_callback(float(progress))
+                except Exception:  # never raise into C
+                    pass
+                return True
+
+            keep.append(lc.llama_progress_callback(report))
+            params.progress_callback = keep[-1]
+        return params
+
+    lc.llama_context_default_params, lc.llama_model_default_params = context_params, model_params
+    try:
+        yield
+    finally:
+        lc.llama_context_default_params, lc.llama_model_default_params = saved
+
+
+class Backend:
+    """llama.cpp text model + mtmd projector, loaded once."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        mmproj_path: str | os.PathLike[str],
+        *,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_ubatch: int = 512,
+        n_gpu_layers: int = 0,
+        n_threads: int | None = None,
+        flash_attn: bool = True,
+        type_k: str = "f16",
+        type_v: str = "f16",
+        offload_kqv: bool = True,
+        mmproj_use_gpu: bool = True,
+        mmproj_flash_attn: bool | None = None,
+        image_min_tokens: int | None = None,
+        image_max_tokens: int | None = None,
+        warmup: bool = False,
+        use_mmap: bool = True,
+        op_offload: bool | None = None,
+        verbose: bool = False,
+        progress_callback: Any = None,
+        n_seq_max: int = 1,
+    ) -> None:
+        import llama_cpp
+        from llama_cpp import mtmd_cpp
+
+        self.llama_cpp = llama_cpp
+        self.mtmd = mtmd_cpp
+        self.model_path = os.fspath(model_path)
+        self.mmproj_path = os.fspath(mmproj_path)
+        # Validate both files up front: clear one-line errors instead of C aborts.
+        self.text_info = load_text_model(self.model_path)
+        self.proj_info = load_projector(self.mmproj_path)
+        check_pair(self.text_info, self.proj_info)
+        for what, kv in (("K", type_k), ("V", type_v)):
+            if kv not in KV_TYPES:
+                raise InputError(f"KV cache type {kv!r} for {what}: use one of {', '.join(KV_TYPES)}")
+        if type_v != "f16" and not flash_attn:
+            raise ModelPairError(f"a quantized V cache ({type_v}) needs flash attention")
+
+        install_log_sink()
+        logs.set_echo(verbose)
+        self.n_threads = n_threads or max(1, min(os.cpu_count() or 1, 8))
+        self.load_log: list[str] = []
+        with logs.capture() as lines:
+            try:
+                kwargs: dict[str, Any] = dict(
+                    n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_gpu_layers=n_gpu_layers,
+                    n_threads=self.n_threads, n_threads_batch=self.n_threads,
+                    flash_attn=flash_attn, offload_kqv=offload_kqv, use_mmap=use_mmap,
+                    type_k=KV_TYPES[type_k].ggml_id, type_v=KV_TYPES[type_v].ggml_id, verbose=verbose,
+                    op_offload=op_offload,
+                )
+                with _llama_defaults(n_seq_max, progress_callback):
+                    self.llama = llama_cpp.Llama(self.model_path, **kwargs)
+            except (ValueError, RuntimeError) as exc:
+                raise ModelFileError(f"{self.model_path}: llama.cpp could not load it ({exc})") from None
+            params = mtmd_cpp.mtmd_context_params_default()
+            params.use_gpu = mmproj_use_gpu
+            params.n_threads = self.n_threads
+            params.print_timings = verbose
+            params.warmup = warmup
+            fa = flash_attn if mmproj_flash_attn is None else mmproj_flash_attn
+            params.flash_attn_type = (
+                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+            if image_min_tokens:
+                params.image_min_tokens = image_min_tokens
+            if image_max_tokens:
+                params.image_max_tokens = image_max_tokens
+            self.image_min_tokens = image_min_tokens
+            self.image_max_tokens = image_max_tokens
+            self.mctx = mtmd_cpp.mtmd_init_from_file(self.mmproj_path.encode(), self.llama.model, params)
+        self.load_log = list(lines)
+        if not self.mctx:
+            self.llama.close()
+            tail = next((ln for ln in reversed(lines) if "error" in ln.lower() or "failed" in ln.lower()), "")
+            raise ModelPairError(f"{self.mmproj_path}: mtmd could not load the projector {tail}".strip())
+        if not mtmd_cpp.mtmd_support_vision(self.mctx):
+            self.close()
+            raise ModelPairError(f"{self.mmproj_path}: projector has no vision support")
+        self.marker = mtmd_cpp.mtmd_default_marker().decode()
+        self.n_ctx = llama_cpp.llama_n_ctx(self.llama.ctx)
+        self.n_batch = n_batch
+        self.n_vocab = self.llama.n_vocab()
+        self.use_mrope = bool(mtmd_cpp.mtmd_decode_use_mrope(self.mctx))
+        self.non_causal = bool(mtmd_cpp.mtmd_decode_use_non_causal(self.mctx, None))
+        self._post_decode_cb = mtmd_cpp.mtmd_helper_post_decode_callback()
+        self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, 1)
+        self.n_seq_max = int(llama_cpp.llama_n_seq_max(self.llama.ctx))
+        self._batch_ext = None  # for decode_multi, made on first use
+        self._vocab = llama_cpp.llama_model_get_vocab(self.llama.model)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
+        self.eos_id = int(llama_cpp.llama_vocab_eos(self._vocab))
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        if getattr(self, "_batch_ext", None) is not None:
+            self.llama_cpp.llama_batch_ext_free(self._batch_ext)
+            self._batch_ext = None
+        if getattr(self, "_batch", None) is not None:
+            self.llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "mctx", None):
+            self.mtmd.mtmd_free(self.mctx)
+            self.mctx = None
+        if getattr(self, "llama", None) is not None:
+            self.llama.close()
+            self.llama = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- images and tokenization ------------------------------------------------------
+    def bitmap_from_rgb(self, rgb: np.ndarray, image_id: str | None = None):
+        """An mtmd bitmap from an HxWx3 uint8 array (decoding/EXIF is the images module's job)."""
+        if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
+            raise ImageError("internal: bitmap needs an HxWx3 uint8 array")
+        h, w = rgb.shape[:2]
+        data = np.ascontiguousarray(rgb)
+        buf = (ctypes.c_ubyte * data.nbytes).from_buffer_copy(data.tobytes())
+        bm = self.mtmd.mtmd_bitmap_init(w, h, buf)
+        if not bm:
+            raise ImageError(f"mtmd could not take a {w}x{h} image")
+        if image_id:
+            self.mtmd.mtmd_bitmap_set_id(bm, image_id.encode())
+        return bm
+
+    def placeholder_bitmap(self, width: int, height: int):
+        """A data-less bitmap: mtmd tokenizes it (counts tokens) but cannot encode it."""
+        bm = self.mtmd.mtmd_bitmap_init(width, height, None)
+        if not bm:
+            raise ImageError(f"mtmd could not take a {width}x{height} placeholder")
+        return bm
+
+    def count_image(self, width: int, height: int) -> list[Chunk]:
+        """mtmd's own chunks (tokens, positions, grid) for a width×height image, text included."""
+        bm = self.placeholder_bitmap(width, height)
+        try:
+            with self.tokenize(self.marker, [bm], add_special=False) as chunks:
+                return [Chunk(c.kind, c.n_tokens, c.n_pos, c.tokens, c.image_id, c.nx, c.ny)
+                        for c in chunks]
+        finally:
+            self.free_bitmap(bm)
+
+    def free_bitmap(self, bm) -> None:
+        self.mtmd.mtmd_bitmap_free(bm)
+
+    def tokenize(self, text: str, bitmaps: list, add_special: bool = True) -> Chunks:
+        """Split ``text`` (with one media marker per bitmap) into text and image chunks."""
+        m = self.mtmd
+        if text.count(self.marker) != len(bitmaps):
+            raise BackendError(
+                f"prompt has {text.count(self.marker)} image markers but {len(bitmaps)} images"
+            )
+        inp = m.mtmd_input_text()
+        raw = text.encode("utf-8")
+        inp.text = raw
+        inp.text_len = len(raw)
+        inp.add_special = add_special
+        inp.parse_special = True
+        ptr = m.mtmd_input_chunks_init()
+        arr = (m.mtmd_bitmap_p_ctypes * max(len(bitmaps), 1))(*bitmaps)
+        rc = m.mtmd_tokenize(self.mctx, ptr, ctypes.byref(inp), arr, len(bitmaps))
+        if rc != 0:
+            m.mtmd_input_chunks_free(ptr)
+            raise BackendError(f"mtmd_tokenize failed (code {rc})")
+        items = []
+        for i in range(m.mtmd_input_chunks_size(ptr)):
+            c = m.mtmd_input_chunks_get(ptr, i)
+            kind = m.mtmd_input_chunk_get_type(c)
+            n_tok = m.mtmd_input_chunk_get_n_tokens(c)
+            n_pos = m.mtmd_input_chunk_get_n_pos(c)
+            if kind == CHUNK_TEXT:
+                n = ctypes.c_size_t()
+                tp = m.mtmd_input_chunk_get_tokens_text(c, ctypes.byref(n))
+                items.append(Chunk("text", n_tok, n_pos, [tp[j] for j in range(n.value)], None, handle=c))
+            else:
+                img = m.mtmd_input_chunk_get_tokens_image(c)
+                cid = m.mtmd_input_chunk_get_id(c)
+                items.append(Chunk(
+                    "image" if kind == CHUNK_IMAGE else "audio", n_tok, n_pos, None,
+                    cid.decode() if cid else None,
+                    nx=m.mtmd_image_tokens_get_nx(img) if img else 0,
+                    ny=m.mtmd_image_tokens_get_ny(img) if img else 0,
+                    handle=c,
+                ))
+        return Chunks(items, ptr, self)
+
+    def tokenize_text(self, text: str, add_special: bool = False) -> list[int]:
+        return self.llama.tokenize(text.encode("utf-8"), add_bos=add_special, special=True)
+
+    # --- evaluation -------------------------------------------------------------------
+    def encode_image(self, chunk: Chunk) -> np.ndarray:
+        """Run the vision encoder on an image chunk; returns a (n_tokens, n_embd) float32 copy."""
+        rc = self.mtmd.mtmd_encode_chunk(self.mctx, chunk.handle)
+        if rc != 0:
+            raise BackendError(f"image encoding failed (code {rc})")
+        ptr = self.mtmd.mtmd_get_output_embd(self.mctx)
+        n_embd = self.text_info.n_embd
+        arr = np.ctypeslib.as_array(ptr, shape=(chunk.n_tokens * n_embd,))
+        return arr.reshape(chunk.n_tokens, n_embd).copy()
+
+    def decode_image(self, chunk: Chunk, embd: np.ndarray, n_past: int, seq_id: int = 0) -> int:
+        """Feed an image chunk's embeddings at ``n_past``; returns the new n_past."""
+        embd = np.ascontiguousarray(embd, dtype=np.float32)
+        new_past = self.llama_cpp.llama_pos(0)
+        rc = self.mtmd.mtmd_helper_decode_image_chunk(
+            self.mctx, self.llama.ctx, chunk.handle,
+            embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            n_past, seq_id, self.n_batch, ctypes.byref(new_past), self._post_decode_cb, None,
+        )
+        if rc != 0:
+            raise BackendError(f"decoding image embeddings failed (code {rc})")
+        return int(new_past.value)
+
+    def image_positions(self, chunk: Chunk, n_past: int, indices) -> np.ndarray:
+        """(len(indices), 4) decoder positions (t, y, x, z) mtmd gives those image tokens."""
+        m = self.mtmd
+        img = m.mtmd_input_chunk_get_tokens_image(chunk.handle)
+        out = np.zeros((len(indices), 4), dtype=np.int32)
+        for k, i in enumerate(indices):
+            p = m.mtmd_image_tokens_get_decoder_pos(img, n_past, int(i))
+            out[k] = (p.t, p.y, p.x, p.z)
+        return out
+
+    def decode_embeddings(self, embd: np.ndarray, positions: np.ndarray, non_causal: bool = False,
+                          seq_id: int = 0) -> None:
+        """Feed arbitrary embedding rows (e.g. merged image tokens) with explicit positions.
+
+        ``positions``: (n,) for 1-D RoPE, (n, 4) section-major M-RoPE (t, y, x, z). A non-causal
+        image goes in one ubatch, as mtmd does.
+        """
+        lc = self.llama_cpp
+        embd = np.ascontiguousarray(embd, dtype=np.float32)
+        n, d = embd.shape
+        pos = positions.reshape(n, -1).astype(np.int32)
+        if pos.shape[1] == 1:
+            pos = np.concatenate([pos, np.zeros((n, 3), np.int32)], axis=1)
+        base = embd.ctypes.data
+        batch = lc.llama_batch_ext_init(self.llama.ctx)
+        step = n if non_causal else self.n_batch
+        if non_causal:
+            lc.llama_set_causal_attn(self.llama.ctx, False)
+        try:
+            for off in range(0, n, step):
+                lc.llama_batch_ext_clear(batch)
+                for i in range(off, min(n, off + step)):
+                    e = lc.llama_embd(ctypes.cast(base + i * d * 4, ctypes.POINTER(ctypes.c_float)), 1, d)
+                    idx = lc.llama_batch_ext_add_embd(batch, seq_id, e)
+                    if idx < 0:
+                        raise BackendError(f"could not add an embedding to the batch (code {idx})")
+                    p = (lc.llama_pos * 4)(*pos[i].tolist())
+                    lc.llama_batch_ext_set_pos(batch, idx, p)
+                rc = lc.llama_process(self.llama.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+                if rc != 0:
+                    raise BackendError(f"decoding merged image tokens failed (code {rc})")
+        finally:
+            if non_causal:
+                lc.llama_set_causal_attn(self.llama.ctx, True)
+            lc.llama_batch_ext_free(batch)
+
+    def decode_tokens(self, tokens: list[int], n_past: int, logits_last: bool = True,
+                      seq_id: int = 0) -> int:
+        """Evaluate text tokens at positions n_past..; returns the new n_past."""
+        lc = self.llama_cpp
+        b = self._batch
+        i = 0
+        while i < len(tokens):
+            part = tokens[i:i + self.n_batch]
+            b.n_tokens = len(part)
+            for j, tok in enumerate(part):
+                b.token[j] = tok
+                b.pos[j] = n_past + i + j
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = seq_id
+                b.logits[j] = False
+            last = i + len(part) >= len(tokens)
+            if last and logits_last:
+                b.logits[len(part) - 1] = True
+            rc = lc.llama_decode(self.llama.ctx, b)
+            if rc != 0:
+                raise BackendError(f"llama_decode failed (code {rc}) at position {n_past + i}")
+            i += len(part)
+        return n_past + len(tokens)
+
+    def decode_multi(self, entries: list[tuple[int, int, int, bool]]) -> None:
+        """One llama.cpp batch of text tokens from several sequences: ``(seq_id, token, pos,
+        output)`` each (at most ``n_batch``). Sample an output with ``sample(s, index)``."""
+        lc = self.llama_cpp
+        if self._batch_ext is None:
+            self._batch_ext = lc.llama_batch_ext_init(self.llama.ctx)
+        b = self._batch_ext
+        lc.llama_batch_ext_clear(b)
+        pos = (lc.llama_pos * 4)()
+        for seq, tok, p, out in entries:
+            idx = lc.llama_batch_ext_add_token(b, seq, tok)
+            if idx < 0:
+                raise BackendError(f"could not add token {tok} of sequence {seq} to the batch (code {idx})")
+            pos[0] = p
+            lc.llama_batch_ext_set_pos(b, idx, pos)
+            if out:
+                lc.llama_batch_ext_set_output_logits(b, idx, True)
+        rc = lc.llama_process(self.llama.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, b)
+        if rc != 0:
+            raise BackendError(f"llama_decode failed (code {rc}) on a batch of {len(entries)} tokens "
+                               f"from several sequences")
+
+    def seq_copy(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Let sequence ``dst`` share ``src``'s KV cells with positions in [p0, p1) (unified
+        cache: no copy, the cells gain a sequence)."""
+        mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
+        self.llama_cpp.llama_memory_seq_cp(mem, src, dst, p0, p1)
+
+    def logits(self, index: int = -1) -> np.ndarray:
+        """Logits of batch output ``index`` (-1: the last token evaluated with logits on; a
+        view: copy to keep)."""
+        ptr = self.llama_cpp.llama_get_logits_ith(self.llama.ctx, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The largest position sequence ``seq_id`` holds in the KV cache (-1: none)."""
+        mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
+        return int(self.llama_cpp.llama_memory_seq_pos_max(mem, seq_id))
+
+    def kv_remove(self, p0: int, p1: int = -1, seq_id: int = 0) -> None:
+        """Forget KV cells with positions in [p0, p1) (p1 = -1: to the end)."""
+        mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
+        self.llama_cpp.llama_memory_seq_rm(mem, seq_id, p0, p1)
+
+    def kv_clear(self) -> None:
+        mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
+        self.llama_cpp.llama_memory_clear(mem, True)
+
+    # --- sampling ---------------------------------------------------------------------
+    def make_sampler(self, params: SamplingParams):
+        """A llama.cpp sampler chain for ``params`` (free with ``free_sampler``)."""
+        lc = self.llama_cpp
+        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if params.temperature <= 0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+            return chain
+        if params.top_k > 0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(params.top_k))
+        if 0 < params.top_p < 1:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(params.top_p, 1))
+        if 0 < params.min_p < 1:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(params.min_p, 1))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(params.temperature))
+        seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**31)
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return chain
+
+    def sample(self, sampler, index: int = -1) -> int:
+        """Sample from the logits of batch entry ``index`` (-1: the last output) and accept the
+        token into the sampler's state."""
+        return int(self.llama_cpp.llama_sampler_sample(sampler, self.llama.ctx, index))
+
+    def free_sampler(self, sampler) -> None:
+        self.llama_cpp.llama_sampler_free(sampler)
+
+    # --- vocab ------------------------------------------------------------------------
+    def is_eog(self, token: int) -> bool:
+        return bool(self.llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        return self.llama.detokenize([token], special=special)
+
+    def token_text(self, token: int) -> str:
+        """A special token's text (``<s>``, ``<|im_end|>``); "" for none (-1)."""
+        return self.token_bytes(token, special=True).decode("utf-8", "ignore") if token >= 0 else ""

@@ -1,0 +1,95 @@
+"""llama.cpp facts that need no loaded model: the devices ggml registered and their free
+memory, whether the CPU build repacks quantized weights, the chat-template renderer, and the
+route of llama.cpp's two loggers into ``logs``. Like ``llama``, this touches ``llama_cpp``."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import logs
+
+__all__ = ["GGMLDevice", "cpu_repacks", "ggml_devices", "install_log_sink", "template_renderer"]
+
+KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
+_callbacks: list[object] = []  # keep ctypes callbacks alive for the life of the process
+
+
+@dataclass(frozen=True)
+class GGMLDevice:
+    name: str
+    description: str
+    kind: str  # cpu | gpu | igpu | accel | meta
+    free: int
+    total: int
+
+
+def install_log_sink() -> None:
+    """Route llama.cpp's loggers (llama/ggml and clip/mtmd) into ``logs`` (idempotent)."""
+    if _callbacks:
+        return
+    import llama_cpp
+    from llama_cpp import mtmd_cpp
+
+    cb = llama_cpp.llama_log_callback(logs.on_text)
+    _callbacks.append(cb)
+    llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_helper_log_set(cb, ctypes.c_void_p(0))
+
+
+def ggml_devices() -> list[GGMLDevice]:
+    """Every device ggml has registered, with the free and total memory it reports."""
+    try:
+        import llama_cpp
+        from llama_cpp import _ggml
+    except Exception:  # pragma: no cover - no llama_cpp: host only
+        return []
+    install_log_sink()
+    llama_cpp.llama_backend_init()
+    lib = _ggml.libggml
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(lib, fn).restype = ctypes.c_char_p
+        getattr(lib, fn).argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_memory.restype = None
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append(GGMLDevice(
+            (lib.ggml_backend_dev_name(dev) or b"?").decode(),
+            (lib.ggml_backend_dev_description(dev) or b"").decode(),
+            KINDS.get(lib.ggml_backend_dev_type(dev), "unknown"),
+            int(free.value), int(total.value),
+        ))
+    return out
+
+
+def cpu_repacks() -> bool:
+    """Whether this CPU build repacks Q4_0 weights (AVX2/AVX-512/NEON kernels)."""
+    try:
+        import llama_cpp
+
+        info = llama_cpp.llama_print_system_info().decode()
+    except Exception:  # pragma: no cover
+        return True
+    return "REPACK = 1" in info or "AVX2 = 1" in info or "NEON = 1" in info
+
+
+def template_renderer(template: str, bos_token: str, eos_token: str) -> Callable[[list[dict]], str]:
+    """A function rendering ``messages`` with a Jinja chat template exactly as llama-cpp-python
+    renders it (its ``Jinja2ChatFormatter``: sandboxed Jinja, ``trim_blocks``/``lstrip_blocks``,
+    HF's ``tojson``), with the generation prompt added."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    fmt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token,
+                              add_generation_prompt=True)
+    return lambda messages: fmt(messages=messages).prompt

@@ -1,0 +1,266 @@
+"""A resumable caption run over files: the record log, the deliverable beside it, the summary.
+
+    job = CaptionJob(items, CaptionSettings(), model="m.gguf", mmproj="p.gguf", out="captions.jsonl")
+    job.open()                       # lock the log, read what is done, repair what a kill left
+    summary = job.run(edgevlm.load("m.gguf", "p.gguf"))
+    job.close()
+
+Exit codes (``CaptionSummary.exit_code``): 0 every image has a caption; 4 some images failed
+(their records carry ``error``); 130 interrupted (Ctrl-C / SIGTERM; the rest is left for a
+rerun). The CLI adds 2 for bad input and 1 when llama.cpp or the disk fails the whole run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import InputError, OutputError
+from .inputs import InputItem, common_root
+from .outputs import RecordLog
+from .prepare import Preparer, ResumeIndex, StopToken
+from .runner import Captioner, CaptionResult
+from .settings import CaptionSettings, model_identity
+from .sidecars import Metadata, Plain, Sidecars
+
+__all__ = ["CaptionJob", "CaptionSummary", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK"]
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 4, 130
+FORMATS = ("jsonl", "csv", "txt", "metadata")
+POLICIES = ("skip", "overwrite", "append", "prepend")
+
+
+@dataclass
+class CaptionSummary:
+    total: int = 0  # inputs of this run (this shard)
+    done: int = 0  # captioned now
+    skipped: int = 0  # not captioned now: done by an earlier run, or an existing caption kept
+    skipped_done: int = 0  # ... of which done by an earlier run
+    failed: int = 0  # error records written now
+    failed_before: int = 0  # skipped as done, but the earlier record is an error
+    interrupted: bool = False
+    elapsed_s: float = 0.0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0  # evaluated (cached ones excluded)
+    cached_tokens: int = 0  # reused from the KV cache (the shared prefix)
+    engine_ms: float = 0.0  # inside encode + prefill + decode (TurnStats prompt_ms + predicted_ms)
+    load_ms: float = 0.0  # reading/decoding/resizing images (background thread)
+    wait_ms: float = 0.0  # the model waiting for the next image
+    write_ms: float = 0.0  # records, sidecars (fsync included)
+    dropped_records: int = 0  # io/runtime errors of earlier runs removed from the log, redone
+    recovered: int = 0  # sidecars / metadata entries a killed run logged but had not written
+    other_settings: int = 0  # records in the log made with other settings (kept)
+    in_flight_max: int = 0  # most images captioned at once (their replies in one batch)
+    out: str = ""
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.total - self.done - self.skipped - self.failed)
+
+    @property
+    def images_per_s(self) -> float:
+        return round(self.done / self.elapsed_s, 3) if self.elapsed_s > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return round(self.generated_tokens / self.elapsed_s, 2) if self.elapsed_s > 0 else 0.0
+
+    @property
+    def cached_per_image(self) -> float:
+        return round(self.cached_tokens / self.done, 1) if self.done else 0.0
+
+    @property
+    def engine_share(self) -> float:
+        return round(self.engine_ms / (self.elapsed_s * 1000), 4) if self.elapsed_s > 0 else 0.0
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_FAILED if self.failed or self.failed_before else EXIT_OK
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("remaining", "images_per_s", "tokens_per_s", "cached_per_image", "engine_share",
+                  "exit_code"):
+            d[k] = getattr(self, k)
+        d["elapsed_s"] = round(self.elapsed_s, 3)
+        for k in ("engine_ms", "load_ms", "wait_ms", "write_ms"):
+            d[k] = round(d[k], 1)
+        return d
+
+    def lines(self) -> list[str]:
+        """The end-of-run summary for people."""
+        skipped = f"skipped {self.skipped}"
+        if self.failed_before:
+            skipped += f" ({self.failed_before} failed earlier)"
+        head = (f"captioned {self.done} · {skipped} · failed {self.failed}"
+                f" · {self.total} image(s) in {self.elapsed_s:.1f} s")
+        if self.done:
+            head += (f" · {self.images_per_s:.2f} images/s · {self.tokens_per_s:.1f} tok/s"
+                     f" · prefix reused {self.cached_per_image:g} tok/image")
+            if self.in_flight_max > 1:
+                head += f" · {self.in_flight_max} in flight"
+        out = [head]
+        if self.interrupted:
+            out.append(f"interrupted: {self.remaining} image(s) left; run the same command again "
+                       "to continue")
+        if self.recovered:
+            out.append(f"completed {self.recovered} caption file(s) an interrupted run had not written")
+        if self.dropped_records:
+            out.append(f"retried {self.dropped_records} image(s) that failed earlier")
+        if self.failed or self.failed_before:
+            out.append(f"{self.failed + self.failed_before} image(s) without a caption: their "
+                       f"records in {self.out} have \"error\" set")
+        return out
+
+
+class CaptionJob:
+    """Caption ``items`` into ``out`` (``fmt`` jsonl/csv), or sidecars / metadata.jsonl (txt /
+    metadata, with the record log at ``out``), resuming whatever an earlier run did."""
+
+    def __init__(self, items: list[InputItem], settings: CaptionSettings, *, model: str, mmproj: str,
+                 out: str | None = None, fmt: str = "jsonl", existing: str = "skip",
+                 separator: str = " ", root: str | None = None, sidecar_ext: str = ".txt",
+                 retry_errors: bool = False):
+        if fmt not in FORMATS:
+            raise InputError(f"--format {fmt}: use one of {', '.join(FORMATS)}")
+        if existing not in POLICIES:
+            raise InputError(f"--existing {existing}: use one of {', '.join(POLICIES)}")
+        settings.validate()
+        self.items = items
+        self.settings = settings
+        self.fmt = fmt
+        self.out = out or ("captions.csv" if fmt == "csv" else "captions.jsonl")
+        self.model_name, ident = model_identity(model, mmproj)
+        self.digest = settings.digest(ident, fmt if fmt in ("txt", "metadata") else "log")
+        if fmt == "txt":
+            self.deliverable: Plain = Sidecars(existing, separator, sidecar_ext)
+        elif fmt == "metadata":
+            self.deliverable = Metadata(root or common_root(items), existing, separator, sidecar_ext)
+        else:
+            self.deliverable = Plain(existing, separator, sidecar_ext)
+        self.retry_errors = retry_errors
+        self.log = RecordLog(self.out, "csv" if fmt == "csv" else "jsonl")
+        self.summary = CaptionSummary(total=len(items), out=self.out)
+        self.index = ResumeIndex()
+        self.conflicts: dict[str, str] = {}
+
+    @property
+    def metadata_path(self) -> str | None:
+        return self.deliverable.path if isinstance(self.deliverable, Metadata) else None
+
+    def open(self) -> CaptionJob:
+        """Lock and read the log, drop records a rerun redoes, finish what a kill left."""
+        self.log.open()
+        self.conflicts = self.deliverable.prepare(self.items)
+        self.index = ResumeIndex(self.log.entries, self.digest, self.retry_errors)
+        self.summary.other_settings = self.index.other_settings
+        try:
+            if self.index.drop:
+                self.summary.dropped_records = self.log.remove(self.index.drop)
+            self.summary.recovered = self.deliverable.recover(self.log.entries)
+        except OSError as exc:
+            raise OutputError(f"{self.out}: cannot update ({exc.strerror or exc})") from None
+        return self
+
+    def needs_model(self) -> bool:
+        """Whether some input may need captioning (False: a rerun of a finished job)."""
+        prep = Preparer(None, self.settings, self.digest, self.deliverable, self.index, self.conflicts)
+        return not all(prep.settled(it) for it in self.items)
+
+    def todo(self) -> int:
+        """Inputs without a record of these settings (an upper bound of the work left)."""
+        return sum(1 for it in self.items if self.index.get(it.path) is None)
+
+    def run(self, engine: Any, *, stop: StopToken | None = None, prefetch: int = 2,
+            slots: int | None = None,
+            on_result: Callable[[CaptionResult, CaptionSummary], None] | None = None) -> CaptionSummary:
+        """Caption with ``engine`` (None when ``needs_model()`` said no), up to ``slots`` images
+        in flight (None: as many as its context has sequences)."""
+        stop = stop or StopToken()
+        s = self.summary
+        cap = Captioner(engine, self.settings, self.model_name, self.digest, self.deliverable,
+                        self.index, self.conflicts, stop, prefetch, slots)
+        t0 = time.perf_counter()
+        try:
+            for res in cap.run(self.items):
+                if res.record is not None:
+                    self._write(res)
+                self._account(res)
+                s.elapsed_s = time.perf_counter() - t0
+                if on_result is not None:
+                    on_result(res, s)
+        except KeyboardInterrupt:
+            s.interrupted = True
+        finally:
+            s.elapsed_s = time.perf_counter() - t0
+            s.wait_ms = cap.wait_s * 1000
+            s.in_flight_max = cap.peak_in_flight
+            self._finish()
+        if stop.requested and s.remaining:
+            s.interrupted = True
+        return s
+
+    def _account(self, res: CaptionResult) -> None:
+        s = self.summary
+        if res.status == "skipped":
+            s.skipped += 1
+            if res.reason == "done":
+                s.skipped_done += 1
+                if res.previous and res.previous.get("error"):
+                    s.failed_before += 1
+            return
+        rec = res.record
+        assert rec is not None
+        st = rec.stats or {}
+        s.load_ms += st.get("image_load_ms", 0.0)
+        if res.status == "failed":
+            s.failed += 1
+            return
+        s.done += 1
+        s.generated_tokens += st.get("predicted_n", 0)
+        s.prompt_tokens += st.get("prompt_n", 0)
+        s.cached_tokens += st.get("cached_n", 0)
+        s.engine_ms += st.get("prompt_ms", 0.0) + st.get("predicted_ms", 0.0)
+
+    def _write(self, res: CaptionResult) -> None:
+        """Stage the deliverable (a failure there fails this image), append the record, then
+        complete the deliverable."""
+        rec = res.record
+        assert rec is not None
+        t0 = time.perf_counter()
+        commit = None
+        try:
+            commit = self.deliverable.stage(rec)
+        except OSError as exc:  # e.g. the image's folder is read-only
+            rec.caption, rec.text = None, None
+            rec.error, rec.error_kind = f"cannot write {rec.target} ({exc.strerror or exc})", "io"
+            res.status = "failed"
+        try:
+            self.log.append(rec)
+            if commit is not None:
+                commit()
+        except OSError as exc:
+            raise OutputError(f"{self.out}: cannot write ({exc.strerror or exc})") from None
+        self.summary.write_ms += (time.perf_counter() - t0) * 1000
+
+    def _finish(self) -> None:
+        try:
+            self.deliverable.finish()
+            if self.index.superseded:  # records of files that changed since: replaced now
+                self.log.remove(self.index.superseded)
+                self.index.superseded.clear()
+        except OSError as exc:
+            raise OutputError(f"{self.out}: cannot update ({exc.strerror or exc})") from None
+
+    def close(self) -> None:
+        self.log.close()
+
+    def __enter__(self) -> CaptionJob:
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,246 @@
+"""Batch captioning: one loaded model, many images, resumable, nothing lost.
+
+    vlm = edgevlm.load("model.gguf", "mmproj.gguf", n_seq_max=4)
+    for rec in caption_images(vlm, ["photos/"], CaptionSettings(max_tokens=64), recursive=True):
+        print(rec.path, rec.caption or rec.error)
+
+``CaptionJob`` adds files: it finds what an earlier run already did (resume), writes each record
+atomically, and keeps sidecars / ``metadata.jsonl`` in step (see ``outputs``).
+
+Each image is a one-turn request to the engine's scheduler. When the context holds several
+sequences (``edgevlm.load(..., n_seq_max=4)``; ``caption_slots`` says how many fit), several
+images are in flight and their captions are generated in one batch per token, sharing the
+system prompt's KV cells (``stats.cached_n`` says how many tokens were reused); merged images
+(``merge``) take the same path. Reading, hashing, decoding, resizing and tiling the next images
+happen in a background thread while llama.cpp works. The engine's own conversation and options
+are left as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import BackendError, EdgeVLMError, ImageError, InputError
+from ..runtime.conversation import Message
+from ..runtime.scheduler import WAIT, Request, Sequence
+from ..vision.budget import ImageBudget
+from ..vision.merge import MergeSpec
+from .inputs import InputItem, discover
+from .outputs import CaptionRecord
+from .prepare import Prefetcher, Prepared, Preparer, ResumeIndex, StopToken, strip_label
+from .settings import CaptionSettings, model_identity
+from .sidecars import Plain
+from .text import clean_caption, compose, render_prompt
+
+__all__ = ["CaptionResult", "Captioner", "caption_images"]
+
+FAILS_IN_A_ROW = 3  # runtime failures in a row that stop the run (llama.cpp is broken, not the image)
+
+
+@dataclass
+class CaptionResult:
+    status: str  # "done" | "failed" | "skipped"
+    item: InputItem
+    record: CaptionRecord | None = None  # done / failed: the new record
+    reason: str | None = None  # skipped: "done" (earlier run) or an --existing reason
+    previous: dict[str, Any] | None = None  # skipped as done: the earlier record
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass
+class _InFlight:
+    prepared: Prepared
+    prompt: str
+    notices: list[str]
+    t0: float
+    request: Request | None = None
+
+
+class Captioner:
+    """Captions prepared inputs on an engine's scheduler, up to ``slots`` at once; yields a
+    CaptionResult per input (in the order images finish, within ``slots`` of the input order)."""
+
+    def __init__(self, engine: Any, settings: CaptionSettings, model_name: str, digest: str,
+                 deliverable: Plain | None = None, index: ResumeIndex | None = None,
+                 conflicts: dict[str, str] | None = None, stop: StopToken | None = None,
+                 prefetch: int = 2, slots: int | None = None):
+        settings.validate()
+        self.engine = engine  # None: every input is known to be done (nothing to caption)
+        self.settings = settings
+        self.model_name = model_name
+        self.digest = digest
+        self.out = deliverable or Plain()
+        self.index = index or ResumeIndex()
+        self.stop = stop or StopToken()
+        self.prefetch = prefetch
+        self.wait_s = 0.0
+        self.fails_in_a_row = 0
+        self.llama_ms: float | None = None  # time inside llama.cpp, measured
+        self.peak_in_flight = 0  # most images captioned at once
+        self.merge = MergeSpec.parse(settings.merge)
+        self.slots = 1
+        budget = None
+        if engine is not None:
+            sched = engine.scheduler
+            plan = engine.plan
+            cap = plan.image_max_tokens if plan is not None else None
+            budget = ImageBudget(engine.backend.proj_info, settings.image_tokens or cap, settings.tiles,
+                                 engine.backend.image_max_tokens)
+            self.slots = max(1, min(slots or sched.n_slots, sched.n_slots))
+        self.preparer = Preparer(budget, settings, digest, self.out, self.index, conflicts or {})
+
+    def run(self, items: Iterable[InputItem]) -> Iterator[CaptionResult]:
+        pf = Prefetcher(items, self.preparer, max(self.prefetch, self.slots), self.stop)
+        try:
+            yield from self._run(pf)
+        finally:
+            pf.close()
+            self.wait_s = pf.wait_s
+
+    def _record(self, p: Prepared, **kw: Any) -> CaptionRecord:
+        fields: dict[str, Any] = dict(
+            custom_id=self.preparer.custom_id(p.item.path, p.sha256), path=p.item.path,
+            sha256=p.sha256, caption=None, model=self.model_name, prompt=None, settings=self.digest,
+            width=p.width, height=p.height, bytes=p.bytes, mtime_ns=p.mtime_ns, notes=p.notes,
+            target=self.out.target(p.item), existing=p.existing, created=_now())
+        return CaptionRecord(**{**fields, **kw})
+
+    def _settled(self, p: Prepared) -> CaptionResult:
+        """An input that needs no model: done before, skipped, or broken."""
+        if p.status == "skip":
+            return CaptionResult("skipped", p.item, reason=p.reason, previous=p.previous)
+        rec = self._record(p, error=p.error, error_kind=p.error_kind,
+                           stats={"image_load_ms": round(p.load_ms, 2)})
+        return CaptionResult("failed", p.item, rec)
+
+    def _request(self, job: _InFlight) -> Request:
+        """The one-turn request of a prepared picture, its views run past the guard."""
+        eng, p, s = self.engine, job.prepared, self.settings
+        sched = eng.scheduler
+        views = [v for _, v in p.views]
+        labels = [lb for lb, _ in p.views]
+        if eng.guard is not None:
+            room = sched.budget.image_room(s.max_tokens)
+            for i, v in enumerate(views):
+                adm = eng.guard.admit(v, room)
+                room -= adm.tokens
+                views[i] = adm.image
+                if adm.notice:
+                    job.notices.append(adm.notice)
+        msg = Message("user", job.prompt, views, labels=labels)
+        prompt = sched.render([msg], s.system, self.merge, keep_images=False)
+        return Request(prompt, s.max_tokens, s.sampling, tuple(s.stop) + tuple(sched.default_stops),
+                       new_images=frozenset(prompt.units), t_start=job.t0, tag=job)
+
+    def _run(self, pf: Prefetcher) -> Iterator[CaptionResult]:
+        sched = self.engine.scheduler if self.engine is not None else None
+        source = iter(pf)
+        llama_ms_before = sched.llama_ms if sched is not None else 0.0
+        waiting: _InFlight | None = None
+        flying: dict[int, Sequence] = {}
+        try:
+            while True:
+                while len(flying) < self.slots and not self.stop.requested:
+                    job = waiting
+                    waiting = None
+                    if job is None:
+                        p = next(source, None)
+                        if p is None:
+                            break
+                        if p.status != "caption":
+                            yield self._settled(p)
+                            continue
+                        job = _InFlight(p, render_prompt(self.settings.prompt, p.item, p.existing), [],
+                                        time.perf_counter())
+                        if sched is None:  # the file changed after the run decided no model was needed
+                            yield self._failed(p, job.prompt, "runtime", "changed while the run started; run again")
+                            continue
+                    try:
+                        job.request = job.request or self._request(job)
+                        seq = sched.submit(job.request)
+                    except Exception as exc:
+                        yield self._error(job.prepared, job.prompt, exc)
+                        continue
+                    if seq == WAIT:  # it fits once images in flight finish
+                        waiting = job
+                        break
+                    flying[id(seq)] = seq
+                    self.peak_in_flight = max(self.peak_in_flight, len(flying))
+                if not flying:
+                    if waiting is None or self.stop.requested:
+                        return
+                    continue  # it did not fit beside the others: now it runs alone
+                for seq in sched.step():  # finished captions are written even when abandoning
+                    flying.pop(id(seq), None)
+                    job = seq.tag
+                    if seq.error is not None:
+                        yield self._error(job.prepared, job.prompt, seq.error)
+                    else:
+                        yield self._done(job, seq)
+                self.stop.check()
+        finally:
+            for seq in flying.values():
+                sched.cancel(seq)
+            if sched is not None:
+                self.llama_ms = sched.llama_ms - llama_ms_before
+
+    def _error(self, p: Prepared, prompt: str, exc: BaseException) -> CaptionResult:
+        if isinstance(exc, EdgeVLMError):
+            kind = "input" if isinstance(exc, ImageError) else "context" if isinstance(exc, InputError) else "runtime"
+            return self._failed(p, prompt, kind, strip_label(str(exc), p.item.path))
+        # a failure in llama.cpp or a bug: record it, go on
+        return self._failed(p, prompt, "runtime", f"{type(exc).__name__}: {exc}")
+
+    def _done(self, job: _InFlight, seq: Sequence) -> CaptionResult:
+        p, stats = job.prepared, seq.stats
+        assert stats is not None
+        self.fails_in_a_row = 0
+        raw = seq.reply.strip()
+        text = clean_caption(raw, stats.finish_reason == "length") if self.settings.clean else raw
+        caption = self.settings.prefix + text + self.settings.suffix
+        st = {**stats.to_dict(), "image_load_ms": round(p.load_ms, 2),
+              "total_ms": round((time.perf_counter() - job.t0) * 1000, 2)}
+        rec = self._record(p, caption=caption, prompt=job.prompt, image_tokens=stats.image_tokens, stats=st,
+                           raw_caption=raw if raw != caption else None)
+        rec.notes = rec.notes + [n for n in job.notices if n not in rec.notes]
+        if rec.target is not None:
+            rec.text = compose(p.existing, caption, self.out.policy, self.out.separator)
+        return CaptionResult("done", p.item, rec)
+
+    def _failed(self, p: Prepared, prompt: str, kind: str, msg: str) -> CaptionResult:
+        if kind == "runtime":
+            self.fails_in_a_row += 1
+            if self.fails_in_a_row >= FAILS_IN_A_ROW:
+                raise BackendError(f"llama.cpp failed on {self.fails_in_a_row} images in a row, "
+                                   f"stopping (last: {p.item.path}: {msg})")
+        rec = self._record(p, prompt=prompt, error=msg, error_kind=kind,
+                           stats={"image_load_ms": round(p.load_ms, 2)})
+        return CaptionResult("failed", p.item, rec)
+
+
+def caption_images(engine: Any, inputs: Iterable[str | InputItem],
+                   settings: CaptionSettings | None = None, *, recursive: bool = False,
+                   prefetch: int = 2, slots: int | None = None, **fields: Any) -> Iterator[CaptionRecord]:
+    """Caption images (paths, directories, globs) without writing files: one record each.
+    The engine's conversation and options stay as they are.
+
+    ``fields`` override ``settings`` (``caption_images(vlm, paths, max_tokens=32)``)."""
+    settings = replace(settings or CaptionSettings(), **fields)
+    inputs = list(inputs)
+    items = [i for i in inputs if isinstance(i, InputItem)]
+    names = [os.fspath(i) for i in inputs if not isinstance(i, InputItem)]
+    if names:
+        items += discover(names, recursive=recursive).items
+    be = engine.backend
+    name, ident = model_identity(be.model_path, be.mmproj_path)
+    cap = Captioner(engine, settings, name, settings.digest(ident), prefetch=prefetch, slots=slots)
+    for res in cap.run(items):
+        if res.record is not None:
+            yield res.record

@@ -1,0 +1,88 @@
+"""What shapes a caption (``CaptionSettings``: its digest is part of every record's resume key),
+the model's identity in records, and how many images are in flight."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass
+
+from ..backend.sampling import SamplingParams
+from ..plan.context import ContextBudget
+from ..vision.images import DEFAULT_MAX_PIXELS
+from ..vision.merge import MergeSpec
+from .text import DEFAULT_PROMPT, check_template
+
+__all__ = ["DEFAULT_IN_FLIGHT", "CaptionSettings", "caption_slots", "model_identity"]
+
+DEFAULT_IN_FLIGHT = 4  # beyond ~4 a CPU spends the batch on compute, not on reading weights
+_SAMPLING = SamplingParams()
+
+
+@dataclass(frozen=True)
+class CaptionSettings:
+    """Everything that shapes a caption. Its digest is part of every record's resume key."""
+
+    prompt: str = DEFAULT_PROMPT  # may use {name} {filename} {path} {existing}
+    system: str | None = None
+    prefix: str = ""  # added before the caption (trigger words)
+    suffix: str = ""
+    clean: bool = False  # strip preambles ("The image shows ..."), quotes, line breaks
+    max_tokens: int = 128
+    temperature: float = 0.0  # greedy
+    top_k: int = _SAMPLING.top_k
+    top_p: float = _SAMPLING.top_p
+    min_p: float = _SAMPLING.min_p
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    image_tokens: int | None = None  # per-image budget (None: the plan's)
+    tiles: str | int = "auto"
+    merge: str = "off"  # visual token merging after the projector (off, ratio:R, ...)
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_file_bytes: int = 1 << 30
+
+    def validate(self) -> None:
+        check_template(self.prompt)
+        MergeSpec.parse(self.merge)
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
+
+    def digest(self, model_id: str, output: str = "log") -> str:
+        """``output``: where captions go (a txt run after a jsonl run must write its sidecars)."""
+        d = asdict(self)
+        d.pop("max_file_bytes")
+        if self.merge == "off":  # records made before merging was an option stay valid
+            d.pop("merge")
+        if self.temperature <= 0:  # greedy: sampling knobs do not change the caption
+            for k in ("top_k", "top_p", "min_p", "seed"):
+                d.pop(k)
+        d["model"] = model_id
+        if output != "log":
+            d["output"] = output
+        return hashlib.sha256(repr(sorted(d.items())).encode()).hexdigest()[:12]
+
+
+def caption_slots(n_ctx: int, image_tokens: int | None, settings: CaptionSettings,
+                  want: int | None = None) -> int:
+    """Images in flight for a context of ``n_ctx`` (``want`` None: as many as fit, up to
+    ``DEFAULT_IN_FLIGHT``), by the context budget's rule: each needs its image tokens
+    (``image_tokens``: the plan's budget; after merging, what merging keeps), its instruction
+    and its reply; the system prompt is shared."""
+    per_image = settings.image_tokens or image_tokens or 1024
+    per_image = MergeSpec.parse(settings.merge).target(per_image) or per_image
+    rule = ContextBudget(n_ctx)
+    return rule.prompts_in_flight(per_image, settings.max_tokens, rule.shared_prefix(settings.system),
+                                  want or DEFAULT_IN_FLIGHT)
+
+
+def model_identity(model: str, mmproj: str) -> tuple[str, str]:
+    """(name for records, identity for the resume key): file names and sizes, no hashing."""
+    def ident(p: str) -> str:
+        try:
+            return f"{os.path.basename(p)}:{os.path.getsize(p)}"
+        except OSError:
+            return os.path.basename(p)
+    return os.path.basename(model), f"{ident(model)}+{ident(mmproj)}"
+

@@ -1,0 +1,60 @@
+"""``edgevlm budget``: what an image costs before the encoder runs, and which views it becomes."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from .common import Tiles, handle_errors, max_pixels_option
+
+__all__ = ["budget"]
+
+
+@click.command()
+@click.argument("image", type=click.Path(dir_okay=False))
+@click.option("--mmproj", required=True, type=click.Path(dir_okay=False), help="Vision projector GGUF.")
+@click.option("--image-tokens", type=click.IntRange(1), help="Token budget for this image.")
+@click.option("--tiles", type=Tiles(), default="auto", show_default=True,
+              help="Detail tiles for fixed-size encoders (LLaVA-1.5).")
+@click.option("--scorer", type=click.Choice(["edges", "entropy", "compress"]), default="edges",
+              show_default=True, help="How tile detail is scored.")
+@click.option("--overlay", type=click.Path(dir_okay=False), help="Write a PNG showing the views.")
+@max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
+@click.option("--json", "as_json", is_flag=True, help="Print the image plan as JSON.")
+@handle_errors
+def budget(image, mmproj, image_tokens, tiles, scorer, overlay, max_pixels, as_json) -> None:
+    """Show how an image is split and budgeted before the encoder runs.
+
+    \b
+    edgevlm budget photo.jpg --mmproj mmproj.gguf --image-tokens 2304 --overlay views.png
+    """
+    from ..model.gguf_info import load_projector
+    from ..vision.budget import draw_overlay, plan_image
+    from ..vision.images import load_image
+
+    proj = load_projector(mmproj)
+    img = load_image(image, max_pixels)
+    ip = plan_image(img, proj, image_tokens, tiles, scorer=scorer)
+    if overlay:
+        draw_overlay(img, ip, overlay)
+    if as_json:
+        click.echo(json.dumps({"image": image, "projector_type": proj.projector_type, **ip.to_dict()}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    title = (f"{image} {img.width}x{img.height} · {ip.kind} · total {ip.total_tokens} tokens"
+             + (f" (budget {image_tokens})" if image_tokens else ""))
+    t = Table(title=title, title_justify="left", box=None)
+    for col in ("view", "box", "sent as", "tokens", "score", "selected"):
+        t.add_column(col, justify="right" if col in ("tokens", "score") else "left")
+    for v in ip.views:
+        t.add_row(v.label, "{},{}–{},{}".format(*v.box), f"{v.size[0]}x{v.size[1]}", str(v.tokens),
+                  "" if v.score is None else f"{v.score:.2f}", "yes" if v.selected else "-")
+    console.print(t)
+    for n in ip.notes:
+        console.print(f"note: {n}")
+    if overlay:
+        console.print(f"overlay written to {overlay}")

@@ -1,0 +1,129 @@
+"""``edgevlm chat``: load (with a progress bar on a terminal), then either answer one prompt or
+run the chat session (``repl``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .common import (
+    Merge,
+    Tiles,
+    echo_err,
+    handle_errors,
+    max_pixels_option,
+    plan_options,
+    sampling_options,
+    wishes_from,
+)
+
+__all__ = ["chat"]
+
+
+@click.command()
+@click.argument("prompt", required=False)
+@click.option("--model", "-m",
+              help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
+                   "(default: the largest registry model that fits; $EDGEVLM_MODEL).")
+@click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
+@click.option("--image", "-i", "images", multiple=True, type=click.Path(dir_okay=False),
+              help="Image for the first message (repeatable).")
+@click.option("--system", help="System prompt.")
+@sampling_options(max_tokens=512, temp=0.2)
+@click.option("--tiles", type=Tiles(), default="auto", show_default=True,
+              help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
+@click.option("--evict", type=click.Choice(["summary", "off"]), default="summary", show_default=True,
+              help="When the context is full: replace old images by their summary, or fail.")
+@click.option("--summary-prompt", help="Prompt used to summarise an image ({n}, {name}).")
+@click.option("--merge", "merge", type=Merge(), default="off", show_default=True,
+              help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.")
+@plan_options
+@click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
+@max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
+@click.option("--stats", "show_stats", is_flag=True, help="Print a one-line stats footer to stderr.")
+@click.option("--json", "as_json", is_flag=True, help="One-shot: print one JSON object {text, stats}.")
+@click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
+@handle_errors
+def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, min_p, seed, stop,
+         tiles, evict, summary_prompt, merge, ctx, ngl, kv, image_tokens, n_images, free_memory,
+         device, gpu_overhead, threads, max_pixels, show_stats, as_json, verbose) -> None:
+    """Chat with a vision-language model about images.
+
+    \b
+    One-shot:     edgevlm chat -m model.gguf --mmproj mmproj.gguf -i photo.jpg "Describe it"
+    Interactive:  edgevlm chat -m model.gguf --mmproj mmproj.gguf
+    Scripted:     printf '/image a.png\\nWhat is it?\\n' | edgevlm chat -m ... --mmproj ...
+    """
+    from ..runtime.engine import EngineOptions
+    from ..runtime.session import SessionOptions
+    from .loading import load_engine, model_paths
+    from .repl import ChatLoop
+
+    model, mmproj = model_paths(
+        model, mmproj, quiet=as_json,
+        probe_args=dict(device=device, free_memory=list(free_memory), gpu_overhead=gpu_overhead),
+        wishes=wishes_from(ctx, ngl, kv, image_tokens, n_images))
+    session = SessionOptions(enabled=evict == "summary")
+    if summary_prompt:
+        session = SessionOptions(enabled=session.enabled, summary_prompt=summary_prompt)
+    options = EngineOptions(system=system, image_tokens=image_tokens, tiles=tiles, merge=merge,
+                            max_image_pixels=max_pixels, session=session)
+    gen = dict(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+               seed=seed, stop=list(stop))
+    engine = load_engine(model, mmproj, verbose, options=options, n_ctx=ctx, n_gpu_layers=ngl, kv=kv,
+                         image_tokens=image_tokens, images=n_images, device=device,
+                         free_memory=list(free_memory), gpu_overhead=gpu_overhead, n_threads=threads)
+    if merge.enabled and not engine.merging:
+        echo_err(f"note: --merge ignored: {engine.backend.proj_info.projector_type} tokens are not on a "
+                 f"spatial grid")
+    try:
+        if prompt is not None:
+            code = _one_shot(engine, prompt, list(images), gen, show_stats, as_json)
+        else:
+            loop = ChatLoop(engine, gen, interactive=sys.stdin.isatty(), show_stats=show_stats)
+            loop.queued = list(images)
+            code = loop.run()
+    finally:
+        engine.close()
+    sys.exit(code)
+
+
+def _one_shot(engine, prompt: str, images: list[str], gen: dict, show_stats: bool, as_json: bool) -> int:
+    loaded = engine.load_images(images)  # bad images fail before any work
+    for img in loaded:
+        for note in img.notes:
+            echo_err(f"note: {img.source}: {note}")
+    if as_json:
+        try:
+            result = engine.chat(prompt, loaded, **gen)
+        except KeyboardInterrupt:
+            return 130
+        flush_notices(engine)
+        print(json.dumps({"text": result.text.strip(), "stats": result.stats.to_dict()}))
+        return 0
+    started = False
+    stream = engine.stream(prompt, loaded, **gen)
+    try:
+        for resp in stream:
+            flush_notices(engine)
+            piece = resp.text if started else resp.text.lstrip()
+            started = started or bool(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        stream.close()
+        sys.stdout.write("\n")
+        return 130
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if show_stats and engine.last_stats:
+        echo_err(engine.last_stats.footer())
+    return 0
+
+
+def flush_notices(engine) -> None:
+    for notice in engine.notices:
+        echo_err(f"note: {notice}")
+    engine.notices.clear()

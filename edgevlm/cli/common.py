@@ -1,0 +1,177 @@
+"""Click pieces shared by the ``edgevlm`` commands: the one-line error, the error mapper,
+parameter types, and the planner and sampling options (with the library's defaults)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+from ..backend.sampling import SamplingParams
+from ..errors import EdgeVLMError
+from ..model.kv_types import KV_CHOICES
+from ..plan.devices import parse_size
+from ..plan.planner import Wishes
+from ..vision.images import DEFAULT_MAX_PIXELS
+from ..vision.merge import MergeSpec
+
+__all__ = ["AutoInt", "CLIError", "ImageSize", "Merge", "Size", "Tiles", "echo_err", "handle_errors",
+           "max_pixels_option", "plan_options", "sampling_options", "wishes_from"]
+
+
+class CLIError(click.ClickException):
+    """A one-line error with our exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def handle_errors(fn):
+    """Map library errors to a ClickException at the edge."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except EdgeVLMError as exc:
+            raise CLIError(str(exc), exc.exit_code) from None
+
+    return wrapper
+
+
+class ImageSize(click.ParamType):
+    """``WxH`` (e.g. ``1024x768``) or one number for a square."""
+
+    name = "WxH"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        text = str(value).lower().replace("×", "x")
+        try:
+            parts = [int(p) for p in text.split("x")]
+        except ValueError:
+            self.fail(f"'{value}' is not WIDTHxHEIGHT (e.g. 1024x768)", param, ctx)
+        if len(parts) == 1:
+            parts = parts * 2
+        if len(parts) != 2 or min(parts) <= 0:
+            self.fail(f"'{value}' is not WIDTHxHEIGHT with positive sides", param, ctx)
+        return tuple(parts)
+
+
+class Tiles(click.ParamType):
+    """``auto``, ``off`` or a number of tiles."""
+
+    name = "auto|off|N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value in ("auto", "off"):
+            return value
+        try:
+            n = int(value)
+        except ValueError:
+            self.fail(f"'{value}' is not auto, off or a number", param, ctx)
+        if n < 0:
+            self.fail("the number of tiles cannot be negative", param, ctx)
+        return n if n > 0 else "off"
+
+
+class AutoInt(click.ParamType):
+    """An integer, or ``auto`` (None) to let the planner choose."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).lower() == "auto":
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"'{value}' is not a whole number or 'auto'", param, ctx)
+
+
+class Size(click.ParamType):
+    """A memory size: ``8GiB``, ``6G``, ``512MiB``."""
+
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except EdgeVLMError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def plan_options(fn):
+    """Options shared by every command that loads through the planner."""
+    for opt in reversed([
+        click.option("--ctx", type=AutoInt(), default="auto", show_default=True,
+                     help="Context size in tokens, or auto (largest that fits, up to 8192)."),
+        click.option("--ngl", type=AutoInt(), default="auto", show_default=True,
+                     help="Layers on the GPU (-1 = all), or auto."),
+        click.option("--kv", type=click.Choice(["auto", *KV_CHOICES]), default="auto",
+                     show_default=True, help="KV cache type."),
+        click.option("--image-tokens", type=click.IntRange(1), help="Token budget per image."),
+        click.option("--images", "n_images", type=click.IntRange(0), default=1, show_default=True,
+                     help="Images to keep in context at once."),
+        click.option("--free-memory", multiple=True, metavar="[DEV=]SIZE",
+                     help="What-if free memory per GPU (repeatable), e.g. 8GiB or CUDA0=6GiB."),
+        click.option("--device", help="cpu, or one GPU by name (CUDA0); default: all."),
+        click.option("--gpu-overhead", type=Size(), help="Memory kept free per GPU [default: 384MiB]."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def wishes_from(ctx, ngl, kv, image_tokens, n_images):
+    return Wishes(n_ctx=ctx, image_tokens=image_tokens, images=n_images, kv=kv,
+                  n_gpu_layers=ngl)
+
+
+def sampling_options(max_tokens: int, temp: float):
+    """-n/--max-tokens, --temp, --top-k, --top-p, --min-p, --seed, --stop: the library's sampling
+    defaults, with a per-command reply length and temperature."""
+    d = SamplingParams()
+
+    def deco(fn):
+        for opt in reversed([
+            click.option("--max-tokens", "-n", default=max_tokens, show_default=True, type=click.IntRange(1)),
+            click.option("--temp", default=temp, show_default=True, type=click.FloatRange(0), help="0 = greedy."),
+            click.option("--top-k", default=d.top_k, show_default=True, type=click.IntRange(0)),
+            click.option("--top-p", default=d.top_p, show_default=True, type=click.FloatRange(0, 1)),
+            click.option("--min-p", default=d.min_p, show_default=True, type=click.FloatRange(0, 1)),
+            click.option("--seed", type=int, help="Seed for sampling (reproducible with --temp > 0)."),
+            click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        ]):
+            fn = opt(fn)
+        return fn
+    return deco
+
+
+def max_pixels_option(help_text: str):
+    return click.option("--max-pixels", default=DEFAULT_MAX_PIXELS, show_default=True,
+                        type=click.IntRange(1), help=help_text)
+
+
+def echo_err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Merge(click.ParamType):
+    """``off``, ``threshold:T``, ``ratio:R``, ``tokens:N``: visual token merging."""
+
+    name = "off|threshold:T|ratio:R|tokens:N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, MergeSpec):
+            return value
+        try:
+            return MergeSpec.parse(value)
+        except EdgeVLMError as exc:
+            self.fail(str(exc), param, ctx)

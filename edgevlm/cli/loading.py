@@ -1,0 +1,80 @@
+"""Getting a model ready for a command: ``--model NAME`` resolved to local files (pulled when
+needed), a plan from local files or remote headers, and the engine loaded with a progress bar
+on a terminal (the plan printed with ``--verbose``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from ..api import load
+from ..hub.download import ensure_local
+from ..hub.listing import choose_model
+from ..hub.registry import resolve
+from ..hub.remote import plan_resolved
+from ..plan.devices import probe
+from ..runtime.engine import Engine
+from .common import CLIError, echo_err
+from .render import render_plan
+
+__all__ = ["load_engine", "model_paths", "plan_for_spec"]
+
+
+def _echo_notes(r) -> None:
+    for n in r.notes:
+        echo_err(f"note: {n}")
+
+
+def plan_for_spec(model: str, mmproj: str | None, probe_result, wishes):
+    """``edgevlm plan --model NAME``: resolve the spec and plan from local files or, for files
+    not downloaded yet, from their remote GGUF headers (a few MB, cached on disk)."""
+    r = resolve(model, mmproj, need_mmproj=False)
+    _echo_notes(r)
+    if not r.is_local:
+        echo_err(f"planning {r.name} from its GGUF header{'s' if r.mmproj else ''} (nothing is downloaded)")
+    return plan_resolved(r, probe_result, wishes)
+
+
+def model_paths(model: str | None, mmproj: str | None, *, probe_args: dict | None = None,
+                wishes=None, quiet: bool = False) -> tuple[str, str]:
+    """Local (model, mmproj) paths for ``chat`` / ``caption``.
+
+    ``model`` is a path, registry name, ``hf:`` spec or ``demo``; None picks the largest
+    registry model that fits (``$EDGEVLM_MODEL`` overrides). Remote files not in the cache are
+    pulled first (progress on a terminal, sha256 verified); cached ones need no network.
+    """
+    if model is not None and mmproj is not None and os.path.isfile(model):
+        return model, mmproj  # two local files: exactly what the command did before
+    if model is None:
+        if mmproj is not None:
+            raise CLIError("--mmproj needs --model", 2)
+        r, why = choose_model(probe(**(probe_args or {})), wishes)
+        echo_err(why)
+    else:
+        r = resolve(model, mmproj)
+    _echo_notes(r)
+    if r.mmproj is None:
+        raise CLIError(f"{r.name}: no vision projector found; pass --mmproj", 2)
+    if not r.is_local:
+        res = ensure_local(r, progress=not quiet and sys.stderr.isatty(),
+                           on_file=lambda role, rf: quiet or echo_err(f"pulling {rf.spec} ({role})"))
+        r = res.resolved
+    return r.local_paths()  # type: ignore[return-value]
+
+
+def load_engine(model: str, mmproj: str, verbose: bool, **opts: Any) -> Engine:
+    """``edgevlm.load`` with a progress bar while the model loads (stderr a terminal)."""
+    if verbose or not sys.stderr.isatty():
+        engine = load(model, mmproj, verbose=verbose, **opts)
+        if verbose and engine.plan is not None:
+            render_plan(engine.plan, file=sys.stderr)
+        return engine
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("loading {task.description}"), BarColumn(), TimeElapsedColumn(),
+                  transient=True, console=Console(stderr=True)) as progress:
+        task = progress.add_task(model.rsplit("/", 1)[-1], total=1.0)
+        return load(model, mmproj, verbose=False,
+                    progress_callback=lambda p: progress.update(task, completed=p), **opts)

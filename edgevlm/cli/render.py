@@ -1,0 +1,128 @@
+"""How plans and inspect reports look on a terminal (rich tables and bars)."""
+
+from __future__ import annotations
+
+from ..plan.devices import format_size
+
+__all__ = ["render_inspect", "render_plan"]
+
+_BAR = (("weights", "blue"), ("kv", "magenta"), ("compute", "yellow"), ("encoder", "green"))
+
+
+def render_plan(p, file=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(highlight=False, soft_wrap=True, file=file)
+    t = Table(title="plan", show_header=False, box=None, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    rows = [
+        ("fits", "yes" if p.fits else f"NO — {format_size(p.shortfall_bytes)} short"),
+        ("n_gpu_layers", p.n_gpu_layers), ("n_ctx", p.n_ctx),
+        ("n_batch / n_ubatch", f"{p.n_batch} / {p.n_ubatch}"),
+        ("KV cache", f"K {p.type_k}, V {p.type_v}"), ("flash attention", "on" if p.flash_attn else "off"),
+        ("vision encoder", "GPU" if p.mmproj_on_gpu else "CPU"),
+        ("image budget", f"{p.image_max_tokens} tokens; {p.max_images_in_context} image(s) in context"),
+    ]
+    for k, v in rows:
+        t.add_row(k, str(v))
+    console.print(t)
+    width = 40
+
+    def sz(n: int) -> str:
+        return f"{n / 2**30:.1f}G" if abs(n) >= 2**30 else f"{n / 2**20:.0f}M"
+
+    dt = Table(title="memory per device (M = MiB, G = GiB)", box=None, title_justify="left")
+    for col in ("device", "free", "weights", "KV", "compute", "encoder", "total", "headroom"):
+        dt.add_column(col, justify="left" if col == "device" else "right", no_wrap=True)
+    bars = []
+    for d in p.devices:
+        b = d.predicted
+        parts = {"weights": b.weights + b.other, "kv": b.kv, "compute": b.compute,
+                 "encoder": b.mmproj_weights + b.mmproj_compute}
+        scale = max(d.budget_bytes, b.total, 1)
+        bar = Text(f"{d.name:>6} ")
+        used = 0
+        for key, colour in _BAR:
+            n = round(parts[key] / scale * width)
+            bar.append("█" * n, style=colour)
+            used += n
+        bar.append("░" * max(0, width - used), style="dim")
+        bars.append(bar)
+        dt.add_row(f"{d.name} ({d.kind})", sz(d.free_bytes), sz(parts["weights"]), sz(b.kv),
+                   sz(b.compute), sz(parts["encoder"]), sz(b.total),
+                   Text(sz(d.headroom_bytes), style="red" if d.headroom_bytes < 0 else "green"))
+    console.print(dt)
+    for bar in bars:
+        console.print(bar)
+    legend = Text("  ")
+    for key, colour in _BAR:
+        legend.append("█", style=colour).append(f" {key}  ")
+    legend.append("░", style="dim").append(" headroom")
+    console.print(legend)
+    console.print("why:")
+    for r in p.reasons:
+        console.print(f"  - {r}")
+
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def render_inspect(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    if "model" in report:
+        m = report["model"]
+        t = Table(title=f"text model  {m['path']}", show_header=False, box=None, title_justify="left")
+        t.add_column(style="bold")
+        t.add_column()
+        per = m["weight_bytes_per_layer"]
+        rows = [
+            ("arch", m["arch"]), ("name", m["name"]), ("file_type", m["file_type"]),
+            ("n_layer", m["n_layer"]), ("n_embd", m["n_embd"]),
+            ("n_head / n_head_kv", f"{m['n_head']} / {m['n_head_kv']}"), ("head_dim", m["head_dim"]),
+            ("n_ff", m["n_ff"]), ("n_vocab", m["n_vocab"]), ("n_ctx_train", m["n_ctx_train"]),
+            ("weights", _mib(m["weight_bytes"])),
+            ("  per layer", _mib(max(per)) if per else "-"),
+            ("  outside layers", _mib(m["weight_bytes_outside_layers"])),
+            ("chat template", "yes" if m["has_chat_template"] else "no (family fallback)"),
+        ]
+        if m["n_swa"]:
+            rows.insert(9, ("sliding window", m["n_swa"]))
+        for k, v in rows:
+            t.add_row(k, str(v))
+        console.print(t)
+    if "mmproj" in report:
+        p = report["mmproj"]
+        t = Table(title=f"vision projector  {p['path']}", show_header=False, box=None, title_justify="left")
+        t.add_column(style="bold")
+        t.add_column()
+        it = p["image_tokens"]
+        rows = [
+            ("projector_type", p["projector_type"]), ("file_type", p["file_type"]),
+            ("image_size / patch_size", f"{p['image_size']} / {p['patch_size']}"),
+            ("vision n_layer", p["n_layer"]), ("vision n_embd", p["n_embd"]),
+            ("output width", p["n_mmproj_embd"]), ("weights", _mib(p["weight_bytes"])),
+        ]
+        if p["image_grid_pinpoints"]:
+            rows.append(("pinpoints", " ".join(f"{w}x{h}" for w, h in p["image_grid_pinpoints"])))
+        if p["spatial_merge_size"]:
+            rows.append(("spatial merge", p["spatial_merge_size"]))
+        for key in ("image_min_pixels", "image_max_pixels"):
+            if p[key]:
+                rows.append((key, p[key]))
+        rows.append((f"image tokens @ {it['width']}x{it['height']}",
+                     it["error"] if "error" in it else
+                     f"{it['n_tokens']} in {it['n_chunks']} chunk(s), {it['n_pos']} positions"))
+        for k, v in rows:
+            t.add_row(k, str(v))
+        console.print(t)
+    if "pair" in report:
+        ok = report["pair"]["compatible"]
+        console.print("pair: [green]compatible[/]" if ok else "pair: [red]NOT compatible[/]")

@@ -1,0 +1,336 @@
+"""llama.cpp's compute-buffer sizes, predicted by rebuilding the reserve graphs and replaying
+ggml's allocator (``graphalloc``) — exact to the byte on every configuration measured with the
+vendored llama.cpp 0.3.36 (105 text and 54 vision-encoder configurations, CPU).
+
+- ``text_compute_bytes``: ``sched_reserve: … compute buffer size`` of the text model
+  (``llama`` and ``qwen2vl`` graphs, with/without flash attention, any KV types);
+- ``clip_compute_bytes``: clip's ``compute buffer size`` for one image chunk (``mlp``,
+  ``qwen2vl_merger``, ``qwen2.5vl_merger`` with window attention).
+
+What would differ on other backends: CUDA pads to 128 bytes and adds a host-side buffer and
+cuBLAS/pool memory not in the log; Metal/Vulkan may reorder nodes. After a llama.cpp upgrade the
+graphs must be re-checked against the real ones (the test suite compares with llama.cpp's logs).
+"""
+
+from __future__ import annotations
+
+from .graphalloc import ALIGN, F16, F32, FLAG_INPUT, FLAG_OUTPUT, I32, I64, QUANT, Graph, pad, replay  # noqa: F401
+
+
+# ------------------------------------------------------------------------------------------------
+# (a) text model: llama / qwen2vl decoder reserve graph (src/models/llama.cpp, qwen2vl.cpp,
+#     src/llama-graph.cpp build_attn / build_attn_mha / build_ffn)
+# ------------------------------------------------------------------------------------------------
+def _text_graph(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_tokens,
+                n_outputs, flash_attn, type_k, type_v, n_layer):
+    g = Graph()
+    E, H, Hkv, D, F, V, U = n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_tokens
+    Eq, Ekv = H * D, Hkv * D
+    rot_k = QUANT.get(type_k, False) and D % 64 == 0
+    rot_v = QUANT.get(type_v, False) and D % 64 == 0
+    nrot_k = 0
+    if rot_k:
+        nrot_k = 64
+        while D % (nrot_k * 2) == 0:
+            nrot_k *= 2
+    nrot_v = 64
+    W = g.EXT  # any weight / cache tensor
+
+    # leafs (order as in the reserve graph)
+    inp_tokens = g.input("inp_tokens", I32, (U,))
+    g.input("inp_embd", F32, (E, U))  # vector-embedding path: allocated, never used → never freed
+    k_rot = g.input("attn_inp_k_rot", F32, (nrot_k, nrot_k)) if rot_k else None
+    inp_pos = g.input("inp_pos", I32, (U * (4 if arch == "qwen2vl" else 1),))
+    v_rot = g.input("attn_inp_v_rot", F32, (nrot_v, nrot_v)) if rot_v else None
+    k_idxs = g.input("k_idxs", I64, (U,))
+    v_idxs = g.input("v_idxs", I64, (U if flash_attn else U * Ekv,))
+    kq_mask = g.input("kq_mask", F16 if flash_attn else F32, (n_kv, U))
+    out_ids = g.input("out_ids", I32, (n_outputs,))
+
+    def hadamard(x, rot, n, ne3):
+        r = g.view(x, (n, (ne3[0] * ne3[1] * ne3[2]) // n), op="RESHAPE")
+        m = g.op("MUL_MAT", F32, (n, (ne3[0] * ne3[1] * ne3[2]) // n), rot, r)
+        return g.view(m, ne3, op="RESHAPE")
+
+    inpL = g.op("GET_ROWS", F32, (E, U), W, inp_tokens, name="embd")
+    for il in range(n_layer):
+        last = il == n_layer - 1
+        norm = g.op("RMS_NORM", F32, (E, U), inpL, name=f"norm-{il}")
+        attn_norm = g.op("MUL", F32, (E, U), norm, W)
+        # Q
+        q = g.op("MUL_MAT", F32, (Eq, U), W, attn_norm, name=f"Qcur-{il}")
+        if arch == "qwen2vl":
+            q = g.op("ADD", F32, (Eq, U), q, W)
+        q = g.view(q, (D, H, U), op="RESHAPE")
+        q = g.op("ROPE", F32, (D, H, U), q, inp_pos, name=f"Qrope-{il}")
+        if rot_k:
+            q = hadamard(q, k_rot, nrot_k, (D, H, U))
+        # V
+        v = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Vcur-{il}")
+        if arch == "qwen2vl":
+            v = g.op("ADD", F32, (Ekv, U), v, W)
+        v = g.view(v, (D, Hkv, U), op="RESHAPE")
+        if rot_v:
+            v = hadamard(v, v_rot, nrot_v, (D, Hkv, U))
+        # K
+        k = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Kcur-{il}")
+        if arch == "qwen2vl":
+            k = g.op("ADD", F32, (Ekv, U), k, W)
+        k = g.view(k, (D, Hkv, U), op="RESHAPE")
+        k = g.op("ROPE", F32, (D, Hkv, U), k, inp_pos, name=f"Krope-{il}")
+        if rot_k:
+            k = hadamard(k, k_rot, nrot_k, (D, Hkv, U))
+        # store K, V into the cache
+        kv = g.view(k, (Ekv, U))
+        g.ext_op("SET_ROWS", W, kv, k_idxs)
+        if flash_attn:
+            vv = g.view(v, (Ekv, U))
+            g.ext_op("SET_ROWS", W, vv, v_idxs)
+        else:
+            vv = g.view(v, (Ekv, U), op="RESHAPE")
+            vv = g.view(vv, (1, Ekv * U), op="RESHAPE")
+            g.ext_op("SET_ROWS", W, vv, v_idxs)
+        # attention
+        qv = g.view(q, (D, H, U))
+        qp = g.view(qv, (D, U, H), op="PERMUTE", nb=(4, 4 * D * H, 4 * D, 4 * D * H * U))
+        if flash_attn:
+            fa = g.op("FLASH_ATTN_EXT", F32, (D, H, U), qp, W, W, kq_mask, name=f"fattn-{il}")
+            cur = g.view(fa, (Eq, U), op="RESHAPE")
+        else:
+            kq = g.op("MUL_MAT", F32, (n_kv, U, H), W, qp, name=f"kq-{il}")
+            kq = g.op("SOFT_MAX", F32, (n_kv, U, H), kq, kq_mask)
+            kqv = g.op("MUL_MAT", F32, (D, U, H), W, kq, name=f"kqv-{il}")
+            kqp = g.view(kqv, (D, H, U), op="PERMUTE", nb=(4, 4 * D * U, 4 * D, 4 * D * U * H))
+            cur = g.op("CONT", F32, (Eq, U), kqp, name=f"kqv_out-{il}")
+        if rot_v:
+            cur = hadamard(cur, v_rot, nrot_v, (Eq, U, 1))
+        cur = g.op("MUL_MAT", F32, (E, U), W, cur, name=f"attn_out-{il}")
+        res = inpL
+        T = U
+        if last:
+            cur = g.op("GET_ROWS", F32, (E, n_outputs), cur, out_ids)
+            res = g.op("GET_ROWS", F32, (E, n_outputs), inpL, out_ids)
+            T = n_outputs
+        ffn_inp = g.op("ADD", F32, (E, T), cur, res)
+        norm = g.op("RMS_NORM", F32, (E, T), ffn_inp)
+        ffn_norm = g.op("MUL", F32, (E, T), norm, W)
+        gate = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_gate-{il}")
+        up = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_up-{il}")
+        glu = g.op("GLU", F32, (F, T), gate, up, name=f"ffn_swiglu-{il}")
+        down = g.op("MUL_MAT", F32, (E, T), W, glu, name=f"ffn_out-{il}")
+        inpL = g.op("ADD", F32, (E, T), down, ffn_inp)
+    norm = g.op("RMS_NORM", F32, (E, n_outputs), inpL)
+    rn = g.op("MUL", F32, (E, n_outputs), norm, W, flags=FLAG_OUTPUT, name="result_norm")
+    g.op("MUL_MAT", F32, (V, n_outputs), W, rn, flags=FLAG_OUTPUT, name="result_output")
+    return g
+
+
+def text_effective(n_ctx: int, n_ubatch: int, n_batch: int, n_outputs_max: int = 0) -> tuple[int, int, int]:
+    """(n_kv, n_tokens, n_outputs) of the worst-case prompt-processing reserve graph.
+
+    llama_context ctor: n_batch = min(n_ctx, n_batch) (causal attention; the *unpadded* n_ctx),
+    n_ubatch = min(n_batch, n_ubatch), then n_ctx is padded up to a multiple of 256.
+    sched_reserve: n_tokens = min(n_ctx, n_ubatch); the KV view spans the whole cache
+    (init_full → n_kv = kv size = padded n_ctx); n_outputs = min(n_tokens, n_outputs_max) where
+    n_outputs_max = n_batch (llama_context_params.n_outputs_max = 0 by default) → n_tokens.
+    """
+    n_batch = min(n_ctx, n_batch)
+    n_ubatch = min(n_batch, n_ubatch if n_ubatch else n_batch)
+    n_kv = pad(n_ctx, 256)
+    n_tokens = min(n_kv, n_ubatch)
+    return n_kv, n_tokens, min(n_tokens, n_outputs_max if n_outputs_max else n_batch)
+
+
+def text_compute_bytes(arch: str, n_embd: int, n_head: int, n_head_kv: int, head_dim: int,
+                       n_ff: int, n_vocab: int, n_ctx: int, n_ubatch: int = 512,
+                       n_batch: int = 512, flash_attn: bool = False, type_k: str = "f16",
+                       type_v: str = "f16", n_layer: int = 2, n_outputs_max: int = 0) -> int:
+    """Predicted ``sched_reserve: CPU compute buffer size`` in bytes (exact allocator replay).
+
+    arch: "llama" or "qwen2vl" (qwen2vl adds Q/K/V bias adds and a 4×n_tokens position input).
+    n_layer: the buffer does not depend on it once n_layer >= 2 (layers reuse the same space);
+    n_layer = 1 differs slightly (the out_ids row-gather happens in layer 0).
+    n_outputs_max: llama_context_params.n_outputs_max (0 = n_batch, the default; llama_cpp.Llama
+    never sets it).  The reserve graph computes logits for min(n_ubatch, n_outputs_max) rows.
+    Reserve builds the pp graph (n_tokens = n_ubatch, n_outputs = n_ubatch, n_kv = n_ctx) and the tg
+    graph (1 token, 1 output); the buffer only grows, so the result is the max of both.
+    """
+    if QUANT.get(type_v, False) and not flash_attn:
+        raise ValueError("a quantized V cache requires flash attention")
+    n_kv, n_tokens, n_outputs = text_effective(n_ctx, n_ubatch, n_batch, n_outputs_max)
+    pp = replay(_text_graph(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv,
+                            n_tokens, n_outputs, flash_attn, type_k, type_v, n_layer))
+    tg = replay(_text_graph(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv,
+                            1, 1, flash_attn, type_k, type_v, n_layer))
+    return max(pp, tg)
+
+
+# ------------------------------------------------------------------------------------------------
+# (b) vision encoder (tools/mtmd/clip.cpp, models/llava.cpp, models/qwen2vl.cpp)
+# ------------------------------------------------------------------------------------------------
+def _clip_graph(projector_type, patch_size, n_embd, n_head, n_ff, n_layer, n_patches,
+                n_mmproj_embd, merge, flash_attn, n_wa_pattern=0, conv_type=F16,
+                has_pre_ln=None, has_post_ln=None, n_blocks=None):
+    g = Graph()
+    W = g.EXT
+    E, Hh, Ff, P, p = n_embd, n_head, n_ff, n_patches, patch_size
+    D = E // Hh
+    qwen = projector_type in ("qwen2vl_merger", "qwen2.5vl_merger")
+    v25 = projector_type == "qwen2.5vl_merger"
+    if not qwen and projector_type != "mlp":
+        raise ValueError(f"unsupported projector {projector_type}")
+    if has_pre_ln is None:
+        has_pre_ln = not qwen          # LLaVA CLIP has v.pre_ln; Qwen ViTs have none
+    if has_post_ln is None:
+        has_post_ln = qwen             # Qwen has v.post_ln; LLaVA stops at layer -2 without it
+    if n_blocks is None:
+        n_blocks = n_layer if qwen else n_layer - 1  # llava: deepest feature layer = n_layer - 1
+    windowed = v25 and n_wa_pattern > 0
+    n_pos = P if qwen else P + 1       # + class embedding
+
+    inp_raw = g.input("inp_raw", F32, (P * p * p, 3))     # (W', H', 3): W'*H' = n_patches * p^2
+
+    def conv(inp):
+        col = g.op("IM2COL", conv_type, (3 * p * p, P), W, inp)
+        colr = g.view(col, (3 * p * p, P), op="RESHAPE")
+        mm = g.op("MUL_MAT", F32, (P, E), colr, W)
+        r = g.view(mm, (P, 1, 1, E), op="RESHAPE")
+        r = g.view(r, (P, 1, E, 1), op="PERMUTE", nb=(4, 4 * P, 4 * P, 4 * P))
+        return g.op("CONT", F32, (P, 1, E), r)
+
+    if qwen:
+        positions = None
+        c0 = conv(inp_raw)
+        c1 = conv(inp_raw)
+        x = g.op("ADD", F32, (P, 1, E), c0, c1)
+        x = g.view(x, (E, P, 1), op="PERMUTE", nb=(4 * P, 4, 4 * P, 4 * P * E))
+        x = g.op("CONT", F32, (2 * E, P // 2, 1), x)
+        x = g.view(x, (2 * E, P // 2, 1, 1), op="RESHAPE")
+        x = g.view(x, (2 * E, 1, P // 2, 1), op="PERMUTE", nb=(4, 8 * E * P, 8 * E, 8 * E * P))
+        x = g.op("CONT", F32, (E, P), x)
+        inv_window_idx = g.input("inv_window_idx", I32, (P // 4,)) if windowed else None
+        positions = g.input("positions", I32, (4 * P,))
+        window_mask = g.input("window_mask", F32, (P, P)) if windowed else None
+        if windowed:
+            xr = g.view(x, (4 * E, P // 4), op="RESHAPE")
+            x = g.op("GET_ROWS", F32, (4 * E, P // 4), xr, inv_window_idx)
+            x = g.view(x, (E, P), op="RESHAPE")
+    else:
+        x = conv(inp_raw)
+        x = g.view(x, (P, E), op="RESHAPE")
+        x = g.view(x, (E, P), op="TRANSPOSE", nb=(4 * P, 4, 4 * P * E, 4 * P * E))
+        x = g.op("CONT", F32, (E, P), x)
+        x = g.op("CONCAT", F32, (E, n_pos), x, W)
+        positions = g.input("positions", I32, (n_pos,))
+        pe = g.op("GET_ROWS", F32, (E, n_pos), W, positions)
+        x = g.op("ADD", F32, (E, n_pos), x, pe)
+    N = n_pos
+
+    def norm(t, bias=True, rms=False):
+        t = g.op("RMS_NORM" if rms else "NORM", F32, (E, N), t)
+        t = g.op("MUL", F32, (E, N), t, W)
+        if bias:
+            t = g.op("ADD", F32, (E, N), t, W)
+        return t
+
+    if has_pre_ln:
+        x = norm(x, bias=not v25, rms=v25)
+    inpL = x
+    mask_f16 = None
+    for il in range(n_blocks):
+        full = (il + 1) % n_wa_pattern == 0 if windowed else True
+        cur = norm(inpL, bias=not v25, rms=v25)
+        q = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur, name=f"Qmm-{il}"), W)
+        q = g.view(q, (D, Hh, N), op="RESHAPE")
+        if qwen:
+            q = g.op("ROPE", F32, (D, Hh, N), q, positions, name=f"Qrope-{il}")
+        k = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
+        k = g.view(k, (D, Hh, N), op="RESHAPE")
+        if qwen:
+            k = g.op("ROPE", F32, (D, Hh, N), k, positions, name=f"Krope-{il}")
+        v = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
+        v = g.view(v, (D, Hh, N), op="RESHAPE")
+        mask = None if full else window_mask
+        if flash_attn:
+            qp = g.view(q, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
+            kp = g.view(k, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
+            kc = g.op("CPY", F16, (D, N, Hh), kp)
+            vp = g.view(v, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
+            vc = g.op("CPY", F16, (D, N, Hh), vp)
+            if mask is not None:
+                if mask_f16 is None:  # qwen2vl.cpp casts the mask once ...
+                    mask_f16 = g.op("CPY", F16, (P, P), window_mask)
+                mask = g.op("CPY", F16, (P, P), mask_f16)  # ... and build_attn casts it again
+            fa = g.op("FLASH_ATTN_EXT", F32, (D, Hh, N), *([qp, kc, vc] + ([mask] if mask is not None else [])),
+                      name=f"fattn-{il}")
+            cur = g.view(fa, (E, N), op="RESHAPE")
+        else:
+            vp = g.view(v, (N, D, Hh), op="PERMUTE", nb=(4 * E, 4, 4 * D, 4 * E * N))
+            vc = g.op("CONT", F32, (N, D, Hh), vp)
+            kp = g.view(k, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
+            qp = g.view(q, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
+            kq = g.op("MUL_MAT", F32, (N, N, Hh), kp, qp, name=f"kq-{il}")
+            kq = g.op("SOFT_MAX", F32, (N, N, Hh), *([kq] + ([mask] if mask is not None else [])))
+            kqv = g.op("MUL_MAT", F32, (D, N, Hh), vc, kq)
+            kqv = g.view(kqv, (D, Hh, N), op="PERMUTE", nb=(4, 4 * D * N, 4 * D, 4 * E * N))
+            cur = g.op("CONT", F32, (E, N), kqv)
+        cur = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
+        cur = g.op("ADD", F32, (E, N), cur, inpL)          # ffn_inp
+        inpL = cur
+        cur = norm(cur, bias=not v25, rms=v25)
+        if v25:   # SwiGLU with gate (+ biases)
+            gt = g.op("ADD", F32, (Ff, N), g.op("MUL_MAT", F32, (Ff, N), W, cur, name=f"ffn_gate-{il}"), W)
+            up = g.op("ADD", F32, (Ff, N), g.op("MUL_MAT", F32, (Ff, N), W, cur, name=f"ffn_up-{il}"), W)
+            cur = g.op("GLU", F32, (Ff, N), gt, up, name=f"ffn_swiglu-{il}")
+        else:     # up + bias, (quick-)GELU in place
+            up = g.op("ADD", F32, (Ff, N), g.op("MUL_MAT", F32, (Ff, N), W, cur, name=f"ffn_up-{il}"), W)
+            cur = g.op("UNARY", F32, (Ff, N), up)
+        cur = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
+        inpL = g.op("ADD", F32, (E, N), inpL, cur)          # layer_out
+    x = inpL
+    if has_post_ln:
+        x = norm(x, bias=not v25, rms=v25)
+    if qwen:
+        m = merge * merge
+        x = g.view(x, (E * m, P // m), op="RESHAPE")
+        x = g.op("ADD", F32, (E * m, P // m), g.op("MUL_MAT", F32, (E * m, P // m), W, x, name="mm0"), W)
+        x = g.op("UNARY", F32, (E * m, P // m), x)
+        x = g.op("ADD", F32, (n_mmproj_embd, P // m), g.op("MUL_MAT", F32, (n_mmproj_embd, P // m), W, x, name="mm2"), W)
+        if windowed:
+            window_idx = g.input("window_idx", I32, (P // m,))
+            x = g.view(x, (n_mmproj_embd, P // m), op="RESHAPE")
+            x = g.op("GET_ROWS", F32, (n_mmproj_embd, P // m), x, window_idx)
+            x = g.view(x, (n_mmproj_embd, P // m, 1), op="RESHAPE")
+    else:
+        x = g.view(x, (E, N), op="RESHAPE")
+        patches = g.input("patches", I32, (P,))
+        x = g.op("GET_ROWS", F32, (E, P), x, patches)
+        x = g.op("ADD", F32, (n_mmproj_embd, P), g.op("MUL_MAT", F32, (n_mmproj_embd, P), W, x, name="mm0"), W)
+        x = g.op("UNARY", F32, (n_mmproj_embd, P), x)
+        x = g.op("ADD", F32, (n_mmproj_embd, P), g.op("MUL_MAT", F32, (n_mmproj_embd, P), W, x, name="mm2"), W)
+    return g
+
+
+def clip_compute_bytes(projector_type: str, image_size: int, patch_size: int, n_embd: int,
+                       n_head: int, n_ff: int, n_layer: int, n_patches: int,
+                       n_mmproj_embd: int = 4096, merge: int = 1, flash_attn: bool = False,
+                       n_wa_pattern: int = 0, conv_type: str = F16,
+                       has_pre_ln: bool | None = None, has_post_ln: bool | None = None) -> int:
+    """Predicted clip ``compute buffer size`` (bytes) for one image (exact allocator replay).
+
+    projector_type: "mlp" (LLaVA-1.5), "qwen2vl_merger", "qwen2.5vl_merger".
+    n_layer: the GGUF's clip.vision.block_count (LLaVA runs n_layer - 1 blocks: feature layer -2).
+    n_patches: patches of *this* image before merging (``projectors.encoder_patches``: LLaVA
+        always resizes to image_size; Qwen: 4 × image tokens).
+    n_mmproj_embd: projector output width (= text n_embd).  merge: 2 for Qwen, 1 for LLaVA.
+    n_wa_pattern: Qwen2.5-VL clip.vision.n_wa_pattern (window attention; every n-th block full).
+    conv_type: type of v.patch_embd.weight (im2col output type), f16 for usual mmproj files.
+    has_pre_ln / has_post_ln: default to what the generated / official files have.
+
+    The buffer is reserved for the first image encoded (or the 1288x1288-class warmup image when
+    mtmd warmup is on) and silently grows for a larger one; it never shrinks.  For a session,
+    the buffer = max over the images seen (and the warmup image).
+    """
+    return replay(_clip_graph(projector_type, patch_size, n_embd, n_head, n_ff, n_layer, n_patches,
+                              n_mmproj_embd, merge, flash_attn, n_wa_pattern, conv_type,
+                              has_pre_ln, has_post_ln))

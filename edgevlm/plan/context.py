@@ -1,0 +1,68 @@
+"""The context budget: one rule for what a context of ``n_ctx`` KV cells holds.
+
+A context holds pictures, text and the reply being generated. The rule, used by the planner
+(``Plan.max_images_in_context``), the guard (how many image tokens a new picture may bring), the
+engine and the session (when old pictures give way to their summaries) and captioning (how many
+images are in flight):
+
+- **reply reserve**: the cells kept free for a reply of ``max_tokens`` — at most a quarter of
+  the context (a longer reply stops with finish_reason "context" when the cells run out);
+- **text room**: the cells kept for the conversation's text (system prompt, messages, template)
+  — an eighth of the context, between 64 and 512;
+- **image room**: what is left for pictures, ``n_ctx − text room − reply reserve``; a
+  conversation keeps as many pictures as their tokens fit in it;
+- **prompts in flight** (captioning): each one-turn prompt needs its picture, ~64 tokens of
+  instruction and template, and its reply reserve; the system prompt before the picture is
+  shared by all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ContextBudget", "DEFAULT_REPLY_TOKENS", "PROMPT_TEXT", "TEXT_ROOM_MAX", "TEXT_ROOM_MIN"]
+
+TEXT_ROOM_MIN, TEXT_ROOM_MAX = 64, 512
+PROMPT_TEXT = 64  # a one-turn prompt's text around its picture (template + instruction)
+DEFAULT_REPLY_TOKENS = 512
+MIN_PLANNED_CTX = 2048
+
+
+@dataclass(frozen=True)
+class ContextBudget:
+    """The rule for one context size (see the module doc)."""
+
+    n_ctx: int
+
+    def reply_reserve(self, max_tokens: int) -> int:
+        """Cells kept free for a reply of ``max_tokens`` (at most a quarter of the context)."""
+        return max(1, min(int(max_tokens), self.n_ctx // 4))
+
+    @property
+    def text_room(self) -> int:
+        return min(TEXT_ROOM_MAX, max(TEXT_ROOM_MIN, self.n_ctx // 8))
+
+    def image_room(self, max_tokens: int) -> int:
+        """Cells the pictures of a conversation may take in total."""
+        return max(0, self.n_ctx - self.text_room - self.reply_reserve(max_tokens))
+
+    def images_that_fit(self, per_image: int, max_tokens: int) -> int:
+        """Pictures of ``per_image`` tokens a conversation keeps in context at once."""
+        return self.image_room(max_tokens) // per_image if per_image > 0 else 0
+
+    def prompts_in_flight(self, per_image: int, max_tokens: int, shared_prefix: int, want: int) -> int:
+        """One-turn prompts (a picture each) that fit beside each other; at most ``want``, at
+        least 1."""
+        per_prompt = per_image + PROMPT_TEXT + self.reply_reserve(max_tokens)
+        return max(1, min(want, (self.n_ctx - shared_prefix) // max(1, per_prompt)))
+
+    @staticmethod
+    def shared_prefix(system: str | None) -> int:
+        """An estimate of the cells a system prompt and turn header take (shared by prompts)."""
+        return 32 + len(system or "") // 2
+
+    @staticmethod
+    def min_ctx(images: int, per_image: int, reply_tokens: int) -> int:
+        """The smallest context a plan may shrink to: ``images`` pictures, the full text room
+        and the reply."""
+        return max(MIN_PLANNED_CTX, images * per_image + TEXT_ROOM_MAX + reply_tokens)

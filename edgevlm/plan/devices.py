@@ -1,0 +1,139 @@
+"""Measured memory per device: ggml's own backend API (one call for CUDA, Metal, Vulkan, ROCm and
+CPU, through the libraries the llama_cpp package ships) plus host RAM through psutil.
+
+Nothing here decides anything. What-if overrides (``--device cpu``, ``--free-memory 8GiB``,
+``--gpu-overhead``) go through the same ``Device`` objects the real probe fills, so the planner
+cannot tell a measured device from an injected one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, replace
+
+import psutil
+
+from ..backend.system import ggml_devices
+from ..errors import InputError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kb": 1000, "kib": 1024,
+    "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1024**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
+}
+
+
+def parse_size(text: str) -> int:
+    """``8GiB``, ``8G`` (binary), ``8GB`` (decimal), ``512MiB``, ``1.5g``, ``123456`` → bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise InputError(f"'{text}' is not a size (try 8GiB, 512MiB, 6G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_size(n: int | float) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # ggml's name: "CPU", "CUDA0", "Vulkan0", "MTL0", ...
+    description: str
+    kind: str  # "cpu" | "gpu" | "igpu" | "accel"
+    free_bytes: int
+    total_bytes: int
+    free_known: bool = True  # False when the driver reports free == total (Vulkan w/o budget)
+    source: str = "ggml"  # "ggml", "psutil", or "what-if"
+    overhead_bytes: int = 0  # reserved for the driver/context before anything is allocated
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in ("gpu", "igpu")
+
+    @property
+    def usable_bytes(self) -> int:
+        return max(0, self.free_bytes - self.overhead_bytes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Probe:
+    devices: tuple[Device, ...]  # GPUs first (in ggml order), the host last
+    notes: tuple[str, ...] = ()
+
+    @property
+    def gpus(self) -> list[Device]:
+        return [d for d in self.devices if d.is_gpu]
+
+    @property
+    def host(self) -> Device:
+        return next(d for d in self.devices if d.kind == "cpu")
+
+    def to_dict(self) -> dict:
+        return {"devices": [d.to_dict() for d in self.devices], "notes": list(self.notes)}
+
+
+DEFAULT_GPU_OVERHEAD = 384 * 2**20  # CUDA/Metal context, cuBLAS workspace, driver slack
+
+
+def probe(device: str | None = None, free_memory: list[str] | None = None,
+          gpu_overhead: int | None = None) -> Probe:
+    """Measure the devices, then apply what-if overrides.
+
+    ``device``: ``"cpu"`` plans for the host alone; a ggml device name (``CUDA0``) keeps that GPU
+    only. ``free_memory``: sizes, in GPU order (``8GiB``) or by name (``CUDA0=8GiB``); on a
+    machine without a GPU a size adds a what-if GPU so a laptop can be planned for from here.
+    """
+    notes: list[str] = []
+    vm = psutil.virtual_memory()
+    gpus: list[Device] = []
+    host = Device("CPU", "host memory", "cpu", int(vm.available), int(vm.total), True, "psutil")
+    for d in ggml_devices():
+        if d.kind == "cpu":
+            host = replace(host, name=d.name, description=d.description or host.description)
+            continue
+        if d.kind not in ("gpu", "igpu"):
+            continue
+        known = not (d.free == d.total and d.total > 0)
+        if not known:
+            notes.append(f"{d.name} reports free == total: free memory unknown, planning with a "
+                         f"larger margin")
+        gpus.append(Device(d.name, d.description, d.kind, d.free, d.total, known, "ggml"))
+    if device:
+        want = device.lower()
+        if want == "cpu":
+            gpus = []
+        elif want not in ("gpu", "auto"):
+            keep = [g for g in gpus if g.name.lower() == want]
+            if not keep and not free_memory:
+                names = ", ".join(g.name for g in gpus) or "none"
+                raise InputError(f"no device '{device}' (devices here: CPU, {names})")
+            gpus = keep
+    for i, spec in enumerate(free_memory or []):
+        name, _, size = spec.rpartition("=")
+        nbytes = parse_size(size)
+        idx = next((j for j, g in enumerate(gpus) if g.name.lower() == name.lower()), None) if name else (
+            i if i < len(gpus) else None)
+        if name.lower() == "cpu":
+            host = replace(host, free_bytes=nbytes, total_bytes=max(host.total_bytes, nbytes),
+                           source="what-if")
+        elif idx is None:
+            label = name or f"GPU{len(gpus)}"
+            gpus.append(Device(label, "what-if GPU", "gpu", nbytes, nbytes, True, "what-if"))
+            notes.append(f"{label}: what-if device with {format_size(nbytes)} free")
+        else:
+            g = gpus[idx]
+            gpus[idx] = replace(g, free_bytes=nbytes, total_bytes=max(g.total_bytes, nbytes),
+                                free_known=True, source="what-if")
+    overhead = DEFAULT_GPU_OVERHEAD if gpu_overhead is None else gpu_overhead
+    gpus = [replace(g, overhead_bytes=overhead) for g in gpus]
+    return Probe(tuple(gpus) + (host,), tuple(notes))

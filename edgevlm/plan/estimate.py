@@ -1,0 +1,207 @@
+"""Pure byte arithmetic: what llama.cpp will allocate, per component and device.
+
+Inputs are GGUF tensor tables and settings; nothing here reads files or calls llama.cpp. The
+formulas mirror the vendored llama.cpp (``llama-model.cpp`` layer placement,
+``llama-kv-cache.cpp`` sizes, the graphs behind ``sched_reserve`` and clip's
+``reserve_compute_meta``) and are checked against its logs by the test suite.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+from . import compute, graphalloc
+
+from ..model.gguf_info import GGUFFile
+from ..model.kv_types import KV_TYPES
+from ..model.projectors import facts
+
+# bytes per element of the KV cache types (ggml block size / type size)
+CTX_PAD = 256
+_BLK_RE = re.compile(r"^blk\.(\d+)\.")
+# 2-D weights llama.cpp's CPU backend repacks (Q4_0 / IQ4_NL / Q8_0 on AVX2+/NEON) for matmul.
+_REPACKABLE = {"Q4_0", "IQ4_NL", "Q8_0", "Q4_K", "Q2_K"}
+
+
+def pad(n: int, to: int = CTX_PAD) -> int:
+    return graphalloc.pad(n, to)
+
+
+@dataclass(frozen=True)
+class WeightTensor:
+    name: str
+    n_bytes: int
+    offset: int
+    layer: int  # 0..n_layer-1 for blocks, n_layer for the output layer, -1 for the input layer
+    repackable: bool  # a 2-D matmul weight the CPU backend repacks (Q4_0 & co on AVX2/NEON)
+
+
+@dataclass(frozen=True)
+class TextTensors:
+    """The text model's weights, tagged with the layer llama.cpp places them by."""
+
+    n_layer: int
+    tensors: tuple[WeightTensor, ...]
+    tied_output: bool  # no output.weight: llama.cpp duplicates the token embedding for the output
+
+    @classmethod
+    def from_gguf(cls, gf: GGUFFile, n_layer: int) -> "TextTensors":
+        out = []
+        has_output = any(t.name == "output.weight" for t in gf.tensors)
+        for t in gf.tensors:
+            m = _BLK_RE.match(t.name)
+            if m:
+                layer = int(m.group(1))
+            elif t.name.startswith("output"):
+                layer = n_layer
+            else:  # token embedding, rope factors and other globals stay with the input
+                layer = -1
+            rep = t.ggml_type in _REPACKABLE and len(t.shape) == 2 and layer >= 0
+            out.append(WeightTensor(t.name, t.n_bytes, t.offset, layer, rep))
+        if not has_output:
+            emb = next((t for t in out if t.name == "token_embd.weight"), None)
+            if emb is not None:
+                out.append(WeightTensor("output.weight(tied)", emb.n_bytes, emb.offset, n_layer,
+                                        emb.repackable))
+        return cls(n_layer, tuple(out), not has_output)
+
+    @property
+    def layer_bytes(self) -> list[int]:
+        per = [0] * (self.n_layer + 1)
+        for t in self.tensors:
+            if t.layer >= 0:
+                per[t.layer] += t.n_bytes
+        return per
+
+
+def layer_devices(n_layer: int, n_gpu_layers: int, gpu_splits: list[float]) -> list[int]:
+    """Device index per layer 0..n_layer (n_layer = the output layer); -1 = host.
+
+    llama.cpp: ``i_gpu_start = max(n_layer + 1 - ngl, 0)``, so ``ngl = 1`` offloads only the
+    output layer and ``ngl = n_layer + 1`` everything; GPU layers are split across GPUs by
+    the fractions ``gpu_splits`` (free memory by default).
+    """
+    n_gpu = len(gpu_splits)
+    ngl = max(n_gpu_layers, 0)
+    act = 0 if n_gpu == 0 else min(ngl, n_layer + 1)
+    start = max(n_layer + 1 - ngl, 0)
+    total = sum(gpu_splits) or 1.0
+    cum, acc = [], 0.0
+    for s in gpu_splits:
+        acc += s / total
+        cum.append(acc)
+    out = []
+    for il in range(n_layer + 1):
+        if act == 0 or il < start or il - start >= act:
+            out.append(-1)
+            continue
+        frac = (il - start) / act
+        out.append(next((i for i, c in enumerate(cum) if frac < c), n_gpu - 1))
+    return out
+
+
+@dataclass(frozen=True)
+class HostWeights:
+    mapped: int  # the file range llama.cpp maps for host tensors (``CPU_Mapped model buffer``)
+    repack: int  # ``CPU_REPACK model buffer``: repacked copies of host matmul weights
+
+    @property
+    def total(self) -> int:
+        return self.mapped + self.repack
+
+
+def weight_bytes(tt: TextTensors, devices: list[int], repack: bool = True,
+                 use_mmap: bool = True) -> tuple[HostWeights, dict[int, int]]:
+    """Host buffers and bytes per GPU index for a layer placement (``layer_devices``).
+
+    With mmap the host buffer is the span of the file covering the host tensors that are not
+    repacked (what llama.cpp maps and logs); without mmap it is their sum.
+    """
+    gpu: dict[int, int] = {}
+    rep = 0
+    lo, hi, plain = None, 0, 0
+    for t in tt.tensors:
+        dev = -1 if t.layer < 0 else devices[t.layer]
+        if dev >= 0:
+            gpu[dev] = gpu.get(dev, 0) + t.n_bytes
+            continue
+        if repack and t.repackable:
+            rep += t.n_bytes
+            continue
+        if t.name.endswith("(tied)"):
+            continue  # same file bytes as the input embedding
+        plain += t.n_bytes
+        lo = t.offset if lo is None else min(lo, t.offset)
+        hi = max(hi, t.offset + t.n_bytes)
+    mapped = (hi - lo if lo is not None else 0) if use_mmap else plain
+    return HostWeights(mapped, rep), gpu
+
+
+def kv_cells(n_ctx: int) -> int:
+    return pad(max(n_ctx, 1))
+
+
+def kv_bytes_per_layer(n_embd_k_gqa: int, n_embd_v_gqa: int, cells: int, type_k: str, type_v: str) -> int:
+    return int(cells * (n_embd_k_gqa * KV_TYPES[type_k].bytes_per_element + n_embd_v_gqa * KV_TYPES[type_v].bytes_per_element))
+
+
+def kv_bytes(n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int, type_k: str, type_v: str,
+             devices: list[int] | None = None, offload_kqv: bool = True, n_swa: int = 0,
+             swa_layers: set[int] | None = None, n_ubatch: int = 512) -> dict[int, int]:
+    """KV cache bytes per device index (-1 = host) at llama.cpp's padded context."""
+    cells = kv_cells(n_ctx)
+    swa_cells = pad(min(cells, n_swa + n_ubatch)) if n_swa else cells
+    e = n_head_kv * head_dim
+    out: dict[int, int] = {}
+    for il in range(n_layer):
+        dev = devices[il] if devices is not None else -1
+        if not offload_kqv:
+            dev = -1
+        c = swa_cells if (n_swa and swa_layers and il in swa_layers) else cells
+        out[dev] = out.get(dev, 0) + kv_bytes_per_layer(e, e, c, type_k, type_v)
+    return out
+
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_compute(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx, n_ubatch,
+                  n_batch, flash_attn, type_k, type_v, n_layer) -> int:
+    return compute.text_compute_bytes(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab,
+                                      n_ctx, n_ubatch, n_batch, flash_attn, type_k, type_v, n_layer)
+
+
+def text_compute_bytes(t, n_ctx: int, n_ubatch: int, n_batch: int, flash_attn: bool,
+                       type_k: str = "f16", type_v: str = "f16") -> int:
+    """Text compute buffer (``sched_reserve``) for a context of ``n_ctx`` tokens (unpadded:
+    llama.cpp clamps the batch to it before padding). Exact for ``llama`` and ``qwen2vl``
+    graphs; other architectures are planned with the ``llama`` graph of the same shapes."""
+    arch = "qwen2vl" if t.arch == "qwen2vl" else "llama"
+    # the buffer does not depend on the depth once there are two layers: replay two
+    return _text_compute(arch, t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab,
+                         n_ctx, n_ubatch, n_batch, flash_attn, type_k, type_v, min(t.n_layer, 2))
+
+
+@functools.lru_cache(maxsize=4096)
+def _clip_compute(ptype, image_size, patch_size, n_embd, n_head, n_ff, n_layer, n_patches,
+                  n_mmproj_embd, merge, flash_attn, n_wa_pattern) -> int:
+    return compute.clip_compute_bytes(ptype, image_size, patch_size, n_embd, n_head, n_ff, n_layer,
+                                      n_patches, n_mmproj_embd, merge, flash_attn, n_wa_pattern)
+
+
+def clip_compute_bytes(proj, n_patches: int, flash_attn: bool) -> int:
+    """Vision encoder compute buffer for one chunk of ``n_patches`` patches (before merging).
+
+    Exact for the projectors whose encoder graph the facts table names (``mlp``, the
+    Qwen2/2.5-VL mergers); others get a conservative upper bound (full attention scores in f32
+    plus four activations and the FFN)."""
+    f = facts(proj)
+    if f.encoder_graph is not None:
+        merge = f.merge
+        return _clip_compute(f.encoder_graph, proj.image_size, proj.patch_size, proj.n_embd, proj.n_head,
+                             proj.n_ff, proj.n_layer, n_patches, proj.n_mmproj_embd, merge,
+                             flash_attn, int(proj.n_wa_pattern or 0))
+    n = n_patches + 1
+    attn = n * max(proj.n_embd, 1) * 4 * 2 if flash_attn else n * n * max(proj.n_head, 1) * 4
+    return attn + n * (4 * proj.n_embd + 3 * max(proj.n_ff, proj.n_embd)) * 4 + 12 * n_patches * proj.patch_size ** 2

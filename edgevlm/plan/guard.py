@@ -1,0 +1,101 @@
+"""The runtime guard: before each request, predict what it adds and check it against memory
+measured at that moment and the context left.
+
+An image adds KV cells (its tokens) and may grow the vision encoder's compute buffer (it is
+reserved for the largest image seen so far). If the encoder's growth will not fit the memory
+free right now, a dynamic-resolution image is shrunk before encoding (and the user is told); a
+fixed-size image is refused. A request the guard admitted must never reach an allocation
+failure inside llama.cpp. How many image cells a request may bring is the context budget's
+business (``context.ContextBudget``); the guard checks one image against it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import InputError
+from ..model.gguf_info import ProjectorInfo
+from ..model.projectors import encoder_patches, facts, image_tokens
+from ..vision.budget import fit_size
+from ..vision.images import LoadedImage, resized
+from .devices import Probe, format_size
+from .estimate import clip_compute_bytes
+from .planner import Plan
+
+__all__ = ["Admission", "Guard", "SAFETY"]
+
+SAFETY = 64 * 2**20  # allocator slack kept free on top of the prediction
+
+
+@dataclass(frozen=True)
+class Admission:
+    image: LoadedImage
+    tokens: int
+    encoder_bytes: int
+    notice: str | None = None
+
+
+@dataclass
+class Guard:
+    plan: Plan
+    proj: ProjectorInfo
+    measure: Callable[[], Probe]  # the real probe, or what-if numbers in tests
+    reserved_encoder: int = 0  # encoder compute already allocated (largest image so far)
+    notices: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _tokens(self, w: int, h: int) -> int:
+        return image_tokens(self.proj, w, h, max_tokens=self.plan.image_max_tokens or None).n_tokens
+
+    def encoder_bytes(self, w: int, h: int) -> int:
+        """The encoder's compute buffer for a ``w``×``h`` picture (its largest chunk)."""
+        it = image_tokens(self.proj, w, h, max_tokens=self.plan.image_max_tokens or None)
+        per_view = encoder_patches(self.proj, max(v.n_tokens for v in it.views))
+        return clip_compute_bytes(self.proj, per_view, self.plan.flash_attn)
+
+    def _free_now(self) -> int:
+        pr = self.measure()
+        if self.plan.mmproj_on_gpu and pr.gpus:
+            return pr.gpus[0].usable_bytes
+        return pr.host.usable_bytes
+
+    def admit(self, image: LoadedImage, cells_free: int) -> Admission:
+        """Admit (maybe shrink) one image for a request with ``cells_free`` KV cells left for
+        pictures. Thread-safe: concurrent requests see each other's encoder reservations."""
+        with self.lock:
+            return self._admit(image, cells_free)
+
+    def _admit(self, image: LoadedImage, cells_free: int) -> Admission:
+        w, h = image.width, image.height
+        tokens = self._tokens(w, h)
+        need = self.encoder_bytes(w, h)
+        growth = max(0, need - self.reserved_encoder)
+        free = self._free_now() - SAFETY
+        if growth <= free and tokens <= cells_free:
+            self.reserved_encoder = max(self.reserved_encoder, need)
+            return Admission(image, tokens, need)
+        if not facts(self.proj).dynamic:
+            if tokens > cells_free:
+                raise InputError(
+                    f"{image.source}: needs {tokens} tokens but only {max(cells_free, 0)} are left in "
+                    f"the context (/reset, or a larger --ctx)")
+            raise InputError(
+                f"{image.source}: encoding needs {format_size(growth)} more memory but only "
+                f"{format_size(max(free, 0))} is free now; close other programs or plan again")
+        # Dynamic resolution: the largest downscale whose tokens and encoder growth both fit.
+        size = fit_size(w, h, lambda a, b: self._tokens(a, b) <= cells_free and
+                        max(0, self.encoder_bytes(a, b) - self.reserved_encoder) <= free, steps=24)
+        if size is None or self._tokens(*size) > cells_free:
+            raise InputError(
+                f"{image.source}: no size of this image fits: {max(cells_free, 0)} tokens left in the "
+                f"context and {format_size(max(free, 0))} free memory")
+        sw, sh = size
+        small = resized(image, sw, sh)
+        t2, need2 = self._tokens(sw, sh), self.encoder_bytes(sw, sh)
+        notice = (f"{image.source}: reduced to {sw}x{sh} ({tokens} → {t2} image tokens) to fit "
+                  f"{'the context left' if tokens > cells_free else 'the memory free now'}")
+        self.notices.append(notice)
+        self.reserved_encoder = max(self.reserved_encoder, need2)
+        return Admission(small, t2, need2, notice)

@@ -1,0 +1,142 @@
+"""Loading any image safely into RGB: the one place every command reads pictures.
+
+EXIF orientation is applied, alpha is flattened onto white, palette / CMYK / 16-bit / greyscale
+become RGB, animated images give their first frame (with a note), formats are recognised by
+content (not extension), and a pixel limit replaces Pillow's decompression-bomb warning.
+Every failure is an ``ImageError`` with one line naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from ..errors import ImageError
+
+__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTENSIONS", "LoadedImage", "from_rgb", "has_image_ext",
+           "load_image", "resized"]
+
+DEFAULT_MAX_PIXELS = 100_000_000  # 100 MP: a 10000×10000 scan; a bomb is far larger
+# What Pillow reads; files with these extensions are images for every command (chat attaches
+# them, caption takes them from folders) even when their bytes look wrong.
+IMAGE_EXTENSIONS = frozenset({
+    ".png", ".apng", ".jpg", ".jpeg", ".jpe", ".jfif", ".webp", ".gif", ".bmp", ".dib", ".tif",
+    ".tiff", ".ppm", ".pgm", ".pbm", ".pnm", ".pfm", ".tga", ".ico", ".icns", ".heic", ".heif",
+    ".avif", ".jp2", ".j2k", ".jpx", ".qoi", ".psd", ".dds", ".pcx", ".sgi", ".rgb", ".jxl",
+})
+
+
+def has_image_ext(path: str) -> bool:
+    return os.path.splitext(path)[1].lower() in IMAGE_EXTENSIONS
+
+
+@dataclass(frozen=True)
+class LoadedImage:
+    """Decoded RGB pixels plus where they came from."""
+
+    rgb: np.ndarray = field(repr=False)  # H×W×3 uint8
+    source: str
+    format: str
+    sha256: str  # of the decoded pixels and size: the same picture in any file format matches
+    notes: tuple[str, ...] = ()
+
+    @property
+    def width(self) -> int:
+        return int(self.rgb.shape[1])
+
+    @property
+    def height(self) -> int:
+        return int(self.rgb.shape[0])
+
+
+def _flatten(img: Image.Image) -> Image.Image:
+    if img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(bg, rgba).convert("RGB")
+    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+        arr = np.asarray(img, dtype=np.float64)
+        hi = arr.max() or 1.0
+        scale = 255.0 / (65535.0 if hi > 255 else 255.0)
+        return Image.fromarray(np.clip(arr * scale, 0, 255).astype(np.uint8)).convert("RGB")
+    if img.mode == "F":
+        arr = np.asarray(img, dtype=np.float64)
+        lo, hi = float(arr.min()), float(arr.max())
+        norm = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
+        return Image.fromarray((norm * 255).astype(np.uint8)).convert("RGB")
+    return img.convert("RGB")
+
+
+def load_image(source: str | os.PathLike[str] | bytes, max_pixels: int = DEFAULT_MAX_PIXELS,
+               name: str | None = None) -> LoadedImage:
+    """Decode a file path or raw bytes into an RGB ``LoadedImage``."""
+    label = name or (os.fspath(source) if not isinstance(source, bytes) else "<bytes>")
+    if isinstance(source, bytes):
+        data = source
+    else:
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise ImageError(f"{label}: no such file")
+        if os.path.isdir(path):
+            raise ImageError(f"{label}: is a directory, not an image")
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise ImageError(f"{label}: cannot read ({exc.strerror or exc})") from None
+    if not data:
+        raise ImageError(f"{label}: empty file (0 bytes), not an image")
+    notes: list[str] = []
+    saved_limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None  # we enforce our own limit with a clear message
+    try:
+        try:
+            img = Image.open(io.BytesIO(data))
+        except UnidentifiedImageError:
+            raise ImageError(f"{label}: not an image (format not recognised)") from None
+        except Exception as exc:
+            raise ImageError(f"{label}: unreadable image ({exc})") from None
+        fmt = img.format or "unknown"
+        w, h = img.size
+        if w * h > max_pixels:
+            raise ImageError(
+                f"{label}: {w}x{h} = {w * h:,} pixels exceeds the limit of {max_pixels:,} "
+                f"(raise it with --max-pixels)"
+            )
+        if getattr(img, "is_animated", False) and getattr(img, "n_frames", 1) > 1:
+            notes.append(f"animated {fmt} with {img.n_frames} frames: using the first")
+            img.seek(0)
+        try:
+            img.load()
+            img = ImageOps.exif_transpose(img) or img
+            rgb_img = _flatten(img)
+            rgb = np.asarray(rgb_img, dtype=np.uint8)
+        except ImageError:
+            raise
+        except Exception as exc:  # truncated / corrupt data surfaces at load time
+            raise ImageError(f"{label}: corrupt or truncated {fmt} image ({exc})") from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved_limit
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.size == 0:
+        raise ImageError(f"{label}: could not convert to RGB")
+    return from_rgb(rgb, label, fmt, tuple(notes))
+
+
+def from_rgb(rgb: np.ndarray, source: str, fmt: str = "array", notes: tuple[str, ...] = ()) -> LoadedImage:
+    """Wrap H×W×3 uint8 pixels; the hash covers size and pixels, not the file format."""
+    rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
+    digest = hashlib.sha256()
+    digest.update(f"{rgb.shape[1]}x{rgb.shape[0]}".encode())
+    digest.update(rgb.tobytes())
+    return LoadedImage(rgb, source, fmt, digest.hexdigest(), tuple(notes))
+
+
+def resized(image: LoadedImage, width: int, height: int) -> LoadedImage:
+    """The same picture at another size (bicubic), noted."""
+    rgb = np.asarray(Image.fromarray(image.rgb).resize((width, height), Image.Resampling.BICUBIC))
+    return from_rgb(rgb, image.source, image.format, image.notes + (f"resized to {width}x{height}",))
