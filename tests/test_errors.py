@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from .conftest import run_cli
@@ -89,3 +90,59 @@ def test_mismatched_pair_json(model_pair, mismatched_mmproj):
     assert r.returncode == 2
     rep = json.loads(r.stdout)
     assert rep["pair"]["compatible"] is False and "96" in rep["pair"]["reason"]
+
+
+# --- errors from the library's public calls: EdgeVLMError subclasses, never a bare ValueError ----
+
+@pytest.fixture(scope="module")
+def gemma_labelled_mmproj(tmp_path_factory):
+    """A projector that says it is ``gemma3``: a type whose token counts edgevlm does not know."""
+    from edgevlm.testing.llava import write_clip_mlp
+    from edgevlm.testing.shapes import LLAVA_PRESETS
+
+    out = tmp_path_factory.mktemp("gemma") / "mmproj.gguf"
+    return write_clip_mlp(out, LLAVA_PRESETS["tiny"][1], 128, 5, "gemma-labelled", projector_type="gemma3")
+
+
+def test_a_projector_without_token_arithmetic_is_a_clean_error(gemma_labelled_mmproj, images):
+    import edgevlm
+    from edgevlm.errors import UnsupportedModel
+    from edgevlm.vision.budget import plan_image
+
+    proj = edgevlm.load_projector(gemma_labelled_mmproj)
+    with pytest.raises(UnsupportedModel, match="'gemma3' are not known"):
+        edgevlm.image_tokens(proj, 640, 480)
+    with pytest.raises(UnsupportedModel):
+        plan_image(edgevlm.load_image(images["noise"]), proj)
+    r = run_cli("budget", str(images["noise"]), "--mmproj", str(gemma_labelled_mmproj))
+    assert_clean_error(r, "gemma3")
+    r = run_cli("inspect", str(gemma_labelled_mmproj))  # still described, tokens marked unknown
+    assert r.returncode == 0 and "gemma3" in r.stdout and "not known" in r.stdout
+
+
+def test_bad_values_in_library_calls_are_input_errors(model_pair, images, tmp_path):
+    import edgevlm
+    from edgevlm.caption import CaptionJob, CaptionSettings
+    from edgevlm.errors import InputError
+    from edgevlm.plan.planner import Wishes
+    from edgevlm.vision.detail import score_boxes
+
+    pair = model_pair("llava15")
+    proj = edgevlm.load_projector(pair.mmproj)
+    with pytest.raises(InputError):
+        edgevlm.image_tokens(proj, 0, 480)
+    for bad in (dict(kv="q5_1"), dict(n_ctx=0), dict(merge="half"), dict(reply_tokens=0)):
+        with pytest.raises(InputError):
+            Wishes(**bad)
+    with pytest.raises(InputError):
+        edgevlm.load(pair.model, pair.mmproj, kv="q5_1")
+    with pytest.raises(InputError, match="--format xml"):
+        CaptionJob([], CaptionSettings(), model=str(pair.model), mmproj=str(pair.mmproj), fmt="xml")
+    with pytest.raises(InputError):
+        CaptionSettings(merge="half").validate()
+    with pytest.raises(InputError, match="unknown scorer"):
+        score_boxes(np.zeros((8, 8, 3), np.uint8), [(0, 0, 8, 8)], "sharpness")
+    with edgevlm.load(pair.model, pair.mmproj, n_threads=2) as eng:
+        with pytest.raises(InputError, match="max_tokens 0"):
+            eng.chat("hi", max_tokens=0)
+        assert eng.messages == [] and eng.chat("hi", max_tokens=1).stats.predicted_n <= 1

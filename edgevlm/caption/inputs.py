@@ -33,6 +33,9 @@ from typing import IO
 from ..errors import InputError
 from ..vision.images import has_image_ext
 
+__all__ = ["common_root", "discover", "Discovery", "InputItem", "parse_shard", "read_head",
+           "read_list", "shard_of", "sniff"]
+
 _GLOB_CHARS = set("*?[")
 _BMP_HEADERS = {12, 40, 52, 56, 64, 108, 124}
 _ISO_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1", b"avif", b"avis"}

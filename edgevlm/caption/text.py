@@ -11,6 +11,9 @@ import string
 from .inputs import InputItem
 from ..errors import InputError
 
+__all__ = ["DEFAULT_PROMPT", "PLACEHOLDERS", "check_template", "clean_caption", "compose",
+           "render_prompt"]
+
 DEFAULT_PROMPT = "Write a one-sentence caption for this image."
 PLACEHOLDERS = ("name", "filename", "path", "existing")
 

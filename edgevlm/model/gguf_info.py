@@ -17,6 +17,10 @@ import gguf
 
 from ..errors import ModelFileError, ModelPairError
 
+__all__ = ["GGUF_MAGIC", "check_pair", "GGUFFile", "HeaderIncomplete", "load_projector",
+           "load_text_model", "parse_header", "projector_info", "ProjectorInfo", "read_gguf",
+           "TensorInfo", "text_model_info", "TextModelInfo"]
+
 GGUF_MAGIC = b"GGUF"
 # Arrays longer than this (vocabularies, merges, scores) are not decoded, only counted.
 _MAX_DECODED_ARRAY = 4096

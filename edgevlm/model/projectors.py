@@ -23,6 +23,10 @@ import numpy as np
 from ..errors import UnsupportedModel
 from .gguf_info import ProjectorInfo
 
+__all__ = ["encoder_patches", "facts", "image_tokens", "ImageTokens", "largest_image_tokens",
+           "position_kind", "ProjectorFacts", "select_best_resolution", "smart_resize", "View",
+           "view_patches"]
+
 # mtmd's defaults for Qwen2/2.5-VL (clip.cpp: set_limit_image_tokens(8, 4096)).
 QWEN_MIN_TOKENS, QWEN_MAX_TOKENS = 8, 4096
 

@@ -14,7 +14,10 @@ graphs must be re-checked against the real ones (the test suite compares with ll
 
 from __future__ import annotations
 
+from ..errors import InputError, UnsupportedModel
 from .graphalloc import ALIGN, F16, F32, FLAG_INPUT, FLAG_OUTPUT, I32, I64, QUANT, Graph, pad, replay  # noqa: F401
+
+__all__ = ["clip_compute_bytes", "text_compute_bytes", "text_effective"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -156,7 +159,7 @@ def text_compute_bytes(arch: str, n_embd: int, n_head: int, n_head_kv: int, head
     graph (1 token, 1 output); the buffer only grows, so the result is the max of both.
     """
     if QUANT.get(type_v, False) and not flash_attn:
-        raise ValueError("a quantized V cache requires flash attention")
+        raise InputError("a quantized V cache requires flash attention")
     n_kv, n_tokens, n_outputs = text_effective(n_ctx, n_ubatch, n_batch, n_outputs_max)
     pp = replay(_text_graph(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv,
                             n_tokens, n_outputs, flash_attn, type_k, type_v, n_layer))
@@ -178,7 +181,7 @@ def _clip_graph(projector_type, patch_size, n_embd, n_head, n_ff, n_layer, n_pat
     qwen = projector_type in ("qwen2vl_merger", "qwen2.5vl_merger")
     v25 = projector_type == "qwen2.5vl_merger"
     if not qwen and projector_type != "mlp":
-        raise ValueError(f"unsupported projector {projector_type}")
+        raise UnsupportedModel(f"no encoder graph for projector type {projector_type!r}")
     if has_pre_ln is None:
         has_pre_ln = not qwen          # LLaVA CLIP has v.pre_ln; Qwen ViTs have none
     if has_post_ln is None:

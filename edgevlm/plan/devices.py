@@ -16,6 +16,8 @@ import psutil
 from ..backend.system import ggml_devices
 from ..errors import InputError
 
+__all__ = ["DEFAULT_GPU_OVERHEAD", "Device", "format_size", "parse_size", "Probe", "probe"]
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1024, "kb": 1000, "kib": 1024,

@@ -18,6 +18,10 @@ from ..model.gguf_info import GGUFFile
 from ..model.kv_types import KV_TYPES
 from ..model.projectors import facts
 
+__all__ = ["CTX_PAD", "clip_compute_bytes", "HostWeights", "kv_bytes", "kv_bytes_per_layer",
+           "kv_cells", "layer_devices", "pad", "text_compute_bytes", "TextTensors", "weight_bytes",
+           "WeightTensor"]
+
 # bytes per element of the KV cache types (ggml block size / type size)
 CTX_PAD = 256
 _BLK_RE = re.compile(r"^blk\.(\d+)\.")

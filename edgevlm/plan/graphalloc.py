@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+__all__ = ["ALIGN", "INPLACE_OPS", "QUANT", "TYPE_SIZE", "Graph", "pad", "replay", "Tensor"]
+
 
 ALIGN = 32  # TENSOR_ALIGNMENT of the CPU buffer type
 F32, F16, I32, I64 = "f32", "f16", "i32", "i64"

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from ..backend.system import cpu_repacks
+from ..errors import InputError
+from ..model.kv_types import KV_CHOICES
 from ..model.gguf_info import GGUFFile, ProjectorInfo, TextModelInfo, projector_info, read_gguf, text_model_info
 from ..model.projectors import encoder_patches, facts, largest_image_tokens, view_patches
 from ..vision.merge import MergeSpec
@@ -34,6 +36,9 @@ from .estimate import (
     text_compute_bytes,
     weight_bytes,
 )
+
+__all__ = ["DEFAULT_DYNAMIC_IMAGE_TOKENS", "HOST_RESERVE", "MIB", "Breakdown", "DevicePlan",
+           "host_compute_bytes", "make_plan", "Plan", "Planner", "Wishes"]
 
 MIB = 2**20
 DEFAULT_DYNAMIC_IMAGE_TOKENS = 1024
@@ -57,6 +62,18 @@ class Wishes:
     margin: float = 0.05  # fraction of usable memory kept free (larger when free is unknown)
     reply_tokens: int = DEFAULT_REPLY_TOKENS  # the reply reserve the image count is planned with
     merge: str = "off"  # visual token merging: ratio/tokens shrink what an image costs in context
+
+    def __post_init__(self) -> None:
+        if self.kv != "auto" and self.kv not in KV_CHOICES:
+            raise InputError(f"KV cache type {self.kv!r}: use auto or one of {', '.join(KV_CHOICES)}")
+        for name in ("n_ctx", "min_ctx", "image_tokens"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise InputError(f"{name} {v}: give a positive number, or None to let the plan choose")
+        for name in ("images", "reply_tokens", "n_batch", "n_ubatch"):
+            if getattr(self, name) < (0 if name == "images" else 1):
+                raise InputError(f"{name} {getattr(self, name)}: out of range")
+        MergeSpec.parse(self.merge)
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,8 @@ class Engine:
                seed: int | None = None, stop: Iterable[str] = ()) -> Iterator[GenerationResponse]:
         """Add a user turn and stream the reply. The last response carries stats."""
         t_start = time.perf_counter()  # TTFT counts image decoding, budgeting and the guard too
+        if max_tokens < 1:
+            raise InputError(f"max_tokens {max_tokens}: a reply needs at least 1 token")
         originals = self.load_images(images)
         reserve = self.scheduler.budget.reply_reserve(max_tokens)
         kept = 0 if self.options.session.enabled else self.conversation.image_tokens_in_context()

@@ -27,7 +27,9 @@ def write_llama_text(path: Path, t: TextShape, seed: int, name: str, weight_type
 
 
 def write_clip_mlp(path: Path, v: VisionShape, n_text_embd: int, seed: int, name: str,
-                   pinpoints: list[int] | None = None) -> Path:
+                   pinpoints: list[int] | None = None, projector_type: str = "mlp") -> Path:
+    """A CLIP + ``mlp`` projector; ``projector_type`` only relabels it (a file that claims another
+    projector type, for the paths that read the metadata alone)."""
     g = RandomGGUF(path, "clip", seed, "f16")
     w = g.writer
     w.add_name(name)
@@ -35,7 +37,7 @@ def write_clip_mlp(path: Path, v: VisionShape, n_text_embd: int, seed: int, name
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_text_encoder", False)
     w.add_bool("clip.has_llava_projector", True)
-    w.add_string("clip.projector_type", "mlp")
+    w.add_string("clip.projector_type", projector_type)
     w.add_bool("clip.use_gelu", False)  # CLIP ViT-L uses quick-GELU
     w.add_uint32("clip.vision.image_size", v.image_size)
     w.add_uint32("clip.vision.patch_size", v.patch_size)

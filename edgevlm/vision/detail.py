@@ -17,6 +17,10 @@ import zlib
 import numpy as np
 from PIL import Image
 
+from ..errors import InputError
+
+__all__ = ["DEFAULT_SCORER", "LOWRES_SIDE", "SCORERS", "grey_lowres", "score_boxes"]
+
 SCORERS = ("edges", "entropy", "compress")
 DEFAULT_SCORER = "edges"
 LOWRES_SIDE = 768  # longest side of the copy the scores are computed on
@@ -58,7 +62,7 @@ def score_boxes(rgb: np.ndarray, boxes: list[tuple[int, int, int, int]],
                 scorer: str = DEFAULT_SCORER) -> list[float]:
     """Detail score of each ``(x0, y0, x1, y1)`` box (source pixels)."""
     if scorer not in _FUNCS:
-        raise ValueError(f"unknown scorer '{scorer}' (choose from {', '.join(SCORERS)})")
+        raise InputError(f"unknown scorer '{scorer}' (choose from {', '.join(SCORERS)})")
     g, s = grey_lowres(rgb)
     fn = _FUNCS[scorer]
     out = []
