@@ -115,6 +115,22 @@ def test_one_slot_gives_exactly_the_engine_captions(model_pair, pictures):
         eng.close()
 
 
+def test_a_conversation_keeps_its_cache_while_another_request_runs(model_pair, pictures):
+    """A new request takes an empty (or the least recently used) slot, not the one holding a
+    conversation it shares a few tokens with; the conversation's next turn finds its cache."""
+    eng = _load(model_pair("llava15"), 2)
+    try:
+        first = eng.chat("What is it?", [pictures[0]], max_tokens=4, temperature=0.0)
+        held = eng.n_ctx_used
+        got, _ = _run_all(eng, pictures[1:2])  # one caption, in the other slot
+        assert got[0].error is None and got[0].stats.cached_n > 0  # the system prompt, by seq_cp
+        follow = eng.chat("And the colours?", max_tokens=4, temperature=0.0)
+        assert follow.stats.cached_n >= held - 1 and follow.stats.images_encoded == 0
+        assert follow.stats.prompt_n < 40 < first.stats.prompt_n
+    finally:
+        eng.close()
+
+
 def test_a_full_context_waits_instead_of_overcommitting(model_pair, pictures):
     # LLaVA-1.5 tiny: 576 image tokens + ~40 text; 1600 cells hold two prompts with replies
     eng = _load(model_pair("llava15"), 4, n_ctx=1600)
@@ -129,6 +145,7 @@ def test_a_full_context_waits_instead_of_overcommitting(model_pair, pictures):
             # what llama.cpp holds per sequence (1-D positions: one cell each); prefixes shared
             lens = [eng.backend.seq_pos_max(s.id) + 1 for s in sched.slots if s.kv]
             used = sched.cells_used()
+            assert used == sum({h.uid: h.item.n_tokens for s in sched.slots for h in s.kv}.values())
             assert max(lens) <= used <= eng.n_ctx
             assert used + (len(lens) - 1) * min(lens) >= sum(lens)
             return orig()

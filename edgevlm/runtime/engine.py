@@ -174,7 +174,8 @@ class Engine:
         return "".join(r.text for r in self.scheduler.stream(seq))
 
     def stream(self, text: str, images: Iterable[Any] = (), *, max_tokens: int = 512,
-               temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+               temperature: float = SamplingParams.temperature, top_k: int = SamplingParams.top_k,
+               top_p: float = SamplingParams.top_p, min_p: float = SamplingParams.min_p,
                seed: int | None = None, stop: Iterable[str] = ()) -> Iterator[GenerationResponse]:
         """Add a user turn and stream the reply. The last response carries stats."""
         t_start = time.perf_counter()  # TTFT counts image decoding, budgeting and the guard too

@@ -4,10 +4,12 @@ server).
 ``Scheduler`` owns the llama.cpp context of a loaded model pair: ``n_seq_max`` sequence slots
 over one unified KV cache, the image cache shared by all of them, and the step loop.
 
-- ``submit(request)`` places a request in the free slot whose KV cache shares the longest prefix
-  with it — or copies a longer prefix another slot holds (``llama_memory_seq_cp``: the cells gain
-  a sequence, nothing is copied) — drops the rest of that slot's cells, evaluates the request's
-  pictures (and the text between them) now, and leaves its last text for the next step. When
+- ``submit(request)`` places a request in the free slot whose cache it continues (a
+  conversation's next turn: at least half of that slot's cells are its prefix), else in an empty
+  or the least recently used slot; the longest prefix any slot holds becomes part of its
+  sequence (``llama_memory_seq_cp``: the cells gain a sequence, nothing is copied), the rest of
+  the slot's cells are dropped, the request's pictures (and the text between them) are evaluated
+  now, and its last text is left for the next step. When
   the cells it needs are taken, idle slots give theirs back, least recently used first; a
   request that fits only once others finish gets ``WAIT``; one that can never fit, an
   ``InputError``.
@@ -40,7 +42,8 @@ from ..backend.llama import Backend
 from ..backend.sampling import SamplingParams
 from ..errors import BackendError, InputError
 from ..plan.context import ContextBudget
-from ..vision.merge import grid_shape, merge_tokens
+from ..vision.merge import MergeSpec, grid_shape, merge_tokens
+from .conversation import Message
 from .items import ImageCache, ImageUnit, Item, Prompt
 from .prompt import PromptRenderer
 from .stats import TurnStats, build_stats
@@ -92,13 +95,10 @@ class _Held:
 class _Slot:
     def __init__(self, sid: int):
         self.id = sid
-        self.kv: list[_Held] = []  # what this sequence holds, in order
+        self.kv: list[_Held] = []  # what this sequence holds, in order (changed by the scheduler's
+        self.pos = 0  # next position             _hold / _truncate only, which keep these counts)
         self.seq: Sequence | None = None
         self.last_used = 0
-
-    @property
-    def pos(self) -> int:
-        return sum(h.item.n_pos for h in self.kv)
 
     def lcp(self, items: tuple[Item, ...]) -> int:
         k, n = 0, min(len(self.kv), len(items))
@@ -159,6 +159,8 @@ class Scheduler:
         self.slots = [_Slot(i) for i in range(backend.n_seq_max)]
         self.llama_ms = 0.0  # time inside llama.cpp / mtmd (encode, decode, sampling)
         self.lock = threading.RLock()
+        self._refs: dict[int, int] = {}  # cells (by uid) → how many sequences hold them
+        self._cells = 0  # KV cells held, each counted once
         self._uids = itertools.count()
         self._clock = itertools.count(1)
 
@@ -179,16 +181,27 @@ class Scheduler:
     def default_stops(self) -> list[str]:
         return self.renderer.formatter.default_stops
 
-    def render(self, *args: Any, **kwargs: Any) -> Prompt:
-        """``PromptRenderer.render``: messages → the prompt of the next reply."""
-        return self.renderer.render(*args, **kwargs)
+    def render(self, messages: list[Message], system: str | None = None,
+               merge: MergeSpec = MergeSpec(), keep_images: bool = True) -> Prompt:
+        """Messages → the prompt of the next reply (``PromptRenderer.render``)."""
+        return self.renderer.render(messages, system, merge, keep_images)
 
     def cells_used(self) -> int:
-        seen: dict[int, int] = {}
-        for s in self.slots:
-            for h in s.kv:
-                seen[h.uid] = h.item.n_tokens
-        return sum(seen.values())
+        """KV cells held by the sequences, cells shared through seq_cp counted once."""
+        return self._cells
+
+    def _hold(self, slot: _Slot, held: list[_Held]) -> None:
+        """Append cells to a slot's list, keeping the counts."""
+        for h in held:
+            n = self._refs.get(h.uid, 0)
+            if n == 0:
+                self._cells += h.item.n_tokens
+            self._refs[h.uid] = n + 1
+            slot.pos += h.item.n_pos
+        slot.kv.extend(held)
+
+    def _new(self, items: list[Item] | tuple[Item, ...]) -> list[_Held]:
+        return [_Held(it, next(self._uids)) for it in items]
 
     def _reserved(self) -> int:
         """Cells the requests in flight may still need: their unevaluated text and replies."""
@@ -234,8 +247,15 @@ class Scheduler:
         if not free:
             return None
         lcp = {s.id: s.lcp(items) for s in self.slots}
-        # ties: an empty slot, else the least recently used (other conversations keep their cache)
-        own = max(free, key=lambda s: (lcp[s.id], not s.kv, -s.last_used))
+        # A slot whose cache this request mostly continues (a conversation's next turn) is
+        # reused; otherwise an empty slot, else the least recently used one, so that other
+        # conversations keep their caches. The shared prefix comes by seq_cp either way.
+        def cells(s: _Slot, k: int | None = None) -> int:
+            return sum(h.item.n_tokens for h in s.kv[:k])
+
+        continuing = [s for s in free if s.kv and cells(s, lcp[s.id]) * 2 >= cells(s)]
+        own = max(continuing, key=lambda s: lcp[s.id]) if continuing else \
+            min(free, key=lambda s: (bool(s.kv), s.last_used))
         cap = len(items) - 1  # the last prompt token is always evaluated (its logits)
         src = max(self.slots, key=lambda s: lcp[s.id])
         k = min(lcp[src.id], cap)
@@ -249,7 +269,7 @@ class Scheduler:
             p1 = sum(h.item.n_pos for h in keep)
             if p1 > 0:
                 self.backend.seq_copy(src.id, own.id, 0, p1)
-            own.kv = list(keep)
+            self._hold(own, keep)
         need = sum(it.n_tokens for it in items[len(own.kv):]) + reserve
         while self.cells_used() + self._reserved() + need > self.n_ctx:
             idle = [s for s in self.slots if s.seq is None and s is not own and s.kv]
@@ -271,7 +291,14 @@ class Scheduler:
         asked: after an interrupted batch it may hold more than the list says)."""
         p0 = sum(h.item.n_pos for h in slot.kv[:k])
         self.backend.kv_remove(p0, -1, slot.id)
+        for h in slot.kv[k:]:
+            n = self._refs.pop(h.uid) - 1
+            if n:
+                self._refs[h.uid] = n
+            else:
+                self._cells -= h.item.n_tokens
         del slot.kv[k:]
+        slot.pos = p0
 
     def _prefill(self, slot: _Slot, seq: Sequence) -> None:
         """Evaluate the request's pictures and the text between them now; the text after the
@@ -297,7 +324,7 @@ class Scheduler:
                     while j < tail and todo[j].is_text:
                         j += 1
                     pos = be.decode_tokens([t.key[1] for t in todo[i:j]], pos, logits_last=False, seq_id=slot.id)
-                    slot.kv += [_Held(t, next(self._uids)) for t in todo[i:j]]
+                    self._hold(slot, self._new(todo[i:j]))
                     c["prompt_n"] += j - i
                     i = j
                     continue
@@ -309,7 +336,7 @@ class Scheduler:
                     pos = be.decode_image(unit.chunks[it.key[2]], emb, pos, slot.id)
                     c["image_tokens_in"] += it.n_tokens
                     c["image_tokens_out"] += it.n_tokens
-                slot.kv.append(_Held(it, next(self._uids)))
+                self._hold(slot, self._new([it]))
                 c["prompt_n"] += it.n_tokens
                 i += 1
         except BaseException:
@@ -392,7 +419,7 @@ class Scheduler:
                 n_prompt = min(n, seq.pending_prompt)
                 seq.prompt_ms += share * n_prompt / n
                 seq.predicted_ms += share * (n - n_prompt)
-                s.kv += [_Held(it, next(self._uids)) for it in seq.pending[:n]]
+                self._hold(s, self._new(seq.pending[:n]))
                 seq.c["prompt_n"] += n_prompt
                 seq.pending = seq.pending[n:]
                 seq.pending_prompt -= n_prompt
@@ -452,9 +479,16 @@ class Scheduler:
             if s.seq is not None:
                 s.seq.error = exc
                 out.append(self._finish(s, "error"))
-            s.kv.clear()
-        self.backend.kv_clear()
+        self._forget_all()
         return out
+
+    def _forget_all(self) -> None:
+        for s in self.slots:
+            s.kv.clear()
+            s.pos = 0
+        self._refs.clear()
+        self._cells = 0
+        self.backend.kv_clear()
 
     # --- callers -----------------------------------------------------------------------------
     def cancel(self, seq: Sequence) -> None:
@@ -491,9 +525,7 @@ class Scheduler:
         """Cancel what is in flight and empty the KV cache (image embeddings stay cached)."""
         with self.lock:
             self.cancel_all()
-            for s in self.slots:
-                s.kv.clear()
-            self.backend.kv_clear()
+            self._forget_all()
 
     def close(self) -> None:
         self.cancel_all()
