@@ -19,7 +19,7 @@ PKG = Path(__file__).resolve().parent.parent / "edgevlm"
 MAX_LINES = 600
 # Lower layers never import higher ones (errors, the package root and the testing kit — GGUF
 # writers any layer may ask for a demo pair, a measuring harness, a stand-in hub — are outside).
-LAYERS = ["model", "backend", "vision", "plan", "runtime", ("caption", "hub"), "api", "cli"]
+LAYERS = ["model", "backend", "vision", "plan", "runtime", ("caption", "hub", "serve"), "api", "cli"]
 
 
 def modules() -> dict[str, Path]:

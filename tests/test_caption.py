@@ -445,3 +445,26 @@ def test_changed_or_retried_images_keep_one_record_each(model_pair, tmp_path):
     r = run_cli(*cap_args(pair, str(d), "--out", str(out), "--retry-errors"))
     assert r.returncode == 4 and "retried 1 image" in r.stderr
     assert sorted(Path(x["path"]).name for x in records(out)) == ["a.png", "b.png", "c.jpg"]
+
+
+def test_json_schema_puts_the_parsed_object_in_each_record(model_pair, folder, tmp_path):
+    pair = model_pair("llava15")
+    schema = tmp_path / "tags.json"
+    schema.write_text(json.dumps({"type": "object", "additionalProperties": False, "required": ["tag"],
+                                  "properties": {"tag": {"enum": ["cat", "dog", "car", "tree"]}}}))
+    out = tmp_path / "tags.jsonl"
+    r = run_cli(*cap_args(pair, *[str(p) for p in folder["good"]], "--out", str(out), "-n", "32",
+                          "--json-schema", str(schema)))
+    assert r.returncode == 0, r.stderr
+    recs = records(out)
+    assert len(recs) == len(folder["good"])
+    for rec in recs:
+        assert rec["json"] == json.loads(rec["caption"]) and rec["json"]["tag"] in ("cat", "dog", "car", "tree")
+    # too few tokens for the object: an "output" error record, not a crash; final until retried
+    short = tmp_path / "short.jsonl"
+    r = run_cli(*cap_args(pair, str(folder["good"][0]), "--out", str(short), "-n", "2", "--json-schema", str(schema)))
+    assert r.returncode == 4
+    rec = records(short)[0]
+    assert rec["error_kind"] == "output" and "not complete JSON" in rec["error"] and "json" not in rec
+    again = run_cli(*cap_args(pair, str(folder["good"][0]), "--out", str(short), "-n", "2", "--json-schema", str(schema)))
+    assert again.returncode == 4 and len(records(short)) == 1

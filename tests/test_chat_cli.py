@@ -136,3 +136,27 @@ def test_chat_help_lists_options():
     for opt in ("--image", "--max-tokens", "--temp", "--seed", "--system", "--ctx", "--ngl",
                 "--threads", "--verbose", "--stats", "--json"):
         assert opt in r.stdout, opt
+
+
+TAGS = {"type": "object", "additionalProperties": False, "required": ["kind", "people"],
+        "properties": {"kind": {"enum": ["photo", "drawing", "screenshot"]},
+                       "people": {"type": "integer", "minimum": 0, "maximum": 20}}}
+
+
+def test_json_schema_constrains_the_answer(model_pair, images, tmp_path):
+    pair = model_pair("llava15")
+    schema = tmp_path / "tags.json"
+    schema.write_text(json.dumps(TAGS))
+    r = run_cli(*chat_args(pair, "-i", str(images["gradient"]), "-n", "64", "--json-schema", str(schema),
+                           "--json", "Tag this picture."))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["json"] == json.loads(out["text"]) and set(out["json"]) == {"kind", "people"}
+    assert out["json"]["kind"] in ("photo", "drawing", "screenshot") and 0 <= out["json"]["people"] <= 20
+    plain = run_cli(*chat_args(pair, "-i", str(images["gradient"]), "-n", "64", "--json-schema", str(schema),
+                               "Tag this picture."))
+    assert plain.returncode == 0 and json.loads(plain.stdout) == out["json"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    r = run_cli(*chat_args(pair, "--json-schema", str(bad), "Hi"))
+    assert r.returncode == 2 and "bad.json: not JSON" in r.stderr and "Traceback" not in r.stderr

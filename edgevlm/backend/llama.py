@@ -455,9 +455,16 @@ class Backend:
 
     # --- sampling ---------------------------------------------------------------------
     def make_sampler(self, params: SamplingParams):
-        """A llama.cpp sampler chain for ``params`` (free with ``free_sampler``)."""
+        """A llama.cpp sampler chain for ``params`` (free with ``free_sampler``): the grammar
+        first when there is one (only tokens it allows remain), then greedy or the draw."""
         lc = self.llama_cpp
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if params.grammar:
+            g = lc.llama_sampler_init_grammar(self._vocab, params.grammar.encode(), b"root")
+            if not g:
+                lc.llama_sampler_free(chain)
+                raise InputError("the grammar for the response format could not be parsed by llama.cpp")
+            lc.llama_sampler_chain_add(chain, g)
         if params.temperature <= 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
             return chain

@@ -5,12 +5,16 @@ route of llama.cpp's two loggers into ``logs``. Like ``llama``, this touches ``l
 from __future__ import annotations
 
 import ctypes
+import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import InputError
 from . import logs
 
-__all__ = ["GGMLDevice", "cpu_repacks", "ggml_devices", "install_log_sink", "template_renderer"]
+__all__ = ["GGMLDevice", "cpu_repacks", "ggml_devices", "install_log_sink", "json_grammar",
+           "template_renderer"]
 
 KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 _callbacks: list[object] = []  # keep ctypes callbacks alive for the life of the process
@@ -93,3 +97,40 @@ def template_renderer(template: str, bos_token: str, eos_token: str) -> Callable
     fmt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token,
                               add_generation_prompt=True)
     return lambda messages: fmt(messages=messages).prompt
+
+
+def json_grammar(schema: dict | None = None) -> str:
+    """GBNF for any JSON object (``schema`` None: OpenAI's ``json_object``), or for values of a
+    JSON Schema (llama-cpp-python's port of llama.cpp's json-schema-to-grammar). That converter
+    ignores numeric bounds; an integer with both bounds and at most ``INT_ENUM_MAX`` values is
+    turned into the enum of its values first, so ``{"minimum": 0, "maximum": 9}`` holds. A
+    schema it cannot convert is an ``InputError``."""
+    from llama_cpp import llama_grammar
+
+    if schema is None:
+        return llama_grammar.JSON_GBNF  # root ::= object
+    try:
+        return llama_grammar.json_schema_to_gbnf(json.dumps(_bounded_integers(schema)))
+    except Exception as exc:  # the converter raises plain exceptions for what it does not know
+        raise InputError(f"JSON schema not supported: {type(exc).__name__}: {exc}") from None
+
+
+
+INT_ENUM_MAX = 1000
+
+
+def _bounded_integers(node):
+    """``schema`` with every small bounded integer range spelled out as an enum."""
+    if isinstance(node, list):
+        return [_bounded_integers(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _bounded_integers(v) for k, v in node.items()}
+    if out.get("type") == "integer" and "enum" not in out:
+        lo = out.get("minimum", out["exclusiveMinimum"] + 1 if "exclusiveMinimum" in out else None)
+        hi = out.get("maximum", out["exclusiveMaximum"] - 1 if "exclusiveMaximum" in out else None)
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and 0 <= hi - lo < INT_ENUM_MAX:
+            out = {k: v for k, v in out.items()
+                   if k not in ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")}
+            out["enum"] = list(range(math.ceil(lo), math.floor(hi) + 1))
+    return out

@@ -26,7 +26,8 @@ from ..errors import InputError
 __all__ = ["CSV_COLUMNS", "ERROR_KINDS", "CaptionRecord", "Entry", "RecordLog", "atomic_write",
            "commit_file", "csv_row", "fsync_dir", "lock_path", "stage_file"]
 
-ERROR_KINDS = ("input", "io", "context", "runtime")  # io and runtime errors are retried by a rerun
+# io and runtime errors are retried by a rerun; output: the answer did not parse (--json-schema)
+ERROR_KINDS = ("input", "io", "context", "runtime", "output")
 _MARK = b'{"custom_id"'  # how every JSONL record starts
 
 
@@ -50,6 +51,7 @@ class CaptionRecord:
     bytes: int | None = None
     mtime_ns: int | None = None
     raw_caption: str | None = None  # the model's words, when --clean/--prefix/--suffix changed them
+    json: Any = None  # --json-schema: the object the answer holds
     notes: list[str] = field(default_factory=list)
     target: str | None = None  # sidecar path or metadata file_name (txt / metadata formats)
     existing: str | None = None  # the caption that was there before (txt / metadata formats)
@@ -69,7 +71,7 @@ class CaptionRecord:
             "settings": self.settings, "bytes": self.bytes, "mtime_ns": self.mtime_ns,
             "created": self.created,
         }
-        for key in ("raw_caption", "target", "existing", "text"):
+        for key in ("raw_caption", "json", "target", "existing", "text"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         if self.notes:

@@ -18,12 +18,14 @@ are left as they are.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..backend.system import json_grammar
 from ..errors import BackendError, EdgeVLMError, ImageError, InputError
 from ..runtime.conversation import Message
 from ..runtime.scheduler import WAIT, Request, Sequence
@@ -85,6 +87,7 @@ class Captioner:
         self.llama_ms: float | None = None  # time inside llama.cpp, measured
         self.peak_in_flight = 0  # most images captioned at once
         self.merge = MergeSpec.parse(settings.merge)
+        self.grammar = json_grammar(json.loads(settings.json_schema)) if settings.json_schema else None
         self.slots = 1
         budget = None
         if engine is not None:
@@ -136,8 +139,9 @@ class Captioner:
                     job.notices.append(adm.notice)
         msg = Message("user", job.prompt, views, labels=labels)
         prompt = sched.render([msg], s.system, self.merge, keep_images=False)
-        return Request(prompt, s.max_tokens, s.sampling, tuple(s.stop) + tuple(sched.default_stops),
-                       new_images=frozenset(prompt.units), t_start=job.t0, tag=job)
+        return Request(prompt, s.max_tokens, s.sampling(self.grammar),
+                       tuple(s.stop) + tuple(sched.default_stops), new_images=frozenset(prompt.units),
+                       t_start=job.t0, tag=job)
 
     def _run(self, pf: Prefetcher) -> Iterator[CaptionResult]:
         sched = self.engine.scheduler if self.engine is not None else None
@@ -203,12 +207,21 @@ class Captioner:
         assert stats is not None
         self.fails_in_a_row = 0
         raw = seq.reply.strip()
+        parsed = None
+        if self.grammar is not None:
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                why = "it hit --max-tokens" if stats.finish_reason == "length" else "it stopped early"
+                rec = self._record(p, prompt=job.prompt, error=f"the answer is not complete JSON ({why})",
+                                   error_kind="output", raw_caption=raw, stats={"image_load_ms": round(p.load_ms, 2)})
+                return CaptionResult("failed", p.item, rec)
         text = clean_caption(raw, stats.finish_reason == "length") if self.settings.clean else raw
         caption = self.settings.prefix + text + self.settings.suffix
         st = {**stats.to_dict(), "image_load_ms": round(p.load_ms, 2),
               "total_ms": round((time.perf_counter() - job.t0) * 1000, 2)}
         rec = self._record(p, caption=caption, prompt=job.prompt, image_tokens=stats.image_tokens, stats=st,
-                           raw_caption=raw if raw != caption else None)
+                           raw_caption=raw if raw != caption else None, json=parsed)
         rec.notes = rec.notes + [n for n in job.notices if n not in rec.notes]
         if rec.target is not None:
             rec.text = compose(p.existing, caption, self.out.policy, self.out.separator)

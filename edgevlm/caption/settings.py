@@ -4,10 +4,12 @@ the model's identity in records, and how many images are in flight."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import asdict, dataclass
 
 from ..backend.sampling import SamplingParams
+from ..errors import InputError
 from ..plan.context import ContextBudget
 from ..vision.images import DEFAULT_MAX_PIXELS
 from ..vision.merge import MergeSpec
@@ -38,23 +40,31 @@ class CaptionSettings:
     image_tokens: int | None = None  # per-image budget (None: the plan's)
     tiles: str | int = "auto"
     merge: str = "off"  # visual token merging after the projector (off, ratio:R, ...)
+    json_schema: str | None = None  # a JSON Schema (as JSON text) the answer must follow
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_file_bytes: int = 1 << 30
 
     def validate(self) -> None:
         check_template(self.prompt)
         MergeSpec.parse(self.merge)
+        if self.json_schema is not None:
+            try:
+                schema = json.loads(self.json_schema)
+            except ValueError as exc:
+                raise InputError(f"--json-schema: not JSON ({exc})") from None
+            if not isinstance(schema, dict):
+                raise InputError("--json-schema: a JSON Schema is an object")
 
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
+    def sampling(self, grammar: str | None = None) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.seed, grammar)
 
     def digest(self, model_id: str, output: str = "log") -> str:
         """``output``: where captions go (a txt run after a jsonl run must write its sidecars)."""
         d = asdict(self)
         d.pop("max_file_bytes")
-        if self.merge == "off":  # records made before merging was an option stay valid
-            d.pop("merge")
+        for key, off in (("merge", "off"), ("json_schema", None)):  # older records stay valid
+            if d[key] == off:
+                d.pop(key)
         if self.temperature <= 0:  # greedy: sampling knobs do not change the caption
             for k in ("top_k", "top_p", "min_p", "seed"):
                 d.pop(k)

@@ -15,6 +15,7 @@ from .chat import chat
 from .inspect import inspect
 from .models import models, pull, rm
 from .plan import plan
+from .serve import serve
 
 __all__ = ["main"]
 
@@ -25,7 +26,7 @@ def main() -> None:
     """Run GGUF vision-language models through llama.cpp, planned to fit in memory."""
 
 
-for _cmd in (chat, caption, plan, budget, inspect, pull, models, rm):
+for _cmd in (chat, caption, serve, plan, budget, inspect, pull, models, rm):
     main.add_command(_cmd)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,6 +19,7 @@ from .common import (
     Size,
     Tiles,
     handle_errors,
+    json_schema_option,
     max_pixels_option,
     plan_options,
     sampling_options,
@@ -64,6 +65,7 @@ the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to cont
               help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
 @click.option("--merge", "merge", type=Merge(), default="off", show_default=True,
               help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.")
+@json_schema_option("each caption (the parsed object goes into the record as \"json\")")
 @plan_options
 @click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
 @max_pixels_option("Images with more pixels get an error record (decompression-bomb guard).")
@@ -83,7 +85,7 @@ the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to cont
 @handle_errors
 def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude, shard, out, fmt,
             existing, separator, root, sidecar_ext, prompt, system, prefix, suffix, clean, max_tokens,
-            temp, top_k, top_p, min_p, seed, stop, tiles, merge, ctx, ngl, kv, image_tokens, n_images,
+            temp, top_k, top_p, min_p, seed, stop, tiles, merge, json_schema, ctx, ngl, kv, image_tokens, n_images,
             free_memory, device, gpu_overhead, threads, max_pixels, max_file_size, retry_errors,
             parallel, prefetch, progress, quiet, dry_run, verbose) -> None:
     """Caption images in bulk: files, folders, globs or a list; resumable.
@@ -111,7 +113,8 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
         prompt=prompt if prompt is not None else DEFAULT_PROMPT, system=system, prefix=prefix,
         suffix=suffix, clean=clean, max_tokens=max_tokens, temperature=temp, top_k=top_k,
         top_p=top_p, min_p=min_p, seed=seed, stop=tuple(stop), image_tokens=image_tokens,
-        tiles=tiles, merge=str(merge), max_pixels=max_pixels, max_file_bytes=max_file_size)
+        tiles=tiles, merge=str(merge), max_pixels=max_pixels, max_file_bytes=max_file_size,
+        json_schema=json.dumps(json_schema, sort_keys=True) if json_schema else None)
     settings.validate()
     shard_ix = parse_shard(shard) if shard else None
     if out and "{shard}" in out:

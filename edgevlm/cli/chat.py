@@ -13,6 +13,7 @@ from .common import (
     Tiles,
     echo_err,
     handle_errors,
+    json_schema_option,
     max_pixels_option,
     plan_options,
     sampling_options,
@@ -42,20 +43,24 @@ __all__ = ["chat"]
 @plan_options
 @click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
+@json_schema_option("the answer")
 @click.option("--stats", "show_stats", is_flag=True, help="Print a one-line stats footer to stderr.")
-@click.option("--json", "as_json", is_flag=True, help="One-shot: print one JSON object {text, stats}.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One-shot: print one JSON object {text, stats} ({text, json, stats} with --json-schema).")
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
 def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, min_p, seed, stop,
          tiles, evict, summary_prompt, merge, ctx, ngl, kv, image_tokens, n_images, free_memory,
-         device, gpu_overhead, threads, max_pixels, show_stats, as_json, verbose) -> None:
+         device, gpu_overhead, threads, max_pixels, json_schema, show_stats, as_json, verbose) -> None:
     """Chat with a vision-language model about images.
 
     \b
     One-shot:     edgevlm chat -m model.gguf --mmproj mmproj.gguf -i photo.jpg "Describe it"
     Interactive:  edgevlm chat -m model.gguf --mmproj mmproj.gguf
     Scripted:     printf '/image a.png\\nWhat is it?\\n' | edgevlm chat -m ... --mmproj ...
+    Structured:   edgevlm chat -m ... -i photo.jpg --json-schema tags.json "Tag this picture"
     """
+    from ..backend.system import json_grammar
     from ..runtime.engine import EngineOptions
     from ..runtime.session import SessionOptions
     from .loading import load_engine, model_paths
@@ -71,7 +76,7 @@ def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, 
     options = EngineOptions(system=system, image_tokens=image_tokens, tiles=tiles, merge=merge,
                             max_image_pixels=max_pixels, session=session)
     gen = dict(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-               seed=seed, stop=list(stop))
+               seed=seed, stop=list(stop), grammar=json_grammar(json_schema) if json_schema else None)
     engine = load_engine(model, mmproj, verbose, options=options, n_ctx=ctx, n_gpu_layers=ngl, kv=kv,
                          image_tokens=image_tokens, images=n_images, device=device,
                          free_memory=list(free_memory), gpu_overhead=gpu_overhead, n_threads=threads)
@@ -101,7 +106,10 @@ def _one_shot(engine, prompt: str, images: list[str], gen: dict, show_stats: boo
         except KeyboardInterrupt:
             return 130
         flush_notices(engine)
-        print(json.dumps({"text": result.text.strip(), "stats": result.stats.to_dict()}))
+        out = {"text": result.text.strip()}
+        if gen.get("grammar"):
+            out["json"] = parse_json_reply(result.text, result.finish_reason)
+        print(json.dumps({**out, "stats": result.stats.to_dict()}))
         return 0
     started = False
     stream = engine.stream(prompt, loaded, **gen)
@@ -121,6 +129,17 @@ def _one_shot(engine, prompt: str, images: list[str], gen: dict, show_stats: boo
     if show_stats and engine.last_stats:
         echo_err(engine.last_stats.footer())
     return 0
+
+
+def parse_json_reply(text: str, finish_reason: str):
+    """The object a grammar-constrained reply holds; an unfinished one is a one-line error."""
+    from ..errors import InputError
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        why = " (it hit --max-tokens; raise it)" if finish_reason == "length" else ""
+        raise InputError(f"the answer is not complete JSON{why}") from None
 
 
 def flush_notices(engine) -> None:

@@ -4,6 +4,7 @@ parameter types, and the planner and sampling options (with the library's defaul
 from __future__ import annotations
 
 import functools
+import json
 import sys
 
 import click
@@ -16,8 +17,9 @@ from ..plan.planner import Wishes
 from ..vision.images import DEFAULT_MAX_PIXELS
 from ..vision.merge import MergeSpec
 
-__all__ = ["AutoInt", "CLIError", "ImageSize", "Merge", "Size", "Tiles", "echo_err", "handle_errors",
-           "max_pixels_option", "plan_options", "sampling_options", "wishes_from"]
+__all__ = ["AutoInt", "CLIError", "ImageSize", "JsonSchemaFile", "Merge", "Size", "Tiles", "echo_err",
+           "handle_errors", "json_schema_option", "max_pixels_option", "plan_options",
+           "sampling_options", "wishes_from"]
 
 
 class CLIError(click.ClickException):
@@ -175,3 +177,29 @@ class Merge(click.ParamType):
             return MergeSpec.parse(value)
         except EdgeVLMError as exc:
             self.fail(str(exc), param, ctx)
+
+
+class JsonSchemaFile(click.ParamType):
+    """A JSON Schema file → the parsed schema (a dict); a bad file is one line naming it."""
+
+    name = "FILE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, dict):
+            return value
+        try:
+            with open(value, encoding="utf-8") as fh:
+                schema = json.load(fh)
+        except OSError as exc:
+            self.fail(f"{value}: cannot read ({exc.strerror or exc})", param, ctx)
+        except ValueError as exc:
+            self.fail(f"{value}: not JSON ({exc})", param, ctx)
+        if not isinstance(schema, dict):
+            self.fail(f"{value}: a JSON Schema is an object, not {type(schema).__name__}", param, ctx)
+        return schema
+
+
+def json_schema_option(what: str):
+    return click.option("--json-schema", "json_schema", type=JsonSchemaFile(), default=None,
+                        help=f"Constrain {what} to JSON matching this JSON Schema file (a grammar "
+                             f"during sampling).")

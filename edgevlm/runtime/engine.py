@@ -176,8 +176,10 @@ class Engine:
     def stream(self, text: str, images: Iterable[Any] = (), *, max_tokens: int = 512,
                temperature: float = SamplingParams.temperature, top_k: int = SamplingParams.top_k,
                top_p: float = SamplingParams.top_p, min_p: float = SamplingParams.min_p,
-               seed: int | None = None, stop: Iterable[str] = ()) -> Iterator[GenerationResponse]:
-        """Add a user turn and stream the reply. The last response carries stats."""
+               seed: int | None = None, stop: Iterable[str] = (),
+               grammar: str | None = None) -> Iterator[GenerationResponse]:
+        """Add a user turn and stream the reply. The last response carries stats. ``grammar``
+        (GBNF, e.g. ``backend.system.json_grammar(schema)``) constrains the reply."""
         t_start = time.perf_counter()  # TTFT counts image decoding, budgeting and the guard too
         if max_tokens < 1:
             raise InputError(f"max_tokens {max_tokens}: a reply needs at least 1 token")
@@ -202,7 +204,8 @@ class Engine:
                                  memory=self.summaries, notices=self.notices)
             prompt = room.rendered or self.render()
             new = frozenset(self.scheduler.images.key(img) for img in loaded)
-            request = Request(prompt, max_tokens, SamplingParams(temperature, top_k, top_p, min_p, seed),
+            sampling = SamplingParams(temperature, top_k, top_p, min_p, seed, grammar)
+            request = Request(prompt, max_tokens, sampling,
                               tuple(stop) + tuple(self.default_stops), new_images=new, t_start=t_start)
             seq = self._submit(request)
         except BaseException:

@@ -43,8 +43,8 @@ class PromptRenderer:
         for m in messages:
             msgs.append((m.role, m.content_text, m.view_labels))
             imgs.extend(m.images)
-            if m.role == "assistant":
-                assistant.append(m.tokens or [])
+            if m.role == "assistant":  # the exact ids generated, when known (else its text)
+                assistant.append(m.tokens if m.tokens is not None else be.tokenize_text(m.text))
         items: list[Item] = text_items([be.bos_id]) if be.add_bos else []
         units: dict[str, ImageUnit] = {}
         merging = self.merging(merge)

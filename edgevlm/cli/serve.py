@@ -1,0 +1,128 @@
+"""``edgevlm serve``: the OpenAI-compatible server (``edgevlm.serve``) on uvicorn."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from .common import (
+    AutoInt,
+    Merge,
+    Size,
+    Tiles,
+    echo_err,
+    handle_errors,
+    max_pixels_option,
+    plan_options,
+    wishes_from,
+)
+
+__all__ = ["serve"]
+
+
+@click.command()
+@click.option("--model", "-m",
+              help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
+                   "(default: the largest registry model that fits; $EDGEVLM_MODEL).")
+@click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="Port (0: any free one, printed at start).")
+@click.option("--parallel", type=AutoInt(), default="auto", show_default=True,
+              help="Requests generated together in one batch (auto: up to 4, as many as the context holds).")
+@click.option("--queue", default=16, show_default=True, type=click.IntRange(0),
+              help="Requests that may wait for a free sequence; more get 503 with Retry-After.")
+@click.option("--api-key", envvar="EDGEVLM_API_KEY", help="Bearer token every /v1 route asks for ($EDGEVLM_API_KEY).")
+@click.option("--max-body", type=Size(), default="32MiB", show_default=True,
+              help="Largest request body (images inline); larger gets 413.")
+@click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(1),
+              help="Reply length for requests that name no max_tokens.")
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds a request may take, waiting included.")
+@click.option("--allow-private-urls", is_flag=True,
+              help="Fetch image URLs that resolve to loopback, private or link-local addresses.")
+@click.option("--allow-path", multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="A folder whose files requests may name as images (repeatable).")
+@click.option("--model-id", help="The model's name in /v1/models (default: the model file's name).")
+@click.option("--tiles", type=Tiles(), default="auto", show_default=True,
+              help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
+@click.option("--merge", "merge", type=Merge(), default="off", show_default=True,
+              help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.")
+@plan_options
+@click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
+@max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
+@click.option("--verbose", "-v", is_flag=True, help="llama.cpp's logs and an access log.")
+@handle_errors
+def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tokens, timeout,
+          allow_private_urls, allow_path, model_id, tiles, merge, ctx, ngl, kv, image_tokens, n_images,
+          free_memory, device, gpu_overhead, threads, max_pixels, verbose) -> None:
+    """Serve the OpenAI chat-completions API, with images, planned to never run out of memory.
+
+    \b
+    edgevlm serve -m llava-1.5-7b --port 8080
+    curl http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' \\
+      -d '{"messages": [{"role": "user", "content": "Hi"}]}'
+    """
+    import uvicorn
+
+    from ..api import load
+    from ..plan.context import ContextBudget
+    from ..plan.devices import probe
+    from ..plan.planner import make_plan
+    from ..runtime.engine import EngineOptions
+    from ..serve.app import create_app
+    from ..serve.options import ServeOptions
+    from .common import CLIError
+    from .loading import model_paths
+    from .render import render_plan
+
+    if parallel is not None and parallel < 1:
+        raise CLIError(f"--parallel {parallel}: give 1 or more, or auto", 2)
+    wishes = wishes_from(ctx, ngl, kv, image_tokens, max(n_images, parallel or 1))
+    model, mmproj = model_paths(model, mmproj, probe_args=dict(device=device, free_memory=list(free_memory),
+                                                                gpu_overhead=gpu_overhead), wishes=wishes)
+    measure = lambda: probe(device, list(free_memory), gpu_overhead)  # noqa: E731
+    plan = make_plan(model, mmproj, measure(), wishes)
+    render_plan(plan, file=sys.stderr)
+    if not plan.fits:
+        raise CLIError(plan.refusal or "does not fit", 1)
+    slots = parallel or ContextBudget(plan.n_ctx).prompts_in_flight(
+        plan.image_max_tokens or 576, max_tokens, ContextBudget.shared_prefix(None), 4)
+    options = ServeOptions(model_id=model_id or os.path.splitext(os.path.basename(model))[0], api_key=api_key,
+                           queue=queue, max_body_bytes=max_body, max_tokens=max_tokens, timeout_s=timeout,
+                           allow_private_urls=allow_private_urls, allow_paths=tuple(allow_path))
+    engine_options = EngineOptions(image_tokens=image_tokens, tiles=tiles, merge=merge, max_image_pixels=max_pixels)
+    outcome = {"code": 0}
+
+    def load_model():
+        engine = load(model, mmproj, plan=plan, options=engine_options, measure=measure, n_threads=threads,
+                      n_seq_max=slots, verbose=verbose)
+        where = ", ".join(f"http://{h}:{p}" for h, p in bound(server)) or f"http://{host}:{port}"
+        echo_err(f"ready: {where}/v1 · model {options.model_id} · {engine.scheduler.n_slots} request(s) "
+                 f"at once · context {engine.n_ctx} · queue {queue}")
+        return engine
+
+    def failed(exc: BaseException) -> None:
+        echo_err(f"Error: {exc}")
+        outcome["code"] = getattr(exc, "exit_code", 1)
+        server.should_exit = True
+
+    app = create_app(load_model, options, on_error=failed)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info" if verbose else "warning",
+                                           access_log=verbose, lifespan="on"))
+    echo_err(f"edgevlm serve: loading {os.path.basename(model)} ({slots} sequence(s)); "
+             f"GET /health answers 503 until it is ready")
+    server.run()
+    sys.exit(outcome["code"] or (0 if server.started else 1))
+
+
+def bound(server) -> list[tuple[str, int]]:
+    """The addresses uvicorn listens on (the real port when --port 0)."""
+    out = []
+    for srv in getattr(server, "servers", []) or []:
+        for sock in srv.sockets or []:
+            name = sock.getsockname()
+            out.append((name[0], name[1]))
+    return out

@@ -1,0 +1,389 @@
+"""The OpenAI-compatible HTTP app (Starlette): ``create_app(model, options)``.
+
+Routes: ``POST /v1/chat/completions`` (text and images, streamed or not, JSON output by grammar),
+``GET /v1/models``, ``GET /health`` (503 while the model loads), ``GET /status`` (the plan, slots,
+queue, memory predicted and measured, counters) and ``GET /metrics`` (Prometheus text). Every
+``/v1`` route asks for the API key when one is set. Every error is OpenAI's
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx for anything the client sent.
+
+Work per request: the body is read (at most ``max_body_bytes``), parsed, its pictures fetched,
+decoded, budgeted and run past the guard in a thread (so the event loop keeps serving), then the
+worker renders, queues and runs it on the shared scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import Any
+
+import psutil
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..backend.system import json_grammar
+from ..plan.devices import format_size
+from ..runtime.conversation import Message
+from ..runtime.engine import Engine
+from ..vision.budget import render_views
+from .media import fetch_image
+from .openai import (
+    APIError,
+    ChatRequest,
+    chunk_body,
+    completion_body,
+    error_body,
+    error_for,
+    parse_chat_request,
+    usage_body,
+)
+from .options import ServeOptions
+from .worker import Job, Worker
+
+__all__ = ["Server", "create_app"]
+
+log = logging.getLogger("edgevlm.serve")
+LOW_DETAIL_TOKENS = 256  # image_url.detail = "low": a dynamic encoder's budget, and no tiles
+
+
+class Server:
+    """The model (loaded in a thread while the app already answers) and its worker."""
+
+    def __init__(self, model: Engine | Callable[[], Engine], options: ServeOptions,
+                 on_error: Callable[[BaseException], None] | None = None):
+        self.options = options
+        self.started = time.time()
+        self.engine: Engine | None = model if isinstance(model, Engine) else None
+        self.worker: Worker | None = None
+        self.error: BaseException | None = None
+        self._load = None if isinstance(model, Engine) else model
+        self._on_error = on_error
+
+    @property
+    def state(self) -> str:
+        return "ready" if self.worker is not None else "error" if self.error is not None else "loading"
+
+    def start(self) -> None:
+        if self._load is None:
+            self._ready(self.engine)
+            return
+        threading.Thread(target=self._load_in_thread, name="edgevlm-load", daemon=True).start()
+
+    def _load_in_thread(self) -> None:
+        try:
+            self._ready(self._load())
+        except BaseException as exc:  # reported on /health and to the CLI
+            self.error = exc
+            if self._on_error is not None:
+                self._on_error(exc)
+
+    def _ready(self, engine: Engine) -> None:
+        self.engine = engine
+        worker = Worker(engine, self.options)
+        worker.start()
+        self.worker = worker
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+        if self._load is not None and self.engine is not None:  # ours: loaded here
+            self.engine.close()
+
+    # --- one chat request ------------------------------------------------------------------
+    def prepare(self, req: ChatRequest) -> tuple[list[Message], list[str]]:
+        """Fetch, decode and budget the request's pictures and run them past the guard
+        (blocking: called in a thread)."""
+        eng, opts = self.engine, self.options
+        assert eng is not None
+        notices: list[str] = []
+        room = eng.scheduler.budget.image_room(req.max_tokens or opts.max_tokens)
+        low = replace(eng.image_budget, tiles="off",
+                      tokens=min(eng.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS))
+        messages, n = [], 0
+        for m in req.messages:
+            views, labels = [], []
+            for ref in m.images:
+                n += 1
+                img = fetch_image(ref, opts, eng.options.max_image_pixels, f"image {n}")
+                plan = (low if ref.detail == "low" else eng.image_budget).plan(img)
+                notices += [f"image {n}: {note}" for note in plan.notes]
+                for label, view in render_views(img, plan):
+                    if eng.guard is not None:
+                        adm = eng.guard.admit(view, room)
+                        room -= adm.tokens
+                        view = adm.image
+                        if adm.notice:
+                            notices.append(adm.notice)
+                    views.append(view)
+                    labels.append(label)
+            messages.append(Message(m.role, m.text, views, labels=labels))
+        return messages, notices
+
+    async def chat(self, request: HTTPRequest) -> Response:
+        worker = self.worker
+        assert worker is not None and self.engine is not None
+        worker.check_capacity()  # before any work
+        body = await read_body(request, self.options.max_body_bytes)
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise APIError(f"the body is not valid JSON ({exc})") from None
+        req = parse_chat_request(data)
+        grammar = None
+        if req.response_format != "text":
+            grammar = await run_in_threadpool(json_grammar, req.json_schema)
+        messages, notices = await run_in_threadpool(self.prepare, req)
+        sched = self.engine.scheduler
+        job = Job(messages, req.system, replace(req.sampling, grammar=grammar),
+                  req.max_tokens or self.options.max_tokens, req.stop + tuple(sched.default_stops),
+                  time.monotonic() + self.options.timeout_s, asyncio.get_running_loop(), notices)
+        worker.submit(job)
+        try:
+            kind, value = await next_event(job, request, worker)
+        except BaseException:
+            worker.cancel(job)
+            raise
+        if kind == "error":
+            raise value
+        model = req.model or self.options.model_id
+        if req.stream:
+            return StreamingResponse(self._sse(job, req, model, worker), media_type="text/event-stream",
+                                     headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        return await self._whole(job, request, model, worker)
+
+    async def _whole(self, job: Job, request: HTTPRequest, model: str, worker: Worker) -> Response:
+        parts: list[str] = []
+        try:
+            while True:
+                kind, value = await next_event(job, request, worker)
+                if kind == "text":
+                    parts.append(value.text)
+                elif kind == "error":
+                    raise value
+                elif kind == "done":
+                    break
+        except BaseException:
+            worker.cancel(job)
+            raise
+        seq = value
+        finish = "length" if job.timed_out else seq.finish_reason
+        return JSONResponse(completion_body(job.id, model, "".join(parts), finish, seq.stats, job.notices,
+                                            job.created))
+
+    async def _sse(self, job: Job, req: ChatRequest, model: str, worker: Worker) -> AsyncIterator[str]:
+        def event(obj: dict) -> str:
+            return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
+
+        try:
+            yield event(chunk_body(job.id, model, job.created, {"role": "assistant", "content": ""}))
+            while True:
+                kind, value = await job.events.get()
+                if kind == "text":
+                    yield event(chunk_body(job.id, model, job.created, {"content": value.text}))
+                elif kind == "error":
+                    yield event(error_for(value)[1])
+                    break
+                elif kind == "done":
+                    seq = value
+                    finish = "length" if job.timed_out else seq.finish_reason
+                    last = chunk_body(job.id, model, job.created, {}, finish)
+                    if job.notices:
+                        last["edgevlm"] = {"notices": job.notices}
+                    yield event(last)
+                    if req.include_usage:
+                        yield event(chunk_body(job.id, model, job.created, {}, usage=usage_body(seq.stats)))
+                    break
+            yield "data: [DONE]\n\n"
+        finally:  # the client went away (or we are done): free its sequence now
+            worker.cancel(job)
+
+    # --- the rest --------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.options.model_id, "state": self.state,
+                               "uptime_s": round(time.time() - self.started, 1)}
+        if self.error is not None:
+            out["error"] = str(self.error)
+        eng, worker = self.engine, self.worker
+        if eng is None or worker is None:
+            return out
+        sched = eng.scheduler
+        plan = eng.plan
+        rss = psutil.Process().memory_info().rss
+        out.update(
+            plan=plan.to_dict() if plan is not None else None,
+            slots={"total": sched.n_slots, "busy": worker.running},
+            queue={"waiting": worker.queued, "limit": self.options.queue},
+            context={"n_ctx": sched.n_ctx, "cells_used": sched.cells_used()},
+            memory={
+                "predicted": {d.name: d.predicted.total for d in plan.devices} if plan is not None else {},
+                "measured": {"process_rss_bytes": rss, "process_rss": format_size(rss),
+                             "free": _free_now(eng)},
+            },
+            requests=vars(worker.counters).copy(),
+            images_cached=len(sched.images),
+        )
+        return out
+
+    def metrics(self) -> str:
+        st = self.status()
+        lines = [f'edgevlm_ready {int(st["state"] == "ready")}']
+        if st["state"] == "ready":
+            r = st["requests"]
+            lines += [
+                f'edgevlm_requests_total{{outcome="served"}} {r["served"]}',
+                f'edgevlm_requests_total{{outcome="cancelled"}} {r["cancelled"]}',
+                f'edgevlm_requests_total{{outcome="failed"}} {r["failed"]}',
+                f'edgevlm_requests_total{{outcome="rejected"}} {r["rejected"]}',
+                f'edgevlm_prompt_tokens_total {r["prompt_tokens"]}',
+                f'edgevlm_cached_tokens_total {r["cached_tokens"]}',
+                f'edgevlm_generated_tokens_total {r["generated_tokens"]}',
+                f'edgevlm_slots_busy {st["slots"]["busy"]}',
+                f'edgevlm_slots_total {st["slots"]["total"]}',
+                f'edgevlm_queue_waiting {st["queue"]["waiting"]}',
+                f'edgevlm_kv_cells_used {st["context"]["cells_used"]}',
+                f'edgevlm_kv_cells_total {st["context"]["n_ctx"]}',
+                f'edgevlm_process_rss_bytes {st["memory"]["measured"]["process_rss_bytes"]}',
+            ]
+        return "\n".join(lines) + "\n"
+
+
+def _free_now(eng: Engine) -> dict[str, int]:
+    if eng.guard is None:
+        return {}
+    pr = eng.guard.measure()
+    return {d.name: d.free_bytes for d in pr.devices}
+
+
+async def read_body(request: HTTPRequest, limit: int) -> bytes:
+    too_big = APIError(f"the request body is larger than {limit:,} bytes (the server's --max-body)", 413,
+                       code="request_too_large", headers={"x-should-retry": "false"})
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def next_event(job: Job, request: HTTPRequest, worker: Worker) -> tuple[str, Any]:
+    """The job's next event; a client that disconnects meanwhile cancels it."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.events.get(), timeout=0.25)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                worker.cancel(job)
+                raise asyncio.CancelledError("client disconnected") from None
+
+
+def _error_response(exc: BaseException) -> JSONResponse:
+    status, body, headers = error_for(exc)
+    if status >= 500 and not isinstance(exc, APIError):
+        log.exception("request failed", exc_info=exc)
+    return JSONResponse(body, status, headers=headers)
+
+
+def create_app(model: Engine | Callable[[], Engine], options: ServeOptions = ServeOptions(), *,
+               on_error: Callable[[BaseException], None] | None = None) -> Starlette:
+    """The app over a loaded engine, or over a function that loads one (called in a thread at
+    startup; ``/health`` says 503 until it returns, and ``on_error`` hears if it fails)."""
+    server = Server(model, options, on_error)
+
+    def guarded(handler, v1: bool = True):
+        async def endpoint(request: HTTPRequest) -> Response:
+            try:
+                if v1 and options.api_key is not None:
+                    auth = request.headers.get("authorization", "")
+                    token = auth[7:] if auth.lower().startswith("bearer ") else ""
+                    if not hmac.compare_digest(token.encode(), options.api_key.encode()):
+                        raise APIError("invalid or missing API key (Authorization: Bearer KEY)", 401,
+                                       code="invalid_api_key")
+                if v1 and server.state != "ready":
+                    raise APIError(f"the model is {server.state}" + (f": {server.error}" if server.error else ""),
+                                   503, code="model_loading", type_="server_error",
+                                   headers={"retry-after": str(options.retry_after_s)})
+                return await handler(request)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                return _error_response(exc)
+        return endpoint
+
+    async def chat(request: HTTPRequest) -> Response:
+        return await server.chat(request)
+
+    async def models(request: HTTPRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [_model_card(server)]})
+
+    async def model_card(request: HTTPRequest) -> Response:
+        if request.path_params["model"] != options.model_id:
+            raise APIError(f"no model {request.path_params['model']!r} (this server has {options.model_id!r})",
+                           404, "model", "model_not_found")
+        return JSONResponse(_model_card(server))
+
+    async def health(request: HTTPRequest) -> Response:
+        st = server.state
+        body: dict[str, Any] = {"status": "ok" if st == "ready" else st}
+        if server.error is not None:
+            body["message"] = str(server.error)
+        return JSONResponse(body, 200 if st == "ready" else 503)
+
+    async def status(request: HTTPRequest) -> Response:
+        return JSONResponse(server.status())
+
+    async def metrics(request: HTTPRequest) -> Response:
+        return PlainTextResponse(server.metrics(), media_type="text/plain; version=0.0.4")
+
+    async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}", code=code),
+                            exc.status_code)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        server.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(server.stop)
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
+            Route("/v1/models", guarded(models), methods=["GET"]),
+            Route("/v1/models/{model}", guarded(model_card), methods=["GET"]),
+            Route("/health", guarded(health, v1=False), methods=["GET"]),
+            Route("/status", guarded(status, v1=False), methods=["GET"]),
+            Route("/metrics", guarded(metrics, v1=False), methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error},
+        lifespan=lifespan,
+    )
+    app.state.server = server
+    return app
+
+
+def _model_card(server: Server) -> dict[str, Any]:
+    card: dict[str, Any] = {"id": server.options.model_id, "object": "model", "created": int(server.started),
+                            "owned_by": "edgevlm", "input_modalities": ["text", "image"],
+                            "output_modalities": ["text"]}
+    eng = server.engine
+    if eng is not None:
+        card["meta"] = {"n_ctx": eng.n_ctx, "projector_type": eng.backend.proj_info.projector_type,
+                        "image_max_tokens": eng.plan.image_max_tokens if eng.plan else None}
+    return card

@@ -1,0 +1,23 @@
+"""How the server runs, fixed when it is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ServeOptions"]
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model_id: str = "edgevlm"  # the name /v1/models lists (any name is accepted in requests)
+    api_key: str | None = None  # Bearer token every /v1 route asks for (None: open)
+    queue: int = 16  # requests that may wait for a free sequence; more get 503 + Retry-After
+    max_body_bytes: int = 32 * 2**20  # a larger request body gets 413
+    max_tokens: int = 512  # replies of requests that name no max_tokens
+    timeout_s: float = 600.0  # a request ends after this long (waiting included)
+    retry_after_s: int = 2  # what a 503 tells clients to wait
+    allow_private_urls: bool = False  # image URLs resolving to loopback / private / link-local
+    allow_paths: tuple[str, ...] = ()  # folders whose files a request may name as images
+    url_max_bytes: int = 32 * 2**20  # an image URL's body is cut off (and refused) past this
+    url_timeout_s: float = 15.0
+    url_max_redirects: int = 3

@@ -1,0 +1,245 @@
+"""The server's one worker thread: it owns the scheduler (nothing else touches llama.cpp), turns
+prepared requests into prompts, admits them as cells free up, steps every request in flight in
+one batch, and hands each request's text to the coroutine waiting for it.
+
+A request goes: ``submit`` (refused with 503 when the queue is full) → rendered here (refused
+with 400 when it can never fit the context) → waiting, in arrival order, until the scheduler
+has a sequence and the cells for it → running → done. A client that goes away, or a request
+past its time, is cancelled at the next step and its sequence freed.
+
+Replies are remembered by their text (the exact token ids generated), so a client that sends
+its history back gets the same tokens and reuses its KV prefix (``cached_tokens``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..backend.sampling import SamplingParams
+from ..errors import EdgeVLMError
+from ..runtime.conversation import Message
+from ..runtime.engine import Engine
+from ..runtime.items import Prompt
+from ..runtime.scheduler import WAIT, GenerationResponse, Request, Sequence
+from .openai import APIError, new_id
+from .options import ServeOptions
+
+__all__ = ["Job", "Worker"]
+
+REPLY_MEMORY = 1024  # replies remembered by text, for clients that resend their history
+
+
+@dataclass
+class Job:
+    """One request on its way through the worker; events go to ``events`` in the event loop."""
+
+    messages: list[Message]
+    system: str | None
+    sampling: SamplingParams
+    max_tokens: int
+    stops: tuple[str, ...]
+    deadline: float
+    loop: asyncio.AbstractEventLoop
+    notices: list[str] = field(default_factory=list)
+    id: str = field(default_factory=new_id)
+    created: int = field(default_factory=lambda: int(time.time()))
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: bool = False
+    timed_out: bool = False
+    prompt: Prompt | None = None
+    seq: Sequence | None = None
+
+    def emit(self, kind: str, value: Any = None) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+
+@dataclass
+class Counters:
+    served: int = 0
+    cancelled: int = 0  # clients that went away
+    failed: int = 0
+    rejected: int = 0
+    peak_running: int = 0  # most requests generated together
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+
+
+class Worker:
+    def __init__(self, engine: Engine, options: ServeOptions):
+        self.engine = engine
+        self.sched = engine.scheduler
+        self.options = options
+        self.counters = Counters()
+        self._inbox: deque[Job] = deque()  # submitted, not rendered yet
+        self._waiting: deque[Job] = deque()  # rendered, waiting for a sequence and cells
+        self._running: dict[int, Job] = {}
+        self._replies: OrderedDict[str, list[int]] = OrderedDict()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="edgevlm-serve", daemon=True)
+
+    # --- what the HTTP side calls ----------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    @property
+    def queued(self) -> int:
+        return len(self._inbox) + len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def check_capacity(self) -> None:
+        """Refuse (503 + Retry-After) when every sequence is taken and the queue is full."""
+        if self.running + self.queued >= self.sched.n_slots + self.options.queue:
+            self.counters.rejected += 1
+            raise APIError(f"the server is busy: {self.running} request(s) running and {self.queued} "
+                           f"waiting (the queue holds {self.options.queue}); retry shortly",
+                           503, code="server_busy", type_="server_error",
+                           headers={"retry-after": str(self.options.retry_after_s)})
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            self.check_capacity()
+            self._inbox.append(job)
+            self._cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled = True
+        with self._cond:
+            self._cond.notify()
+
+    # --- the thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stop or self._inbox or self._waiting or self._running):
+                    self._cond.wait()
+                if self._stop:
+                    break
+                new = list(self._inbox)
+                self._inbox.clear()
+            try:
+                for job in new:
+                    self._prepare(job)
+                self._admit()
+                if self._running:
+                    self.sched.step()
+                    self._forward_all()
+                elif self._waiting:
+                    with self._cond:  # nothing runs and the first cannot start: wait for news
+                        self._cond.wait(0.05)
+            except Exception as exc:  # never let the thread die: fail what is in flight
+                for job in list(self._running.values()) + list(self._waiting):
+                    self._fail(job, exc)
+                self._running.clear()
+                self._waiting.clear()
+        self.sched.cancel_all()
+
+    def _fail(self, job: Job, exc: BaseException) -> None:
+        self.counters.failed += 1
+        job.emit("error", exc)
+
+    def _prepare(self, job: Job) -> None:
+        """Render the request (exact reply tokens where known) and check it can ever fit."""
+        if job.cancelled:
+            return
+        for m in job.messages:
+            if m.role == "assistant" and m.tokens is None:
+                m.tokens = self._replies.get(m.text)
+        try:
+            prompt = self.sched.render(job.messages, job.system, self.engine.options.merge)
+            reserve = self.sched.budget.reply_reserve(job.max_tokens)
+            if prompt.cells + reserve > self.sched.n_ctx:
+                raise APIError(f"this request needs {prompt.cells:,} tokens and {reserve:,} for the reply, "
+                               f"but the context holds {self.sched.n_ctx:,} (shorten the conversation, "
+                               f"fewer or smaller images, or a smaller max_tokens)",
+                               400, "messages", "context_length_exceeded",
+                               headers={"x-should-retry": "false"})
+        except EdgeVLMError as exc:
+            self._fail(job, exc)
+            return
+        job.prompt = prompt
+        job.emit("accepted")
+        self._waiting.append(job)
+
+    def _admit(self) -> None:
+        """Start waiting requests in arrival order while the scheduler takes them."""
+        now = time.monotonic()
+        while self._waiting:
+            job = self._waiting[0]
+            if job.cancelled:
+                self._waiting.popleft()
+                continue
+            if now > job.deadline:
+                self._waiting.popleft()
+                self._fail(job, APIError(f"the request waited {self.options.timeout_s:g} s without a free "
+                                         f"sequence", 503, code="timeout", type_="server_error",
+                                         headers={"retry-after": str(self.options.retry_after_s)}))
+                continue
+            try:
+                seq = self.sched.submit(Request(job.prompt, job.max_tokens, job.sampling, job.stops,
+                                                new_images=frozenset(job.prompt.units), tag=job))
+            except EdgeVLMError as exc:
+                self._waiting.popleft()
+                self._fail(job, exc)
+                continue
+            if seq == WAIT:
+                return
+            self._waiting.popleft()
+            job.seq = seq
+            self._running[id(job)] = job
+            self.counters.peak_running = max(self.counters.peak_running, len(self._running))
+
+    def _forward_all(self) -> None:
+        now = time.monotonic()
+        for key, job in list(self._running.items()):
+            seq = job.seq
+            if not seq.done and (job.cancelled or now > job.deadline):
+                job.timed_out = not job.cancelled
+                self.sched.cancel(seq)
+            while seq.out:
+                r: GenerationResponse = seq.out.popleft()
+                if r.text:
+                    job.emit("text", r)
+            if seq.done:
+                del self._running[key]
+                self._finish(job)
+
+    def _finish(self, job: Job) -> None:
+        seq = job.seq
+        if seq.error is not None:
+            self._fail(job, seq.error)
+            return
+        st = seq.stats
+        self._remember(seq.reply, list(seq.tokens))
+        c = self.counters
+        if job.cancelled:
+            c.cancelled += 1
+        else:
+            c.served += 1
+        c.prompt_tokens += st.prompt_n + st.cached_n
+        c.cached_tokens += st.cached_n
+        c.generated_tokens += st.predicted_n
+        if job.timed_out:
+            job.notices.append(f"stopped after {self.options.timeout_s:g} s (the server's --timeout)")
+        job.emit("done", seq)
+
+    def _remember(self, text: str, tokens: list[int]) -> None:
+        self._replies[text] = tokens
+        self._replies.move_to_end(text)
+        while len(self._replies) > REPLY_MEMORY:
+            self._replies.popitem(last=False)

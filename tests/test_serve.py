@@ -1,0 +1,381 @@
+"""``edgevlm serve``: real servers on 127.0.0.1 (``edgevlm serve`` subprocesses started by
+fixtures, real llama.cpp on a generated pair) driven by the official ``openai`` client."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+from openai import APIStatusError, BadRequestError, OpenAI
+from PIL import Image
+
+from edgevlm.serve.openai import APIError, parse_chat_request
+
+LONG = {"type": "json_schema", "json_schema": {"name": "long", "schema": {"type": "string", "minLength": 3000}}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def png(width=320, height=240, seed=0) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray((rng.random((height, width, 3)) * 255).astype(np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def flat_png(width: int, height: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (90, 140, 200)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def data_uri(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def user(text: str, *urls: str) -> dict:
+    parts = [{"type": "text", "text": text}] + [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    return {"role": "user", "content": parts}
+
+
+class Served:
+    """``edgevlm serve`` in a subprocess on a free port of 127.0.0.1; stopped by ``stop()``."""
+
+    def __init__(self, pair, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "edgevlm", "serve", "-m", str(pair.model), "--mmproj", str(pair.mmproj),
+             "--port", str(self.port), "--threads", "2", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the server exited: {self.proc.stderr.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError("the server did not become ready")
+
+    def client(self, key: str = "none") -> OpenAI:
+        return OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def status(self) -> dict:
+        return httpx.get(self.url + "/status", timeout=10).json()
+
+    def wait_busy(self, n: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while self.status()["slots"]["busy"] != n:
+            assert time.monotonic() < deadline, self.status()
+            time.sleep(0.01)
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        try:
+            _, err = self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return err
+
+
+@pytest.fixture(scope="module")
+def server(model_pair):
+    s = Served(model_pair("llava15"), "--parallel", "4", "--queue", "8", "--ctx", "4096", "--max-tokens", "16")
+    yield s
+    err = s.stop()
+    assert "Traceback" not in err, err
+
+
+@pytest.fixture(scope="module")
+def tight(model_pair):
+    """One sequence, no queue, a small context, a small body limit, a low pixel limit."""
+    s = Served(model_pair("llava15"), "--parallel", "1", "--queue", "0", "--ctx", "2048", "--max-body", "1MiB",
+               "--max-pixels", "200000", "--timeout", "60")
+    yield s
+    err = s.stop()
+    assert "Traceback" not in err, err
+
+
+def test_a_reply_about_a_picture(server):
+    r = server.client().chat.completions.create(
+        model="anything", messages=[user("Describe the picture.", data_uri(png()))], max_tokens=8, temperature=0)
+    choice = r.choices[0]
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    u = r.usage
+    assert u.prompt_tokens > 576 and 0 < u.completion_tokens <= 8
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+
+
+def test_a_streamed_reply_with_usage(server):
+    stream = server.client().chat.completions.create(
+        model="m", messages=[user("Describe it.", data_uri(png(seed=1)))], max_tokens=12, temperature=0,
+        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish in (["stop"], ["length"]) and text
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.prompt_tokens > 576
+    assert usage.completion_tokens == 12 if finish == ["length"] else 0 < usage.completion_tokens <= 12
+
+
+@pytest.mark.parametrize("clients", [2, 4])
+def test_concurrent_clients_share_the_batch(server, clients):
+    before = server.status()["requests"]["peak_running"]
+    pics = [data_uri(png(seed=10 + i)) for i in range(clients)]
+
+    def ask(i):
+        return server.client().chat.completions.create(
+            model="m", messages=[user(f"Picture {i}?", pics[i])], max_tokens=40, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": {
+                "type": "string", "minLength": 30}}})
+
+    with ThreadPoolExecutor(clients) as pool:
+        replies = list(pool.map(ask, range(clients)))
+    assert all(r.choices[0].message.content for r in replies)
+    st = server.status()
+    assert st["requests"]["peak_running"] >= min(clients, 2) or before >= clients
+    assert st["slots"]["busy"] == 0 and st["queue"]["waiting"] == 0
+
+
+def test_a_resent_history_reuses_its_cache(server):
+    c = server.client()
+    pic = data_uri(png(seed=3))
+    first = c.chat.completions.create(model="m", messages=[user("What is it?", pic)], max_tokens=6, temperature=0)
+    history = [user("What is it?", pic), {"role": "assistant", "content": first.choices[0].message.content},
+               {"role": "user", "content": "And the colours?"}]
+    second = c.chat.completions.create(model="m", messages=history, max_tokens=6, temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # the picture and the reply's exact tokens are reused (the last reply token is evaluated with
+    # the new turn, as a reply's last token never enters the cache before the next one is asked)
+    assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 1
+    assert second.usage.prompt_tokens - cached < 50
+
+
+def test_json_schema_and_json_object_replies_parse(server):
+    schema = {"type": "object", "additionalProperties": False, "required": ["colour", "count"],
+              "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                             "count": {"type": "integer", "minimum": 0, "maximum": 9}}}
+    c = server.client()
+    r = c.chat.completions.create(model="m", messages=[user("Tag it.", data_uri(png(seed=4)))], max_tokens=64,
+                                  temperature=0, response_format={"type": "json_schema", "json_schema": {
+                                      "name": "tags", "schema": schema, "strict": True}})
+    obj = json.loads(r.choices[0].message.content)
+    assert set(obj) == {"colour", "count"} and obj["colour"] in ("red", "green", "blue")
+    assert isinstance(obj["count"], int) and 0 <= obj["count"] <= 9 and r.choices[0].finish_reason == "stop"
+    r = c.chat.completions.create(model="m", messages=[user("JSON please.")], max_tokens=200, temperature=0.7,
+                                  seed=5, response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "length" or isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_a_full_queue_answers_503_with_retry_after(tight):
+    c = tight.client()
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(c.chat.completions.create, model="m", messages=[user("Go on.")],
+                              max_tokens=3200, temperature=0, response_format=LONG)
+        tight.wait_busy(1)
+        with pytest.raises(APIStatusError) as err:
+            c.chat.completions.create(model="m", messages=[user("Me too?")], max_tokens=4)
+        assert err.value.status_code == 503 and int(err.value.response.headers["retry-after"]) >= 1
+        assert err.value.body["code"] == "server_busy"
+        assert running.result().choices[0].finish_reason in ("length", "stop")
+    assert tight.status()["requests"]["rejected"] >= 1
+
+
+def test_a_request_that_can_never_fit_is_a_400_not_to_retry(tight):
+    pics = [data_uri(png(64, 48, seed=20 + i)) for i in range(4)]  # 4 × 576 tokens > a 2048 context
+    with pytest.raises(BadRequestError) as err:
+        tight.client().chat.completions.create(model="m", messages=[user("All of them?", *pics)], max_tokens=4)
+    assert err.value.response.headers["x-should-retry"] == "false"
+    assert err.value.body["code"] == "context_length_exceeded" and "context" in err.value.body["message"]
+
+
+def test_a_client_that_disconnects_frees_its_sequence(tight):
+    body = {"model": "m", "messages": [user("Talk.")], "max_tokens": 3200, "stream": True, "response_format": LONG}
+    with httpx.Client(timeout=60) as h:
+        with h.stream("POST", tight.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            got = [next(lines) for _ in range(6)]
+            assert any(ln.startswith("data: {") for ln in got)
+    deadline = time.monotonic() + 10
+    while tight.status()["slots"]["busy"]:
+        assert time.monotonic() < deadline, tight.status()
+        time.sleep(0.05)
+    assert tight.status()["requests"]["cancelled"] >= 1
+    r = tight.client().chat.completions.create(model="m", messages=[user("Still there?")], max_tokens=3)
+    assert r.choices[0].message.content is not None
+
+
+class _Pictures(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        data = png(seed=7)
+        self.send_response(200)
+        self.send_header("content-type", "image/png")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_bad_inputs_are_4xx_and_the_server_goes_on(tight, tmp_path):
+    url = tight.url + "/v1/chat/completions"
+    ok = {"model": "m", "messages": [user("Hi")], "max_tokens": 2}
+    pictures = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Pictures)
+    threading.Thread(target=pictures.serve_forever, daemon=True).start()
+    local = f"http://127.0.0.1:{pictures.server_address[1]}/p.png"
+    try:
+        cases = [
+            (b"{not json", 400, None),
+            (json.dumps({"messages": "hi"}).encode(), 400, None),
+            (json.dumps({**ok, "temperature": 9}).encode(), 400, None),
+            (json.dumps({**ok, "messages": [user("x", "data:image/png;base64,@@@@")]}).encode(), 400, "invalid_image_url"),
+            (json.dumps({**ok, "messages": [user("x", data_uri(b"hello", "text/plain"))]}).encode(), 400, "invalid_image"),
+            (json.dumps({**ok, "messages": [user("x", data_uri(flat_png(600, 500)))]}).encode(), 400, "invalid_image"),
+            (json.dumps({**ok, "messages": [user("x", local)]}).encode(), 400, "invalid_image_url"),
+            (json.dumps({**ok, "messages": [user("x", "file:///etc/passwd")]}).encode(), 400, "invalid_image_url"),
+            (json.dumps({**ok, "messages": [user("x", str(tmp_path / "a.png"))]}).encode(), 400, "invalid_image_url"),
+            (json.dumps({**ok, "pad": "x" * (2 * 2**20)}).encode(), 413, "request_too_large"),
+        ]
+        for body, status, code in cases:
+            r = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=60)
+            assert r.status_code == status, (body[:80], r.text)
+            err = r.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"} and err["message"], err
+            assert code is None or err["code"] == code, err
+        assert "non-public address" in httpx.post(url, json={**ok, "messages": [user("x", local)]}).json()["error"]["message"]
+        assert httpx.get(tight.url + "/v1/nothing").status_code == 404
+        assert httpx.get(url).status_code == 405
+        assert httpx.post(url, json=ok, timeout=60).status_code == 200  # still serving
+    finally:
+        pictures.shutdown()
+
+
+def test_private_urls_and_paths_when_allowed(model_pair, tmp_path):
+    pictures = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Pictures)
+    threading.Thread(target=pictures.serve_forever, daemon=True).start()
+    (tmp_path / "p.png").write_bytes(png(seed=8))
+    s = Served(model_pair("llava15"), "--allow-private-urls", "--allow-path", str(tmp_path), "--api-key", "sekrit",
+               "--max-tokens", "3")
+    try:
+        local = f"http://127.0.0.1:{pictures.server_address[1]}/p.png"
+        r = s.client("sekrit").chat.completions.create(
+            model="m", messages=[user("Both?", local, str(tmp_path / "p.png"))], temperature=0)
+        assert r.usage.prompt_tokens > 2 * 576
+        for key in ("wrong", ""):
+            got = httpx.post(s.url + "/v1/chat/completions", json={"messages": [user("Hi")]},
+                             headers={"authorization": f"Bearer {key}"} if key else {})
+            assert got.status_code == 401 and got.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(s.url + "/v1/models").status_code == 401
+        assert httpx.get(s.url + "/health").status_code == 200  # no key needed
+        models = s.client("sekrit").models.list()
+        assert models.data[0].id == "model" and models.data[0].owned_by == "edgevlm"
+    finally:
+        pictures.shutdown()
+        assert "Traceback" not in s.stop()
+
+
+def test_status_metrics_and_models(server):
+    st = server.status()
+    assert st["state"] == "ready" and st["plan"]["fits"] and st["slots"]["total"] == 4
+    assert st["memory"]["measured"]["process_rss_bytes"] > 0 and st["memory"]["predicted"]
+    m = httpx.get(server.url + "/metrics").text
+    assert "edgevlm_requests_total{outcome=\"served\"}" in m and "edgevlm_slots_total 4" in m
+    card = httpx.get(server.url + "/v1/models").json()["data"][0]
+    assert card["object"] == "model" and card["input_modalities"] == ["text", "image"]
+
+
+def test_request_parsing():
+    r = parse_chat_request({"messages": [{"role": "system", "content": "Be brief."},
+                                         {"role": "user", "content": [
+                                             {"type": "text", "text": "What?"},
+                                             {"type": "image_url", "image_url": "data:image/png;base64,AA=="}]}],
+                            "max_completion_tokens": 7, "stop": "END", "unknown_field": 1, "user": "u1"})
+    assert r.system == "Be brief." and r.max_tokens == 7 and r.stop == ("END",)
+    assert r.messages[0].images[0].url.startswith("data:") and r.sampling.temperature == 0.8
+    for bad in ({}, {"messages": []}, {"messages": [{"role": "tool", "content": "x"}]},
+                {"messages": [{"role": "user", "content": "x"}], "n": 2},
+                {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+                {"messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": "x"}]}]},
+                {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
+                {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}):
+        with pytest.raises(APIError) as err:
+            parse_chat_request(bad)
+        assert err.value.http_status == 400
+
+
+def test_a_dynamic_image_is_shrunk_to_fit_and_the_reply_says_so(model_pair):
+    """Qwen2-VL: a picture over the budget is resized before encoding, and one over the context
+    left is shrunk by the guard; the response's ``edgevlm.notices`` say what happened."""
+    s = Served(model_pair("qwen2vl"), "--ctx", "1024", "--image-tokens", "1024", "--max-tokens", "4")
+    try:
+        big = data_uri(flat_png(1400, 1400))
+        r = httpx.post(s.url + "/v1/chat/completions", timeout=60,
+                       json={"model": "m", "messages": [user("What is it?", big)], "temperature": 0})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        notes = " ".join(body["edgevlm"]["notices"])
+        assert "reduced to" in notes and "to fit the context left" in notes, notes
+        assert body["usage"]["prompt_tokens"] < 1024 - 128
+    finally:
+        assert "Traceback" not in s.stop()
+
+
+def test_health_says_503_while_loading_and_timeouts_end_replies(model_pair):
+    """In-process app (``create_app``) over a loader that waits: /health and /v1 say 503 until the
+    model is there; a reply past ``timeout_s`` ends as "length" and says why."""
+    import edgevlm
+    from starlette.testclient import TestClient
+
+    from edgevlm.serve.app import create_app
+    from edgevlm.serve.options import ServeOptions
+
+    pair = model_pair("llava15")
+    go = threading.Event()
+
+    def load():
+        go.wait(30)
+        return edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=2)
+
+    app = create_app(load, ServeOptions(model_id="tiny", timeout_s=0.3))
+    with TestClient(app) as client:
+        assert client.get("/health").status_code == 503 and client.get("/health").json()["status"] == "loading"
+        r = client.post("/v1/chat/completions", json={"messages": [user("Hi")]})
+        assert r.status_code == 503 and r.headers["retry-after"] and r.json()["error"]["code"] == "model_loading"
+        go.set()
+        deadline = time.monotonic() + 60
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        r = client.post("/v1/chat/completions", json={"messages": [user("Talk.")], "max_tokens": 3500,
+                                                       "response_format": LONG})
+        body = r.json()
+        assert r.status_code == 200 and body["choices"][0]["finish_reason"] == "length"
+        assert "stopped after 0.3 s" in body["edgevlm"]["notices"][-1]
+        assert body["usage"]["completion_tokens"] < 3000
+        assert client.get("/v1/models").json()["data"][0]["id"] == "tiny"
