@@ -81,6 +81,7 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
     if parallel is not None and parallel < 1:
         raise CLIError(f"--parallel {parallel}: give 1 or more, or auto", 2)
     wishes = wishes_from(ctx, ngl, kv, image_tokens, max(n_images, parallel or 1))
+    spec = model
     model, mmproj = model_paths(model, mmproj, probe_args=dict(device=device, free_memory=list(free_memory),
                                                                 gpu_overhead=gpu_overhead), wishes=wishes)
     measure = lambda: probe(device, list(free_memory), gpu_overhead)  # noqa: E731
@@ -90,7 +91,8 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
         raise CLIError(plan.refusal or "does not fit", 1)
     slots = parallel or ContextBudget(plan.n_ctx).prompts_in_flight(
         plan.image_max_tokens or 576, max_tokens, ContextBudget.shared_prefix(None), 4)
-    options = ServeOptions(model_id=model_id or os.path.splitext(os.path.basename(model))[0], api_key=api_key,
+    name = spec if spec and not os.path.isfile(spec) else os.path.splitext(os.path.basename(model))[0]
+    options = ServeOptions(model_id=model_id or name, api_key=api_key,
                            queue=queue, max_body_bytes=max_body, max_tokens=max_tokens, timeout_s=timeout,
                            allow_private_urls=allow_private_urls, allow_paths=tuple(allow_path))
     engine_options = EngineOptions(image_tokens=image_tokens, tiles=tiles, merge=merge, max_image_pixels=max_pixels)
