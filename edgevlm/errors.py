@@ -15,6 +15,7 @@ __all__ = [
     "ImageError",
     "InputError",
     "IntegrityError",
+    "MemoryBusy",
     "ModelFileError",
     "ModelPairError",
     "OutputError",
@@ -54,6 +55,13 @@ class UnsupportedModel(InputError):
 
 class ImageError(InputError):
     """An image that is missing, unreadable or not an image."""
+
+
+class MemoryBusy(InputError):
+    """Not enough memory free right now for this request (another program has it); a server
+    answers 503: it may work later."""
+
+    http_status = 503
 
 
 class BackendError(EdgeVLMError):

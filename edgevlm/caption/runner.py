@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backend.system import json_grammar
-from ..errors import BackendError, EdgeVLMError, ImageError, InputError
+from ..errors import BackendError, EdgeVLMError, ImageError, InputError, MemoryBusy
 from ..runtime.conversation import Message
 from ..runtime.scheduler import WAIT, Request, Sequence
 from ..vision.budget import ImageBudget
@@ -197,7 +197,8 @@ class Captioner:
 
     def _error(self, p: Prepared, prompt: str, exc: BaseException) -> CaptionResult:
         if isinstance(exc, EdgeVLMError):
-            kind = "input" if isinstance(exc, ImageError) else "context" if isinstance(exc, InputError) else "runtime"
+            kind = "input" if isinstance(exc, ImageError) else "runtime" if isinstance(exc, MemoryBusy) else \
+                "context" if isinstance(exc, InputError) else "runtime"  # memory short now: a rerun retries
             return self._failed(p, prompt, kind, strip_label(str(exc), p.item.path))
         # a failure in llama.cpp or a bug: record it, go on
         return self._failed(p, prompt, "runtime", f"{type(exc).__name__}: {exc}")

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import InputError
+from ..errors import InputError, MemoryBusy
 from ..model.gguf_info import ProjectorInfo
 from ..model.projectors import encoder_patches, facts, image_tokens
 from ..vision.budget import fit_size
@@ -81,7 +81,7 @@ class Guard:
                 raise InputError(
                     f"{image.source}: needs {tokens} tokens but only {max(cells_free, 0)} are left in "
                     f"the context (/reset, or a larger --ctx)")
-            raise InputError(
+            raise MemoryBusy(
                 f"{image.source}: encoding needs {format_size(growth)} more memory but only "
                 f"{format_size(max(free, 0))} is free now; close other programs or plan again")
         # Dynamic resolution: the largest downscale whose tokens and encoder growth both fit.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backend.sampling import SamplingParams
-from ..errors import EdgeVLMError, ImageError, InputError
+from ..errors import EdgeVLMError, ImageError, InputError, MemoryBusy
 
 __all__ = ["APIError", "ChatMessage", "ChatRequest", "ImageRef", "chunk_body", "completion_body",
            "error_body", "error_for", "finish_reason", "new_id", "parse_chat_request", "usage_body"]
@@ -258,6 +258,8 @@ def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
     else is a 500 that says only that (the log has the rest)."""
     if isinstance(exc, APIError):
         return exc.http_status, error_body(str(exc), exc.type, exc.param, exc.code), exc.headers
+    if isinstance(exc, MemoryBusy):  # may work once memory frees up
+        return 503, error_body(str(exc), "server_error", code="memory_busy"), {"retry-after": "5"}
     if isinstance(exc, ImageError):
         return 400, error_body(str(exc), code="invalid_image"), {"x-should-retry": "false"}
     if isinstance(exc, InputError):
