@@ -392,3 +392,25 @@ def test_error_mapping():
     assert error_for(BackendError("llama_decode failed"))[0] == 500
     status, body, _ = error_for(KeyError("x"))
     assert status == 500 and body["error"]["message"] == "internal error (KeyError)"
+
+
+def test_old_pictures_become_summaries_when_the_client_asks(tight):
+    """``edgevlm.evict: summary``: a history whose pictures no longer fit has its oldest picture
+    replaced by the model's summary; the reply says where, and the shorter history then fits."""
+    pics = [data_uri(png(80, 60, seed=30 + i)) for i in range(3)]
+    history = [user("First?", pics[0]), {"role": "assistant", "content": "one"},
+               user("Second?", pics[1]), {"role": "assistant", "content": "two"},
+               user("Third?", pics[2])]
+    body = {"model": "m", "messages": history, "max_tokens": 400, "temperature": 0}
+    url = tight.url + "/v1/chat/completions"
+    refused = httpx.post(url, json=body, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(url, json={**body, "edgevlm": {"evict": "summary"}}, timeout=120)
+    assert r.status_code == 200, r.text
+    ext = r.json()["edgevlm"]
+    (s,) = ext["summaries"]
+    assert s["message"] == 0 and s["picture"] == 1 and s["content"].startswith("[image 1: ")
+    assert any("replaced by its summary" in n for n in ext["notices"])
+    history[0] = {"role": "user", "content": s["content"]}  # what the page then sends
+    again = httpx.post(url, json={**body, "messages": history}, timeout=120)
+    assert again.status_code == 200 and "summaries" not in again.json().get("edgevlm", {})

@@ -115,7 +115,8 @@ def replace_picture(conv: Conversation, pic: Picture, summary: str) -> None:
             m.images = [m.images[i] for i in keep]
             m.labels = [m.labels[i] for i in keep] if m.labels else []
             m.pictures = [m.pictures[i] for i in keep]
-            m.notes.append(f"[image {pic.number} ({pic.name}): {summary}]")
+            m.notes.append(f"[image {pic.number} ({pic.name}): {summary}]" if pic.name else
+                           f"[image {pic.number}: {summary}]")
     pic.summary = summary
 
 
@@ -141,7 +142,8 @@ def make_room(conv: Conversation, *, n_ctx: int, reserve: int, image_room: int, 
             replace_picture(conv, pic, summary)
             rep.summarized.append(pic)
             rep.evicted_tokens += pic.tokens
-            notices.append(f"context full: image {pic.number} ({pic.name}) replaced by its summary "
+            label = f"image {pic.number} ({pic.name})" if pic.name else f"image {pic.number}"
+            notices.append(f"context full: {label} replaced by its summary "
                            f"({pic.tokens} tokens freed): {summary[:80]}")
             continue
         older = conv.messages[:-1]

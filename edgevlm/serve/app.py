@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP app (Starlette): ``create_app(model, options)``.
 
-Routes: ``POST /v1/chat/completions`` (text and images, streamed or not, JSON output by grammar),
+Routes: ``GET /`` (the web page, ``static/``), ``POST /v1/chat/completions`` (text and images,
+streamed or not, JSON output by grammar), ``POST /v1/edgevlm/budget`` (what a picture will cost),
 ``GET /v1/models``, ``GET /health`` (503 while the model loads), ``GET /status`` (the plan, slots,
 queue, memory predicted and measured, counters) and ``GET /metrics`` (Prometheus text). Every
 ``/v1`` route asks for the API key when one is set. Every error is OpenAI's
@@ -22,6 +23,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -29,18 +31,20 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from ..backend.system import json_grammar
 from ..plan.devices import format_size
-from ..runtime.conversation import Message
+from ..runtime.conversation import Conversation, Message, Picture
 from ..runtime.engine import Engine
 from ..vision.budget import render_views
 from .media import fetch_image
 from .openai import (
     APIError,
     ChatRequest,
+    ImageRef,
     chunk_body,
     completion_body,
     error_body,
@@ -54,6 +58,7 @@ from .worker import Job, Worker
 __all__ = ["Server", "create_app"]
 
 log = logging.getLogger("edgevlm.serve")
+STATIC = Path(__file__).resolve().parent / "static"  # the web page: plain HTML, CSS, JS
 LOW_DETAIL_TOKENS = 256  # image_url.detail = "low": a dynamic encoder's budget, and no tiles
 
 
@@ -101,34 +106,41 @@ class Server:
             self.engine.close()
 
     # --- one chat request ------------------------------------------------------------------
-    def prepare(self, req: ChatRequest) -> tuple[list[Message], list[str]]:
+    def prepare(self, req: ChatRequest) -> tuple[Conversation, list[int], list[str]]:
         """Fetch, decode and budget the request's pictures and run them past the guard
-        (blocking: called in a thread)."""
+        (blocking: called in a thread). Returns the conversation (pictures numbered from 1),
+        each message's place in the request, and notices. With ``evict`` older pictures may
+        give way to summaries, so only the last message's must fit the image room."""
         eng, opts = self.engine, self.options
         assert eng is not None
         notices: list[str] = []
         room = eng.scheduler.budget.image_room(req.max_tokens or opts.max_tokens)
         low = replace(eng.image_budget, tiles="off",
                       tokens=min(eng.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS))
-        messages, n = [], 0
-        for m in req.messages:
-            views, labels = [], []
+        conv, places = Conversation(), []
+        for i, m in enumerate(req.messages):
+            views, labels, numbers = [], [], []
+            last = i == len(req.messages) - 1
             for ref in m.images:
-                n += 1
-                img = fetch_image(ref, opts, eng.options.max_image_pixels, f"image {n}")
+                n = len(conv.pictures) + 1
+                img = fetch_image(ref, opts, eng.options.max_image_pixels, ref.name or f"image {n}")
                 plan = (low if ref.detail == "low" else eng.image_budget).plan(img)
                 notices += [f"image {n}: {note}" for note in plan.notes]
+                conv.pictures.append(Picture(n, replace(img, source=ref.name), plan.total_tokens))
                 for label, view in render_views(img, plan):
                     if eng.guard is not None:
-                        adm = eng.guard.admit(view, room)
-                        room -= adm.tokens
+                        adm = eng.guard.admit(view, room if (last or not req.evict) else eng.n_ctx)
+                        if last or not req.evict:
+                            room -= adm.tokens
                         view = adm.image
                         if adm.notice:
                             notices.append(adm.notice)
                     views.append(view)
                     labels.append(label)
-            messages.append(Message(m.role, m.text, views, labels=labels))
-        return messages, notices
+                    numbers.append(n)
+            conv.messages.append(Message(m.role, m.text, views, labels=labels, pictures=numbers))
+            places.append(m.index)
+        return conv, places, notices
 
     async def chat(self, request: HTTPRequest) -> Response:
         worker = self.worker
@@ -143,11 +155,12 @@ class Server:
         grammar = None
         if req.response_format != "text":
             grammar = await run_in_threadpool(json_grammar, req.json_schema)
-        messages, notices = await run_in_threadpool(self.prepare, req)
+        conv, places, notices = await run_in_threadpool(self.prepare, req)
         sched = self.engine.scheduler
-        job = Job(messages, req.system, replace(req.sampling, grammar=grammar),
+        job = Job(conv, req.system, replace(req.sampling, grammar=grammar),
                   req.max_tokens or self.options.max_tokens, req.stop + tuple(sched.default_stops),
-                  time.monotonic() + self.options.timeout_s, asyncio.get_running_loop(), notices)
+                  time.monotonic() + self.options.timeout_s, asyncio.get_running_loop(), notices,
+                  evict=req.evict, places=places)
         worker.submit(job)
         try:
             kind, value = await next_event(job, request, worker)
@@ -178,7 +191,7 @@ class Server:
             raise
         seq = value
         finish = "length" if job.timed_out else seq.finish_reason
-        return JSONResponse(completion_body(job.id, model, "".join(parts), finish, seq.stats, job.notices,
+        return JSONResponse(completion_body(job.id, model, "".join(parts), finish, seq.stats, job.extension(),
                                             job.created))
 
     async def _sse(self, job: Job, req: ChatRequest, model: str, worker: Worker) -> AsyncIterator[str]:
@@ -198,8 +211,8 @@ class Server:
                     seq = value
                     finish = "length" if job.timed_out else seq.finish_reason
                     last = chunk_body(job.id, model, job.created, {}, finish)
-                    if job.notices:
-                        last["edgevlm"] = {"notices": job.notices}
+                    if job.extension():
+                        last["edgevlm"] = job.extension()
                     yield event(last)
                     if req.include_usage:
                         yield event(chunk_body(job.id, model, job.created, {}, usage=usage_body(seq.stats)))
@@ -207,6 +220,24 @@ class Server:
             yield "data: [DONE]\n\n"
         finally:  # the client went away (or we are done): free its sequence now
             worker.cancel(job)
+
+    def budget(self, body: Any) -> dict[str, Any]:
+        """What a picture will cost before anything is encoded (the ``edgevlm budget`` view):
+        ``{"image_url": {"url": ...}, "detail": ...}`` → the plan of its views."""
+        eng = self.engine
+        assert eng is not None
+        ref = body.get("image_url") if isinstance(body, dict) else None
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str) or not url:
+            raise APIError("give {\"image_url\": {\"url\": ...}}", 400, "image_url")
+        detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
+        name = body.get("name") if isinstance(body.get("name"), str) else ""
+        img = fetch_image(ImageRef(url, detail, name), self.options, eng.options.max_image_pixels, name or "image")
+        low = replace(eng.image_budget, tiles="off",
+                      tokens=min(eng.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS))
+        plan = (low if detail == "low" else eng.image_budget).plan(img)
+        return {"width": img.width, "height": img.height, **plan.to_dict(),
+                "n_ctx": eng.n_ctx, "image_room": eng.scheduler.budget.image_room(self.options.max_tokens)}
 
     # --- the rest --------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -327,6 +358,17 @@ def create_app(model: Engine | Callable[[], Engine], options: ServeOptions = Ser
     async def chat(request: HTTPRequest) -> Response:
         return await server.chat(request)
 
+    async def budget(request: HTTPRequest) -> Response:
+        body = await read_body(request, options.max_body_bytes)
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise APIError(f"the body is not valid JSON ({exc})") from None
+        return JSONResponse(await run_in_threadpool(server.budget, data))
+
+    async def page(request: HTTPRequest) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"cache-control": "no-cache"})
+
     async def models(request: HTTPRequest) -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(server)]})
 
@@ -364,7 +406,10 @@ def create_app(model: Engine | Callable[[], Engine], options: ServeOptions = Ser
 
     app = Starlette(
         routes=[
+            Route("/", page, methods=["GET"]),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
             Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
+            Route("/v1/edgevlm/budget", guarded(budget), methods=["POST"]),
             Route("/v1/models", guarded(models), methods=["GET"]),
             Route("/v1/models/{model}", guarded(model_card), methods=["GET"]),
             Route("/health", guarded(health, v1=False), methods=["GET"]),

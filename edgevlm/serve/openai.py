@@ -4,14 +4,17 @@ message naming the field that is wrong), and replies → the bodies OpenAI's cli
 
 Pure functions, no I/O: the server and batch files (``/v1/chat/completions`` lines) share them.
 Fields clients send that do not change what edgevlm does (``user``, ``presence_penalty``,
-``logprobs``, ``tools`` ...) are accepted and ignored.
+``logprobs``, ``tools`` ...) are accepted and ignored. Extensions (other servers ignore them):
+an image part's ``name``, and ``"edgevlm": {"evict": "summary"}`` — when the conversation no
+longer fits, its oldest pictures become the model's summaries and the reply says which
+(``edgevlm.summaries``), as ``edgevlm chat`` does.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..backend.sampling import SamplingParams
@@ -42,6 +45,7 @@ class APIError(InputError):
 class ImageRef:
     url: str  # a data: URI, an http(s) URL, or a path under --allow-path
     detail: str = "auto"  # auto | low | high
+    name: str = ""  # edgevlm extension: the picture's file name, for summaries that mention it
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class ChatMessage:
     role: str  # user | assistant
     text: str
     images: tuple[ImageRef, ...] = ()
+    index: int = 0  # its place in the request's "messages"
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ class ChatRequest:
     include_usage: bool = False
     response_format: str = "text"  # text | json_object | json_schema
     json_schema: dict | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    evict: bool = False  # edgevlm extension: old pictures may become summaries to make room
 
     @property
     def images(self) -> list[ImageRef]:
@@ -121,7 +126,8 @@ def _content(raw: Any, where: str, role: str) -> tuple[str, tuple[ImageRef, ...]
                 raise _bad(f"{at}.image_url must be a URL string or {{\"url\": ...}}", at)
             if detail not in ("auto", "low", "high"):
                 raise _bad(f"{at}.image_url.detail must be auto, low or high", at)
-            images.append(ImageRef(url, detail))
+            name = part.get("name") if isinstance(part.get("name"), str) else ""
+            images.append(ImageRef(url, detail, name[:200]))
         else:
             raise _bad(f"{at}: content part type {kind!r} is not supported (text and image_url are)", at)
     return "\n".join(texts), tuple(images)
@@ -170,7 +176,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         if role in ("system", "developer"):
             system.append(text)
         else:
-            out.append(ChatMessage(role, text, images))
+            out.append(ChatMessage(role, text, images, i))
     if not out:
         raise _bad("'messages' holds no user or assistant message", "messages")
     if _integer(body, "n", 1, 1) != 1:
@@ -200,8 +206,11 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise _bad("'stream_options' must be an object", "stream_options")
     kind, schema = _response_format(body)
     model = body.get("model") if isinstance(body.get("model"), str) else ""
+    ext = body.get("edgevlm") if isinstance(body.get("edgevlm"), dict) else {}
+    if ext.get("evict", "off") not in ("off", "summary"):
+        raise _bad("edgevlm.evict must be off or summary", "edgevlm.evict")
     return ChatRequest(tuple(out), "\n\n".join(system) or None, model, max_tokens, sampling, stops, stream,
-                       bool(opts.get("include_usage")), kind, schema)
+                       bool(opts.get("include_usage")), kind, schema, ext.get("evict") == "summary")
 
 
 # --- replies ---------------------------------------------------------------------------------
@@ -225,15 +234,15 @@ def usage_body(stats: Any) -> dict[str, Any]:
 
 
 def completion_body(req_id: str, model: str, text: str, finish: str, stats: Any,
-                    notices: list[str] | None = None, created: int | None = None) -> dict[str, Any]:
+                    extension: dict[str, Any] | None = None, created: int | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": req_id, "object": "chat.completion", "created": created or int(time.time()), "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                      "logprobs": None, "finish_reason": finish_reason(finish)}],
         "usage": usage_body(stats),
     }
-    if notices:
-        body["edgevlm"] = {"notices": list(notices)}
+    if extension:
+        body["edgevlm"] = extension
     return body
 
 

@@ -22,10 +22,11 @@ from typing import Any
 
 from ..backend.sampling import SamplingParams
 from ..errors import EdgeVLMError
-from ..runtime.conversation import Message
+from ..runtime.conversation import Conversation, Message
 from ..runtime.engine import Engine
 from ..runtime.items import Prompt
 from ..runtime.scheduler import WAIT, GenerationResponse, Request, Sequence
+from ..runtime.session import Footprint, SessionOptions, Summaries, make_room
 from .openai import APIError, new_id
 from .options import ServeOptions
 
@@ -38,7 +39,7 @@ REPLY_MEMORY = 1024  # replies remembered by text, for clients that resend their
 class Job:
     """One request on its way through the worker; events go to ``events`` in the event loop."""
 
-    messages: list[Message]
+    conversation: Conversation
     system: str | None
     sampling: SamplingParams
     max_tokens: int
@@ -46,6 +47,10 @@ class Job:
     deadline: float
     loop: asyncio.AbstractEventLoop
     notices: list[str] = field(default_factory=list)
+    evict: bool = False  # old pictures may become summaries to make room (the session policy)
+    places: list[int] = field(default_factory=list)  # each message's index in the request
+    summaries: list[dict[str, Any]] = field(default_factory=list)  # what the session replaced
+    dropped: list[int] = field(default_factory=list)  # request messages dropped to make room
     id: str = field(default_factory=new_id)
     created: int = field(default_factory=lambda: int(time.time()))
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -56,6 +61,17 @@ class Job:
 
     def emit(self, kind: str, value: Any = None) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+    def extension(self) -> dict[str, Any]:
+        """The reply's ``edgevlm`` object: notices, and what the session did to the history."""
+        ext: dict[str, Any] = {}
+        if self.notices:
+            ext["notices"] = list(self.notices)
+        if self.summaries:
+            ext["summaries"] = list(self.summaries)
+        if self.dropped:
+            ext["dropped_messages"] = self.dropped
+        return ext
 
 
 @dataclass
@@ -80,6 +96,8 @@ class Worker:
         self._waiting: deque[Job] = deque()  # rendered, waiting for a sequence and cells
         self._running: dict[int, Job] = {}
         self._replies: OrderedDict[str, list[int]] = OrderedDict()
+        self._session = SessionOptions()
+        self._summaries = Summaries()  # by picture content: one summary per picture
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="edgevlm-serve", daemon=True)
@@ -154,19 +172,24 @@ class Worker:
         job.emit("error", exc)
 
     def _prepare(self, job: Job) -> None:
-        """Render the request (exact reply tokens where known) and check it can ever fit."""
+        """Render the request (exact reply tokens where known) and check it can ever fit; with
+        ``evict``, the session policy makes room first (old pictures → summaries)."""
         if job.cancelled:
             return
-        for m in job.messages:
+        conv = job.conversation
+        for m in conv.messages:
             if m.role == "assistant" and m.tokens is None:
                 m.tokens = self._replies.get(m.text)
         try:
-            prompt = self.sched.render(job.messages, job.system, self.engine.options.merge)
-            reserve = self.sched.budget.reply_reserve(job.max_tokens)
+            budget = self.sched.budget
+            reserve = budget.reply_reserve(job.max_tokens)
+            if job.evict:
+                self._make_room(job, reserve, budget.image_room(job.max_tokens))
+            prompt = self._render(job, conv.messages)
             if prompt.cells + reserve > self.sched.n_ctx:
                 raise APIError(f"this request needs {prompt.cells:,} tokens and {reserve:,} for the reply, "
                                f"but the context holds {self.sched.n_ctx:,} (shorten the conversation, "
-                               f"fewer or smaller images, or a smaller max_tokens)",
+                               f"fewer or smaller images, a smaller max_tokens, or edgevlm.evict)",
                                400, "messages", "context_length_exceeded",
                                headers={"x-should-retry": "false"})
         except EdgeVLMError as exc:
@@ -175,6 +198,44 @@ class Worker:
         job.prompt = prompt
         job.emit("accepted")
         self._waiting.append(job)
+
+    def _render(self, job: Job, messages: list[Message]) -> Prompt:
+        return self.sched.render(messages, job.system, self.engine.options.merge)
+
+    def _make_room(self, job: Job, reserve: int, image_room: int) -> None:
+        """The session policy over the request's history; what it replaced or dropped goes into
+        the reply, so the client can send the shorter history next time (and reuse its cache)."""
+        conv = job.conversation
+        place = {id(m): job.places[i] for i, m in enumerate(conv.messages)}
+        holder = {n: m for m in conv.messages for n in m.pictures}
+
+        def measure(messages: list[Message]) -> Footprint:
+            p = self._render(job, messages)
+            return Footprint(p.cells, p.image_cells, p)
+
+        rep = make_room(conv, n_ctx=self.sched.n_ctx, reserve=reserve, image_room=image_room,
+                        measure=measure, ask=lambda q, msgs: self._ask(job, q, msgs),
+                        options=self._session, memory=self._summaries, notices=job.notices)
+        kept = {id(m) for m in conv.messages}
+        job.dropped = sorted(idx for key, idx in place.items() if key not in kept)
+        for pic in rep.summarized:
+            m = holder[pic.number]
+            if id(m) in kept:
+                job.summaries.append({"message": place[id(m)], "picture": pic.number,
+                                      "summary": pic.summary, "content": m.content_text})
+
+    def _ask(self, job: Job, question: str, messages: list[Message]) -> str:
+        """A greedy question to the model now (for a summary), in between the steps of the
+        requests in flight."""
+        opts = self._session
+        prompt = self._render(job, messages + [Message("user", question)])
+        req = Request(prompt, opts.summary_tokens, SamplingParams(0.0), tuple(self.sched.default_stops))
+        while (seq := self.sched.submit(req)) == WAIT:
+            if not self._running:
+                raise APIError("no room to summarise an old picture", 400, "messages", "context_length_exceeded")
+            self.sched.step()
+            self._forward_all()
+        return "".join(r.text for r in self.sched.stream(seq))
 
     def _admit(self) -> None:
         """Start waiting requests in arrival order while the scheduler takes them."""

@@ -1,0 +1,170 @@
+"""The web page of ``edgevlm serve`` in a real headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, driven by Selenium) against a real server on 127.0.0.1. Skipped when no
+browser is installed; ``.ci/run`` installs one. Screenshots go to ``test-artifacts/``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import make_image
+from .test_serve import Served
+
+ARTIFACTS = Path(os.environ.get("EDGEVLM_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+KEY = "page-test-key"
+
+pytestmark = pytest.mark.slow
+
+
+def _browser_paths() -> tuple[str, str] | None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver = shutil.which("chromedriver")
+    return (chromium, driver) if chromium and driver else None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    paths = _browser_paths()
+    if paths is None:
+        pytest.skip("no Chromium with chromedriver here (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = paths[0]
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,900", "--no-first-run", "--disable-extensions"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=paths[1]), options=opts)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def site(model_pair):
+    """LLaVA-1.5-7B layer shapes (2 layers): ~10 ms per token, so a reply can be stopped midway."""
+    s = Served(model_pair("llava15", "real"), "--parallel", "2", "--ctx", "4096", "--api-key", KEY)
+    yield s
+    assert "Traceback" not in s.stop()
+
+
+def shot(driver, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def wait(driver, condition, timeout: float = 60, what: str = ""):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.05).until(lambda d: condition(d))
+    except Exception:
+        shot(driver, "failed-" + (what or "wait").replace(" ", "-"))
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+def by_id(driver, name):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.ID, name)
+
+
+def css(driver, selector):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def served(site) -> int:
+    return httpx.get(site.url + "/status").json()["requests"]["served"]
+
+
+def test_the_page_chats_about_a_picture_and_shows_the_plan(browser, site, tmp_path):
+    from selenium.webdriver.common.keys import Keys
+
+    d = browser
+    d.get(site.url + "/")
+    # the key is asked once, kept in the tab
+    dialog = wait(d, lambda d: by_id(d, "key-dialog").get_attribute("open") is not None, what="key dialog")
+    assert dialog
+    by_id(d, "key").send_keys(KEY + Keys.ENTER)
+    wait(d, lambda d: by_id(d, "model").text == "model", what="model name")
+    wait(d, lambda d: "sequences busy" in by_id(d, "server").text and css(d, "#devices .bar"), what="panel")
+    assert "CPU" in by_id(d, "devices").text and "0 / 2" in by_id(d, "server").text
+
+    # a picture: before sending, what it will cost, drawn on a thumbnail
+    pic = make_image(tmp_path / "house.png", 640, 480, seed=5, mode="gradient")
+    by_id(d, "file").send_keys(str(pic))
+    wait(d, lambda d: "576 tokens" in by_id(d, "attachments").text, what="picture cost")
+    assert css(d, "#attachments canvas")
+    shot(d, "attached")
+
+    box = by_id(d, "input")
+    box.send_keys("What is in")
+    box.send_keys(Keys.SHIFT + Keys.ENTER)  # a new line, not sent
+    box.send_keys("this picture?")
+    assert box.get_attribute("value") == "What is in\nthis picture?" and not css(d, ".msg.user")
+    before = served(site)
+    box.send_keys(Keys.ENTER)
+    wait(d, lambda d: css(d, ".msg.user img"), what="the picture in the conversation")
+    # streamed text arrives: it grows while the reply is in flight
+    first = wait(d, lambda d: (t := "".join(e.text for e in css(d, ".msg.assistant .text"))) and t, what="text")
+    wait(d, lambda d: css(d, ".msg.assistant .meta"), timeout=120, what="the reply's end")
+    full = css(d, ".msg.assistant .text")[0].text
+    assert len(full) >= len(first) and full
+    meta = css(d, ".msg.assistant .meta")[0].text
+    assert "prompt" in meta and "cached" in meta and "reply" in meta
+    wait(d, lambda d: "context" in by_id(d, "ctx").text, what="context use")
+    wait(d, lambda d: f"{before + 1} served" in by_id(d, "server").text, what="panel update")
+    shot(d, "answered")
+
+    # a follow-up reuses the cache; stop a long reply midway
+    by_id(d, "max-tokens").clear()
+    by_id(d, "max-tokens").send_keys("2000")
+    box.send_keys("Tell me a long story." + Keys.ENTER)
+    wait(d, lambda d: len(css(d, ".msg.assistant")) == 2 and len(css(d, ".msg.assistant .text")[1].text) > 3,
+         what="the long reply")
+    by_id(d, "stop").click()
+    wait(d, lambda d: len(css(d, ".msg.assistant .meta")) == 2, what="stopped")
+    meta = css(d, ".msg.assistant .meta")[1].text
+    assert "stopped" in meta
+    deadline = time.monotonic() + 10
+    while httpx.get(site.url + "/status").json()["slots"]["busy"]:  # the server freed the sequence
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert httpx.get(site.url + "/status").json()["requests"]["cancelled"] >= 1
+
+    # a file that is not a picture: the server's own message
+    bad = tmp_path / "notes.png"
+    bad.write_text("a shopping list")
+    by_id(d, "file").send_keys(str(bad))
+    wait(d, lambda d: "not an image" in by_id(d, "attachments").text, what="the server's error")
+    shot(d, "bad-file")
+
+    # a narrow window: everything still there, one column
+    d.set_window_size(420, 900)
+    assert by_id(d, "send").is_displayed() and by_id(d, "input").is_displayed()
+    shot(d, "narrow")
+    d.set_window_size(1280, 900)
+
+    # new conversation
+    by_id(d, "new-chat").click()
+    assert not css(d, ".msg") and "New conversation" in by_id(d, "log").text
+
+
+def test_the_page_is_served_from_the_package(site):
+    page = httpx.get(site.url + "/")
+    assert page.status_code == 200 and "<title>edgevlm</title>" in page.text
+    for name in ("app.js", "style.css"):
+        r = httpx.get(f"{site.url}/static/{name}")
+        assert r.status_code == 200 and len(r.text) > 1000
+    # nothing is loaded from the network: every src/href is local
+    import re
+
+    refs = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert refs and all(r.startswith("/") for r in refs), refs
+    assert "http://" not in httpx.get(site.url + "/static/app.js").text.replace("http://127", "")
