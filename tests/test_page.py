@@ -168,3 +168,55 @@ def test_the_page_is_served_from_the_package(site):
     refs = re.findall(r'(?:src|href)="([^"]+)"', page.text)
     assert refs and all(r.startswith("/") for r in refs), refs
     assert "http://" not in httpx.get(site.url + "/static/app.js").text.replace("http://127", "")
+
+
+@pytest.fixture(scope="module")
+def tiny_site(model_pair):
+    """The tiny pair, a context that holds two pictures with a 400-token reply reserve."""
+    s = Served(model_pair("llava15"), "--parallel", "1", "--ctx", "2048")
+    yield s
+    assert "Traceback" not in s.stop()
+
+
+DROP_PICTURE = """
+const [kind, name, done] = arguments;
+const c = document.createElement("canvas");
+c.width = 96; c.height = 64;
+const g = c.getContext("2d");
+g.fillStyle = kind === "drop" ? "#c33" : "#3c3"; g.fillRect(0, 0, 96, 64);
+g.fillStyle = "#fff"; g.fillRect(20, 10, 30, 30);
+c.toBlob((blob) => {
+  const dt = new DataTransfer();
+  dt.items.add(new File([blob], name, {type: "image/png"}));
+  if (kind === "drop") {
+    document.getElementById("composer").dispatchEvent(new DragEvent("drop", {dataTransfer: dt, bubbles: true, cancelable: true}));
+  } else {
+    document.dispatchEvent(new ClipboardEvent("paste", {clipboardData: dt, bubbles: true, cancelable: true}));
+  }
+  done();
+}, "image/png");
+"""
+
+
+def test_drop_paste_and_the_summary_of_an_old_picture(browser, tiny_site):
+    from selenium.webdriver.common.keys import Keys
+
+    d = browser
+    d.get(tiny_site.url + "/")
+    wait(d, lambda d: by_id(d, "model").text == "model", what="model name")
+    by_id(d, "max-tokens").clear()
+    by_id(d, "max-tokens").send_keys("400")
+    for turn, kind in enumerate(("drop", "paste", "drop")):
+        d.execute_async_script(DROP_PICTURE, kind, f"{kind}{turn}.png")
+        wait(d, lambda d: "576 tokens" in by_id(d, "attachments").text, what=f"{kind}ped picture cost")
+        assert f"{kind}{turn}.png" in by_id(d, "attachments").text
+        by_id(d, "input").send_keys(f"Picture {turn + 1}?" + Keys.ENTER)
+        wait(d, lambda d: len(css(d, ".msg.assistant .meta")) == turn + 1, timeout=120, what=f"reply {turn + 1}")
+    # the third picture does not fit beside the other two (and 400-token replies): older pictures
+    # became the model's summaries, and the page says so in the conversation
+    wait(d, lambda d: "was replaced by the model's summary" in by_id(d, "log").text, what="the summary note")
+    assert not css(d, ".msg.error")
+    shot(d, "summary")
+    by_id(d, "input").send_keys("And now?" + Keys.ENTER)  # the shorter history goes on
+    wait(d, lambda d: len(css(d, ".msg.assistant .meta")) == 4, timeout=120, what="reply 4")
+    assert "(0 cached)" not in css(d, ".msg.assistant .meta")[3].text
