@@ -28,8 +28,8 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
          plan: Plan | None = None, merge: str | MergeSpec = "off",
          n_threads: int | None = None, system: str | None = None,
          options: EngineOptions | None = None, scheduler_options: SchedulerOptions = SchedulerOptions(),
-         n_seq_max: int | Callable[[Plan], int] = 1, verbose: bool = False,
-         **backend_options: Any) -> Engine:
+         n_seq_max: int | Callable[[Plan], int] = 1, wishes: Wishes | None = None,
+         verbose: bool = False, **backend_options: Any) -> Engine:
     """Plan memory, load a model pair once, and return an Engine for chatting about images.
 
     >>> vlm = edgevlm.load("model.gguf", "mmproj.gguf")
@@ -40,7 +40,7 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
     ``n_ctx``, ``n_gpu_layers``, ``kv`` and ``image_tokens`` are wishes the planner keeps
     (None / "auto": the planner chooses); it raises ``DoesNotFit`` if nothing fits.
     ``reply_tokens``: the reply the plan keeps room for when it counts the images a context
-    holds. ``measure``: what reads free memory (default: the device probe with ``device``,
+    holds. ``wishes``: all of the planner's wishes at once (instead of the arguments above). ``measure``: what reads free memory (default: the device probe with ``device``,
     ``free_memory`` and ``gpu_overhead``); the plan and the per-request guard both use it. ``options``: how the conversation runs (system prompt, tiles, merging, what happens
     when the context is full); ``system``, ``merge`` and ``image_tokens`` fill them in when not
     given there. ``backend_options`` override the plan's ``Backend`` arguments
@@ -55,8 +55,10 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
     if measure is None:
         measure = lambda: probe(device, free_memory, gpu_overhead)  # noqa: E731
     if plan is None:
-        wishes = Wishes(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, kv=kv, image_tokens=image_tokens,
-                        images=images, merge=str(opts.merge), reply_tokens=reply_tokens)
+        if wishes is None:
+            wishes = Wishes(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, kv=kv, image_tokens=image_tokens,
+                            images=images, reply_tokens=reply_tokens)
+        wishes = replace(wishes, merge=str(opts.merge))
         plan = make_plan(os.fspath(model), os.fspath(mmproj), measure(), wishes)
     if not plan.fits:
         raise DoesNotFit(plan.refusal or "the model does not fit in the memory available")

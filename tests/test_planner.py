@@ -61,18 +61,27 @@ def test_roomy_gpu_takes_everything(real):
     assert p.max_images_in_context >= 1 and p.image_max_tokens == 576
 
 
+ORDER = ["context", "kv q8_0", "micro-batch", "image budget", "gpu layers", "encoder", "kv q4_0"]
+
+
 def test_degradation_order(real):
-    """Less and less GPU memory walks the documented order: ctx → q8_0 → layers → encoder → q4_0."""
+    """Less and less GPU memory walks the documented order: ctx → q8_0 → micro-batch → layers →
+    encoder → q4_0, and every plan says which levers it pulled, in that order."""
     seen = []
     for free in range(1200, 275, -25):
         p = plan_for(real, [gpu(free * MiB), host()])
-        seen.append((free, p.n_ctx, p.type_k, p.n_gpu_layers, p.mmproj_on_gpu, p.fits))
+        seen.append((free, p.n_ctx, p.type_k, p.n_gpu_layers, p.mmproj_on_gpu, p.fits, p.n_ubatch, p))
+        pulled = [lv.lever for lv in p.levers]
+        assert pulled == sorted(pulled, key=ORDER.index), pulled
+        assert all(lv.saved_bytes >= 0 for lv in p.levers)
     ctxs = [s[1] for s in seen]
     first_drop = next(i for i, s in enumerate(seen) if s[1] < ctxs[0] or s[2] != "f16" or s[3] < 3)
     assert seen[first_drop][1] < ctxs[0] and seen[first_drop][3] == 3  # the context shrinks first
-    layer_counts = [s[3] for s in seen]
-    assert layer_counts == sorted(layer_counts, reverse=True) and layer_counts[-1] < 3
+    with_encoder = [s[3] for s in seen if s[4]]  # while the encoder stays on the GPU
+    assert with_encoder == sorted(with_encoder, reverse=True) and min(s[3] for s in seen) < 3
     assert any(s[2] == "q8_0" for s in seen)
+    # the micro-batch is lowered while every layer still fits on the GPU
+    assert any(s[6] < 512 and s[3] == 3 for s in seen)
     assert any(not s[4] for s in seen)  # encoder moved to the CPU at some point
     assert all(s[5] for s in seen)  # the host takes what the GPU cannot
 
@@ -189,3 +198,88 @@ def test_guard_refuses_fixed_size_image_without_memory(model_pair, images):
     meter.free = 16 * GiB
     assert eng.chat("hi", [images["square"]], max_tokens=2, temperature=0).stats.image_tokens == 576
     eng.close()
+
+
+# --- the levers that fit more: micro-batch, image budget, host reserve --------------------------
+
+def whole_model(pair, n_layer, n_vision_layer):
+    """The generated real-shape pair's headers with all of the real model's layers (planner only)."""
+    from edgevlm.testing.headers import with_layers
+
+    return with_layers(read_gguf(pair.model), n_layer), with_layers(read_gguf(pair.mmproj), n_vision_layer)
+
+
+def plan_headers(headers, devices, **wishes):
+    return Planner(*headers, Probe(tuple(devices)), Wishes(**wishes)).plan()
+
+
+def before_levers(headers, devices, dynamic=False, **wishes):
+    """The order before micro-batch and image budget were levers (both held where they start)."""
+    return plan_headers(headers, devices, n_ubatch=512, **({"image_tokens": 1024} if dynamic else {}), **wishes)
+
+
+def test_a_7b_model_keeps_more_layers_on_small_gpus(real):
+    """LLaVA-1.5-7B (32 layers, Q4_0 3.5 GiB, CLIP-L 620 MiB): on a 4 GiB GPU a smaller
+    micro-batch keeps a layer more on the GPU; on 6 GiB every layer stays, before and after."""
+    headers = whole_model(real, 32, 24)
+    before = before_levers(headers, [gpu(4 * GiB), host()])
+    after = plan_headers(headers, [gpu(4 * GiB), host()])
+    assert before.fits and after.fits
+    assert after.n_gpu_layers > before.n_gpu_layers  # 24 vs 23 of 33 (this GPU keeps 256 MiB)
+    assert after.n_ubatch < 512 and "micro-batch" in [lv.lever for lv in after.levers]
+    levers = [lv.lever for lv in after.levers]
+    assert levers.index("micro-batch") < levers.index("gpu layers")
+    six_before = before_levers(headers, [gpu(6 * GiB), host()])
+    six_after = plan_headers(headers, [gpu(6 * GiB), host()])
+    assert six_before.n_gpu_layers == six_after.n_gpu_layers == 33
+
+
+def test_a_dynamic_model_lowers_its_image_budget_before_moving_layers(model_pair):
+    """Qwen2-VL-2B shapes (28 layers, 152k vocabulary, a 32-block ViT) on a 2 GiB GPU: before, no
+    layer fitted; the micro-batch and the image budget bring five back."""
+    headers = whole_model(model_pair("qwen2vl", "real"), 28, 32)
+    before = before_levers(headers, [gpu(2 * GiB), host()], dynamic=True)
+    after = plan_headers(headers, [gpu(2 * GiB), host()])
+    assert before.n_gpu_layers == 0 and after.n_gpu_layers >= 5
+    assert after.image_max_tokens == 256 and after.n_ubatch == 64
+    levers = [lv.lever for lv in after.levers]
+    assert levers[:levers.index("gpu layers")][-2:] == ["micro-batch", "image budget"]
+    reason = next(r for r in after.reasons if r.startswith("image budget 1024 → 256"))
+    assert "floor 256" in reason
+    kept = plan_headers(headers, [gpu(2 * GiB), host()], image_tokens=1024)  # a user's budget is kept
+    assert kept.image_max_tokens == 1024
+
+
+def test_host_reserve_is_stated_and_settable(model_pair):
+    pair = model_pair("qwen2vl", "real")
+    p = plan_for(pair, [host(1 * GiB)])
+    line = next(r for r in p.reasons if r.startswith("CPU budget"))
+    assert "1.00 GiB free − 256.00 MiB kept for the process (--host-reserve) − 5% margin" in line
+    assert p.devices[0].budget_bytes == int((1 * GiB - 256 * MiB) * 0.95)
+    q = plan_for(pair, [host(1 * GiB)], host_reserve=512 * MiB)
+    assert q.devices[0].budget_bytes == int((1 * GiB - 512 * MiB) * 0.95) and not q.fits
+    r = run_cli("plan", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--free-memory", "cpu=1GiB",
+                "--host-reserve", "512MiB")
+    assert r.returncode == 1 and "512.00 MiB kept for the process" in r.stdout
+
+
+@pytest.mark.slow
+def test_qwen2vl_fits_1gib_by_the_micro_batch_and_llama_cpp_agrees(model_pair):
+    """Done-when: the Qwen2-VL-2B-shaped pair with --free-memory cpu=1GiB fits by lowering the
+    micro-batch, and llama.cpp then allocates what the plan predicted."""
+    from edgevlm.testing.measure import Config, measure
+
+    pair = model_pair("qwen2vl", "real")
+    p = plan_for(pair, [host(1 * GiB)])
+    assert p.fits and p.n_ubatch == 128 and p.n_gpu_layers == 0
+    assert [lv.lever for lv in p.levers] == ["context", "kv q8_0", "micro-batch"]
+    r = run_cli("plan", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--free-memory", "cpu=1GiB",
+                "--explain")
+    assert r.returncode == 0 and "micro-batch   512 → 128" in r.stdout and "not needed" in r.stdout
+    cfg = Config("qwen2vl", n_ctx=p.n_ctx, type_k=p.type_k, type_v=p.type_v, flash_attn=p.flash_attn,
+                 n_ubatch=p.n_ubatch, n_batch=p.n_batch, image_max_tokens=p.image_max_tokens)
+    comps = {c.name: c for c in measure(str(pair.model), str(pair.mmproj), cfg)}
+    for name in ("weights (mapped)", "weights (repack)", "kv", "mmproj weights"):
+        assert comps[name].within(0.005), comps[name]
+    assert comps["compute"].within(0.05) and comps["compute"].measured < 80 * MiB, comps["compute"]
+    assert comps["mmproj compute"].predicted >= comps["mmproj compute"].measured - 0.006 * MiB

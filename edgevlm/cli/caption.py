@@ -23,7 +23,6 @@ from .common import (
     max_pixels_option,
     plan_options,
     sampling_options,
-    wishes_from,
 )
 
 EXIT_CODES = """\b
@@ -85,8 +84,8 @@ the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to cont
 @handle_errors
 def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude, shard, out, fmt,
             existing, separator, root, sidecar_ext, prompt, system, prefix, suffix, clean, max_tokens,
-            temp, top_k, top_p, min_p, seed, stop, tiles, merge, json_schema, ctx, ngl, kv, image_tokens, n_images,
-            free_memory, device, gpu_overhead, threads, max_pixels, max_file_size, retry_errors,
+            temp, top_k, top_p, min_p, seed, stop, tiles, merge, json_schema, planning, threads, max_pixels,
+            max_file_size, retry_errors,
             parallel, prefetch, progress, quiet, dry_run, verbose) -> None:
     """Caption images in bulk: files, folders, globs or a list; resumable.
 
@@ -112,7 +111,7 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
     settings = CaptionSettings(
         prompt=prompt if prompt is not None else DEFAULT_PROMPT, system=system, prefix=prefix,
         suffix=suffix, clean=clean, max_tokens=max_tokens, temperature=temp, top_k=top_k,
-        top_p=top_p, min_p=min_p, seed=seed, stop=tuple(stop), image_tokens=image_tokens,
+        top_p=top_p, min_p=min_p, seed=seed, stop=tuple(stop), image_tokens=planning.wishes.image_tokens,
         tiles=tiles, merge=str(merge), max_pixels=max_pixels, max_file_bytes=max_file_size,
         json_schema=json.dumps(json_schema, sort_keys=True) if json_schema else None)
     settings.validate()
@@ -140,10 +139,8 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
     if not dry_run:  # a dry run downloads nothing
         from .loading import model_paths
 
-        model, mmproj = model_paths(
-            model, mmproj, quiet=quiet,
-            probe_args=dict(device=device, free_memory=list(free_memory), gpu_overhead=gpu_overhead),
-            wishes=wishes_from(ctx, ngl, kv, image_tokens, n_images))
+        model, mmproj = model_paths(model, mmproj, quiet=quiet, probe_args=planning.probe_args,
+                                    wishes=planning.wishes)
     job = CaptionJob(found.items, settings, model=model or "(auto)", mmproj=mmproj, out=out, fmt=fmt,
                      existing=existing, separator=separator, root=root or found.root,
                      sidecar_ext=sidecar_ext,
@@ -170,9 +167,7 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
                     from .loading import load_engine
 
                     engine = load_engine(model, mmproj, verbose, system=settings.system, merge=merge,
-                                         n_ctx=ctx, n_gpu_layers=ngl, kv=kv, image_tokens=image_tokens,
-                                         images=n_images, device=device, free_memory=list(free_memory),
-                                         gpu_overhead=gpu_overhead, n_threads=threads,
+                                         wishes=planning.wishes, n_threads=threads, **planning.probe_args,
                                          n_seq_max=lambda plan: caption_slots(
                                              plan.n_ctx, plan.image_max_tokens, settings, parallel))
                     if merge.enabled and not engine.merging:

@@ -17,7 +17,6 @@ from .common import (
     max_pixels_option,
     plan_options,
     sampling_options,
-    wishes_from,
 )
 
 __all__ = ["chat"]
@@ -50,8 +49,8 @@ __all__ = ["chat"]
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
 def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, min_p, seed, stop,
-         tiles, evict, summary_prompt, merge, ctx, ngl, kv, image_tokens, n_images, free_memory,
-         device, gpu_overhead, threads, max_pixels, json_schema, show_stats, as_json, verbose) -> None:
+         tiles, evict, summary_prompt, merge, planning, threads, max_pixels, json_schema, show_stats,
+         as_json, verbose) -> None:
     """Chat with a vision-language model about images.
 
     \b
@@ -66,20 +65,17 @@ def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, 
     from .loading import load_engine, model_paths
     from .repl import ChatLoop
 
-    model, mmproj = model_paths(
-        model, mmproj, quiet=as_json,
-        probe_args=dict(device=device, free_memory=list(free_memory), gpu_overhead=gpu_overhead),
-        wishes=wishes_from(ctx, ngl, kv, image_tokens, n_images))
+    model, mmproj = model_paths(model, mmproj, quiet=as_json, probe_args=planning.probe_args,
+                                wishes=planning.wishes)
     session = SessionOptions(enabled=evict == "summary")
     if summary_prompt:
         session = SessionOptions(enabled=session.enabled, summary_prompt=summary_prompt)
-    options = EngineOptions(system=system, image_tokens=image_tokens, tiles=tiles, merge=merge,
+    options = EngineOptions(system=system, image_tokens=planning.wishes.image_tokens, tiles=tiles, merge=merge,
                             max_image_pixels=max_pixels, session=session)
     gen = dict(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                seed=seed, stop=list(stop), grammar=json_grammar(json_schema) if json_schema else None)
-    engine = load_engine(model, mmproj, verbose, options=options, n_ctx=ctx, n_gpu_layers=ngl, kv=kv,
-                         image_tokens=image_tokens, images=n_images, device=device,
-                         free_memory=list(free_memory), gpu_overhead=gpu_overhead, n_threads=threads)
+    engine = load_engine(model, mmproj, verbose, options=options, wishes=planning.wishes,
+                         n_threads=threads, **planning.probe_args)
     if merge.enabled and not engine.merging:
         echo_err(f"note: --merge ignored: {engine.backend.proj_info.projector_type} tokens are not on a "
                  f"spatial grid")

@@ -6,20 +6,22 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from dataclasses import dataclass
 
 import click
 
 from ..backend.sampling import SamplingParams
 from ..errors import EdgeVLMError
 from ..model.kv_types import KV_CHOICES
-from ..plan.devices import parse_size
+from ..plan.devices import Probe, parse_size, probe
+from ..plan.footprint import HOST_RESERVE
 from ..plan.planner import Wishes
 from ..vision.images import DEFAULT_MAX_PIXELS
 from ..vision.merge import MergeSpec
 
 __all__ = ["AutoInt", "CLIError", "ImageSize", "JsonSchemaFile", "Merge", "Size", "Tiles", "echo_err",
-           "handle_errors", "json_schema_option", "max_pixels_option", "plan_options",
-           "sampling_options", "wishes_from"]
+           "handle_errors", "json_schema_option", "max_pixels_option", "plan_options", "Planning",
+           "sampling_options"]
 
 
 class CLIError(click.ClickException):
@@ -110,8 +112,33 @@ class Size(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+@dataclass(frozen=True)
+class Planning:
+    """What the planner options of a command say: the wishes and the devices to plan for."""
+
+    wishes: Wishes
+    device: str | None = None
+    free_memory: tuple[str, ...] = ()
+    gpu_overhead: int | None = None
+
+    def probe(self) -> Probe:
+        return probe(self.device, list(self.free_memory), self.gpu_overhead)
+
+    @property
+    def probe_args(self) -> dict:
+        return dict(device=self.device, free_memory=list(self.free_memory), gpu_overhead=self.gpu_overhead)
+
+
 def plan_options(fn):
-    """Options shared by every command that loads through the planner."""
+    """Options shared by every command that loads through the planner; the command gets them as
+    one ``planning`` argument (a ``Planning``)."""
+    @functools.wraps(fn)
+    def wrapper(*args, ctx, ngl, kv, ubatch, image_tokens, n_images, host_reserve, free_memory, device,
+                gpu_overhead, **kwargs):
+        wishes = Wishes(n_ctx=ctx, image_tokens=image_tokens, images=n_images, kv=kv, n_gpu_layers=ngl,
+                        n_ubatch=ubatch, host_reserve=HOST_RESERVE if host_reserve is None else host_reserve)
+        return fn(*args, planning=Planning(wishes, device, tuple(free_memory), gpu_overhead), **kwargs)
+
     for opt in reversed([
         click.option("--ctx", type=AutoInt(), default="auto", show_default=True,
                      help="Context size in tokens, or auto (largest that fits, up to 8192)."),
@@ -119,21 +146,20 @@ def plan_options(fn):
                      help="Layers on the GPU (-1 = all), or auto."),
         click.option("--kv", type=click.Choice(["auto", *KV_CHOICES]), default="auto",
                      show_default=True, help="KV cache type."),
+        click.option("--ubatch", type=AutoInt(), default="auto", show_default=True,
+                     help="Micro-batch in tokens, or auto (512, lowered when memory is short)."),
         click.option("--image-tokens", type=click.IntRange(1), help="Token budget per image."),
         click.option("--images", "n_images", type=click.IntRange(0), default=1, show_default=True,
                      help="Images to keep in context at once."),
+        click.option("--host-reserve", type=Size(), default=None,
+                     help="Free RAM left to the process, not planned for [default: 512MiB]."),
         click.option("--free-memory", multiple=True, metavar="[DEV=]SIZE",
-                     help="What-if free memory per GPU (repeatable), e.g. 8GiB or CUDA0=6GiB."),
+                     help="What-if free memory per GPU (repeatable), e.g. 8GiB or CUDA0=6GiB; cpu=SIZE for RAM."),
         click.option("--device", help="cpu, or one GPU by name (CUDA0); default: all."),
         click.option("--gpu-overhead", type=Size(), help="Memory kept free per GPU [default: 384MiB]."),
     ]):
-        fn = opt(fn)
-    return fn
-
-
-def wishes_from(ctx, ngl, kv, image_tokens, n_images):
-    return Wishes(n_ctx=ctx, image_tokens=image_tokens, images=n_images, kv=kv,
-                  n_gpu_layers=ngl)
+        wrapper = opt(wrapper)
+    return wrapper
 
 
 def sampling_options(max_tokens: int, temp: float):

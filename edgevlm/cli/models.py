@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .common import handle_errors, plan_options, wishes_from
+from .common import handle_errors, plan_options
 
 __all__ = ["models", "pull", "rm"]
 
@@ -92,7 +92,7 @@ def pull(name, mmproj, verify, quiet) -> None:
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
 @handle_errors
-def models(check, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu_overhead, as_json) -> None:
+def models(check, planning, as_json) -> None:
     """List registry models and downloaded ones: size, local or not, and whether the plan says
     each fits this machine (--free-memory etc. plan for another one).
 
@@ -103,10 +103,9 @@ def models(check, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu
     from ..hub.listing import list_models
     from ..hub.registry import registry_path
     from ..hub.store import settings
-    from ..plan.devices import probe
 
-    pr = probe(device, list(free_memory), gpu_overhead)
-    rows = list_models(pr, wishes_from(ctx, ngl, kv, image_tokens, n_images), check=check)
+    pr = planning.probe()
+    rows = list_models(pr, planning.wishes, check=check)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return

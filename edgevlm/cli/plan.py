@@ -7,7 +7,7 @@ import os
 
 import click
 
-from .common import CLIError, handle_errors, plan_options, wishes_from
+from .common import CLIError, handle_errors, plan_options
 
 __all__ = ["plan"]
 
@@ -17,22 +17,22 @@ __all__ = ["plan"]
               help="GGUF path, registry name (llava-1.5-7b[:q8_0]), hf:owner/repo/file.gguf, or demo.")
 @click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
 @plan_options
+@click.option("--explain", is_flag=True, help="Show every lever in the degradation order and what it saved.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @handle_errors
-def plan(model, mmproj, ctx, ngl, kv, image_tokens, n_images, free_memory, device, gpu_overhead,
-         as_json) -> None:
+def plan(model, mmproj, planning, explain, as_json) -> None:
     """Plan GPU layers, context, KV types and the encoder's place from measured free memory.
 
     \b
     edgevlm plan -m model.gguf --mmproj mmproj.gguf
     edgevlm plan -m model.gguf --mmproj mmproj.gguf --free-memory 8GiB --json
+    edgevlm plan -m model.gguf --mmproj mmproj.gguf --free-memory 4GiB --explain
     """
-    from ..plan.devices import probe
     from ..plan.planner import make_plan
     from .render import render_plan
 
-    pr = probe(device, list(free_memory), gpu_overhead)
-    wishes = wishes_from(ctx, ngl, kv, image_tokens, n_images)
+    pr = planning.probe()
+    wishes = planning.wishes
     if os.path.isfile(model):
         p = make_plan(model, mmproj, pr, wishes)  # local files
     else:
@@ -42,6 +42,6 @@ def plan(model, mmproj, ctx, ngl, kv, image_tokens, n_images, free_memory, devic
     if as_json:
         click.echo(json.dumps(p.to_dict(), indent=2))
     else:
-        render_plan(p)
+        render_plan(p, explain=explain)
     if not p.fits:
         raise CLIError(p.refusal or "does not fit", 1)

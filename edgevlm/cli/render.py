@@ -9,7 +9,7 @@ __all__ = ["render_inspect", "render_plan"]
 _BAR = (("weights", "blue"), ("kv", "magenta"), ("compute", "yellow"), ("encoder", "green"))
 
 
-def render_plan(p, file=None) -> None:
+def render_plan(p, file=None, explain: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -62,10 +62,35 @@ def render_plan(p, file=None) -> None:
         legend.append("█", style=colour).append(f" {key}  ")
     legend.append("░", style="dim").append(" headroom")
     console.print(legend)
+    if p.levers or explain:
+        render_levers(console, p, explain)
     console.print("why:")
     for r in p.reasons:
         console.print(f"  - {r}")
 
+
+
+def render_levers(console, p, explain: bool) -> None:
+    """The degradation order as it went: each lever pulled, what changed, and the MiB it saved
+    on the device that was short (``explain``: the levers not needed too)."""
+    from rich.table import Table
+
+    from ..plan.planner import LEVERS
+
+    t = Table(title="levers, in the order tried", box=None, title_justify="left")
+    for col in ("lever", "change", "short before", "short after", "saved"):
+        t.add_column(col, justify="left" if col in ("lever", "change") else "right")
+    pulled = {lv.lever: lv for lv in p.levers}
+    done = False
+    for name in LEVERS:
+        lv = pulled.get(name)
+        if lv is not None:
+            t.add_row(name, lv.change, f"{lv.shortfall_before / 2**20:,.0f} MiB", f"{lv.shortfall_after / 2**20:,.0f} MiB",
+                      f"{lv.saved_bytes / 2**20:,.0f} MiB on {lv.device}")
+            done = lv.shortfall_after == 0
+        elif explain:
+            t.add_row(name, "not needed" if done or not p.levers else "not pulled", "", "", "")
+    console.print(t)
 
 
 def _mib(n: int) -> str:

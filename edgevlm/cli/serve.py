@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 import click
 
@@ -16,7 +17,6 @@ from .common import (
     handle_errors,
     max_pixels_option,
     plan_options,
-    wishes_from,
 )
 
 __all__ = ["serve"]
@@ -56,8 +56,8 @@ __all__ = ["serve"]
 @click.option("--verbose", "-v", is_flag=True, help="llama.cpp's logs and an access log.")
 @handle_errors
 def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tokens, timeout,
-          allow_private_urls, allow_path, model_id, tiles, merge, ctx, ngl, kv, image_tokens, n_images,
-          free_memory, device, gpu_overhead, threads, max_pixels, verbose) -> None:
+          allow_private_urls, allow_path, model_id, tiles, merge, planning, threads, max_pixels,
+          verbose) -> None:
     """Serve the OpenAI chat-completions API, with images, planned to never run out of memory.
 
     \b
@@ -69,7 +69,6 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
 
     from ..api import load
     from ..plan.context import ContextBudget
-    from ..plan.devices import probe
     from ..plan.planner import make_plan
     from ..runtime.engine import EngineOptions
     from ..serve.app import create_app
@@ -80,11 +79,10 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
 
     if parallel is not None and parallel < 1:
         raise CLIError(f"--parallel {parallel}: give 1 or more, or auto", 2)
-    wishes = wishes_from(ctx, ngl, kv, image_tokens, max(n_images, parallel or 1))
+    wishes = replace(planning.wishes, images=max(planning.wishes.images, parallel or 1), merge=str(merge))
     spec = model
-    model, mmproj = model_paths(model, mmproj, probe_args=dict(device=device, free_memory=list(free_memory),
-                                                                gpu_overhead=gpu_overhead), wishes=wishes)
-    measure = lambda: probe(device, list(free_memory), gpu_overhead)  # noqa: E731
+    model, mmproj = model_paths(model, mmproj, probe_args=planning.probe_args, wishes=wishes)
+    measure = planning.probe
     plan = make_plan(model, mmproj, measure(), wishes)
     render_plan(plan, file=sys.stderr)
     if not plan.fits:
@@ -95,7 +93,8 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
     options = ServeOptions(model_id=model_id or name, api_key=api_key,
                            queue=queue, max_body_bytes=max_body, max_tokens=max_tokens, timeout_s=timeout,
                            allow_private_urls=allow_private_urls, allow_paths=tuple(allow_path))
-    engine_options = EngineOptions(image_tokens=image_tokens, tiles=tiles, merge=merge, max_image_pixels=max_pixels)
+    engine_options = EngineOptions(image_tokens=wishes.image_tokens, tiles=tiles, merge=merge,
+                                   max_image_pixels=max_pixels)
     outcome = {"code": 0}
 
     def load_model():

@@ -16,7 +16,7 @@ that it can be decided *before* the encoder runs. Tests compare it with mtmd's o
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -41,6 +41,7 @@ class ProjectorFacts:
     arithmetic: bool = False  # edgevlm's Python token arithmetic covers it
     encoder_graph: str | None = None  # the clip graph the planner replays exactly (None: a bound)
     merge: int = 1  # spatial merge of the output grid (dynamic: from the GGUF, default 2)
+    non_causal: bool = False  # image tokens attend both ways: a chunk must fit one micro-batch
 
     @property
     def dynamic(self) -> bool:
@@ -58,7 +59,7 @@ PROJECTORS: dict[str, ProjectorFacts] = {
     "idefics3": ProjectorFacts("fixed", grid=False),
     "pixtral": ProjectorFacts("dynamic", grid=False),
     "llama4": ProjectorFacts("fixed", grid=False),
-    "gemma3": ProjectorFacts("fixed"),
+    "gemma3": ProjectorFacts("fixed", non_causal=True),
     "internvl": ProjectorFacts("fixed"),
     "qwen2vl_merger": ProjectorFacts("dynamic", "mrope", arithmetic=True,
                                      encoder_graph="qwen2vl_merger", merge=2),
@@ -75,10 +76,9 @@ def facts(proj: ProjectorInfo | str) -> ProjectorFacts:
     row = PROJECTORS.get(ptype, ProjectorFacts("fixed", grid=False))
     if not isinstance(proj, str):
         if row.kind == "fixed" and proj.image_grid_pinpoints and row.arithmetic:
-            row = ProjectorFacts("tiled", row.positions, row.grid, row.arithmetic, row.encoder_graph)
+            row = replace(row, kind="tiled")
         if row.dynamic and proj.spatial_merge_size:
-            row = ProjectorFacts(row.kind, row.positions, row.grid, row.arithmetic, row.encoder_graph,
-                                 int(proj.spatial_merge_size))
+            row = replace(row, merge=int(proj.spatial_merge_size))
     return row
 
 

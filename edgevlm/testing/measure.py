@@ -56,7 +56,8 @@ class Component:
         return abs(self.predicted - self.measured) <= max(rel * self.measured, abs_mib * MIB)
 
 
-def _sizes(lines: list[str]) -> dict[str, float]:
+def buffer_lines(lines: list[str]) -> dict[str, float]:
+    """``function:buffer:what`` → MiB for llama.cpp's buffer-size log lines (the largest seen)."""
     out: dict[str, float] = {}
     for line in lines:
         m = _LINE.match(line.strip())
@@ -102,7 +103,7 @@ def measure(model: str, mmproj: str, cfg: Config, n_threads: int = 2) -> list[Co
                 be.free_bitmap(bm)
         finally:
             be.close()
-    got = _sizes(lines)
+    got = buffer_lines(lines)
 
     def mib(*keys: str) -> int:
         return int(round(sum(got.get(k, 0.0) for k in keys) * MIB))
@@ -137,4 +138,5 @@ def components_dict(comps: list[Component]) -> dict:
     return {c.name: {**asdict(c), "error": c.error} for c in comps}
 
 
-__all__ = ["Config", "Component", "measure", "naive_estimate", "components_dict", "image_tokens"]
+__all__ = ["Config", "Component", "buffer_lines", "components_dict", "image_tokens", "largest_image", "measure",
+           "naive_estimate"]

@@ -1,0 +1,269 @@
+"""What a plan is and what a configuration costs: ``Wishes`` in, ``Plan`` out (per-device
+``Breakdown``s and the ``LeverStep``s tried), and ``Footprint``: the bytes one ``Config`` takes
+on each device (weights, KV, compute, encoder) and each device's budget. The order in which the
+levers are pulled is ``planner.py``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..backend.system import cpu_repacks
+from ..errors import InputError
+from ..model.kv_types import KV_CHOICES
+from ..model.gguf_info import GGUFFile, ProjectorInfo, TextModelInfo, projector_info, text_model_info
+from ..model.projectors import encoder_patches
+from ..vision.merge import MergeSpec
+from .context import DEFAULT_REPLY_TOKENS
+from .devices import Device, Probe
+from .estimate import (
+    TextTensors,
+    clip_compute_bytes,
+    kv_bytes,
+    kv_cells,
+    layer_devices,
+    text_compute_bytes,
+    weight_bytes,
+)
+
+__all__ = ["DEFAULT_DYNAMIC_IMAGE_TOKENS", "HOST_RESERVE", "MIB", "Breakdown", "Config", "DevicePlan",
+           "Footprint", "LeverStep", "Plan", "Wishes", "host_compute_bytes"]
+
+MIB = 2**20
+DEFAULT_DYNAMIC_IMAGE_TOKENS = 1024
+# Free RAM the plan leaves to the process itself (--host-reserve): measured here, Python with
+# edgevlm and llama.cpp's runtime take ~65 MiB, and decoding, resizing and tiling a 12-megapixel
+# JPEG adds ~170 MiB at its peak; the buffers the plan counts (weights, KV, compute, encoder) are
+# not in it.
+HOST_RESERVE = 256 * MIB
+
+
+@dataclass(frozen=True)
+class Wishes:
+    """What the user asked for; None means "choose for me"."""
+
+    n_ctx: int | None = None
+    min_ctx: int | None = None
+    image_tokens: int | None = None  # per image
+    images: int = 1  # images kept in context at once
+    kv: str = "auto"  # auto | f16 | q8_0 | q4_0
+    n_gpu_layers: int | None = None
+    flash_attn: bool | None = None
+    mmproj_on_gpu: bool | None = None
+    n_batch: int = 512
+    n_ubatch: int | None = None  # micro-batch; None: 512, lowered when memory is short
+    margin: float = 0.05  # fraction of usable memory kept free (larger when free is unknown)
+    host_reserve: int = HOST_RESERVE  # bytes of free RAM left to the process (Python, decoding)
+    reply_tokens: int = DEFAULT_REPLY_TOKENS  # the reply reserve the image count is planned with
+    merge: str = "off"  # visual token merging: ratio/tokens shrink what an image costs in context
+
+    def __post_init__(self) -> None:
+        if self.kv != "auto" and self.kv not in KV_CHOICES:
+            raise InputError(f"KV cache type {self.kv!r}: use auto or one of {', '.join(KV_CHOICES)}")
+        for name in ("n_ctx", "min_ctx", "image_tokens"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise InputError(f"{name} {v}: give a positive number, or None to let the plan choose")
+        for name in ("images", "reply_tokens", "n_batch", "n_ubatch", "host_reserve"):
+            v = getattr(self, name)
+            if v is not None and v < (0 if name in ("images", "host_reserve") else 1):
+                raise InputError(f"{name} {v}: out of range")
+        MergeSpec.parse(self.merge)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    weights: int = 0
+    kv: int = 0
+    compute: int = 0
+    mmproj_weights: int = 0
+    mmproj_compute: int = 0
+    other: int = 0  # logits buffer, host reserve for the process
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.compute + self.mmproj_weights + self.mmproj_compute + self.other
+
+    def to_dict(self) -> dict[str, int]:
+        d = asdict(self)
+        d["total"] = self.total
+        return d
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    name: str
+    kind: str
+    free_bytes: int
+    total_bytes: int
+    budget_bytes: int  # what the plan may use: free − driver overhead − margin
+    free_known: bool
+    predicted: Breakdown
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.budget_bytes - self.predicted.total
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "kind": self.kind, "free_bytes": self.free_bytes,
+            "total_bytes": self.total_bytes, "budget_bytes": self.budget_bytes,
+            "free_known": self.free_known, "predicted": self.predicted.to_dict(),
+            "headroom_bytes": self.headroom_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class LeverStep:
+    """One lever of the degradation order, as the search pulled it."""
+
+    lever: str  # "context" | "kv q8_0" | "micro-batch" | "image budget" | "gpu layers" | ...
+    change: str  # what changed: "8192 → 4096", "512 → 128", ...
+    shortfall_before: int  # bytes missing on the worst device before it
+    shortfall_after: int  # ... and after
+    device: str = ""  # where the shortfall was
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.shortfall_before - self.shortfall_after
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    mmproj: str
+    n_gpu_layers: int
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    type_k: str
+    type_v: str
+    flash_attn: bool
+    offload_kqv: bool
+    mmproj_on_gpu: bool
+    image_max_tokens: int
+    max_images_in_context: int
+    devices: tuple[DevicePlan, ...]
+    reasons: tuple[str, ...]
+    fits: bool
+    shortfall_bytes: int = 0
+    repack: bool = True
+    refusal: str | None = None  # why it cannot run, when fits is False
+    levers: tuple[LeverStep, ...] = ()  # what was tried, in order, and what each saved
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k not in ("devices", "reasons", "levers")}
+        d["devices"] = [dv.to_dict() for dv in self.devices]
+        d["reasons"] = list(self.reasons)
+        d["levers"] = [asdict(lv) for lv in self.levers]
+        return d
+
+    def backend_options(self) -> dict:
+        """Keyword arguments for ``Backend`` that realise this plan."""
+        return dict(
+            n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+            n_gpu_layers=self.n_gpu_layers, flash_attn=self.flash_attn, type_k=self.type_k,
+            type_v=self.type_v, offload_kqv=self.offload_kqv, mmproj_use_gpu=self.mmproj_on_gpu,
+            image_max_tokens=self.image_max_tokens if self.image_max_tokens > 0 else None,
+            op_offload=self.n_gpu_layers > 0,
+        )
+
+
+@dataclass
+class Config:
+    """One configuration the search tries (mutable while it searches)."""
+
+    ngl: int
+    n_ctx: int
+    type_k: str
+    type_v: str
+    flash_attn: bool
+    mmproj_gpu: bool
+    image_tokens: int
+    n_batch: int
+    n_ubatch: int
+    offload_kqv: bool = True
+    reasons: list[str] = field(default_factory=list)
+
+
+class Footprint:
+    """Predicts per-device bytes for a configuration, against each device's budget."""
+
+    def __init__(self, text_gf: GGUFFile, proj_gf: GGUFFile | None, probe: Probe, wishes: Wishes,
+                 repack: bool | None = None):
+        self.text_gf = text_gf
+        self.text: TextModelInfo = text_model_info(text_gf)
+        self.proj: ProjectorInfo | None = projector_info(proj_gf) if proj_gf is not None else None
+        self.proj_weights = proj_gf.weight_bytes if proj_gf is not None else 0
+        self.tensors = TextTensors.from_gguf(text_gf, self.text.n_layer)
+        self.probe = probe
+        self.wishes = wishes
+        self.repack = cpu_repacks() if repack is None else repack
+        self.gpus = probe.gpus
+        self.host = probe.host
+        self.budgets = [self._budget(d) for d in self.gpus] + [self._budget(self.host)]
+
+    # --- arithmetic -------------------------------------------------------------------
+    def margin(self, d: Device) -> float:
+        return self.wishes.margin if d.free_known else max(self.wishes.margin, 0.15)
+
+    def _budget(self, d: Device) -> int:
+        """What the plan may use on a device: its usable memory (free less a GPU's driver
+        overhead), less the host reserve on the CPU, less the margin."""
+        usable = d.usable_bytes
+        if d.kind == "cpu":
+            usable = max(0, usable - self.wishes.host_reserve)
+        return int(usable * (1 - self.margin(d)))
+
+    def encoder_patches(self, tokens: int) -> int:
+        """Patches the encoder sees for one chunk of the largest admitted image."""
+        return encoder_patches(self.proj, tokens) if self.proj is not None else 0
+
+    def predict(self, c: Config) -> list[Breakdown]:
+        """Breakdown per device: GPUs in probe order, then the host."""
+        t = self.text
+        splits = [float(g.usable_bytes or 1) for g in self.gpus]
+        devs = layer_devices(t.n_layer, c.ngl, splits)
+        host_w, gpu_w = weight_bytes(self.tensors, devs, self.repack)
+        kv = kv_bytes(t.n_layer, t.n_head_kv, t.head_dim, c.n_ctx, c.type_k, c.type_v, devs[: t.n_layer],
+                      c.offload_kqv, t.n_swa, None, c.n_ubatch)
+        compute = text_compute_bytes(t, c.n_ctx, c.n_ubatch, c.n_batch, c.flash_attn, c.type_k, c.type_v)
+        enc = 0
+        if self.proj is not None:
+            enc = clip_compute_bytes(self.proj, self.encoder_patches(c.image_tokens), c.flash_attn)
+        out = []
+        for i, _ in enumerate(self.gpus):
+            has_layers = i in devs
+            out.append(Breakdown(
+                weights=gpu_w.get(i, 0), kv=kv.get(i, 0),
+                # with no layer on a GPU the plan turns op offload off: no GPU compute buffer
+                compute=compute if has_layers else 0,
+                mmproj_weights=self.proj_weights if (c.mmproj_gpu and i == 0) else 0,
+                mmproj_compute=enc if (c.mmproj_gpu and i == 0) else 0,
+            ))
+        all_gpu = bool(self.gpus) and all(d >= 0 for d in devs)
+        host_compute = host_compute_bytes(t, kv_cells(c.n_ctx), c.n_ubatch) if all_gpu else compute
+        out.append(Breakdown(
+            weights=host_w.total, kv=kv.get(-1, 0), compute=host_compute,
+            mmproj_weights=0 if (c.mmproj_gpu and self.gpus) else self.proj_weights,
+            mmproj_compute=0 if (c.mmproj_gpu and self.gpus) else enc,
+            other=t.n_vocab * 4,
+        ))
+        return out
+
+    def shortfall(self, c: Config) -> int:
+        if c.type_v != "f16" and not c.flash_attn:
+            return 0  # not a memory question: refused before (quantized V needs FA)
+        return max(0, max(b.total - budget for b, budget in zip(self.predict(c), self.budgets)))
+
+    def worst_device(self, c: Config) -> tuple[str, int]:
+        """The device furthest over its budget, and by how much (bytes, ≤ 0 when it fits)."""
+        names = [g.name for g in self.gpus] + [self.host.name]
+        gaps = [b.total - budget for b, budget in zip(self.predict(c), self.budgets)]
+        i = max(range(len(gaps)), key=gaps.__getitem__)
+        return names[i], gaps[i]
+
+
+def host_compute_bytes(t: TextModelInfo, cells: int, n_ubatch: int) -> int:
+    """Host-side compute when every layer is on a GPU: inputs, mask and the logits copy."""
+    return n_ubatch * t.n_embd * 4 + cells * n_ubatch * 2 + t.n_vocab * 4 * 2
