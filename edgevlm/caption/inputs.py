@@ -86,6 +86,7 @@ class InputItem:
     path: str
     key: str
     explicit: bool = False  # named by the user (always an input), not found in a directory
+    data: bytes | None = field(default=None, repr=False, compare=False)  # read already (Ray Data)
 
     @property
     def name(self) -> str:

@@ -13,13 +13,14 @@ rerun). The CLI adds 2 for bad input and 1 when llama.cpp or the disk fails the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import InputError, OutputError
 from .inputs import InputItem, common_root
 from .outputs import RecordLog
+from .parquet import ParquetLog
 from .prepare import Preparer, ResumeIndex, StopToken
 from .runner import Captioner, CaptionResult
 from .settings import CaptionSettings, model_identity
@@ -28,7 +29,8 @@ from .sidecars import Metadata, Plain, Sidecars
 __all__ = ["CaptionJob", "CaptionSummary", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK"]
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 4, 130
-FORMATS = ("jsonl", "csv", "txt", "metadata")
+FORMATS = ("jsonl", "csv", "parquet", "txt", "metadata")
+DEFAULT_OUT = {"jsonl": "captions.jsonl", "csv": "captions.csv", "parquet": "captions.parquet"}
 POLICIES = ("skip", "overwrite", "append", "prepend")
 
 
@@ -118,13 +120,14 @@ class CaptionSummary:
 
 
 class CaptionJob:
-    """Caption ``items`` into ``out`` (``fmt`` jsonl/csv), or sidecars / metadata.jsonl (txt /
-    metadata, with the record log at ``out``), resuming whatever an earlier run did."""
+    """Caption ``items`` into ``out`` (``fmt`` jsonl/csv, or parquet: a folder of shards), or
+    sidecars / metadata.jsonl (txt / metadata, with the record log at ``out``), resuming whatever
+    an earlier run did."""
 
     def __init__(self, items: list[InputItem], settings: CaptionSettings, *, model: str, mmproj: str,
                  out: str | None = None, fmt: str = "jsonl", existing: str = "skip",
                  separator: str = " ", root: str | None = None, sidecar_ext: str = ".txt",
-                 retry_errors: bool = False):
+                 retry_errors: bool = False, identity: tuple[str, str] | None = None):
         if fmt not in FORMATS:
             raise InputError(f"--format {fmt}: use one of {', '.join(FORMATS)}")
         if existing not in POLICIES:
@@ -133,8 +136,10 @@ class CaptionJob:
         self.items = items
         self.settings = settings
         self.fmt = fmt
-        self.out = out or ("captions.csv" if fmt == "csv" else "captions.jsonl")
-        self.model_name, ident = model_identity(model, mmproj)
+        self.out = out or DEFAULT_OUT.get(fmt, "captions.jsonl")
+        # (name in records, identity in the resume key): from the files, or given (a cluster's
+        # driver that has no copy of them)
+        self.model_name, ident = identity or model_identity(model, mmproj)
         self.digest = settings.digest(ident, fmt if fmt in ("txt", "metadata") else "log")
         if fmt == "txt":
             self.deliverable: Plain = Sidecars(existing, separator, sidecar_ext)
@@ -143,10 +148,12 @@ class CaptionJob:
         else:
             self.deliverable = Plain(existing, separator, sidecar_ext)
         self.retry_errors = retry_errors
-        self.log = RecordLog(self.out, "csv" if fmt == "csv" else "jsonl")
+        self.log: RecordLog | ParquetLog = ParquetLog(self.out) if fmt == "parquet" else \
+            RecordLog(self.out, "csv" if fmt == "csv" else "jsonl")
         self.summary = CaptionSummary(total=len(items), out=self.out)
         self.index = ResumeIndex()
         self.conflicts: dict[str, str] = {}
+        self.written: set[str] = set()  # custom_ids in the log: a record is never written twice
 
     @property
     def metadata_path(self) -> str | None:
@@ -157,6 +164,8 @@ class CaptionJob:
         self.log.open()
         self.conflicts = self.deliverable.prepare(self.items)
         self.index = ResumeIndex(self.log.entries, self.digest, self.retry_errors)
+        dropped = {id(e) for e in self.index.drop}
+        self.written = {e.data["custom_id"] for e in self.log.entries if e.data and id(e) not in dropped}
         self.summary.other_settings = self.index.other_settings
         try:
             if self.index.drop:
@@ -171,6 +180,12 @@ class CaptionJob:
         prep = Preparer(None, self.settings, self.digest, self.deliverable, self.index, self.conflicts)
         return not all(prep.settled(it) for it in self.items)
 
+    def recorded_paths(self) -> set[str]:
+        """Paths with a record of these settings, read without locking (``--dry-run``)."""
+        log = self.log
+        entries = ParquetLog.peek(self.out) if isinstance(log, ParquetLog) else RecordLog.peek(self.out, log.fmt)
+        return {e.data.get("path") for e in entries if e.data.get("settings") == self.digest}
+
     def todo(self) -> int:
         """Inputs without a record of these settings (an upper bound of the work left)."""
         return sum(1 for it in self.items if self.index.get(it.path) is None)
@@ -181,15 +196,25 @@ class CaptionJob:
         """Caption with ``engine`` (None when ``needs_model()`` said no), up to ``slots`` images
         in flight (None: as many as its context has sequences)."""
         stop = stop or StopToken()
-        s = self.summary
         cap = Captioner(engine, self.settings, self.model_name, self.digest, self.deliverable,
                         self.index, self.conflicts, stop, prefetch, slots)
+
+        def after() -> None:
+            self.summary.wait_ms = cap.wait_s * 1000
+            self.summary.in_flight_max = cap.peak_in_flight
+
+        return self.consume(cap.run(self.items), stop=stop, on_result=on_result, after=after)
+
+    def consume(self, results: Iterable[CaptionResult], *, stop: StopToken | None = None,
+                on_result: Callable[[CaptionResult, CaptionSummary], None] | None = None,
+                after: Callable[[], None] | None = None) -> CaptionSummary:
+        """Write and count results as they come (from this process's Captioner, or from remote
+        actors), then finish the deliverable; Ctrl-C (KeyboardInterrupt) ends it cleanly."""
+        s = self.summary
         t0 = time.perf_counter()
         try:
-            for res in cap.run(self.items):
-                if res.record is not None:
-                    self._write(res)
-                self._account(res)
+            for res in results:
+                self.accept(res)
                 s.elapsed_s = time.perf_counter() - t0
                 if on_result is not None:
                     on_result(res, s)
@@ -197,12 +222,23 @@ class CaptionJob:
             s.interrupted = True
         finally:
             s.elapsed_s = time.perf_counter() - t0
-            s.wait_ms = cap.wait_s * 1000
-            s.in_flight_max = cap.peak_in_flight
+            if after is not None:
+                after()
             self._finish()
-        if stop.requested and s.remaining:
+        if stop is not None and stop.requested and s.remaining:
             s.interrupted = True
         return s
+
+    def accept(self, res: CaptionResult) -> bool:
+        """Write an image's outcome (from this process or a remote actor) and count it; False
+        when its record is already in the log (a retried batch's duplicate: nothing written)."""
+        if res.record is not None:
+            if res.record.custom_id in self.written:
+                return False
+            self._write(res)
+            self.written.add(res.record.custom_id)
+        self._account(res)
+        return True
 
     def _account(self, res: CaptionResult) -> None:
         s = self.summary
@@ -257,7 +293,10 @@ class CaptionJob:
             raise OutputError(f"{self.out}: cannot update ({exc.strerror or exc})") from None
 
     def close(self) -> None:
-        self.log.close()
+        try:
+            self.log.close()
+        except OSError as exc:  # the last Parquet shard
+            raise OutputError(f"{self.out}: cannot write ({exc.strerror or exc})") from None
 
     def __enter__(self) -> CaptionJob:
         return self.open()

@@ -23,12 +23,27 @@ from filelock import FileLock, Timeout
 
 from ..errors import InputError
 
-__all__ = ["CSV_COLUMNS", "ERROR_KINDS", "CaptionRecord", "Entry", "RecordLog", "atomic_write",
-           "commit_file", "csv_row", "fsync_dir", "lock_path", "stage_file"]
+__all__ = ["BATCH_LINES", "CAPTION_RECORDS", "CSV_COLUMNS", "ERROR_KINDS", "CaptionRecord", "Entry",
+           "LogKind", "RecordLog", "atomic_write", "commit_file", "csv_row", "fsync_dir", "lock_path",
+           "stage_file"]
 
 # io and runtime errors are retried by a rerun; output: the answer did not parse (--json-schema)
 ERROR_KINDS = ("input", "io", "context", "runtime", "output")
-_MARK = b'{"custom_id"'  # how every JSONL record starts
+
+
+@dataclass(frozen=True)
+class LogKind:
+    """What a log's JSONL lines are: how each starts (a torn tail is recognised by it), the keys
+    every one has, and what to call the file in messages."""
+
+    mark: bytes
+    keys: tuple[str, ...]
+    what: str
+    writer: str  # who holds the lock, for the "is writing it" message
+
+
+CAPTION_RECORDS = LogKind(b'{"custom_id"', ("custom_id", "path"), "caption file", "edgevlm caption run")
+BATCH_LINES = LogKind(b'{"id"', ("id", "custom_id"), "batch output file", "edgevlm batch run")
 
 
 @dataclass
@@ -185,11 +200,13 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class RecordLog:
-    """The append-only record file of a run (``jsonl`` or ``csv``)."""
+    """The append-only record file of a run (``jsonl`` or ``csv``): caption records, or (with
+    ``kind=BATCH_LINES``) the output lines of an OpenAI batch file."""
 
-    def __init__(self, path: str, fmt: str = "jsonl"):
+    def __init__(self, path: str, fmt: str = "jsonl", kind: LogKind = CAPTION_RECORDS):
         self.path = path
         self.fmt = fmt
+        self.kind = kind
         self.fd: int | None = None
         self.lock = FileLock(lock_path(path))
         self.entries: list[Entry] = []
@@ -207,7 +224,7 @@ class RecordLog:
         try:
             self.lock.acquire(timeout=0)
         except Timeout:
-            raise InputError(f"{self.path}: another edgevlm caption run is writing it") from None
+            raise InputError(f"{self.path}: another {self.kind.writer} is writing it") from None
         except OSError as exc:
             raise InputError(f"{self.path}: cannot lock ({exc.strerror or exc})") from None
         try:
@@ -221,7 +238,7 @@ class RecordLog:
         data = b""
         with open(self.path, "rb") as fh:
             data = fh.read()
-        keep = self._parse(data)
+        keep = self.parse(data)
         if keep < len(data):
             os.ftruncate(fd, keep)
             os.fsync(fd)
@@ -235,7 +252,7 @@ class RecordLog:
         csv.writer(buf, lineterminator="\n").writerow(CSV_COLUMNS)
         return buf.getvalue().encode()
 
-    def _parse(self, data: bytes) -> int:
+    def parse(self, data: bytes) -> int:
         """Index the records in ``data``; returns how many bytes are whole records."""
         return self._parse_csv(data) if self.fmt == "csv" else self._parse_jsonl(data)
 
@@ -249,16 +266,17 @@ class RecordLog:
                 obj = json.loads(raw)
             except ValueError:
                 obj = None
-            if isinstance(obj, dict) and "custom_id" in obj and "path" in obj:
+            if isinstance(obj, dict) and all(k in obj for k in self.kind.keys):
                 self.entries.append(Entry(obj, raw))
                 recognised = True
             else:
                 self.invalid_lines += 1
                 self.entries.append(Entry({}, raw))
         tail = data[end:]
-        torn_ok = tail.startswith(_MARK) or _MARK.startswith(tail[:len(_MARK)])
+        mark = self.kind.mark
+        torn_ok = tail.startswith(mark) or mark.startswith(tail[:len(mark)])
         if (data[:end].strip() and not recognised) or not torn_ok:
-            raise InputError(f"{self.path}: exists and is not a caption file (choose another --out)")
+            raise InputError(f"{self.path}: exists and is not a {self.kind.what} (choose another --out)")
         return end
 
     def _parse_csv(self, data: bytes) -> int:
@@ -294,13 +312,23 @@ class RecordLog:
         return end
 
     # --- write ---------------------------------------------------------------------------
-    def append(self, rec: CaptionRecord) -> None:
-        assert self.fd is not None, "open() the log first"
+    def _line(self, rec: CaptionRecord | dict[str, Any]) -> bytes:
         if self.fmt == "csv":
-            data = csv_row(rec)
-        else:
-            data = (json.dumps(rec.to_dict(), ensure_ascii=False) + "\n").encode("utf-8")
-        _write_all(self.fd, data)
+            assert isinstance(rec, CaptionRecord)
+            return csv_row(rec)
+        d = rec if isinstance(rec, dict) else rec.to_dict()
+        return (json.dumps(d, ensure_ascii=False) + "\n").encode("utf-8")
+
+    def append(self, rec: CaptionRecord | dict[str, Any]) -> None:
+        """One record (a ``CaptionRecord``, or a line's dict), on disk when this returns."""
+        self.append_many([rec])
+
+    def append_many(self, recs: Iterable[CaptionRecord | dict[str, Any]]) -> None:
+        """Several records in one write and one fsync (each line whole; a kill keeps a prefix)."""
+        assert self.fd is not None, "open() the log first"
+        data = b"".join(self._line(r) for r in recs)
+        if data:
+            _write_all(self.fd, data)
 
     def rewrite(self, keep: Iterable[Entry]) -> None:
         """Replace the file with ``keep`` (atomic; the lock stays held)."""
@@ -321,8 +349,8 @@ class RecordLog:
         gone = Counter(e.raw for e in drop)  # the earliest copies go, should a line repeat
         with open(self.path, "rb") as fh:
             data = fh.read()
-        now = RecordLog(self.path, self.fmt)
-        now._parse(data)
+        now = RecordLog(self.path, self.fmt, self.kind)
+        now.parse(data)
         keep = []
         for e in now.entries:
             if gone[e.raw] > 0:
@@ -334,12 +362,12 @@ class RecordLog:
         return len(now.entries) - len(keep)
 
     @classmethod
-    def peek(cls, path: str, fmt: str = "jsonl") -> list[Entry]:
+    def peek(cls, path: str, fmt: str = "jsonl", kind: LogKind = CAPTION_RECORDS) -> list[Entry]:
         """The records in ``path`` without locking or repairing it ([] if there is none)."""
-        log = cls(path, fmt)
+        log = cls(path, fmt, kind)
         try:
             with open(path, "rb") as fh:
-                log._parse(fh.read())
+                log.parse(fh.read())
         except (OSError, InputError):
             return []
         return log.entries

@@ -136,15 +136,23 @@ class Preparer:
 
     def _prepare(self, p: Prepared) -> Prepared:
         item, s = p.item, self.settings
+        given = item.data  # the bytes, when a reader elsewhere (Ray Data) already has them
         try:
             st = os.stat(item.path)
         except FileNotFoundError:
-            return self._fail(p, "io", "no such file")
+            if given is None:
+                return self._fail(p, "io", "no such file")
+            st = None
         except OSError as exc:
-            return self._fail(p, "io", f"cannot read ({exc.strerror or exc})")
-        p.bytes, p.mtime_ns = st.st_size, st.st_mtime_ns
+            if given is None:
+                return self._fail(p, "io", f"cannot read ({exc.strerror or exc})")
+            st = None
+        if given is not None and (st is None or st.st_size != len(given)):
+            st = None  # not this node's file (or it changed since it was read): no mtime
+        p.bytes = st.st_size if st is not None else len(given or b"")
+        p.mtime_ns = st.st_mtime_ns if st is not None else None
         prev = self.index.get(item.path)
-        if prev is not None and prev.data.get("bytes") == st.st_size and \
+        if prev is not None and st is not None and prev.data.get("bytes") == st.st_size and \
                 prev.data.get("mtime_ns") == st.st_mtime_ns:
             p.status, p.reason, p.previous = "skip", "done", prev.data
             return p
@@ -154,16 +162,19 @@ class Preparer:
         if reason:
             p.status, p.reason = "skip", reason
             return p
-        if os.path.isdir(item.path):
+        if given is None and os.path.isdir(item.path):
             return self._fail(p, "input", "is a directory, not an image")
-        if st.st_size > s.max_file_bytes:
-            return self._fail(p, "input", f"{st.st_size:,} bytes is over the file size limit of "
+        if p.bytes > s.max_file_bytes:
+            return self._fail(p, "input", f"{p.bytes:,} bytes is over the file size limit of "
                                           f"{s.max_file_bytes:,} (--max-file-size)")
-        try:
-            with open(item.path, "rb") as fh:
-                data = fh.read()
-        except OSError as exc:
-            return self._fail(p, "io", f"cannot read ({exc.strerror or exc})")
+        if given is not None:
+            data = given
+        else:
+            try:
+                with open(item.path, "rb") as fh:
+                    data = fh.read()
+            except OSError as exc:
+                return self._fail(p, "io", f"cannot read ({exc.strerror or exc})")
         p.sha256 = hashlib.sha256(data).hexdigest()
         if prev is not None:
             if prev.data.get("sha256") == p.sha256:

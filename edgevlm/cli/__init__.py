@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from .batch import batch
 from .budget import budget
 from .caption import caption
 from .chat import chat
@@ -26,7 +27,7 @@ def main() -> None:
     """Run GGUF vision-language models through llama.cpp, planned to fit in memory."""
 
 
-for _cmd in (chat, caption, serve, plan, budget, inspect, pull, models, rm):
+for _cmd in (chat, caption, batch, serve, plan, budget, inspect, pull, models, rm):
     main.add_command(_cmd)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -68,11 +68,10 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
     import uvicorn
 
     from ..api import load
-    from ..plan.context import ContextBudget
     from ..plan.planner import make_plan
     from ..runtime.engine import EngineOptions
     from ..serve.app import create_app
-    from ..serve.options import ServeOptions
+    from ..serve.options import ServeOptions, serve_slots
     from .common import CLIError
     from .loading import model_paths
     from .render import render_plan
@@ -87,8 +86,7 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
     render_plan(plan, file=sys.stderr)
     if not plan.fits:
         raise CLIError(plan.refusal or "does not fit", 1)
-    slots = parallel or ContextBudget(plan.n_ctx).prompts_in_flight(
-        plan.image_max_tokens or 576, max_tokens, ContextBudget.shared_prefix(None), 4)
+    slots = serve_slots(plan.n_ctx, plan.image_max_tokens, max_tokens, parallel)
     name = spec if spec and not os.path.isfile(spec) else os.path.splitext(os.path.basename(model))[0]
     options = ServeOptions(model_id=model_id or name, api_key=api_key,
                            queue=queue, max_body_bytes=max_body, max_tokens=max_tokens, timeout_s=timeout,

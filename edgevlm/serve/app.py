@@ -31,53 +31,55 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..backend.system import json_grammar
 from ..plan.devices import format_size
-from ..runtime.conversation import Conversation, Message, Picture
 from ..runtime.engine import Engine
-from ..vision.budget import render_views
 from .media import fetch_image
 from .openai import (
     APIError,
     ChatRequest,
     ImageRef,
     chunk_body,
-    completion_body,
     error_body,
     error_for,
     parse_chat_request,
     usage_body,
 )
 from .options import ServeOptions
-from .worker import Job, Worker
+from .service import LOW_DETAIL_TOKENS, ChatService
+from .worker import Job
 
 __all__ = ["Server", "create_app"]
 
 log = logging.getLogger("edgevlm.serve")
 STATIC = Path(__file__).resolve().parent / "static"  # the web page: plain HTML, CSS, JS
-LOW_DETAIL_TOKENS = 256  # image_url.detail = "low": a dynamic encoder's budget, and no tiles
 
 
 class Server:
-    """The model (loaded in a thread while the app already answers) and its worker."""
+    """The model (loaded in a thread while the app already answers) and its chat service."""
 
     def __init__(self, model: Engine | Callable[[], Engine], options: ServeOptions,
                  on_error: Callable[[BaseException], None] | None = None):
         self.options = options
         self.started = time.time()
         self.engine: Engine | None = model if isinstance(model, Engine) else None
-        self.worker: Worker | None = None
+        self.service: ChatService | None = None
         self.error: BaseException | None = None
         self._load = None if isinstance(model, Engine) else model
         self._on_error = on_error
 
     @property
     def state(self) -> str:
-        return "ready" if self.worker is not None else "error" if self.error is not None else "loading"
+        return "ready" if self.service is not None else "error" if self.error is not None else "loading"
 
     def start(self) -> None:
         if self._load is None:
@@ -95,106 +97,34 @@ class Server:
 
     def _ready(self, engine: Engine) -> None:
         self.engine = engine
-        worker = Worker(engine, self.options)
-        worker.start()
-        self.worker = worker
+        service = ChatService(engine, self.options)
+        service.start()
+        self.service = service
 
     def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
+        if self.service is not None:
+            self.service.stop()
         if self._load is not None and self.engine is not None:  # ours: loaded here
             self.engine.close()
 
     # --- one chat request ------------------------------------------------------------------
-    def prepare(self, req: ChatRequest) -> tuple[Conversation, list[int], list[str]]:
-        """Fetch, decode and budget the request's pictures and run them past the guard
-        (blocking: called in a thread). Returns the conversation (pictures numbered from 1),
-        each message's place in the request, and notices. With ``evict`` older pictures may
-        give way to summaries, so only the last message's must fit the image room."""
-        eng, opts = self.engine, self.options
-        assert eng is not None
-        notices: list[str] = []
-        room = eng.scheduler.budget.image_room(req.max_tokens or opts.max_tokens)
-        low = replace(eng.image_budget, tiles="off",
-                      tokens=min(eng.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS))
-        conv, places = Conversation(), []
-        for i, m in enumerate(req.messages):
-            views, labels, numbers = [], [], []
-            last = i == len(req.messages) - 1
-            for ref in m.images:
-                n = len(conv.pictures) + 1
-                img = fetch_image(ref, opts, eng.options.max_image_pixels, ref.name or f"image {n}")
-                plan = (low if ref.detail == "low" else eng.image_budget).plan(img)
-                notices += [f"image {n}: {note}" for note in plan.notes]
-                conv.pictures.append(Picture(n, replace(img, source=ref.name), plan.total_tokens))
-                for label, view in render_views(img, plan):
-                    if eng.guard is not None:
-                        adm = eng.guard.admit(view, room if (last or not req.evict) else eng.n_ctx)
-                        if last or not req.evict:
-                            room -= adm.tokens
-                        view = adm.image
-                        if adm.notice:
-                            notices.append(adm.notice)
-                    views.append(view)
-                    labels.append(label)
-                    numbers.append(n)
-            conv.messages.append(Message(m.role, m.text, views, labels=labels, pictures=numbers))
-            places.append(m.index)
-        return conv, places, notices
-
     async def chat(self, request: HTTPRequest) -> Response:
-        worker = self.worker
-        assert worker is not None and self.engine is not None
-        worker.check_capacity()  # before any work
+        service = self.service
+        assert service is not None
+        service.worker.check_capacity()  # before reading the body
         body = await read_body(request, self.options.max_body_bytes)
         try:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise APIError(f"the body is not valid JSON ({exc})") from None
         req = parse_chat_request(data)
-        grammar = None
-        if req.response_format != "text":
-            grammar = await run_in_threadpool(json_grammar, req.json_schema)
-        conv, places, notices = await run_in_threadpool(self.prepare, req)
-        sched = self.engine.scheduler
-        job = Job(conv, req.system, replace(req.sampling, grammar=grammar),
-                  req.max_tokens or self.options.max_tokens, req.stop + tuple(sched.default_stops),
-                  time.monotonic() + self.options.timeout_s, asyncio.get_running_loop(), notices,
-                  evict=req.evict, places=places)
-        worker.submit(job)
-        try:
-            kind, value = await next_event(job, request, worker)
-        except BaseException:
-            worker.cancel(job)
-            raise
-        if kind == "error":
-            raise value
-        model = req.model or self.options.model_id
+        job = await service.submit(req, request.is_disconnected)
         if req.stream:
-            return StreamingResponse(self._sse(job, req, model, worker), media_type="text/event-stream",
+            return StreamingResponse(self._sse(job, req, service.model_name(req)), media_type="text/event-stream",
                                      headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
-        return await self._whole(job, request, model, worker)
+        return JSONResponse(await service.whole(job, req, request.is_disconnected))
 
-    async def _whole(self, job: Job, request: HTTPRequest, model: str, worker: Worker) -> Response:
-        parts: list[str] = []
-        try:
-            while True:
-                kind, value = await next_event(job, request, worker)
-                if kind == "text":
-                    parts.append(value.text)
-                elif kind == "error":
-                    raise value
-                elif kind == "done":
-                    break
-        except BaseException:
-            worker.cancel(job)
-            raise
-        seq = value
-        finish = "length" if job.timed_out else seq.finish_reason
-        return JSONResponse(completion_body(job.id, model, "".join(parts), finish, seq.stats, job.extension(),
-                                            job.created))
-
-    async def _sse(self, job: Job, req: ChatRequest, model: str, worker: Worker) -> AsyncIterator[str]:
+    async def _sse(self, job: Job, req: ChatRequest, model: str) -> AsyncIterator[str]:
         def event(obj: dict) -> str:
             return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
 
@@ -219,7 +149,8 @@ class Server:
                     break
             yield "data: [DONE]\n\n"
         finally:  # the client went away (or we are done): free its sequence now
-            worker.cancel(job)
+            assert self.service is not None
+            self.service.worker.cancel(job)
 
     def budget(self, body: Any) -> dict[str, Any]:
         """What a picture will cost before anything is encoded (the ``edgevlm budget`` view):
@@ -245,9 +176,10 @@ class Server:
                                "uptime_s": round(time.time() - self.started, 1)}
         if self.error is not None:
             out["error"] = str(self.error)
-        eng, worker = self.engine, self.worker
-        if eng is None or worker is None:
+        eng = self.engine
+        if eng is None or self.service is None:
             return out
+        worker = self.service.worker
         sched = eng.scheduler
         plan = eng.plan
         rss = psutil.Process().memory_info().rss
@@ -309,17 +241,6 @@ async def read_body(request: HTTPRequest, limit: int) -> bytes:
             raise too_big
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-async def next_event(job: Job, request: HTTPRequest, worker: Worker) -> tuple[str, Any]:
-    """The job's next event; a client that disconnects meanwhile cancels it."""
-    while True:
-        try:
-            return await asyncio.wait_for(job.events.get(), timeout=0.25)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                worker.cancel(job)
-                raise asyncio.CancelledError("client disconnected") from None
 
 
 def _error_response(exc: BaseException) -> JSONResponse:

@@ -82,6 +82,8 @@ def _fetch_url(url: str, opts: ServeOptions) -> bytes:
 
 
 def _read_path(path: str, opts: ServeOptions) -> bytes:
+    if opts.path_base and not os.path.isabs(path):
+        path = os.path.join(opts.path_base, path)
     real = os.path.realpath(path)
     roots = [os.path.realpath(r) for r in opts.allow_paths]
     if not any(os.path.commonpath([real, r]) == r for r in roots):

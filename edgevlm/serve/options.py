@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ServeOptions"]
+from ..plan.context import ContextBudget
+
+__all__ = ["ServeOptions", "serve_slots"]
+
+DEFAULT_PARALLEL = 4  # requests generated together when the context holds them
 
 
 @dataclass(frozen=True)
@@ -18,6 +22,16 @@ class ServeOptions:
     retry_after_s: int = 2  # what a 503 tells clients to wait
     allow_private_urls: bool = False  # image URLs resolving to loopback / private / link-local
     allow_paths: tuple[str, ...] = ()  # folders whose files a request may name as images
+    path_base: str | None = None  # relative image paths are read from here (None: the current folder)
     url_max_bytes: int = 32 * 2**20  # an image URL's body is cut off (and refused) past this
     url_timeout_s: float = 15.0
     url_max_redirects: int = 3
+
+
+def serve_slots(n_ctx: int, image_max_tokens: int | None, max_tokens: int, parallel: int | None = None) -> int:
+    """Sequences for a server (or batch file) on a context of ``n_ctx``: ``parallel``, or as
+    many one-picture requests with a ``max_tokens`` reply as fit, up to ``DEFAULT_PARALLEL``."""
+    if parallel:
+        return parallel
+    return ContextBudget(n_ctx).prompts_in_flight(image_max_tokens or 576, max_tokens,
+                                                  ContextBudget.shared_prefix(None), DEFAULT_PARALLEL)

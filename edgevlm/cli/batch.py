@@ -1,0 +1,278 @@
+"""``edgevlm batch``: answer an OpenAI batch file (``/v1/chat/completions`` lines), resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import click
+
+from .common import (
+    AutoInt,
+    CLIError,
+    Merge,
+    Tiles,
+    echo_err,
+    handle_errors,
+    max_pixels_option,
+    plan_options,
+)
+from .signals import StopSignals
+
+__all__ = ["batch"]
+
+EXIT_CODES = """\b
+Exit codes: 0 every line answered · 4 some lines got an error (their output lines carry a 4xx/5xx
+status_code or "error") · 2 the file is unusable (unreadable, not a batch file), bad options ·
+1 llama.cpp, Ray or the disk failed the run · 130 interrupted: run the same command again."""
+
+
+@click.command(epilog=EXIT_CODES)
+@click.argument("requests", type=click.Path(dir_okay=False))
+@click.option("--out", "-o", metavar="PATH", help="Output file [default: REQUESTS_output.jsonl].")
+@click.option("--model", "-m",
+              help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
+                   "(default: the largest registry model that fits; $EDGEVLM_MODEL).")
+@click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
+@click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(1),
+              help="Reply length for requests that name no max_tokens.")
+@click.option("--parallel", type=AutoInt(), default="auto", show_default=True,
+              help="Requests generated together in one batch (auto: up to 4, as many as the context holds).")
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds one request may take (a 503 line when it does not finish; a rerun asks again).")
+@click.option("--allow-path", multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="Another folder whose images lines may name by path (the requests file's folder and the "
+                   "current one always are; relative paths are read from the current folder).")
+@click.option("--allow-private-urls", is_flag=True,
+              help="Fetch image URLs that resolve to loopback, private or link-local addresses.")
+@click.option("--tiles", type=Tiles(), default="auto", show_default=True,
+              help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
+@click.option("--merge", "merge", type=Merge(), default="off", show_default=True,
+              help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.")
+@plan_options
+@click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
+@max_pixels_option("Images with more pixels get a 400 line (decompression-bomb guard).")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="Answer on Ray: local, auto, HOST:PORT or ray://HOST:PORT (pip install 'edgevlm[ray]').")
+@click.option("--actors", type=AutoInt(), default="auto", show_default=True,
+              help="--ray: actors, each loading the model once (auto: one per GPU, else one per node).")
+@click.option("--ray-batch", default=16, show_default=True, type=click.IntRange(1),
+              help="--ray: lines per actor call (what a killed actor's retry redoes).")
+@click.option("--progress", type=click.Choice(["auto", "bar", "json", "none"]), default="auto",
+              show_default=True, help="auto: a bar when stderr is a terminal; json: one object per line.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress and no summary (errors still show).")
+@click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
+@handle_errors
+def batch(requests, out, model, mmproj, max_tokens, parallel, timeout, allow_path, allow_private_urls, tiles,
+          merge, planning, threads, max_pixels, ray_address, actors, ray_batch, progress, quiet, verbose) -> None:
+    """Answer an OpenAI batch file: one output line per custom_id, as `edgevlm serve` answers.
+
+    \b
+    edgevlm batch requests.jsonl --out results.jsonl -m llava-1.5-7b
+    edgevlm batch requests.jsonl --out results.jsonl -m llava-1.5-7b --ray auto
+
+    Lines: {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions", "body": {...}}.
+    Run the same command again after a crash or Ctrl-C: answered custom_ids are skipped.
+    """
+    from dataclasses import replace
+
+    from ..caption.prepare import StopToken
+    from ..runtime.engine import EngineOptions
+    from ..serve.batchfile import BatchOutput, read_batch_file
+    from ..serve.options import ServeOptions
+
+    if parallel is not None and parallel < 1:
+        raise CLIError(f"--parallel {parallel}: give 1 or more, or auto", 2)
+    if actors is not None and ray_address is None:
+        raise CLIError("--actors needs --ray", 2)
+    data = read_batch_file(requests)
+    out = out or os.path.splitext(requests)[0] + "_output.jsonl"
+    if os.path.abspath(out) == os.path.abspath(requests):
+        raise CLIError(f"--out {out}: is the requests file itself", 2)
+    ui = BatchView("none" if quiet else progress, quiet)
+    for dup in data.duplicates:
+        ui.note(f"note: line {dup.number}: custom_id {dup.custom_id!r} came on an earlier line; not answered")
+    wishes = replace(planning.wishes, images=max(planning.wishes.images, parallel or 1), merge=str(merge))
+    folder = os.path.dirname(os.path.abspath(requests))
+    options = ServeOptions(model_id="edgevlm", queue=parallel or 4, max_tokens=max_tokens, timeout_s=timeout,
+                           allow_private_urls=allow_private_urls, path_base=os.getcwd(),
+                           allow_paths=tuple(dict.fromkeys([folder, os.getcwd(), *map(os.path.abspath, allow_path)])))
+    engine_options = EngineOptions(image_tokens=wishes.image_tokens, tiles=tiles, merge=merge,
+                                   max_image_pixels=max_pixels)
+    output = BatchOutput(data, out).open()
+    token = StopToken()
+    sig = StopSignals(token, ui, "request(s)")
+    try:
+        todo = output.todo()
+        ui.start(output, len(todo))
+        if not todo:
+            pass
+        elif ray_address is not None:
+            _on_ray(output, ray_address, model, mmproj, wishes, planning, threads, parallel, actors, ray_batch,
+                    verbose, options, engine_options, ui, sig)
+        else:
+            _here(output, todo, model, mmproj, wishes, planning, threads, parallel, verbose, quiet, options,
+                  engine_options, ui, sig)
+    finally:
+        output.close()
+    ui.finish(output.summary)
+    sys.exit(output.summary.exit_code)
+
+
+def _here(output, todo, model, mmproj, wishes, planning, threads, parallel, verbose, quiet, options,
+          engine_options, ui, sig) -> None:
+    from ..serve.batchfile import error_line
+    from ..serve.batchrun import run_lines
+    from ..serve.options import serve_slots
+    from .loading import load_engine, model_paths
+
+    engine = None
+    spec = model
+    with sig:
+        try:
+            if any(ln.ok for ln in todo):
+                model, mmproj = model_paths(model, mmproj, quiet=quiet, probe_args=planning.probe_args, wishes=wishes)
+                engine = load_engine(model, mmproj, verbose, wishes=wishes, options=engine_options, n_threads=threads,
+                                     n_seq_max=lambda plan: serve_slots(plan.n_ctx, plan.image_max_tokens,
+                                                                        options.max_tokens, parallel),
+                                     **planning.probe_args)
+                options = _named(options, spec, model)
+            sig.running = True
+            if engine is None:  # only lines that are not requests: answered without a model
+                for line in todo:
+                    _emit(output, error_line(line), ui)
+            else:
+                run_lines(engine, todo, lambda d, line: _emit(output, d, ui), options, sig.token)
+        except KeyboardInterrupt:
+            output.summary.interrupted = True
+        finally:
+            sig.closing = True
+            ui.stop()
+            if engine is not None:
+                engine.close()
+    if sig.token.requested and output.summary.remaining:
+        output.summary.interrupted = True
+
+
+def _named(options, spec: str | None, path: str):
+    """The model name bodies carry when a request names none: the name given (a registry name),
+    else the model file's stem — as ``edgevlm serve`` names it."""
+    from dataclasses import replace
+
+    name = spec if spec and not os.path.isfile(spec) else os.path.splitext(os.path.basename(path))[0]
+    return replace(options, model_id=name)
+
+
+def _emit(output, d, ui) -> None:
+    if output.write(d):
+        ui.update(d, output.summary)
+
+
+def _on_ray(output, address, model, mmproj, wishes, planning, threads, parallel, actors, batch_size, verbose,
+            options, engine_options, ui, sig) -> None:
+    from dataclasses import replace
+
+    from ..cluster.batch import answer_on_ray
+    from ..cluster.connect import connect
+    from .ray_run import ray_layout, ray_preflight, ray_spec
+
+    spec_name = model
+    _, model, mmproj = ray_preflight(model, mmproj, "jsonl", False)
+    options = _named(options, spec_name, model)
+    with connect(address, verbose=verbose) as cluster, sig:
+        lay = ray_layout(cluster, actors, threads, ui)
+        spec = replace(ray_spec(model, mmproj, replace(planning, wishes=wishes), parallel, verbose),
+                       threads=lay.threads)
+        try:
+            sig.running = True
+            answer_on_ray(output, spec, lay, options, engine_options, batch_size=batch_size, stop=sig.token,
+                          on_line=lambda d, line: ui.update(d, output.summary))
+        except KeyboardInterrupt:
+            output.summary.interrupted = True
+        finally:
+            sig.closing = True
+            ui.stop()
+
+
+class BatchView:
+    """stderr: a rich bar (terminal), JSON lines (``--progress json``), or only the summary;
+    a line that failed is always named."""
+
+    def __init__(self, mode: str, quiet: bool):
+        self.mode = "bar" if mode == "auto" and sys.stderr.isatty() else ("none" if mode == "auto" else mode)
+        self.quiet = quiet
+        self.bar = None
+        self.task = None
+        self.n = 0
+        self.t0 = time.monotonic()
+
+    def note(self, msg: str) -> None:
+        if self.quiet:
+            return
+        if self.mode == "json":
+            self._emit({"event": "note", "message": msg})
+        elif self.bar is not None:
+            self.bar.console.print(msg, markup=False, highlight=False)
+        else:
+            echo_err(msg)
+
+    def _emit(self, obj: dict) -> None:
+        sys.stderr.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        sys.stderr.flush()
+
+    def start(self, output, todo: int) -> None:
+        self.t0 = time.monotonic()
+        s = output.summary
+        if self.mode == "json":
+            self._emit({"event": "start", "total": s.total, "todo": todo, "out": output.out})
+        elif self.mode == "bar" and todo:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+
+            self.bar = Progress(SpinnerColumn(), TextColumn("answering"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[counts]}"), console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("batch", total=todo, counts="")
+
+    def update(self, d: dict, summary) -> None:
+        self.n += 1
+        resp = d.get("response") or {}
+        status = resp.get("status_code")
+        err = d.get("error") or ((resp.get("body") or {}).get("error") if status != 200 else None)
+        message = (err or {}).get("message") if isinstance(err, dict) else None
+        if self.mode == "json":
+            ev = {"event": "line", "n": self.n, "custom_id": d.get("custom_id"), "status_code": status,
+                  "answered": summary.answered, "failed": summary.failed}
+            if message:
+                ev["error"] = message
+            self._emit(ev)
+            return
+        if message:
+            text = f"failed: {d.get('custom_id') or '(no custom_id)'}: " + (f"{status} " if status else "") + message
+            if self.bar is not None:
+                from rich.text import Text
+
+                self.bar.console.print(Text(text, style="red"))
+            else:
+                echo_err(text)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.n,
+                            counts=f"answered {summary.answered} · failed {summary.failed}")
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+    def finish(self, summary) -> None:
+        self.stop()
+        if self.mode == "json":
+            self._emit({"event": "summary", **summary.to_dict()})
+            return
+        if self.quiet:
+            return
+        for line in summary.lines():
+            echo_err(line)
+        echo_err(f"output: {summary.out}")

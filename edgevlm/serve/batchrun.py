@@ -1,0 +1,80 @@
+"""Answering batch-file lines on a ``ChatService``: as many in flight as the scheduler has
+sequences (plus a short queue whose pictures are decoded ahead), each answered exactly as
+``edgevlm serve`` answers it. Used in this process (``edgevlm batch``) and inside Ray actors
+(``edgevlm batch --ray``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..caption.prepare import StopToken
+from ..runtime.engine import Engine
+from .batchfile import BatchLine, error_line, response_line
+from .openai import error_for, parse_chat_request
+from .options import ServeOptions
+from .service import ChatService
+
+__all__ = ["answer_line", "answer_lines", "run_lines"]
+
+OnLine = Callable[[dict[str, Any], BatchLine], None]
+
+
+async def answer_line(service: ChatService, line: BatchLine) -> dict[str, Any]:
+    """One line's output: the answer, or its error as the server would send it."""
+    if not line.ok:
+        return error_line(line)
+    assert line.custom_id is not None and line.body is not None
+    try:
+        req = parse_chat_request(line.body)
+        return response_line(line.custom_id, 200, await service.complete(req))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # every failure is an output line, never a crash
+        status, body, _ = error_for(exc)
+        return response_line(line.custom_id, status, body)
+
+
+async def answer_lines(service: ChatService, lines: Iterable[BatchLine], on_line: OnLine,
+                       stop: StopToken | None = None) -> None:
+    """Answer ``lines``, up to the service's capacity at once; ``on_line`` hears each output
+    line as it finishes. ``stop.requested``: start nothing new, finish what runs;
+    ``stop.abandoned``: cancel what runs too (a rerun asks again)."""
+    stop = stop or StopToken()
+    window = max(1, service.capacity)
+    source = iter(lines)
+    running: dict[asyncio.Task, BatchLine] = {}
+    try:
+        while True:
+            while len(running) < window and not stop.requested:
+                line = next(source, None)
+                if line is None:
+                    break
+                if not line.ok:
+                    on_line(error_line(line), line)
+                    continue
+                running[asyncio.ensure_future(answer_line(service, line))] = line
+            if not running:
+                return
+            done, _ = await asyncio.wait(list(running), timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                on_line(task.result(), running.pop(task))
+            if stop.abandoned:
+                return
+    finally:
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+
+def run_lines(engine: Engine, lines: Iterable[BatchLine], on_line: OnLine, options: ServeOptions,
+              stop: StopToken | None = None) -> None:
+    """Start a chat service on ``engine``, answer ``lines``, stop it."""
+    service = ChatService(engine, options)
+    service.start()
+    try:
+        asyncio.run(answer_lines(service, lines, on_line, stop))
+    finally:
+        service.stop()
