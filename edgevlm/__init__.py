@@ -10,6 +10,7 @@ from .api import load
 from .backend.sampling import SamplingParams
 from .errors import (
     BackendError,
+    ClusterError,
     DoesNotFit,
     DownloadError,
     EdgeVLMError,
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendError",
+    "ClusterError",
     "ChatResult",
     "DoesNotFit",
     "DownloadError",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "ClusterError",
     "DoesNotFit",
     "DownloadError",
     "EdgeVLMError",
@@ -86,3 +87,7 @@ class DownloadError(EdgeVLMError):
 
 class IntegrityError(DownloadError):
     """A downloaded file does not have the hub's sha256."""
+
+
+class ClusterError(EdgeVLMError):
+    """A Ray cluster could not be reached, or its actors failed the whole run."""

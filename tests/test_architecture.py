@@ -17,9 +17,10 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "edgevlm"
 MAX_LINES = 600
-# Lower layers never import higher ones (errors, the package root and the testing kit — GGUF
-# writers any layer may ask for a demo pair, a measuring harness, a stand-in hub — are outside).
-LAYERS = ["model", "backend", "vision", "plan", "runtime", ("caption", "hub", "serve"), "api", "cli"]
+# Lower layers never import higher ones; peers in one tuple may import each other (cluster runs
+# edgevlm.load in its actors). Outside the layers: errors, the package root and the testing kit
+# (GGUF writers any layer may ask for a demo pair, a measuring harness, a stand-in hub).
+LAYERS = ["model", "backend", "vision", "plan", "runtime", ("caption", "hub", "serve"), ("api", "cluster"), "cli"]
 
 
 def modules() -> dict[str, Path]:
@@ -195,7 +196,7 @@ NO_POSIX = textwrap.dedent("""
     for name in ("fcntl", "resource", "termios"):
         sys.modules.pop(name, None)
 
-    import edgevlm, edgevlm.cli, edgevlm.caption
+    import edgevlm, edgevlm.cli, edgevlm.caption, edgevlm.cluster, edgevlm.serve.batchfile
     from edgevlm.caption.outputs import CaptionRecord, RecordLog
     from edgevlm.caption.prepare import ResumeIndex
     from edgevlm.caption.sidecars import Metadata

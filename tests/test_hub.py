@@ -448,3 +448,25 @@ def test_rm_removes_files_and_keeps_shared_projector(env, hub):
     assert not (env / "hf" / "hub" / ("models--" + LLAVA_REPO.replace("/", "--"))).exists()
     assert_one_line_error(run_here("rm", "llava-tiny"), 2, "not downloaded")
     assert_one_line_error(run_here("rm", "lava-tiny"), 2, "did you mean llava-tiny")
+
+
+def test_a_cluster_node_fetches_each_file_once_and_the_driver_none(env, hub, pairs):
+    """Ray actors on one node call ``local_files`` at the same time: the files come down once
+    (the others wait on the lock, then find them cached); the driver's ``file_identity`` — part
+    of the caption resume key — reads the hub's listing and downloads nothing."""
+    from edgevlm.caption.settings import model_identity
+    from edgevlm.hub.download import file_identity
+
+    ident = file_identity("qwen-tiny")
+    assert content_gets(hub) == []
+    code = "from edgevlm.hub.download import local_files; print(repr(local_files('qwen-tiny')))"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=dict(os.environ)) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    assert len({o[0] for o in outs}) == 1
+    assert sorted(r.path.rsplit("/", 1)[-1] for r in content_gets(hub)) == sorted(
+        [hub.sha256(QWEN_REPO, QWEN_Q4), hub.sha256(QWEN_REPO, QWEN_PROJ)])
+    model, mmproj = eval(outs[0][0])
+    assert Path(model).read_bytes() == pairs["qwen25vl"].model.read_bytes()
+    assert "+".join(ident) == model_identity(model, mmproj)[1]  # the same key before and after the pull

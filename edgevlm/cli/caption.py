@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
-import time
-from collections import deque
-from typing import Any
 
 import click
 
@@ -24,6 +19,8 @@ from .common import (
     plan_options,
     sampling_options,
 )
+from .progress import ProgressView
+from .signals import StopSignals
 
 EXIT_CODES = """\b
 Exit codes: 0 every image has a caption · 4 some images failed (their records have "error") ·
@@ -44,10 +41,11 @@ the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to cont
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip files / folders matching (repeatable).")
 @click.option("--shard", metavar="I/N", help="Caption only shard I of N (1-based; deterministic split).")
 @click.option("--out", "-o", metavar="PATH",
-              help="Record file [default: captions.jsonl, captions.csv with --format csv]; "
+              help="Record file [default: captions.jsonl, captions.csv, captions.parquet/]; "
                    "{shard} becomes I-of-N with --shard.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "txt", "metadata"]), default="jsonl",
-              show_default=True, help="txt: <stem>.txt beside each image; metadata: HF imagefolder metadata.jsonl.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet", "txt", "metadata"]), default="jsonl",
+              show_default=True, help="parquet: a folder of shards (pip install 'edgevlm[parquet]'); txt: "
+                                      "<stem>.txt beside each image; metadata: HF imagefolder metadata.jsonl.")
 @click.option("--existing", type=click.Choice(["skip", "overwrite", "append", "prepend"]), default="skip",
               show_default=True, help="txt / metadata: what to do with a caption already there.")
 @click.option("--separator", default=" ", show_default=True, help="Joins old and new caption (append/prepend).")
@@ -80,13 +78,20 @@ the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to cont
               show_default=True, help="auto: a bar when stderr is a terminal; json: one object per line.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary (errors still show).")
 @click.option("--dry-run", is_flag=True, help="List the images this run would work on, and stop.")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="Caption on Ray: local (a Ray instance started here), auto, HOST:PORT or ray://HOST:PORT "
+                   "(pip install 'edgevlm[ray]').")
+@click.option("--actors", type=AutoInt(), default="auto", show_default=True,
+              help="--ray: captioning actors, each loading the model once (auto: one per GPU, else one per node).")
+@click.option("--ray-batch", default=16, show_default=True, type=click.IntRange(1),
+              help="--ray: images per actor call (what a killed actor's retry redoes).")
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
 def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude, shard, out, fmt,
             existing, separator, root, sidecar_ext, prompt, system, prefix, suffix, clean, max_tokens,
             temp, top_k, top_p, min_p, seed, stop, tiles, merge, json_schema, planning, threads, max_pixels,
             max_file_size, retry_errors,
-            parallel, prefetch, progress, quiet, dry_run, verbose) -> None:
+            parallel, prefetch, progress, quiet, dry_run, ray_address, actors, ray_batch, verbose) -> None:
     """Caption images in bulk: files, folders, globs or a list; resumable.
 
     \b
@@ -94,13 +99,19 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
     edgevlm caption -m ... --mmproj ... photos/ --format txt --prefix "ohwx, " --clean
     find . -name '*.jpg' | edgevlm caption -m ... --mmproj ... --from-list - --format csv
     edgevlm caption -m ... --mmproj ... photos/ -r --shard 2/4 --out part2.jsonl
+    edgevlm caption -m llava-1.5-7b photos/ -r --ray auto --format parquet
 
     Run the same command again after a crash or Ctrl-C: images already captioned (same image
     bytes, prompt, model and settings) are skipped; each record is written atomically.
     """
-    from ..caption import DEFAULT_PROMPT, CaptionJob, CaptionSettings, StopToken, caption_slots
+    from ..caption import (
+        DEFAULT_PROMPT,
+        CaptionJob,
+        CaptionSettings,
+        StopToken,
+        caption_slots,
+    )
     from ..caption.inputs import discover, parse_shard
-    from ..caption.outputs import RecordLog
 
     if not inputs and from_list is None:
         raise CLIError("give images, folders or globs to caption, or --from-list FILE", 2)
@@ -136,18 +147,23 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
             hints.append(f"{found.dirs_not_entered} folder(s) not entered (use --recursive)")
         raise CLIError("no images found" + (f": {'; '.join(hints)}" if hints else ""), 2)
 
-    if not dry_run:  # a dry run downloads nothing
+    identity = None
+    if ray_address is not None:
+        from .ray_run import ray_preflight
+
+        identity, model, mmproj = ray_preflight(model, mmproj, fmt, dry_run)
+    elif actors is not None:
+        raise CLIError("--actors needs --ray", 2)
+    elif not dry_run:  # a dry run downloads nothing
         from .loading import model_paths
 
         model, mmproj = model_paths(model, mmproj, quiet=quiet, probe_args=planning.probe_args,
                                     wishes=planning.wishes)
     job = CaptionJob(found.items, settings, model=model or "(auto)", mmproj=mmproj, out=out, fmt=fmt,
                      existing=existing, separator=separator, root=root or found.root,
-                     sidecar_ext=sidecar_ext,
-                     retry_errors=retry_errors)
+                     sidecar_ext=sidecar_ext, retry_errors=retry_errors, identity=identity)
     if dry_run:
-        have = {e.data.get("path") for e in RecordLog.peek(job.out, job.log.fmt)
-                if e.data.get("settings") == job.digest}
+        have = job.recorded_paths()
         for it in found.items:
             click.echo(it.path)
         ui.note(f"{len(found.items)} image(s), {sum(1 for it in found.items if it.path in have)} with a "
@@ -155,7 +171,16 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
         return
     job.open()
     token = StopToken()
-    sig = _signals(token, ui)
+    sig = StopSignals(token, ui)
+    if ray_address is not None:
+        from .ray_run import caption_with_ray
+
+        try:
+            summary = caption_with_ray(job, ray_address, model, mmproj, planning, threads, parallel, actors,
+                                       ray_batch, verbose, ui, sig)
+        finally:
+            job.close()
+        sys.exit(summary.exit_code)
     engine = None
     try:
         with sig:
@@ -191,167 +216,6 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
     finally:
         job.close()
     sys.exit(summary.exit_code)
-
-
-class _signals:
-    """Ctrl-C / SIGTERM. First: finish the images in progress (one, or up to --parallel), then
-    stop (exit 130, summary). Second: abandon them at the next token. Third, or second while the model loads: exit
-    at once — safe, since every record on disk is complete (the kernel drops the lock)."""
-
-    def __init__(self, token, ui):
-        self.token = token
-        self.ui = ui
-        self.saved: dict[int, Any] = {}
-        self.closing = False
-        self.running = False  # the caption loop has started (it checks the token)
-        self.count = 0
-
-    def _handler(self, signum, frame):
-        if self.closing:
-            return
-        self.count += 1
-        if self.count == 1:
-            self.token.request()
-            self.ui.note("finishing the image(s) in progress, then stopping (Ctrl-C again to stop now)"
-                         if self.running else "stopping once the model has loaded (Ctrl-C again to quit now)")
-        elif self.count == 2 and self.running:
-            self.token.abandon()
-            self.ui.note("stopping now: the image(s) in progress are left for the next run")
-        else:
-            self.ui.stop()
-            print("stopped", file=sys.stderr, flush=True)
-            os._exit(130)
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self.saved[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc):
-        # We are exiting anyway: a late Ctrl-C must not turn exit code 130 into a traceback.
-        self.closing = True
-        for sig in self.saved:
-            signal.signal(sig, signal.SIG_IGN)
-
-
-class ProgressView:
-    """stderr output: a rich bar (terminal), JSON lines (``--progress json``), or only
-    failures and the summary."""
-
-    def __init__(self, mode: str, quiet: bool):
-        if mode == "auto":
-            mode = "bar" if sys.stderr.isatty() else "none"
-        self.mode = mode
-        self.quiet = quiet
-        self.bar = None
-        self.task = None
-        self.events: deque[tuple[float, int]] = deque(maxlen=32)  # (time, images processed)
-        self.n = 0
-        self.total = 0
-
-    def _emit(self, obj: dict) -> None:
-        sys.stderr.write(json.dumps(obj, ensure_ascii=False) + "\n")
-        sys.stderr.flush()
-
-    def note(self, msg: str) -> None:
-        if self.quiet:
-            return
-        if self.mode == "json":
-            self._emit({"event": "note", "message": msg})
-        elif self.bar is not None:
-            self.bar.console.print(msg, markup=False, highlight=False)
-        else:
-            print(msg, file=sys.stderr, flush=True)
-
-    def error(self, msg: str) -> None:
-        if self.mode == "json":
-            return  # carried by the image event
-        if self.bar is not None:
-            from rich.text import Text
-
-            self.bar.console.print(Text(msg, style="red"))  # a style= would colour the bar too
-        else:
-            print(msg, file=sys.stderr, flush=True)
-
-    def start(self, job, fmt: str) -> None:
-        self.total = len(job.items)
-        if self.mode == "json":
-            self._emit({"event": "start", "total": self.total, "todo": job.todo(), "out": job.out,
-                        "format": fmt, "model": job.model_name, "settings": job.digest,
-                        "metadata": job.metadata_path})
-        elif self.mode == "bar":
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
-
-            self.bar = Progress(
-                SpinnerColumn(), TextColumn("captioning"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]} img/s · ETA {task.fields[eta]} · {task.fields[counts]}"),
-                console=Console(stderr=True), transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("caption", total=self.total, rate="-", eta="-",
-                                          counts="")
-        self.t0 = time.monotonic()
-
-    def _rate(self) -> float | None:
-        if len(self.events) < 2:
-            return None
-        (t0, n0), (t1, n1) = self.events[0], self.events[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else None
-
-    def update(self, res, summary) -> None:
-        self.n += 1
-        if res.status != "skipped":
-            self.events.append((time.monotonic(), summary.done + summary.failed))
-        rate = self._rate()
-        left = self.total - self.n
-        eta = left / rate if rate else None
-        rec = res.record
-        if res.status == "failed" and rec is not None:
-            self.error(f"failed: {rec.path}: {rec.error}")
-        if self.mode == "json":
-            ev = {"event": "image", "n": self.n, "total": self.total, "path": res.item.path,
-                  "status": res.status, "done": summary.done, "skipped": summary.skipped,
-                  "failed": summary.failed, "images_per_s": round(rate, 3) if rate else None,
-                  "eta_s": round(eta, 1) if eta is not None else None}
-            if res.reason:
-                ev["reason"] = res.reason
-            if rec is not None:
-                ev["custom_id"] = rec.custom_id
-                if rec.error:
-                    ev["error"] = rec.error
-                else:
-                    st = rec.stats or {}
-                    ev.update(predicted_n=st.get("predicted_n"), cached_n=st.get("cached_n"),
-                              ms=st.get("total_ms"))
-            self._emit(ev)
-        elif self.bar is not None:
-            counts = f"done {summary.done} · skipped {summary.skipped} · failed {summary.failed}"
-            self.bar.update(self.task, completed=self.n, rate=f"{rate:.2f}" if rate else "-",
-                            eta=_fmt_eta(eta), counts=counts)
-
-    def finish(self, summary, job) -> None:
-        self.stop()
-        if self.mode == "json":
-            self._emit({"event": "summary", **summary.to_dict()})
-            return
-        if self.quiet:
-            return
-        for line in summary.lines():
-            print(line, file=sys.stderr)
-        where = job.metadata_path or ("caption files beside the images" if job.fmt == "txt" else None)
-        print(f"records: {job.out}" + (f" · captions: {where}" if where else ""), file=sys.stderr)
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
-
-
-def _fmt_eta(eta: float | None) -> str:
-    if eta is None:
-        return "-"
-    eta = int(eta)
-    return f"{eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}" if eta >= 3600 else f"{eta // 60}:{eta % 60:02d}"
 
 
 __all__ = ["caption"]

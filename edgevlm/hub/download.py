@@ -24,10 +24,10 @@ from typing import Any
 
 from ..errors import DownloadError, InputError, IntegrityError
 from .registry import FileRef, RemoteFile, ResolvedModel, is_mmproj_name, load_registry, resolve, unknown_name_message
-from .store import cached_listing, cached_path, hf, hf_utils, map_error, repo_cache_dir, settings
+from .store import cached_listing, cached_path, edgevlm_cache_dir, hf, hf_utils, map_error, repo_cache_dir, settings
 
 __all__ = ["Digest", "DownloadResult", "PullResult", "download", "ensure_local", "expected_digest",
-           "hash_file", "pull", "remove", "remove_cached_file"]
+           "file_identity", "hash_file", "local_files", "pull", "remove", "remove_cached_file"]
 
 _HASH_CHUNK = 8 * 2**20
 
@@ -218,6 +218,55 @@ def ensure_local(r: ResolvedModel, *, progress: bool = True, refresh: bool = Fal
 
     out.resolved = replace(r, model=refs["model"], mmproj=refs["mmproj"])
     return out
+
+
+def local_files(spec: str, mmproj: str | None = None, *, progress: bool = False,
+                on_file: Callable[[str, RemoteFile], None] | None = None) -> tuple[str, str]:
+    """(model, mmproj) paths on this machine. Local paths are used as they are (a shared
+    folder on a cluster); names and ``hf:`` specs come from the hub cache, downloaded first under
+    a machine-wide lock, so however many processes ask at once (Ray actors on one node) the
+    files come down once and the others wait, then find them cached."""
+    from filelock import FileLock
+
+    r = resolve(spec, mmproj)
+    if r.mmproj is None:
+        raise InputError(f"{r.name}: no vision projector found; pass --mmproj")
+    if not r.is_local:
+        cache = edgevlm_cache_dir()
+        cache.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(cache / "fetch.lock")):
+            r = resolve(spec, mmproj)  # another process may have fetched it meanwhile
+            if not r.is_local:
+                r = ensure_local(r, progress=progress, on_file=on_file).resolved
+    model, proj = r.local_paths()
+    assert proj is not None
+    return model, proj
+
+
+def file_identity(spec: str, mmproj: str | None = None) -> tuple[str, str]:
+    """(model file, mmproj file) as ``name:size`` without downloading: from the files when they
+    are here, from the hub's listing otherwise (so a cluster's driver knows a model's identity —
+    part of every caption's resume key — without holding its weights)."""
+    r = resolve(spec, mmproj)
+    if r.mmproj is None:
+        raise InputError(f"{r.name}: no vision projector found; pass --mmproj")
+
+    def one(ref: FileRef) -> str:
+        if ref.local is not None:
+            return f"{os.path.basename(ref.local)}:{os.path.getsize(ref.local)}"
+        rf = ref.remote
+        assert rf is not None
+        s = settings()
+        try:
+            infos = hf().HfApi(endpoint=s.endpoint).get_paths_info(rf.repo, [rf.file], revision=rf.revision)
+        except Exception as exc:  # noqa: BLE001
+            raise map_error(exc, rf.spec, s) from None
+        size = next((getattr(i, "size", None) for i in infos if getattr(i, "path", None) == rf.file), None)
+        if size is None:
+            raise InputError(f"{rf.spec}: no such file in the repository on {s.endpoint}")
+        return f"{os.path.basename(rf.file)}:{size}"
+
+    return one(r.model), one(r.mmproj)
 
 
 def pull(spec: str, mmproj: str | None = None, **kw: Any) -> PullResult:

@@ -1,0 +1,129 @@
+"""The stateful Ray actors: each loads its model once and then takes batches of rows.
+
+``CaptionActor`` gets rows of image bytes and paths (Ray Data's ``read_binary_files``) and
+returns one caption record per row; ``BatchActor`` gets batch-file lines and returns their
+output lines. Both load through ``ActorSpec``: the model files are made local on the node once
+(the hub cache under a machine-wide lock, or a path every node shares), and actors on one node
+load one after another, each planning from the memory its node has free at that moment — so the
+second actor's plan sees what the first one took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from typing import Any
+
+from filelock import FileLock
+
+from ..api import load
+from ..caption.inputs import InputItem
+from ..caption.outputs import Entry
+from ..caption.prepare import ResumeIndex
+from ..caption.runner import Captioner
+from ..caption.settings import CaptionSettings, caption_slots
+from ..hub.download import local_files
+from ..plan.planner import Wishes
+from ..runtime.engine import Engine, EngineOptions
+from ..serve.batchfile import BatchLine
+from ..serve.batchrun import answer_lines
+from ..serve.options import ServeOptions, serve_slots
+from ..serve.service import ChatService
+
+__all__ = ["ActorSpec", "BatchActor", "CaptionActor", "bound", "decode_result", "encode_result"]
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """How every actor gets its engine (pickled to each of them)."""
+
+    model: str  # a path every node sees, a registry name or an hf: spec
+    mmproj: str | None
+    wishes: Wishes
+    threads: int | None = None
+    parallel: int | None = None  # requests / images in flight per actor (None: what the context holds)
+    verbose: bool = False
+
+
+def _load_lock() -> FileLock:
+    return FileLock(os.path.join(tempfile.gettempdir(), "edgevlm-ray-load.lock"))
+
+
+def _load(spec: ActorSpec, **kw: Any) -> Engine:
+    with _load_lock():  # one download, and one measurement-then-load at a time, per node
+        model, mmproj = local_files(spec.model, spec.mmproj)
+        return load(model, mmproj, wishes=spec.wishes, n_threads=spec.threads, verbose=spec.verbose, **kw)
+
+
+def encode_result(res: Any) -> str:
+    return json.dumps({"status": res.status, "reason": res.reason,
+                       "record": res.record.to_dict() if res.record is not None else None}, ensure_ascii=False)
+
+
+def decode_result(text: str) -> dict[str, Any]:
+    return json.loads(text)
+
+
+class CaptionActor:
+    """Captions image rows (``bytes``, ``path``) with one engine, several images in flight."""
+
+    def __init__(self, spec: ActorSpec, settings: CaptionSettings, model_name: str, digest: str,
+                 previous: list[dict[str, Any]] | None = None):
+        self.engine = _load(spec, system=settings.system, merge=settings.merge,
+                            n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens, settings,
+                                                                 spec.parallel))
+        self.settings = settings
+        self.model_name = model_name
+        self.digest = digest
+        # earlier records of files that changed (or could not be checked) on the driver: an
+        # unchanged image (same sha256) is skipped here instead of captioned again
+        self.index = ResumeIndex([Entry(d, b"") for d in previous or []], digest)
+        self.parallel = spec.parallel
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
+        items = [InputItem(str(p), str(p), True, data=bytes(b)) for p, b in zip(batch["path"], batch["bytes"],
+                                                                                   strict=True)]
+        cap = Captioner(self.engine, self.settings, self.model_name, self.digest, index=self.index,
+                        prefetch=2, slots=self.parallel)
+        out = {"path": [], "result": []}
+        for res in cap.run(items):
+            out["path"].append(res.item.path)
+            out["result"].append(encode_result(res))
+        return out
+
+
+class BatchActor:
+    """Answers batch-file lines with one engine and its chat service, many in flight."""
+
+    def __init__(self, spec: ActorSpec, options: ServeOptions, engine_options: EngineOptions):
+        wishes = replace(spec.wishes, images=max(spec.wishes.images, spec.parallel or 1))
+        self.engine = _load(replace(spec, wishes=wishes), options=engine_options,
+                            n_seq_max=lambda plan: serve_slots(plan.n_ctx, plan.image_max_tokens,
+                                                               options.max_tokens, spec.parallel))
+        self.service = ChatService(self.engine, options)
+        self.service.start()
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
+        import asyncio
+
+        lines = []
+        for text in batch["line"]:
+            d = json.loads(str(text))
+            lines.append(BatchLine(d["number"], d["custom_id"], d["body"]))
+        answers: list[str] = []
+        asyncio.run(answer_lines(self.service, lines, lambda out, line: answers.append(json.dumps(out))))
+        return {"answer": answers}
+
+
+def bound(cls: type, **kwargs: Any) -> type:
+    """``cls`` with its constructor arguments built in. Ray ships the class itself to every
+    actor (and again to a restarted one), so nothing it needs lives in the object store, where
+    a restart could find it gone."""
+    class Bound(cls):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__(**kwargs)
+
+    Bound.__name__ = Bound.__qualname__ = cls.__name__
+    return Bound
