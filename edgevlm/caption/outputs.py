@@ -25,7 +25,7 @@ from ..errors import InputError
 
 __all__ = ["BATCH_LINES", "CAPTION_RECORDS", "CSV_COLUMNS", "ERROR_KINDS", "CaptionRecord", "Entry",
            "LogKind", "RecordLog", "atomic_write", "commit_file", "csv_row", "fsync_dir", "lock_path",
-           "stage_file"]
+           "stage_file", "take_lock"]
 
 # io and runtime errors are retried by a rerun; output: the answer did not parse (--json-schema)
 ERROR_KINDS = ("input", "io", "context", "runtime", "output")
@@ -183,6 +183,16 @@ def atomic_write(path: str, data: bytes) -> None:
     commit_file(stage_file(path, data), path)
 
 
+def take_lock(lock: FileLock, path: str, writer: str) -> None:
+    """Lock ``path`` for this run, or say in one line why not (another run has it)."""
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise InputError(f"{path}: another {writer} is writing it") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot lock ({exc.strerror or exc})") from None
+
+
 def _write_all(fd: int, data: bytes) -> None:
     """One ``write`` (looped only if the kernel writes less); a failure cuts the file back."""
     start = os.fstat(fd).st_size
@@ -221,12 +231,7 @@ class RecordLog:
         if os.path.isdir(self.path):
             raise InputError(f"{self.path}: is a directory (--out names the caption file)")
         created = not os.path.exists(self.path)
-        try:
-            self.lock.acquire(timeout=0)
-        except Timeout:
-            raise InputError(f"{self.path}: another {self.kind.writer} is writing it") from None
-        except OSError as exc:
-            raise InputError(f"{self.path}: cannot lock ({exc.strerror or exc})") from None
+        take_lock(self.lock, self.path, self.kind.writer)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_BINARY", 0), 0o666)
         except OSError as exc:

@@ -22,10 +22,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from filelock import FileLock, Timeout
+from filelock import FileLock
 
 from ..errors import InputError
-from .outputs import CaptionRecord, Entry, commit_file, fsync_dir, lock_path, stage_file
+from .outputs import CaptionRecord, Entry, commit_file, fsync_dir, lock_path, stage_file, take_lock
 
 __all__ = ["PARQUET_COLUMNS", "ParquetLog", "parquet_row", "pyarrow_module", "read_records"]
 
@@ -133,12 +133,7 @@ class ParquetLog:
             raise InputError(f"{self.path}: is a file; --format parquet writes a folder of shards "
                              "(choose another --out)")
         os.makedirs(self.path, exist_ok=True)
-        try:
-            self.lock.acquire(timeout=0)
-        except Timeout:
-            raise InputError(f"{self.path}: another edgevlm caption run is writing it") from None
-        except OSError as exc:
-            raise InputError(f"{self.path}: cannot lock ({exc.strerror or exc})") from None
+        take_lock(self.lock, self.path, "edgevlm caption run")
         self._opened = True
         for tmp in glob.glob(os.path.join(glob.escape(self.path), ".*.edgevlm-tmp")):  # a kill mid-write
             try:

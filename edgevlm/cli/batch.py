@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 
 import click
 
 from .common import (
     AutoInt,
     CLIError,
-    Merge,
-    Tiles,
     echo_err,
     handle_errors,
     max_pixels_option,
+    merge_option,
     plan_options,
+    threads_option,
+    tiles_option,
 )
+from .progress import StderrView
 from .signals import StopSignals
 
 __all__ = ["batch"]
@@ -47,12 +47,10 @@ status_code or "error") · 2 the file is unusable (unreadable, not a batch file)
                    "current one always are; relative paths are read from the current folder).")
 @click.option("--allow-private-urls", is_flag=True,
               help="Fetch image URLs that resolve to loopback, private or link-local addresses.")
-@click.option("--tiles", type=Tiles(), default="auto", show_default=True,
-              help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
-@click.option("--merge", "merge", type=Merge(), default="off", show_default=True,
-              help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.")
+@tiles_option
+@merge_option
 @plan_options
-@click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
+@threads_option
 @max_pixels_option("Images with more pixels get a 400 line (decompression-bomb guard).")
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="Answer on Ray: local, auto, HOST:PORT or ray://HOST:PORT (pip install 'edgevlm[ray]').")
@@ -196,34 +194,10 @@ def _on_ray(output, address, model, mmproj, wishes, planning, threads, parallel,
             ui.stop()
 
 
-class BatchView:
-    """stderr: a rich bar (terminal), JSON lines (``--progress json``), or only the summary;
-    a line that failed is always named."""
-
-    def __init__(self, mode: str, quiet: bool):
-        self.mode = "bar" if mode == "auto" and sys.stderr.isatty() else ("none" if mode == "auto" else mode)
-        self.quiet = quiet
-        self.bar = None
-        self.task = None
-        self.n = 0
-        self.t0 = time.monotonic()
-
-    def note(self, msg: str) -> None:
-        if self.quiet:
-            return
-        if self.mode == "json":
-            self._emit({"event": "note", "message": msg})
-        elif self.bar is not None:
-            self.bar.console.print(msg, markup=False, highlight=False)
-        else:
-            echo_err(msg)
-
-    def _emit(self, obj: dict) -> None:
-        sys.stderr.write(json.dumps(obj, ensure_ascii=False) + "\n")
-        sys.stderr.flush()
+class BatchView(StderrView):
+    """A batch run's progress: answered / failed counts; a line that failed is always named."""
 
     def start(self, output, todo: int) -> None:
-        self.t0 = time.monotonic()
         s = output.summary
         if self.mode == "json":
             self._emit({"event": "start", "total": s.total, "todo": todo, "out": output.out})
@@ -250,21 +224,11 @@ class BatchView:
             self._emit(ev)
             return
         if message:
-            text = f"failed: {d.get('custom_id') or '(no custom_id)'}: " + (f"{status} " if status else "") + message
-            if self.bar is not None:
-                from rich.text import Text
-
-                self.bar.console.print(Text(text, style="red"))
-            else:
-                echo_err(text)
+            self.error(f"failed: {d.get('custom_id') or '(no custom_id)'}: " + (f"{status} " if status else "")
+                       + message)
         if self.bar is not None:
             self.bar.update(self.task, completed=self.n,
                             counts=f"answered {summary.answered} · failed {summary.failed}")
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
 
     def finish(self, summary) -> None:
         self.stop()

@@ -10,14 +10,15 @@ import click
 from .common import (
     AutoInt,
     CLIError,
-    Merge,
     Size,
-    Tiles,
     handle_errors,
     json_schema_option,
     max_pixels_option,
+    merge_option,
     plan_options,
     sampling_options,
+    threads_option,
+    tiles_option,
 )
 from .progress import ProgressView
 from .signals import StopSignals
@@ -58,13 +59,11 @@ the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to cont
 @click.option("--suffix", default="", help="Text put after every caption.")
 @click.option("--clean", is_flag=True, help='Strip preambles ("The image shows ..."), quotes, line breaks.')
 @sampling_options(max_tokens=128, temp=0.0)
-@click.option("--tiles", type=Tiles(), default="auto", show_default=True,
-              help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
-@click.option("--merge", "merge", type=Merge(), default="off", show_default=True,
-              help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.")
+@tiles_option
+@merge_option
 @json_schema_option("each caption (the parsed object goes into the record as \"json\")")
 @plan_options
-@click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
+@threads_option
 @max_pixels_option("Images with more pixels get an error record (decompression-bomb guard).")
 @click.option("--max-file-size", type=Size(), default="1GiB", show_default=True,
               help="Larger files get an error record.")

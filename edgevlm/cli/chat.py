@@ -9,14 +9,15 @@ import sys
 import click
 
 from .common import (
-    Merge,
-    Tiles,
     echo_err,
     handle_errors,
     json_schema_option,
     max_pixels_option,
+    merge_option,
     plan_options,
     sampling_options,
+    threads_option,
+    tiles_option,
 )
 
 __all__ = ["chat"]
@@ -32,15 +33,13 @@ __all__ = ["chat"]
               help="Image for the first message (repeatable).")
 @click.option("--system", help="System prompt.")
 @sampling_options(max_tokens=512, temp=0.2)
-@click.option("--tiles", type=Tiles(), default="auto", show_default=True,
-              help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
+@tiles_option
 @click.option("--evict", type=click.Choice(["summary", "off"]), default="summary", show_default=True,
               help="When the context is full: replace old images by their summary, or fail.")
 @click.option("--summary-prompt", help="Prompt used to summarise an image ({n}, {name}).")
-@click.option("--merge", "merge", type=Merge(), default="off", show_default=True,
-              help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.")
+@merge_option
 @plan_options
-@click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
+@threads_option
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
 @json_schema_option("the answer")
 @click.option("--stats", "show_stats", is_flag=True, help="Print a one-line stats footer to stderr.")

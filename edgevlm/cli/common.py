@@ -20,8 +20,8 @@ from ..vision.images import DEFAULT_MAX_PIXELS
 from ..vision.merge import MergeSpec
 
 __all__ = ["AutoInt", "CLIError", "ImageSize", "JsonSchemaFile", "Merge", "Size", "Tiles", "echo_err",
-           "handle_errors", "json_schema_option", "max_pixels_option", "plan_options", "Planning",
-           "sampling_options"]
+           "handle_errors", "json_schema_option", "max_pixels_option", "merge_option", "plan_options",
+           "Planning", "sampling_options", "threads_option", "tiles_option"]
 
 
 class CLIError(click.ClickException):
@@ -180,6 +180,20 @@ def sampling_options(max_tokens: int, temp: float):
             fn = opt(fn)
         return fn
     return deco
+
+
+def tiles_option(fn):
+    return click.option("--tiles", type=Tiles(), default="auto", show_default=True,
+                        help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")(fn)
+
+
+def merge_option(fn):
+    return click.option("--merge", "merge", type=Merge(), default="off", show_default=True,
+                        help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.")(fn)
+
+
+def threads_option(fn):
+    return click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")(fn)
 
 
 def max_pixels_option(help_text: str):

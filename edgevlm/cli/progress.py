@@ -8,12 +8,12 @@ import sys
 import time
 from collections import deque
 
-__all__ = ["ProgressView", "fmt_eta"]
+__all__ = ["ProgressView", "StderrView", "fmt_eta"]
 
 
-class ProgressView:
-    """stderr output: a rich bar (terminal), JSON lines (``--progress json``), or only
-    failures and the summary."""
+class StderrView:
+    """What every long run prints on stderr: a rich bar (``bar``: a terminal), JSON lines
+    (``json``), or nothing but notes, failures and the summary (``none``)."""
 
     def __init__(self, mode: str, quiet: bool):
         if mode == "auto":
@@ -22,13 +22,16 @@ class ProgressView:
         self.quiet = quiet
         self.bar = None
         self.task = None
-        self.events: deque[tuple[float, int]] = deque(maxlen=32)  # (time, images processed)
         self.n = 0
-        self.total = 0
 
     def _emit(self, obj: dict) -> None:
         sys.stderr.write(json.dumps(obj, ensure_ascii=False) + "\n")
         sys.stderr.flush()
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
     def note(self, msg: str) -> None:
         if self.quiet:
@@ -41,6 +44,7 @@ class ProgressView:
             print(msg, file=sys.stderr, flush=True)
 
     def error(self, msg: str) -> None:
+        """A failure, in red on the bar; in JSON mode the event that carries it says it."""
         if self.mode == "json":
             return  # carried by the image event
         if self.bar is not None:
@@ -49,6 +53,16 @@ class ProgressView:
             self.bar.console.print(Text(msg, style="red"))  # a style= would colour the bar too
         else:
             print(msg, file=sys.stderr, flush=True)
+
+
+
+class ProgressView(StderrView):
+    """A caption run's progress: counts, images/s over the last images, ETA."""
+
+    def __init__(self, mode: str, quiet: bool):
+        super().__init__(mode, quiet)
+        self.events: deque[tuple[float, int]] = deque(maxlen=32)  # (time, images processed)
+        self.total = 0
 
     def start(self, job, fmt: str) -> None:
         self.total = len(job.items)
@@ -124,10 +138,6 @@ class ProgressView:
         where = job.metadata_path or ("caption files beside the images" if job.fmt == "txt" else None)
         print(f"records: {job.out}" + (f" · captions: {where}" if where else ""), file=sys.stderr)
 
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
 
 
 def fmt_eta(eta: float | None) -> str:

@@ -10,13 +10,14 @@ import click
 
 from .common import (
     AutoInt,
-    Merge,
     Size,
-    Tiles,
     echo_err,
     handle_errors,
     max_pixels_option,
+    merge_option,
     plan_options,
+    threads_option,
+    tiles_option,
 )
 
 __all__ = ["serve"]
@@ -46,12 +47,10 @@ __all__ = ["serve"]
 @click.option("--allow-path", multiple=True, type=click.Path(file_okay=False, exists=True),
               help="A folder whose files requests may name as images (repeatable).")
 @click.option("--model-id", help="The model's name in /v1/models (default: the model file's name).")
-@click.option("--tiles", type=Tiles(), default="auto", show_default=True,
-              help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")
-@click.option("--merge", "merge", type=Merge(), default="off", show_default=True,
-              help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.")
+@tiles_option
+@merge_option
 @plan_options
-@click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")
+@threads_option
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
 @click.option("--verbose", "-v", is_flag=True, help="llama.cpp's logs and an access log.")
 @handle_errors

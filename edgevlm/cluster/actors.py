@@ -32,7 +32,7 @@ from ..serve.batchrun import answer_lines
 from ..serve.options import ServeOptions, serve_slots
 from ..serve.service import ChatService
 
-__all__ = ["ActorSpec", "BatchActor", "CaptionActor", "bound", "decode_result", "encode_result"]
+__all__ = ["ActorSpec", "BatchActor", "CaptionActor", "decode_result", "encode_result"]
 
 
 @dataclass(frozen=True)
@@ -116,14 +116,3 @@ class BatchActor:
         asyncio.run(answer_lines(self.service, lines, lambda out, line: answers.append(json.dumps(out))))
         return {"answer": answers}
 
-
-def bound(cls: type, **kwargs: Any) -> type:
-    """``cls`` with its constructor arguments built in. Ray ships the class itself to every
-    actor (and again to a restarted one), so nothing it needs lives in the object store, where
-    a restart could find it gone."""
-    class Bound(cls):  # type: ignore[misc, valid-type]
-        def __init__(self) -> None:
-            super().__init__(**kwargs)
-
-    Bound.__name__ = Bound.__qualname__ = cls.__name__
-    return Bound

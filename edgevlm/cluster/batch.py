@@ -12,7 +12,7 @@ from ..caption.prepare import StopToken
 from ..runtime.engine import EngineOptions
 from ..serve.batchfile import BatchLine, BatchOutput, BatchSummary, error_line
 from ..serve.options import ServeOptions
-from .actors import ActorSpec, BatchActor, bound
+from .actors import ActorSpec, BatchActor
 from .caption import ray_failure
 from .connect import ActorLayout, ray_module
 
@@ -44,7 +44,7 @@ def answer_on_ray(out: BatchOutput, spec: ActorSpec, lay: ActorLayout, options: 
     ds = ray.data.from_items([{"line": json.dumps(ln.to_dict())} for ln in good],
                              override_num_blocks=max(1, -(-len(good) // batch_size)))  # a block per call
     ds = ds.map_batches(
-        bound(BatchActor, spec=spec, options=options, engine_options=engine_options),
+        BatchActor, fn_constructor_kwargs=dict(spec=spec, options=options, engine_options=engine_options),
         batch_size=batch_size, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=lay.actors),
         num_cpus=lay.num_cpus, num_gpus=lay.num_gpus or None)  # Ray Data restarts actors and retries by default
     try:

@@ -32,11 +32,11 @@ from ..caption.inputs import InputItem
 from ..caption.job import CaptionJob, CaptionSummary
 from ..caption.outputs import CaptionRecord
 from ..caption.parquet import parquet_row
-from ..caption.prepare import StopToken
+from ..caption.prepare import Preparer, StopToken
 from ..caption.runner import CaptionResult, Captioner
 from ..caption.settings import CaptionSettings, model_identity
 from ..errors import ClusterError, EdgeVLMError
-from .actors import ActorSpec, CaptionActor, bound, decode_result
+from .actors import ActorSpec, CaptionActor, decode_result
 from .connect import READ_CPUS, ActorLayout, ray_module
 
 __all__ = ["caption_dataset", "caption_on_ray", "ray_failure"]
@@ -50,21 +50,12 @@ def _remote(path: str) -> bool:
     return len(scheme) > 1
 
 
-def _stat_done(item: InputItem, prev: dict[str, Any]) -> bool:
-    try:
-        st = os.stat(item.path)
-    except OSError:
-        return False
-    return prev.get("bytes") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns
-
-
 def _map(ds: Any, spec: ActorSpec, lay: ActorLayout, settings: CaptionSettings, model_name: str, digest: str,
          previous: list[dict[str, Any]], batch_size: int) -> Any:
     ray = ray_module()
-    actor = bound(CaptionActor, spec=spec, settings=settings, model_name=model_name, digest=digest,
-                  previous=previous)
     return ds.map_batches(
-        actor,
+        CaptionActor, fn_constructor_kwargs=dict(spec=spec, settings=settings, model_name=model_name,
+                                                 digest=digest, previous=previous),
         batch_size=batch_size, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=lay.actors),
         num_cpus=lay.num_cpus, num_gpus=lay.num_gpus or None)  # Ray Data restarts actors and retries by default
 
@@ -96,9 +87,10 @@ def caption_on_ray(job: CaptionJob, spec: ActorSpec, lay: ActorLayout, *, batch_
     todo: list[str] = []
     previous: list[dict[str, Any]] = []
     here: list[InputItem] = []  # missing, unreadable, a folder: their error records are made here
+    prep = Preparer(None, job.settings, job.digest, job.deliverable, job.index, job.conflicts)
     for it in job.items:
         prev = job.index.get(it.path)
-        if prev is not None and _stat_done(it, prev.data):
+        if prev is not None and prep.settled(it):
             settled.append(CaptionResult("skipped", it, reason="done", previous=prev.data))
             continue
         if _remote(it.path) or (os.path.isfile(it.path) and os.access(it.path, os.R_OK)):
