@@ -95,29 +95,30 @@ def test_mismatched_pair_json(model_pair, mismatched_mmproj):
 # --- errors from the library's public calls: EdgeVLMError subclasses, never a bare ValueError ----
 
 @pytest.fixture(scope="module")
-def gemma_labelled_mmproj(tmp_path_factory):
-    """A projector that says it is ``gemma3``: a type whose token counts edgevlm does not know."""
+def unknown_mmproj(tmp_path_factory):
+    """A projector that says it is ``cogvlm``: a type whose token counts edgevlm does not know
+    (mtmd would count it once loaded; unloaded, nothing can)."""
     from edgevlm.testing.llava import write_clip_mlp
     from edgevlm.testing.shapes import LLAVA_PRESETS
 
-    out = tmp_path_factory.mktemp("gemma") / "mmproj.gguf"
-    return write_clip_mlp(out, LLAVA_PRESETS["tiny"][1], 128, 5, "gemma-labelled", projector_type="gemma3")
+    out = tmp_path_factory.mktemp("cogvlm") / "mmproj.gguf"
+    return write_clip_mlp(out, LLAVA_PRESETS["tiny"][1], 128, 5, "cogvlm-labelled", projector_type="cogvlm")
 
 
-def test_a_projector_without_token_arithmetic_is_a_clean_error(gemma_labelled_mmproj, images):
+def test_a_projector_without_token_arithmetic_is_a_clean_error(unknown_mmproj, images):
     import edgevlm
     from edgevlm.errors import UnsupportedModel
     from edgevlm.vision.budget import plan_image
 
-    proj = edgevlm.load_projector(gemma_labelled_mmproj)
-    with pytest.raises(UnsupportedModel, match="'gemma3' are not known"):
+    proj = edgevlm.load_projector(unknown_mmproj)
+    with pytest.raises(UnsupportedModel, match="'cogvlm' are not known"):
         edgevlm.image_tokens(proj, 640, 480)
     with pytest.raises(UnsupportedModel):
         plan_image(edgevlm.load_image(images["noise"]), proj)
-    r = run_cli("budget", str(images["noise"]), "--mmproj", str(gemma_labelled_mmproj))
-    assert_clean_error(r, "gemma3")
-    r = run_cli("inspect", str(gemma_labelled_mmproj))  # still described, tokens marked unknown
-    assert r.returncode == 0 and "gemma3" in r.stdout and "not known" in r.stdout
+    r = run_cli("budget", str(images["noise"]), "--mmproj", str(unknown_mmproj))
+    assert_clean_error(r, "cogvlm")
+    r = run_cli("inspect", str(unknown_mmproj))  # still described, tokens marked unknown
+    assert r.returncode == 0 and "cogvlm" in r.stdout and "not known" in r.stdout
 
 
 def test_bad_values_in_library_calls_are_input_errors(model_pair, images, tmp_path):

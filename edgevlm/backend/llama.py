@@ -13,7 +13,8 @@ import contextlib
 import ctypes
 import os
 import random
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from ..errors import BackendError, ImageError, InputError, ModelFileError, ModelPairError
 from ..model.gguf_info import check_pair, load_projector, load_text_model
 from ..model.kv_types import KV_TYPES
+from ..model.tokens import ImageTokens, View
 from . import logs
 from .sampling import SamplingParams
 from .system import install_log_sink
@@ -197,6 +199,9 @@ class Backend:
             self.close()
             raise ModelPairError(f"{self.mmproj_path}: projector has no vision support")
         self.marker = mtmd_cpp.mtmd_default_marker().decode()
+        self._counts: OrderedDict[tuple[int, int], ImageTokens] = OrderedDict()
+        # from here on, projector types without edgevlm arithmetic are counted by mtmd itself
+        self.proj_info = replace(self.proj_info, counter=self.count_tokens)
         self.n_ctx = llama_cpp.llama_n_ctx(self.llama.ctx)
         self.n_batch = n_batch
         self.n_vocab = self.llama.n_vocab()
@@ -263,6 +268,23 @@ class Backend:
                         for c in chunks]
         finally:
             self.free_bitmap(bm)
+
+    def count_tokens(self, width: int, height: int, min_tokens: int | None = None,
+                     max_tokens: int | None = None) -> ImageTokens:
+        """mtmd's count as ``ImageTokens`` (a placeholder bitmap tokenized, nothing encoded),
+        with this context's token limits: exact for any projector mtmd supports. Remembered
+        per size (budgets search many)."""
+        key = (width, height)
+        hit = self._counts.get(key)
+        if hit is None:
+            chunks = self.count_image(width, height)
+            views = [View(0, 0, c.nx, c.ny, c.n_tokens, c.n_pos) for c in chunks if c.kind == "image"]
+            hit = ImageTokens(sum(v.n_tokens for v in views), sum(v.n_pos for v in views), views,
+                              text_tokens=sum(c.n_tokens for c in chunks if c.kind == "text"))
+            self._counts[key] = hit
+            if len(self._counts) > 4096:
+                self._counts.popitem(last=False)
+        return hit
 
     def free_bitmap(self, bm) -> None:
         self.mtmd.mtmd_bitmap_free(bm)

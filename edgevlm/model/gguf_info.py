@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import re
 import struct
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import gguf
@@ -324,9 +325,14 @@ class ProjectorInfo:
     has_vision_encoder: bool = True
     has_audio_encoder: bool = False
     kind: str = "mmproj"
+    # every clip.* key of the GGUF (family-specific ones: scale factors, tile limits, ...)
+    meta: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # mtmd's own count, (width, height, min_tokens, max_tokens) -> ImageTokens, once loaded
+    counter: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("meta", "counter")}
+        d = {k: list(v) if isinstance(v, list) else v for k, v in d.items()}
         if self.image_grid_pinpoints is not None:
             d["image_grid_pinpoints"] = [list(p) for p in self.image_grid_pinpoints]
         return d
@@ -442,6 +448,7 @@ def projector_info(gf: GGUFFile) -> ProjectorInfo:
         n_wa_pattern=md.get("clip.vision.n_wa_pattern"),
         has_vision_encoder=has_vision,
         has_audio_encoder=bool(md.get("clip.has_audio_encoder", False)),
+        meta={k: v for k, v in md.items() if k.startswith("clip.")},
     )
 
 

@@ -9,6 +9,7 @@ formulas mirror the vendored llama.cpp (``llama-model.cpp`` layer placement,
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 from dataclasses import dataclass
 
@@ -187,6 +188,20 @@ def text_compute_bytes(t, n_ctx: int, n_ubatch: int, n_batch: int, flash_attn: b
                          n_ctx, n_ubatch, n_batch, flash_attn, type_k, type_v, min(t.n_layer, 2))
 
 
+BUILTIN_GRAPHS = ("mlp", "qwen2vl_merger", "qwen2.5vl_merger")  # in plan.compute
+
+
+@functools.lru_cache(maxsize=None)
+def _encoder_module(name: str | None):
+    """The ``plan.encoders`` module replaying ``name``'s graph, if there is one."""
+    if name is None or name in BUILTIN_GRAPHS:
+        return None
+    try:
+        return importlib.import_module(f"{__package__}.encoders.{name}")
+    except ImportError:
+        return None
+
+
 @functools.lru_cache(maxsize=4096)
 def _clip_compute(ptype, image_size, patch_size, n_embd, n_head, n_ff, n_layer, n_patches,
                   n_mmproj_embd, merge, flash_attn, n_wa_pattern) -> int:
@@ -197,11 +212,15 @@ def _clip_compute(ptype, image_size, patch_size, n_embd, n_head, n_ff, n_layer, 
 def clip_compute_bytes(proj, n_patches: int, flash_attn: bool) -> int:
     """Vision encoder compute buffer for one chunk of ``n_patches`` patches (before merging).
 
-    Exact for the projectors whose encoder graph the facts table names (``mlp``, the
-    Qwen2/2.5-VL mergers); others get a conservative upper bound (full attention scores in f32
+    Exact for the projectors whose encoder graph the facts table names and edgevlm replays
+    (``plan.compute``'s built-in ones, ``plan.encoders``' modules); others get a conservative
+    upper bound (full attention scores in f32
     plus four activations and the FFN)."""
     f = facts(proj)
-    if f.encoder_graph is not None:
+    graph = _encoder_module(f.encoder_graph)
+    if graph is not None:
+        return graph.compute_bytes(proj, n_patches, flash_attn)
+    if f.encoder_graph in BUILTIN_GRAPHS:
         merge = f.merge
         return _clip_compute(f.encoder_graph, proj.image_size, proj.patch_size, proj.n_embd, proj.n_head,
                              proj.n_ff, proj.n_layer, n_patches, proj.n_mmproj_embd, merge,

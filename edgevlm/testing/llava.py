@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .shapes import LLAVA16_PINPOINTS, TextShape, VisionShape
+from .shapes import LLAVA_PRESETS, LLAVA16_PINPOINTS, TextShape, VisionShape
 from .vocab import spm_vocab, write_vocab
 from .writer import FILE_TYPES, RandomGGUF, decoder_tensors, text_header
 
@@ -84,3 +84,8 @@ def write_llava(outdir: Path, text: TextShape, vision: VisionShape, seed: int,
         pinpoints=LLAVA16_PINPOINTS if tiled else None,
     )
     return model, mmproj
+
+
+def write_pair(outdir: Path, preset: str, seed: int, family: str) -> tuple[Path, Path]:
+    text, vision = LLAVA_PRESETS[preset]
+    return write_llava(outdir, text, vision, seed, family)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .shapes import TextShape, VisionShape
+from .shapes import QWEN_PRESETS, TextShape, VisionShape
 from .vocab import bpe_vocab, write_vocab
 from .writer import FILE_TYPES, RandomGGUF, decoder_tensors, text_header
 
@@ -104,3 +104,8 @@ def write_qwen(outdir: Path, text: TextShape, vision: VisionShape, seed: int,
     mmproj = write_qwen_vision(outdir / "mmproj.gguf", vision, text.n_embd, seed + 1,
                                f"{label} ViT random", v25)
     return model, mmproj
+
+
+def write_pair(outdir: Path, preset: str, seed: int, family: str) -> tuple[Path, Path]:
+    text, vision = QWEN_PRESETS[preset]
+    return write_qwen(outdir, text, vision, seed, family)

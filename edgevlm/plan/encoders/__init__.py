@@ -1,0 +1,5 @@
+"""Vision-encoder compute graphs beyond the built-in ones (``plan.compute``: LLaVA's CLIP and the
+Qwen2/2.5-VL ViTs), one module per graph named in the projector-facts table's ``encoder_graph``.
+A module exports ``compute_bytes(proj, n_patches, flash_attn) -> int``: the clip compute buffer
+for one chunk of ``n_patches`` patches, replayed node by node through ``plan.graphalloc`` as
+mtmd builds the graph (``tools/mtmd/models/*.cpp``)."""
