@@ -35,3 +35,20 @@ def test_estimate_matches_llama_cpp(model_pair, cfg):
     enc = comps["mmproj compute"]
     assert enc.predicted >= enc.measured - 0.006 * 2**20, enc  # never under
     assert enc.within(0.05), enc
+
+
+def test_tied_embeddings_are_counted_as_llama_cpp_loads_them(tmp_path):
+    """No output.weight (Qwen2-VL-2B, Qwen2.5-VL-3B, Gemma 3): llama.cpp loads token_embd a second
+    time for the output layer — on the CPU repacked beside the mapped input copy."""
+    from dataclasses import replace
+
+    from edgevlm.testing.qwen import write_qwen
+    from edgevlm.testing.shapes import QWEN_PRESETS
+
+    text, vision = QWEN_PRESETS["tiny"]
+    model, mmproj = write_qwen(tmp_path, replace(text, tied=True, n_vocab=4096), vision, 0, "qwen2vl")
+    comps = {c.name: c for c in measure(str(model), str(mmproj), Config("qwen2vl", n_ctx=512, image_max_tokens=64))}
+    for name in ("weights (mapped)", "weights (repack)"):
+        assert comps[name].within(0.005), (name, comps[name])
+    # the output copy is most of the repacked bytes here: without it the plan would be far under
+    assert comps["weights (repack)"].measured > 4096 * 128 * 18 // 32  # Q4_0: 18 bytes per 32

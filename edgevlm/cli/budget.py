@@ -14,6 +14,9 @@ __all__ = ["budget"]
 @click.command()
 @click.argument("image", type=click.Path(dir_okay=False))
 @click.option("--mmproj", required=True, type=click.Path(dir_okay=False), help="Vision projector GGUF.")
+@click.option("--model", "-m", type=click.Path(dir_okay=False),
+              help="The text model GGUF: with it, mtmd itself counts the tokens (needed for projector "
+                   "types edgevlm has no arithmetic for; its vocabulary is read, not its weights).")
 @click.option("--image-tokens", type=click.IntRange(1), help="Token budget for this image.")
 @click.option("--tiles", type=Tiles(), default="auto", show_default=True,
               help="Detail tiles for fixed-size encoders (LLaVA-1.5).")
@@ -23,19 +26,29 @@ __all__ = ["budget"]
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
 @click.option("--json", "as_json", is_flag=True, help="Print the image plan as JSON.")
 @handle_errors
-def budget(image, mmproj, image_tokens, tiles, scorer, overlay, max_pixels, as_json) -> None:
+def budget(image, mmproj, model, image_tokens, tiles, scorer, overlay, max_pixels, as_json) -> None:
     """Show how an image is split and budgeted before the encoder runs.
 
     \b
     edgevlm budget photo.jpg --mmproj mmproj.gguf --image-tokens 2304 --overlay views.png
     """
+    from ..errors import UnsupportedModel
     from ..model.gguf_info import load_projector
     from ..vision.budget import draw_overlay, plan_image
     from ..vision.images import load_image
 
     proj = load_projector(mmproj)
     img = load_image(image, max_pixels)
-    ip = plan_image(img, proj, image_tokens, tiles, scorer=scorer)
+    if model is not None:
+        from ..backend.counting import ImageCounter
+
+        with ImageCounter(model, mmproj) as counter:
+            ip = plan_image(img, counter.proj_info, image_tokens, tiles, scorer=scorer)
+    else:
+        try:
+            ip = plan_image(img, proj, image_tokens, tiles, scorer=scorer)
+        except UnsupportedModel as exc:
+            raise UnsupportedModel(f"{exc}; give the text model (--model) and mtmd counts them") from None
     if overlay:
         draw_overlay(img, ip, overlay)
     if as_json:

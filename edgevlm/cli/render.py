@@ -143,7 +143,8 @@ def render_inspect(report: dict) -> None:
             if p[key]:
                 rows.append((key, p[key]))
         rows.append((f"image tokens @ {it['width']}x{it['height']}",
-                     it["error"] if "error" in it else
+                     f"not known before mtmd loads it; at most {it['bound']} (the planner's bound)"
+                     if "error" in it else
                      f"{it['n_tokens']} in {it['n_chunks']} chunk(s), {it['n_pos']} positions"))
         for k, v in rows:
             t.add_row(k, str(v))

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..errors import ModelPairError, UnsupportedModel
 from .gguf_info import check_pair, projector_info, read_gguf, text_model_info
-from .projectors import image_tokens
+from .projectors import image_tokens, token_bound
 
 __all__ = ["inspect_files", "pair_error"]
 
@@ -35,7 +35,7 @@ def inspect_files(file: str, mmproj: str | None = None,
         try:
             d["image_tokens"] = {"width": w, "height": h, **image_tokens(proj, w, h).to_dict()}
         except UnsupportedModel as exc:  # the file is still worth describing
-            d["image_tokens"] = {"width": w, "height": h, "error": str(exc)}
+            d["image_tokens"] = {"width": w, "height": h, "error": str(exc), "bound": token_bound(proj)}
         report["mmproj"] = d
         if "model" in report:
             try:

@@ -27,7 +27,8 @@ from .gguf_info import ProjectorInfo
 from .tokens import ImageTokens, View, smart_resize
 
 __all__ = ["encoder_patches", "facts", "image_tokens", "ImageTokens", "largest_image_tokens",
-           "position_kind", "ProjectorFacts", "smart_resize", "View", "view_patches"]
+           "position_kind", "ProjectorFacts", "smart_resize", "token_bound", "View", "view_patches",
+           "view_tokens"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def facts(proj: ProjectorInfo | str) -> ProjectorFacts:
     ptype = proj if isinstance(proj, str) else proj.projector_type
     row = PROJECTORS.get(ptype, ProjectorFacts("fixed", grid=False))
     if not isinstance(proj, str):
-        if row.kind == "fixed" and proj.image_grid_pinpoints and row.family == "llava":
+        if row.kind == "fixed" and proj.image_grid_pinpoints:  # mtmd tiles by the pinpoints
             row = replace(row, kind="tiled")
         if row.dynamic and proj.spatial_merge_size:
             row = replace(row, merge=int(proj.spatial_merge_size))
@@ -111,12 +112,44 @@ def encoder_patches(proj: ProjectorInfo, tokens: int) -> int:
     return tokens * f.merge * f.merge if f.dynamic else view_patches(proj)
 
 
+def view_tokens(proj: ProjectorInfo) -> int:
+    """Tokens of one view (a fixed encoder's image, a tiled one's overview or tile): from the
+    family's arithmetic, else mtmd's count once loaded, else the bound (patches, no pooling)."""
+    s = proj.image_size
+    if _arithmetic(facts(proj).family) is not None or proj.counter is not None:
+        return image_tokens(proj, s, s).views[-1].n_tokens
+    return view_patches(proj)
+
+
+def token_bound(proj: ProjectorInfo) -> int:
+    """The most tokens one image can cost, from the GGUF alone — for projector types edgevlm has
+    no arithmetic for, before mtmd is loaded (the planner reserves this much; never under what
+    mtmd makes): dynamic kinds, ``clip.vision.image_max_pixels`` (else mtmd's 4096-token default
+    area) over the patch area, one token per patch before any merge plus a break token per row;
+    fixed and tiled kinds, one token per patch of each view (pooling and pixel shuffle only
+    reduce it), times the view limit the GGUF states (``clip.vision.max_tiles`` or
+    ``clip.minicpmv_max_slice_nums``, + the overview), else 10 views for a tiled kind."""
+    f = facts(proj)
+    p = proj.patch_size
+    if f.dynamic:
+        area = proj.image_max_pixels or 4096 * (p * max(f.merge, 1)) ** 2
+        side = int(area ** 0.5) // p + 1
+        return (area // (p * p)) + side
+    views = 1
+    if f.kind == "tiled":
+        limit = proj.meta.get("clip.vision.max_tiles") or proj.meta.get("clip.minicpmv_max_slice_nums")
+        views = int(limit) + 1 if limit else 10
+    return view_patches(proj) * views
+
+
 def largest_image_tokens(proj: ProjectorInfo, budget: int) -> int:
     """Tokens of the largest image a per-image ``budget`` admits (all chunks)."""
     f = facts(proj)
     if f.dynamic:
         return budget
-    per = view_patches(proj)
+    if _arithmetic(f.family) is None and proj.counter is None:
+        return min(budget, token_bound(proj))
+    per = view_tokens(proj)
     if f.kind == "tiled":
         return max(per, min(budget, image_tokens(proj, 10**4, 10**4).n_tokens) // per * per)
     return image_tokens(proj, proj.image_size, proj.image_size).n_tokens

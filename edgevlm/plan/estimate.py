@@ -66,10 +66,14 @@ class TextTensors:
             rep = t.ggml_type in _REPACKABLE and len(t.shape) == 2 and layer >= 0
             out.append(WeightTensor(t.name, t.n_bytes, t.offset, layer, rep))
         if not has_output:
-            emb = next((t for t in out if t.name == "token_embd.weight"), None)
+            # Tied embeddings: llama.cpp loads token_embd a second time as the output layer's
+            # matrix, placed like an output.weight would be — on a GPU when the output layer is
+            # offloaded, else repacked for the CPU's matmul when its type allows (the input copy
+            # stays mapped); a plain host copy shares the mapped file bytes.
+            emb = next((t for t in gf.tensors if t.name == "token_embd.weight"), None)
             if emb is not None:
-                out.append(WeightTensor("output.weight(tied)", emb.n_bytes, emb.offset, n_layer,
-                                        emb.repackable))
+                rep = emb.ggml_type in _REPACKABLE and len(emb.shape) == 2
+                out.append(WeightTensor("output.weight(tied)", emb.n_bytes, emb.offset, n_layer, rep))
         return cls(n_layer, tuple(out), not has_output)
 
     @property

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..model.gguf_info import read_gguf
-from ..model.projectors import facts, largest_image_tokens, view_patches
+from ..model.projectors import facts, largest_image_tokens, view_tokens
 from ..vision.merge import MergeSpec
 from .context import ContextBudget
 from .devices import Probe, format_size
@@ -258,10 +258,10 @@ class Planner(Footprint):
                                 f"({'as asked' if w.image_tokens else 'default for dynamic-resolution models'}); "
                                 f"the encoder is counted at that largest image")
         else:
-            per_view = view_patches(p)
+            per_view = view_tokens(p)
             if facts(p).kind == "tiled":
                 n = largest_image_tokens(p, w.image_tokens or 10**6)
-                kind = "tiled: overview + pinpoint tiles"
+                kind = "tiled: tiles + overview"
             elif w.image_tokens and w.image_tokens >= 2 * per_view:
                 n = w.image_tokens // per_view * per_view  # AnyRes: global view + tiles
                 kind = f"fixed size: global view + {n // per_view - 1} tile(s) of {per_view}"

@@ -4,6 +4,7 @@ with a 2×2 patch merger in F16."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from .shapes import QWEN_PRESETS, TextShape, VisionShape
@@ -108,4 +109,6 @@ def write_qwen(outdir: Path, text: TextShape, vision: VisionShape, seed: int,
 
 def write_pair(outdir: Path, preset: str, seed: int, family: str) -> tuple[Path, Path]:
     text, vision = QWEN_PRESETS[preset]
+    if preset == "real":  # tied embeddings, as Qwen2-VL-2B and Qwen2.5-VL-3B have
+        text = replace(text, tied=True)
     return write_qwen(outdir, text, vision, seed, family)

@@ -15,6 +15,7 @@ class TextShape:
     n_ff: int
     n_ctx_train: int = 4096
     rope_theta: float = 10000.0
+    tied: bool = False  # no output.weight: the output reuses token_embd (Qwen2-VL-2B, Gemma 3)
 
     @property
     def head_dim(self) -> int:

@@ -117,4 +117,5 @@ def decoder_tensors(g: RandomGGUF, t, qkv_bias: bool) -> None:
         g.linear(f"{p}.ffn_up", t.n_ff, t.n_embd, bias=False)
         g.linear(f"{p}.ffn_down", t.n_embd, t.n_ff, bias=False)
     g.ones("output_norm.weight", t.n_embd)
-    g.weight("output.weight", (t.n_vocab, t.n_embd))
+    if not getattr(t, "tied", False):
+        g.weight("output.weight", (t.n_vocab, t.n_embd))

@@ -3,14 +3,16 @@ the model sees and what they cost, so that the total stays within ``--image-toke
 
 - dynamic resolution (Qwen2/2.5-VL): resize, aspect kept, on the 28-px grid, until the tokens fit;
 - tiled (LLaVA-1.6 pinpoints): choose the pinpoint grid whose cost fits and size the image so
-  mtmd picks exactly that grid;
+  mtmd picks exactly that grid; tiled by size (SmolVLM, InternVL, MiniCPM-V): shrink the image
+  until its tiles fit;
 - fixed size (LLaVA-1.5, 336² → 576): our own AnyRes — a global view plus the most detailed
   tiles of a grid, each sent as its own image with a label (``global view``,
   ``tile row 1 col 2``), so a 4K screenshot is read at useful resolution. Tiles are chosen by a
   detail score on a low-resolution copy; flat tiles (sky, walls, margins) are skipped.
 
-Every count comes from ``model.projectors.image_tokens`` (checked against mtmd), so the plan
-is exact. ``ImageBudget`` holds the options (budget, tiles, mtmd's cap) a caller plans with.
+Every count comes from ``model.projectors.image_tokens`` (edgevlm's arithmetic checked against
+mtmd, or mtmd's own count for a loaded projector edgevlm has no arithmetic for), so the plan is
+exact. ``ImageBudget`` holds the options (budget, tiles, mtmd's cap) a caller plans with.
 """
 
 from __future__ import annotations
@@ -97,6 +99,14 @@ def _plan_tiled(proj, w, h, budget) -> ImagePlan:
     if budget is None or full.n_tokens <= budget:
         v = PlannedView("image", (0, 0, w, h), (w, h), full.n_tokens)
         return ImagePlan("tiled", (w, h), budget, full.n_tokens, (v,))
+    if not proj.image_grid_pinpoints:  # tiles follow the size (SmolVLM, InternVL, MiniCPM-V): shrink
+        sw, sh = fit_size(w, h, lambda a, b: image_tokens(proj, a, b).n_tokens <= budget) or (1, 1)
+        t = image_tokens(proj, sw, sh)
+        notes = [f"resized {w}x{h} → {sw}x{sh}: {t.n_chunks} view(s) fit {budget} tokens"]
+        if t.n_tokens > budget:
+            notes.append(f"even the smallest size needs {t.n_tokens} tokens (one view)")
+        v = PlannedView("image", (0, 0, w, h), (sw, sh), t.n_tokens)
+        return ImagePlan("tiled", (w, h), budget, t.n_tokens, (v,), notes=tuple(notes))
     best = None
     for cw, ch in sorted(proj.image_grid_pinpoints or [], key=lambda p: p[0] * p[1]):
         s = min(cw / w, ch / h)
