@@ -395,6 +395,7 @@ def _mmproj_width(gf: GGUFFile, ptype: str) -> int:
     candidates: list[tuple[str, int]] = {
         "gemma3": [("mm.input_projection.weight", 0)],
         "idefics3": [("mm.model.fc.weight", 1)],
+        "internvl": [("mm.model.mlp.3.weight", 1)],
         "ldp": [("mm.model.mb_block.1.block.2.1.bias", 0)],
         "ldpv2": [("mm.model.peg.0.bias", 0)],
     }.get(ptype, [("mm.2.weight", 1)])

@@ -128,7 +128,8 @@ def token_bound(proj: ProjectorInfo) -> int:
     area) over the patch area, one token per patch before any merge plus a break token per row;
     fixed and tiled kinds, one token per patch of each view (pooling and pixel shuffle only
     reduce it), times the view limit the GGUF states (``clip.vision.max_tiles`` or
-    ``clip.minicpmv_max_slice_nums``, + the overview), else 10 views for a tiled kind."""
+    ``clip.minicpmv_max_slice_nums``, ``clip.vision.preproc_max_tiles``, + the overview), else
+    10 views for a tiled kind."""
     f = facts(proj)
     p = proj.patch_size
     if f.dynamic:
@@ -137,7 +138,8 @@ def token_bound(proj: ProjectorInfo) -> int:
         return (area // (p * p)) + side
     views = 1
     if f.kind == "tiled":
-        limit = proj.meta.get("clip.vision.max_tiles") or proj.meta.get("clip.minicpmv_max_slice_nums")
+        limit = (proj.meta.get("clip.vision.preproc_max_tiles") or proj.meta.get("clip.vision.max_tiles")
+                 or proj.meta.get("clip.minicpmv_max_slice_nums"))
         views = int(limit) + 1 if limit else 10
     return view_patches(proj) * views
 

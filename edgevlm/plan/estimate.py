@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import platform
 import re
 from dataclasses import dataclass
 
@@ -26,8 +27,20 @@ __all__ = ["CTX_PAD", "clip_compute_bytes", "HostWeights", "kv_bytes", "kv_bytes
 # bytes per element of the KV cache types (ggml block size / type size)
 CTX_PAD = 256
 _BLK_RE = re.compile(r"^blk\.(\d+)\.")
-# 2-D weights llama.cpp's CPU backend repacks (Q4_0 / IQ4_NL / Q8_0 on AVX2+/NEON) for matmul.
-_REPACKABLE = {"Q4_0", "IQ4_NL", "Q8_0", "Q4_K", "Q2_K"}
+# 2-D weights llama.cpp's CPU backend repacks for matmul, and the row multiple each needs
+# (ggml-cpu/repack.cpp ggml_repack_get_optimal_repack_type): on x86 (AVX2; Q2_K with AVX-512)
+# Q8_0 is never repacked; on ARM (NEON dotprod / i8mm) it is. A matrix whose row count is not a
+# multiple stays in the mapped buffer (InternVL3-1B's 151674-row output).
+if platform.machine().lower() in ("arm64", "aarch64"):
+    _REPACK_ROWS = {"Q4_0": 4, "IQ4_NL": 4, "Q8_0": 4, "MXFP4": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}
+else:
+    _REPACK_ROWS = {"Q4_0": 8, "IQ4_NL": 8, "Q4_K": 8, "Q2_K": 8, "MXFP4": 8}
+
+
+def _repackable(t) -> bool:
+    """``t``: a GGUF tensor (ggml order: shape[1] is the row count)."""
+    rows = _REPACK_ROWS.get(t.ggml_type)
+    return rows is not None and len(t.shape) == 2 and t.shape[1] % rows == 0
 
 
 def pad(n: int, to: int = CTX_PAD) -> int:
@@ -63,7 +76,7 @@ class TextTensors:
                 layer = n_layer
             else:  # token embedding, rope factors and other globals stay with the input
                 layer = -1
-            rep = t.ggml_type in _REPACKABLE and len(t.shape) == 2 and layer >= 0
+            rep = _repackable(t) and layer >= 0
             out.append(WeightTensor(t.name, t.n_bytes, t.offset, layer, rep))
         if not has_output:
             # Tied embeddings: llama.cpp loads token_embd a second time as the output layer's
@@ -72,7 +85,7 @@ class TextTensors:
             # stays mapped); a plain host copy shares the mapped file bytes.
             emb = next((t for t in gf.tensors if t.name == "token_embd.weight"), None)
             if emb is not None:
-                rep = emb.ggml_type in _REPACKABLE and len(emb.shape) == 2
+                rep = _repackable(emb)
                 out.append(WeightTensor("output.weight(tied)", emb.n_bytes, emb.offset, n_layer, rep))
         return cls(n_layer, tuple(out), not has_output)
 

@@ -150,6 +150,9 @@ class Plan:
     repack: bool = True
     refusal: str | None = None  # why it cannot run, when fits is False
     levers: tuple[LeverStep, ...] = ()  # what was tried, in order, and what each saved
+    # mtmd gets image_max_tokens as its own limit: dynamic projectors only (for a tiled one such
+    # as SmolVLM's it would switch mtmd to another tiling than the budget counted)
+    mtmd_image_limit: bool = True
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("devices", "reasons", "levers")}
@@ -164,7 +167,7 @@ class Plan:
             n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
             n_gpu_layers=self.n_gpu_layers, flash_attn=self.flash_attn, type_k=self.type_k,
             type_v=self.type_v, offload_kqv=self.offload_kqv, mmproj_use_gpu=self.mmproj_on_gpu,
-            image_max_tokens=self.image_max_tokens if self.image_max_tokens > 0 else None,
+            image_max_tokens=self.image_max_tokens if self.image_max_tokens > 0 and self.mtmd_image_limit else None,
             op_offload=self.n_gpu_layers > 0,
         )
 

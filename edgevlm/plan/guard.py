@@ -46,12 +46,17 @@ class Guard:
     notices: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    @property
+    def _mtmd_cap(self) -> int | None:
+        """The token limit mtmd itself was given (dynamic projectors only)."""
+        return (self.plan.image_max_tokens or None) if self.plan.mtmd_image_limit else None
+
     def _tokens(self, w: int, h: int) -> int:
-        return image_tokens(self.proj, w, h, max_tokens=self.plan.image_max_tokens or None).n_tokens
+        return image_tokens(self.proj, w, h, max_tokens=self._mtmd_cap).n_tokens
 
     def encoder_bytes(self, w: int, h: int) -> int:
         """The encoder's compute buffer for a ``w``×``h`` picture (its largest chunk)."""
-        it = image_tokens(self.proj, w, h, max_tokens=self.plan.image_max_tokens or None)
+        it = image_tokens(self.proj, w, h, max_tokens=self._mtmd_cap)
         per_view = encoder_patches(self.proj, max(v.n_tokens for v in it.views))
         return clip_compute_bytes(self.proj, per_view, self.plan.flash_attn)
 

@@ -328,7 +328,7 @@ class Planner(Footprint):
             mmproj_on_gpu=c.mmproj_gpu, image_max_tokens=c.image_tokens or 0, max_images_in_context=max_images,
             devices=tuple(devs), reasons=tuple(reasons), fits=fits,
             shortfall_bytes=0 if fits and not refusal else self.shortfall(c), repack=self.repack,
-            levers=tuple(self.steps),
+            levers=tuple(self.steps), mtmd_image_limit=self.proj is None or facts(self.proj).dynamic,
         )
 
 

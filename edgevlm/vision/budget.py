@@ -99,12 +99,16 @@ def _plan_tiled(proj, w, h, budget) -> ImagePlan:
     if budget is None or full.n_tokens <= budget:
         v = PlannedView("image", (0, 0, w, h), (w, h), full.n_tokens)
         return ImagePlan("tiled", (w, h), budget, full.n_tokens, (v,))
-    if not proj.image_grid_pinpoints:  # tiles follow the size (SmolVLM, InternVL, MiniCPM-V): shrink
+    if not proj.image_grid_pinpoints:  # tiles follow the size (InternVL, MiniCPM-V): shrink
         sw, sh = fit_size(w, h, lambda a, b: image_tokens(proj, a, b).n_tokens <= budget) or (1, 1)
         t = image_tokens(proj, sw, sh)
-        notes = [f"resized {w}x{h} → {sw}x{sh}: {t.n_chunks} view(s) fit {budget} tokens"]
-        if t.n_tokens > budget:
-            notes.append(f"even the smallest size needs {t.n_tokens} tokens (one view)")
+        if t.n_tokens > budget:  # SmolVLM scales every picture to one size: its aspect sets the tiles
+            if full.n_tokens <= t.n_tokens:
+                t, (sw, sh) = full, (w, h)
+            notes = [f"{t.n_tokens} tokens is this picture's minimum with {proj.projector_type} "
+                     f"(over the budget of {budget})"]
+        else:
+            notes = [f"resized {w}x{h} → {sw}x{sh}: {t.n_chunks} view(s) fit {budget} tokens"]
         v = PlannedView("image", (0, 0, w, h), (sw, sh), t.n_tokens)
         return ImagePlan("tiled", (w, h), budget, t.n_tokens, (v,), notes=tuple(notes))
     best = None
