@@ -220,7 +220,8 @@ class Backend(MtmdTokenizer):
         if rc != 0:
             raise BackendError(f"image encoding failed (code {rc})")
         ptr = self.mtmd.mtmd_get_output_embd(self.mctx)
-        n_embd = self.text_info.n_embd
+        # the embedding width mtmd writes: wider than n_embd with Qwen3-VL's deepstack features
+        n_embd = int(self.llama_cpp.llama_model_n_embd_inp(self.llama.model))
         arr = np.ctypeslib.as_array(ptr, shape=(chunk.n_tokens * n_embd,))
         return arr.reshape(chunk.n_tokens, n_embd).copy()
 

@@ -288,6 +288,8 @@ class TextModelInfo:
     weight_bytes_per_layer: list[int]
     weight_bytes_outside_layers: int
     n_swa: int = 0
+    swa_layers: tuple[bool, ...] = ()  # per layer: uses the sliding window (iSWA archs)
+    n_deepstack: int = 0  # Qwen3-VL: vision features added after the first n layers
     chat_template: str | None = field(default=None, repr=False)
     kind: str = "text"
 
@@ -382,8 +384,25 @@ def text_model_info(gf: GGUFFile) -> TextModelInfo:
         weight_bytes_per_layer=per_layer,
         weight_bytes_outside_layers=outside,
         n_swa=int(md.get(f"{arch}.attention.sliding_window", 0) or 0),
+        swa_layers=_swa_layers(md, arch, n_layer),
+        n_deepstack=int(md.get(f"{arch}.n_deepstack_layers", 0) or 0),
         chat_template=md.get("tokenizer.chat_template"),
     )
+
+
+_SWA_PATTERN = {"gemma3": 6}  # llama.cpp's default sliding_window_pattern per architecture
+
+
+def _swa_layers(md: dict[str, Any], arch: str, n_layer: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window (llama_hparams::set_swa_pattern, dense_first false):
+    every layer but each pattern-th; a list in the GGUF says it per layer."""
+    if not md.get(f"{arch}.attention.sliding_window") or arch not in _SWA_PATTERN:
+        return ()
+    pat = md.get(f"{arch}.attention.sliding_window_pattern", _SWA_PATTERN[arch])
+    if isinstance(pat, list):
+        return tuple(bool(x) for x in pat[:n_layer])
+    p = int(pat)
+    return tuple(p == 0 or il % p < p - 1 for il in range(n_layer))
 
 
 def _mmproj_width(gf: GGUFFile, ptype: str) -> int:

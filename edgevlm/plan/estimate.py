@@ -14,7 +14,7 @@ import platform
 import re
 from dataclasses import dataclass
 
-from . import compute, graphalloc
+from . import compute, compute_gemma3, graphalloc
 
 from ..model.gguf_info import GGUFFile
 from ..model.kv_types import KV_TYPES
@@ -198,11 +198,28 @@ def text_compute_bytes(t, n_ctx: int, n_ubatch: int, n_batch: int, flash_attn: b
                        type_k: str = "f16", type_v: str = "f16") -> int:
     """Text compute buffer (``sched_reserve``) for a context of ``n_ctx`` tokens (unpadded:
     llama.cpp clamps the batch to it before padding). Exact for ``llama`` and ``qwen2vl``
-    graphs; other architectures are planned with the ``llama`` graph of the same shapes."""
+    graphs, Gemma 3's (``compute_gemma3``: its sliding-window layers) and Qwen3-VL's (its deepstack
+    input, in ``encoders.qwen3vl_merger``); other architectures are
+    planned with the ``llama`` graph of the same shapes."""
+    if t.arch == "qwen3vl":
+        from .encoders.qwen3vl_merger import text_compute_bytes as qwen3vl_text
+
+        return qwen3vl_text(t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab, n_ctx, n_ubatch,
+                            n_batch, flash_attn, type_k, type_v, t.n_layer, t.n_deepstack)
+    if t.arch == "gemma3" and t.swa_layers:
+        return _gemma3_compute(t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab, n_ctx,
+                               n_ubatch, n_batch, flash_attn, type_k, type_v, t.swa_layers, t.n_swa)
     arch = "qwen2vl" if t.arch == "qwen2vl" else "llama"
     # the buffer does not depend on the depth once there are two layers: replay two
     return _text_compute(arch, t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab,
                          n_ctx, n_ubatch, n_batch, flash_attn, type_k, type_v, min(t.n_layer, 2))
+
+
+@functools.lru_cache(maxsize=1024)
+def _gemma3_compute(*args) -> int:
+    n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx, n_ubatch, n_batch, fa, tk, tv, swa, n_swa = args
+    return compute_gemma3.gemma3_text_compute_bytes(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx,
+                                                    n_ubatch, n_batch, fa, tk, tv, swa_layers=swa, n_swa=n_swa)
 
 
 BUILTIN_GRAPHS = ("mlp", "qwen2vl_merger", "qwen2.5vl_merger")  # in plan.compute

@@ -269,4 +269,4 @@ class Footprint:
 
 def host_compute_bytes(t: TextModelInfo, cells: int, n_ubatch: int) -> int:
     """Host-side compute when every layer is on a GPU: inputs, mask and the logits copy."""
-    return n_ubatch * t.n_embd * 4 + cells * n_ubatch * 2 + t.n_vocab * 4 * 2
+    return n_ubatch * t.n_embd * (1 + t.n_deepstack) * 4 + cells * n_ubatch * 2 + t.n_vocab * 4 * 2

@@ -57,13 +57,15 @@ class Component:
 
 
 def buffer_lines(lines: list[str]) -> dict[str, float]:
-    """``function:buffer:what`` → MiB for llama.cpp's buffer-size log lines (the largest seen)."""
+    """``function:buffer:what`` → MiB for llama.cpp's buffer-size log lines (the largest seen;
+    KV caches summed: an iSWA model logs one line for its global and one for its SWA cache)."""
     out: dict[str, float] = {}
     for line in lines:
         m = _LINE.match(line.strip())
         if m and ("buffer size" in m.group(3) or m.group(3).startswith("model buffer")):
             key = f"{m.group(1)}:{m.group(2)}:{m.group(3)}"
-            out[key] = max(out.get(key, 0.0), float(m.group(4)))
+            val = float(m.group(4))
+            out[key] = out.get(key, 0.0) + val if m.group(1) == "llama_kv_cache" else max(out.get(key, 0.0), val)
         m = _CLIP_MODEL.search(line)
         if m:
             out["clip:model"] = float(m.group(1))

@@ -1,0 +1,359 @@
+"""Qwen3-VL's vision encoder graph (``tools/mtmd/models/qwen3vl.cpp`` + clip.cpp's shared
+``build_norm`` / ``build_attn`` / ``build_ffn``), replayed through ggml's allocator.
+
+Unlike the Qwen2-VL graph, node order here cannot be written down as a straight list: clip.cpp
+adds each layer's Q/K/V to the graph early (``ggml_build_forward_order`` in ``build_attn``) and
+everything else only when a later call reaches it — and the deepstack mergers hang off the final
+``concat``, so they are visited at the very end, keeping each deepstack layer's output alive
+until then. The module therefore builds the tensor DAG as clip.cpp does and orders it with
+ggml's own depth-first visit (``ggml_visit_parents_graph``: sources left to right, a node after
+its sources, leafs apart) before replaying the allocator.
+
+Inputs the graph depends on beyond ``n_patches``: the position-embedding table is interpolated
+(``resize_position_embeddings``) unless the patch grid equals the table's (48×48 for the real
+model: a 768×768 image) — the interpolating graph is replayed for every size (it allocates two
+more tensors; on the presets measured both give the same buffer, whose peak lies later).
+
+The module also replays the ``qwen3vl`` *text* model's reserve graph (``text_compute_bytes``),
+which the planner's ``llama`` graph under-estimates (deepstack input, Q/K norms).
+"""
+
+from __future__ import annotations
+
+from ...model.gguf_info import ProjectorInfo
+from ..compute import text_effective
+from ..graphalloc import (
+    F16,
+    F32,
+    FLAG_INPUT,
+    FLAG_OUTPUT,
+    I32,
+    I64,
+    QUANT,
+    TYPE_SIZE,
+    Graph,
+    Tensor,
+    replay,
+)
+
+__all__ = ["compute_bytes", "deepstack_layers", "text_compute_bytes"]
+
+# deepstack_visual_indexes of Qwen3-VL-2B (24 blocks), the fallback when the header has none
+_DEFAULT_DEEPSTACK = (5, 11, 17)
+
+
+def deepstack_layers(proj: ProjectorInfo) -> list[int]:
+    """Vision blocks with a deepstack merger. clip.cpp counts the ``v.deepstack.N.*`` tensors;
+    the converter also writes ``clip.vision.is_deepstack_layers`` (one flag per block), which is
+    what the header offers. Without the key, the released models' 5/11/17 of 24, scaled."""
+    flags = proj.meta.get("clip.vision.is_deepstack_layers")
+    if isinstance(flags, list):
+        return [i for i, f in enumerate(flags) if f]
+    n = proj.n_layer
+    return sorted({min(n - 1, i * n // 24) for i in _DEFAULT_DEEPSTACK}) if n else []
+
+
+def _ne4(ne) -> tuple:
+    ne = tuple(int(x) for x in ne)
+    return ne + (1,) * (4 - len(ne))
+
+
+def _contig_nb(type_: str, ne: tuple) -> tuple:
+    ts = TYPE_SIZE[type_]
+    return (ts, ts * ne[0], ts * ne[0] * ne[1], ts * ne[0] * ne[1] * ne[2])
+
+
+class _DAG:
+    """Tensors with sources, ordered into a ggml graph by ``expand`` / ``order``."""
+
+    def __init__(self) -> None:
+        self.W = Tensor("NONE", F16, (1, 1, 1, 1), (2, 2, 2, 2), external=True, name="weight")
+        self.nodes: list[Tensor] = []
+        self.leafs: list[Tensor] = []
+        self._seen: set[int] = set()
+
+    def input(self, name: str, type_: str, ne) -> Tensor:
+        ne = _ne4(ne)
+        return Tensor("NONE", type_, ne, _contig_nb(type_, ne), flags=FLAG_INPUT, name=name)
+
+    def op(self, op: str, type_: str, ne, *src: Tensor | None, name: str = "") -> Tensor:
+        ne = _ne4(ne)
+        return Tensor(op, type_, ne, _contig_nb(type_, ne), list(src), name=name)
+
+    def view(self, a: Tensor, ne, nb=None, op: str = "VIEW") -> Tensor:
+        ne = _ne4(ne)
+        root = a.view_src if a.view_src is not None else a
+        return Tensor(op, a.type, ne, tuple(nb) if nb else _contig_nb(a.type, ne), [a], view_src=root)
+
+    def expand(self, t: Tensor) -> None:
+        """ggml_build_forward_expand / _order: add t and its unvisited ancestors, sources first."""
+        stack = [(t, 0)]
+        while stack:
+            node, i = stack.pop()
+            if i == 0:
+                if id(node) in self._seen or node.external:
+                    continue
+                self._seen.add(id(node))
+            if i < len(node.src):
+                stack.append((node, i + 1))
+                s = node.src[i]
+                if s is not None and s is not node and id(s) not in self._seen and not s.external:
+                    stack.append((s, 0))
+                continue
+            (self.leafs if node.op == "NONE" else self.nodes).append(node)
+
+    order = expand
+
+    def graph(self) -> Graph:
+        g = Graph()
+        g.leafs = self.leafs
+        g.nodes = self.nodes
+        return g
+
+
+def _graph(n_patches: int, patch: int, E: int, H: int, F: int, n_layer: int, n_out: int,
+           deepstack: list[int], merge: int, flash_attn: bool, interpolate: bool = True) -> Graph:
+    d = _DAG()
+    W = d.W
+    P, p = n_patches, patch
+    D = E // H
+    m2 = merge * merge
+    G = P // m2  # output tokens
+
+    # build_inp_with_temporal_merge: two 2-D convs over the same still image, added
+    inp_raw = d.input("inp_raw", F32, (P * p * p, 3))  # (nx*p, ny*p, 3): only the size matters
+
+    def conv() -> Tensor:
+        col = d.op("IM2COL", F16, (3 * p * p, P), W, inp_raw)
+        colr = d.view(col, (3 * p * p, P), op="RESHAPE")
+        mm = d.op("MUL_MAT", F32, (P, E), colr, W)
+        r = d.view(mm, (P, 1, 1, E), op="RESHAPE")
+        r = d.view(r, (P, 1, E, 1), op="PERMUTE", nb=(4, 4 * P, 4 * P, 4 * P))
+        return d.op("CONT", F32, (P, 1, E), r)
+
+    x = d.op("ADD", F32, (P, 1, E), conv(), conv())
+    # spatial merge: permute → cont_4d → reshape_4d → permute → cont_3d
+    x = d.view(x, (E, P, 1), op="PERMUTE", nb=(4 * P, 4, 4 * P, 4 * P * E))
+    x = d.op("CONT", F32, (2 * E, P // 2, 1), x)
+    x = d.view(x, (2 * E, 1, P // 2, 1), op="RESHAPE")
+    x = d.view(x, (2 * E, P // 2, 1, 1), op="PERMUTE", nb=(4, 8 * E, 8 * E, 8 * E * P))
+    x = d.op("CONT", F32, (E, P), x)
+    x = d.op("ADD", F32, (E, P), x, W, name="patch_bias")
+    # learned position embeddings, bilinearly resized to the patch grid, then the same shuffle
+    if interpolate:
+        pe = d.op("UPSCALE", F32, (P, 1, E), W)           # (width, height, n_embd)
+        pe = d.view(pe, (E, P, 1), op="PERMUTE", nb=(4 * P, 4, 4 * P, 4 * P * E))
+        pe = d.op("CONT", F32, (E, P), pe)
+    else:
+        pe = W
+    pe = d.op("CONT", F32, (2 * E, P // 2, 1), pe)
+    pe = d.view(pe, (2 * E, 1, P // 2, 1), op="RESHAPE")
+    pe = d.view(pe, (2 * E, P // 2, 1, 1), op="PERMUTE", nb=(4, 8 * E, 8 * E, 8 * E * P))
+    pe = d.op("CONT", F32, (E, P), pe)
+    x = d.op("ADD", F32, (E, P), x, pe, name="inp_pos_emb")
+
+    positions = d.input("positions", I32, (4 * P,))
+
+    def norm(t: Tensor, n: int, rows: int) -> Tensor:
+        t = d.op("NORM", F32, (n, rows), t)
+        t = d.op("MUL", F32, (n, rows), t, W)
+        return d.op("ADD", F32, (n, rows), t, W)
+
+    def ffn(t: Tensor, n_in_out: tuple[int, int, int], rows: int) -> Tensor:
+        _, n_hidden, n_o = n_in_out
+        t = d.op("ADD", F32, (n_hidden, rows), d.op("MUL_MAT", F32, (n_hidden, rows), W, t), W)
+        t = d.op("UNARY", F32, (n_hidden, rows), t)  # GELU
+        return d.op("ADD", F32, (n_o, rows), d.op("MUL_MAT", F32, (n_o, rows), W, t), W)
+
+    inpL = x
+    ds_feats: Tensor | None = None
+    for il in range(n_layer):
+        cur = norm(inpL, E, P)
+        qkv = d.op("ADD", F32, (3 * E, P), d.op("MUL_MAT", F32, (3 * E, P), W, cur, name=f"qkv-{il}"), W)
+        nb = (4, 4 * D, 4 * 3 * E, 4 * 3 * E * P)
+        qv = d.view(qkv, (D, H, P), nb=nb)
+        kv = d.view(qkv, (D, H, P), nb=nb)
+        vv = d.view(qkv, (D, H, P), nb=nb)
+        q = d.op("ROPE", F32, (D, H, P), qv, positions, name=f"Qrope-{il}")
+        k = d.op("ROPE", F32, (D, H, P), kv, positions, name=f"Krope-{il}")
+        # build_attn: Q, K, V enter the graph now, in this order
+        d.order(q)
+        d.order(k)
+        d.order(vv)
+        qp = d.view(q, (D, P, H), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * P))
+        kp = d.view(k, (D, P, H), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * P))
+        if flash_attn:
+            vp = d.view(vv, (D, P, H), op="PERMUTE", nb=(4, 4 * 3 * E, 4 * D, 4 * 3 * E * P))
+            kc = d.op("CPY", F16, (D, P, H), kp)
+            vc = d.op("CPY", F16, (D, P, H), vp)
+            fa = d.op("FLASH_ATTN_EXT", F32, (D, H, P), qp, kc, vc, name=f"fattn-{il}")
+            att = d.view(fa, (E, P), op="RESHAPE")
+        else:
+            vp = d.view(vv, (P, D, H), op="PERMUTE", nb=(4 * 3 * E, 4, 4 * D, 4 * 3 * E * P))
+            vc = d.op("CONT", F32, (P, D, H), vp)
+            kq = d.op("MUL_MAT", F32, (P, P, H), kp, qp, name=f"kq-{il}")
+            kq = d.op("SOFT_MAX", F32, (P, P, H), kq)
+            kqv = d.op("MUL_MAT", F32, (D, P, H), vc, kq)
+            kqv = d.view(kqv, (D, H, P), op="PERMUTE", nb=(4, 4 * D * P, 4 * D, 4 * E * P))
+            att = d.op("CONT", F32, (E, P), kqv)
+        att = d.op("ADD", F32, (E, P), d.op("MUL_MAT", F32, (E, P), W, att), W)
+        ffn_inp = d.op("ADD", F32, (E, P), att, inpL)
+        cur = ffn(norm(ffn_inp, E, P), (E, F, E), P)
+        cur = d.op("ADD", F32, (E, P), ffn_inp, cur, name=f"layer_out-{il}")
+        if il in deepstack:
+            feat = d.view(cur, (E * m2, G), op="RESHAPE")
+            feat = ffn(norm(feat, E * m2, G), (E * m2, E * m2, n_out), G)
+            if ds_feats is None:
+                ds_feats = feat
+            else:
+                ds_feats = d.op("CONCAT", F32, (ds_feats.ne[0] + n_out, G), ds_feats, feat)
+        inpL = cur
+
+    x = norm(inpL, E, P)  # post_ln (merger.norm, before the shuffle)
+    x = d.view(x, (E * m2, G), op="RESHAPE")
+    x = ffn(x, (E * m2, E * m2, n_out), G)
+    if ds_feats is not None:
+        x = d.op("CONCAT", F32, (n_out + ds_feats.ne[0], G), x, ds_feats)
+    d.expand(x)
+    return d.graph()
+
+
+def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool) -> int:
+    """clip's compute buffer (bytes, CPU) for one image of ``n_patches`` patches (tokens × 4)."""
+    merge = int(proj.spatial_merge_size or 2)
+    n_head = proj.n_head or 1
+    return replay(_graph(n_patches, proj.patch_size, proj.n_embd, n_head, proj.n_ff, proj.n_layer,
+                         proj.n_mmproj_embd, deepstack_layers(proj), merge, flash_attn))
+
+
+# ------------------------------------------------------------------------------------------------
+# the text side: llama.cpp's ``qwen3vl`` decoder reserve graph (src/models/qwen3vl.cpp). Not an
+# encoder, but it belongs to this family: the planner's ``llama`` graph misses the deepstack
+# input (build_inp_embd pads the token embeddings to n_embd × (1 + n_deepstack_layers) and that
+# tensor stays alive until the last deepstack add) and the Q/K RMS norms, and under-estimates.
+# ------------------------------------------------------------------------------------------------
+def _text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_tokens, n_outputs,
+                flash_attn, type_k, type_v, n_layer, n_deepstack):
+    """``plan.compute._text_graph`` (llama) with qwen3vl's differences: Q/K RMS norms, no biases,
+    4 positions per token (M-RoPE), the token embeddings padded to n_embd × (1 + n_deepstack)
+    (``build_inp_embd``: GET_ROWS → PAD, then a view) and one deepstack ADD after each of the
+    first ``n_deepstack`` layers."""
+    g = Graph()
+    E, H, Hkv, D, F, V, U = n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_tokens
+    Eq, Ekv = H * D, Hkv * D
+    Ein = E * (1 + n_deepstack)
+    rot_k = QUANT.get(type_k, False) and D % 64 == 0
+    rot_v = QUANT.get(type_v, False) and D % 64 == 0
+    nrot_k = 0
+    if rot_k:
+        nrot_k = 64
+        while D % (nrot_k * 2) == 0:
+            nrot_k *= 2
+    nrot_v = 64
+    W = g.EXT
+    inp_tokens = g.input("inp_tokens", I32, (U,))
+    g.input("inp_embd", F32, (Ein, U))
+    k_rot = g.input("attn_inp_k_rot", F32, (nrot_k, nrot_k)) if rot_k else None
+    inp_pos = g.input("inp_pos", I32, (U * 4,))
+    v_rot = g.input("attn_inp_v_rot", F32, (nrot_v, nrot_v)) if rot_v else None
+    k_idxs = g.input("k_idxs", I64, (U,))
+    v_idxs = g.input("v_idxs", I64, (U if flash_attn else U * Ekv,))
+    kq_mask = g.input("kq_mask", F16 if flash_attn else F32, (n_kv, U))
+    out_ids = g.input("out_ids", I32, (n_outputs,))
+
+    def hadamard(x, rot, n, ne3):
+        r = g.view(x, (n, (ne3[0] * ne3[1] * ne3[2]) // n), op="RESHAPE")
+        m = g.op("MUL_MAT", F32, (n, (ne3[0] * ne3[1] * ne3[2]) // n), rot, r)
+        return g.view(m, ne3, op="RESHAPE")
+
+    inpL = g.op("GET_ROWS", F32, (E, U), W, inp_tokens, name="embd")
+    inp_embd = inpL
+    if n_deepstack:
+        pad = g.op("PAD", F32, (Ein, U), inpL)          # token path padded to n_embd_inp
+        inp_embd = g.view(pad, (E, U), nb=(4, 4 * Ein, 4 * Ein * U, 4 * Ein * U))
+        inpL = inp_embd
+    for il in range(n_layer):
+        last = il == n_layer - 1
+        norm = g.op("RMS_NORM", F32, (E, U), inpL, name=f"norm-{il}")
+        attn_norm = g.op("MUL", F32, (E, U), norm, W)
+        q = g.op("MUL_MAT", F32, (Eq, U), W, attn_norm, name=f"Qcur-{il}")
+        q = g.view(q, (D, H, U), op="RESHAPE")
+        q = g.op("RMS_NORM", F32, (D, H, U), q)
+        q = g.op("MUL", F32, (D, H, U), q, W)
+        q = g.op("ROPE", F32, (D, H, U), q, inp_pos, name=f"Qrope-{il}")
+        if rot_k:
+            q = hadamard(q, k_rot, nrot_k, (D, H, U))
+        v = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Vcur-{il}")
+        v = g.view(v, (D, Hkv, U), op="RESHAPE")
+        if rot_v:
+            v = hadamard(v, v_rot, nrot_v, (D, Hkv, U))
+        k = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Kcur-{il}")
+        k = g.view(k, (D, Hkv, U), op="RESHAPE")
+        k = g.op("RMS_NORM", F32, (D, Hkv, U), k)
+        k = g.op("MUL", F32, (D, Hkv, U), k, W)
+        k = g.op("ROPE", F32, (D, Hkv, U), k, inp_pos, name=f"Krope-{il}")
+        if rot_k:
+            k = hadamard(k, k_rot, nrot_k, (D, Hkv, U))
+        kv = g.view(k, (Ekv, U))
+        g.ext_op("SET_ROWS", W, kv, k_idxs)
+        if flash_attn:
+            vv = g.view(v, (Ekv, U))
+            g.ext_op("SET_ROWS", W, vv, v_idxs)
+        else:
+            vv = g.view(v, (Ekv, U), op="RESHAPE")
+            vv = g.view(vv, (1, Ekv * U), op="RESHAPE")
+            g.ext_op("SET_ROWS", W, vv, v_idxs)
+        qv = g.view(q, (D, H, U))
+        qp = g.view(qv, (D, U, H), op="PERMUTE", nb=(4, 4 * D * H, 4 * D, 4 * D * H * U))
+        if flash_attn:
+            fa = g.op("FLASH_ATTN_EXT", F32, (D, H, U), qp, W, W, kq_mask, name=f"fattn-{il}")
+            cur = g.view(fa, (Eq, U), op="RESHAPE")
+        else:
+            kq = g.op("MUL_MAT", F32, (n_kv, U, H), W, qp, name=f"kq-{il}")
+            kq = g.op("SOFT_MAX", F32, (n_kv, U, H), kq, kq_mask)
+            kqv = g.op("MUL_MAT", F32, (D, U, H), W, kq, name=f"kqv-{il}")
+            kqp = g.view(kqv, (D, H, U), op="PERMUTE", nb=(4, 4 * D * U, 4 * D, 4 * D * U * H))
+            cur = g.op("CONT", F32, (Eq, U), kqp, name=f"kqv_out-{il}")
+        if rot_v:
+            cur = hadamard(cur, v_rot, nrot_v, (Eq, U, 1))
+        cur = g.op("MUL_MAT", F32, (E, U), W, cur, name=f"attn_out-{il}")
+        res = inpL
+        T = U
+        if last:
+            cur = g.op("GET_ROWS", F32, (E, n_outputs), cur, out_ids)
+            res = g.op("GET_ROWS", F32, (E, n_outputs), inpL, out_ids)
+            T = n_outputs
+        ffn_inp = g.op("ADD", F32, (E, T), cur, res)
+        norm = g.op("RMS_NORM", F32, (E, T), ffn_inp)
+        ffn_norm = g.op("MUL", F32, (E, T), norm, W)
+        gate = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_gate-{il}")
+        up = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_up-{il}")
+        glu = g.op("GLU", F32, (F, T), gate, up, name=f"ffn_swiglu-{il}")
+        down = g.op("MUL_MAT", F32, (E, T), W, glu, name=f"ffn_out-{il}")
+        inpL = g.op("ADD", F32, (E, T), down, ffn_inp)
+        if il < n_deepstack:   # deepstack_out: + feature il of the wide input embedding
+            ds = g.view(inp_embd, (E, U), nb=(4, 4 * Ein, 4 * Ein * U, 4 * Ein * U))
+            inpL = g.op("ADD", F32, (E, T), inpL, ds, name=f"deepstack_out-{il}")
+    norm = g.op("RMS_NORM", F32, (E, n_outputs), inpL)
+    rn = g.op("MUL", F32, (E, n_outputs), norm, W, flags=FLAG_OUTPUT, name="result_norm")
+    g.op("MUL_MAT", F32, (V, n_outputs), W, rn, flags=FLAG_OUTPUT, name="result_output")
+    return g
+
+
+def text_compute_bytes(n_embd: int, n_head: int, n_head_kv: int, head_dim: int, n_ff: int,
+                       n_vocab: int, n_ctx: int, n_ubatch: int = 512, n_batch: int = 512,
+                       flash_attn: bool = False, type_k: str = "f16", type_v: str = "f16",
+                       n_layer: int = 2, n_deepstack: int = 0, n_outputs_max: int = 0) -> int:
+    """Predicted ``sched_reserve: CPU compute buffer size`` (bytes) of a ``qwen3vl`` text model
+    (exact allocator replay, like ``plan.compute.text_compute_bytes``).
+
+    n_deepstack: the GGUF's ``qwen3vl.n_deepstack_layers`` (Qwen3-VL: 3). n_layer: the model's
+    depth; the buffer stops depending on it once every deepstack layer and one more are in the
+    graph, so at most max(2, n_deepstack + 1) layers are replayed."""
+    n_layer = min(n_layer, max(2, n_deepstack + 1))
+    n_kv, n_tokens, n_outputs = text_effective(n_ctx, n_ubatch, n_batch, n_outputs_max)
+    pp = replay(_text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_tokens,
+                            n_outputs, flash_attn, type_k, type_v, n_layer, n_deepstack))
+    tg = replay(_text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, 1, 1,
+                            flash_attn, type_k, type_v, n_layer, n_deepstack))
+    return max(pp, tg)
