@@ -23,6 +23,7 @@ PROMPTS = {
     "llava16": "USER: {m}\nWhat is in the picture?\nASSISTANT:",
     "qwen2vl": "<|im_start|>user\n{m}What is in the picture?<|im_end|>\n<|im_start|>assistant\n",
     "qwen25vl": "<|im_start|>user\n{m}What is in the picture?<|im_end|>\n<|im_start|>assistant\n",
+    "pixtral": "[INST]{m}What is in the picture?[/INST]",
     "qwen3vl": "<|im_start|>user\n{m}What is in the picture?<|im_end|>\n<|im_start|>assistant\n",
     "gemma3": "<start_of_turn>user\n{m}What is in the picture?<end_of_turn>\n<start_of_turn>model\n",
     "idefics3": "<|im_start|>User:{m}What is in the picture?<end_of_utterance>\nAssistant:",

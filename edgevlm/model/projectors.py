@@ -72,7 +72,8 @@ PROJECTORS: dict[str, ProjectorFacts] = {
     "resampler": ProjectorFacts("fixed", grid=False),
     "minicpmv": ProjectorFacts("tiled", grid=False, family="minicpmv", encoder_graph="minicpmv"),
     "idefics3": ProjectorFacts("tiled", family="idefics3", encoder_graph="idefics3"),
-    "pixtral": ProjectorFacts("dynamic", family="pixtral", encoder_graph="pixtral"),
+    # a chunk holds an [IMG_BREAK] embedding after each row: not a plain grid, not mergeable
+    "pixtral": ProjectorFacts("dynamic", grid=False, family="pixtral", encoder_graph="pixtral"),
     "llama4": ProjectorFacts("fixed", grid=False),
     "gemma3": ProjectorFacts("fixed", non_causal=True, family="gemma3", encoder_graph="gemma3"),
     "internvl": ProjectorFacts("tiled", family="internvl", encoder_graph="internvl"),

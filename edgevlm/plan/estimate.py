@@ -243,7 +243,7 @@ def _clip_compute(ptype, image_size, patch_size, n_embd, n_head, n_ff, n_layer, 
                                       n_patches, n_mmproj_embd, merge, flash_attn, n_wa_pattern)
 
 
-def clip_compute_bytes(proj, n_patches: int, flash_attn: bool) -> int:
+def clip_compute_bytes(proj, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
     """Vision encoder compute buffer for one chunk of ``n_patches`` patches (before merging).
 
     Exact for the projectors whose encoder graph the facts table names and edgevlm replays
@@ -253,7 +253,7 @@ def clip_compute_bytes(proj, n_patches: int, flash_attn: bool) -> int:
     f = facts(proj)
     graph = _encoder_module(f.encoder_graph)
     if graph is not None:
-        return graph.compute_bytes(proj, n_patches, flash_attn)
+        return graph.compute_bytes(proj, n_patches, flash_attn, grid=grid)
     if f.encoder_graph in BUILTIN_GRAPHS:
         merge = f.merge
         return _clip_compute(f.encoder_graph, proj.image_size, proj.patch_size, proj.n_embd, proj.n_head,

@@ -57,8 +57,9 @@ class Guard:
     def encoder_bytes(self, w: int, h: int) -> int:
         """The encoder's compute buffer for a ``w``×``h`` picture (its largest chunk)."""
         it = image_tokens(self.proj, w, h, max_tokens=self._mtmd_cap)
-        per_view = encoder_patches(self.proj, max(v.n_tokens for v in it.views))
-        return clip_compute_bytes(self.proj, per_view, self.plan.flash_attn)
+        v = max(it.views, key=lambda v: v.n_tokens)
+        return clip_compute_bytes(self.proj, encoder_patches(self.proj, v.n_tokens), self.plan.flash_attn,
+                                  grid=(v.nx, v.ny))
 
     def _free_now(self) -> int:
         pr = self.measure()

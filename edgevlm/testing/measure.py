@@ -101,6 +101,8 @@ def measure(model: str, mmproj: str, cfg: Config, n_threads: int = 2) -> list[Co
                     img = next(c for c in chunks if c.kind == "image")
                     be.encode_image(img)
                     n_patches = encoder_patches(proj, img.n_tokens)
+                    view = max(image_tokens(proj, w, h, max_tokens=cfg.image_max_tokens).views,
+                               key=lambda v: v.n_tokens)
             finally:
                 be.free_bitmap(bm)
         finally:
@@ -123,7 +125,7 @@ def measure(model: str, mmproj: str, cfg: Config, n_threads: int = 2) -> list[Co
                                      cfg.type_k, cfg.type_v)),
         Component("mmproj weights", int(round(got.get("clip:model", 0.0) * MIB)), proj_gf.weight_bytes),
         Component("mmproj compute", int(round(max(clip_compute or [0.0]) * MIB)),
-                  clip_compute_bytes(proj, n_patches, cfg.flash_attn)),
+                  clip_compute_bytes(proj, n_patches, cfg.flash_attn, grid=(view.nx, view.ny))),
     ]
 
 

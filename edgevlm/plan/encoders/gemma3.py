@@ -129,7 +129,8 @@ def pool_size(proj: ProjectorInfo) -> int:
     return int(proj.meta.get("clip.vision.projector.scale_factor") or 4)
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool) -> int:
+def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool,
+                  grid: tuple[int, int] | None = None) -> int:
     """clip's compute buffer for one Gemma 3 image (always the whole 896² view: 4096 patches)."""
     return replay(gemma3_graph(n_patches, proj.patch_size, proj.n_embd, proj.n_head, proj.n_ff,
                                proj.n_layer, proj.n_mmproj_embd, pool_size(proj), flash_attn))

@@ -140,7 +140,8 @@ def graph(patch_size: int, n_embd: int, n_head: int, n_ff: int, n_layer: int, n_
     return g
 
 
-def compute_bytes(proj, n_patches: int, flash_attn: bool) -> int:
+def compute_bytes(proj, n_patches: int, flash_attn: bool,
+                  grid: tuple[int, int] | None = None) -> int:
     """clip's compute buffer for one tile of ``n_patches`` patches (``encoder_patches``: the
     whole (image_size / patch)² view)."""
     side = math.isqrt(max(n_patches, 1))

@@ -128,7 +128,8 @@ def internvl_graph(patch_size: int, n_embd: int, n_head: int, n_ff: int, n_layer
     return g
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool) -> int:
+def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool,
+                  grid: tuple[int, int] | None = None) -> int:
     """clip's compute buffer for one ``internvl`` chunk of ``n_patches`` patches (one tile:
     (image_size / patch_size)², the thumbnail has the same size)."""
     side = math.isqrt(max(n_patches, 1))

@@ -218,7 +218,8 @@ def _graph(n_patches: int, patch: int, E: int, H: int, F: int, n_layer: int, n_o
     return d.graph()
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool) -> int:
+def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool,
+                  grid: tuple[int, int] | None = None) -> int:
     """clip's compute buffer (bytes, CPU) for one image of ``n_patches`` patches (tokens × 4)."""
     merge = int(proj.spatial_merge_size or 2)
     n_head = proj.n_head or 1
