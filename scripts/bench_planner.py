@@ -4,6 +4,7 @@ naive "file size + f16 KV" pre-flight (what Ollama-style estimators do), side by
 
     python scripts/bench_planner.py                 # tiny + real-shape presets, prints a table
     python scripts/bench_planner.py --presets tiny  # quick
+    python scripts/bench_planner.py --families gemma3,pixtral
     python scripts/bench_planner.py --out planner.json
 
 Every configuration is loaded in llama.cpp (CPU), the largest admitted image is encoded, and the
@@ -23,20 +24,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from edgevlm.testing import cached_model_pair  # noqa: E402
+from edgevlm.testing import FAMILIES, cached_model_pair  # noqa: E402
 from edgevlm.testing.measure import Config, components_dict, measure, naive_estimate  # noqa: E402
 
 MIB = 2**20
 
 
-def matrix(presets: list[str]) -> list[tuple[str, Config]]:
+DYNAMIC = {"qwen2vl", "qwen25vl", "qwen3vl", "pixtral"}  # image budgets apply to these
+# real presets: one per distinct text/vision shape (llava16 and qwen25vl share their siblings')
+REAL_SKIP = {"llava16", "qwen25vl"}
+
+
+def matrix(presets: list[str], families: list[str]) -> list[tuple[str, Config]]:
     out = []
     for preset in presets:
         ctxs = (512, 2048, 8192) if preset == "tiny" else (1024, 4096)
-        for fam in ("llava15", "llava16", "qwen2vl", "qwen25vl"):
-            if preset == "real" and fam in ("llava16", "qwen25vl"):
-                continue  # same text/vision shapes as their siblings at the real preset
-            dyn = fam.startswith("qwen")
+        for fam in families:
+            if preset == "real" and fam in REAL_SKIP:
+                continue
+            dyn = fam in DYNAMIC
             for ctx in ctxs:
                 for kv, fa in (("f16", False), ("f16", True), ("q8_0", True), ("q4_0", True)):
                     for ub in ((512,) if preset == "real" else (128, 512)):
@@ -49,6 +55,7 @@ def matrix(presets: list[str]) -> list[tuple[str, Config]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default="tiny,real")
+    ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated (default: every family)")
     ap.add_argument("--out", default="bench_planner.json")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -56,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=False, width=160)
     rows = []
     t0 = time.perf_counter()
-    for preset, cfg in matrix(presets):
+    for preset, cfg in matrix(presets, [f for f in args.families.split(",") if f]):
         pair = cached_model_pair(cfg.family, preset)
         comps = measure(str(pair.model), str(pair.mmproj), cfg, n_threads=args.threads)
         measured_total = sum(c.measured for c in comps)

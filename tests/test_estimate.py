@@ -10,9 +10,12 @@ import pytest
 
 from edgevlm.testing.measure import Config, measure
 
+from .conftest import ALL_FAMILIES
+
+DYNAMIC = {"qwen2vl", "qwen25vl", "qwen3vl", "pixtral"}  # image budgets apply to these
 MATRIX = []
-for fam in ("llava15", "llava16", "qwen2vl", "qwen25vl"):
-    img = 256 if fam.startswith("qwen") else None
+for fam in ALL_FAMILIES:
+    img = 256 if fam in DYNAMIC else None
     MATRIX += [
         Config(fam, n_ctx=256, flash_attn=True, image_max_tokens=img),
         Config(fam, n_ctx=1000, flash_attn=False, image_max_tokens=img),
@@ -30,7 +33,8 @@ def test_estimate_matches_llama_cpp(model_pair, cfg):
     pair = model_pair(cfg.family)
     comps = {c.name: c for c in measure(str(pair.model), str(pair.mmproj), cfg)}
     for name in ("weights (mapped)", "weights (repack)", "kv", "mmproj weights"):
-        assert comps[name].within(0.005), (name, comps[name])
+        # an iSWA model (Gemma 3) logs two KV lines, each rounded to 0.01 MiB
+        assert comps[name].within(0.005, abs_mib=0.011 if name == "kv" else 0.006), (name, comps[name])
     assert comps["compute"].within(0.05), comps["compute"]
     enc = comps["mmproj compute"]
     assert enc.predicted >= enc.measured - 0.006 * 2**20, enc  # never under

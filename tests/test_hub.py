@@ -470,3 +470,18 @@ def test_a_cluster_node_fetches_each_file_once_and_the_driver_none(env, hub, pai
     model, mmproj = eval(outs[0][0])
     assert Path(model).read_bytes() == pairs["qwen25vl"].model.read_bytes()
     assert "+".join(ident) == model_identity(model, mmproj)[1]  # the same key before and after the pull
+
+
+def test_every_registry_model_of_a_generated_family_plans_from_its_headers(hub, tmp_path):
+    """Each registry entry whose family edgevlm generates resolves and plans from the GGUF
+    headers alone (a generated pair served under its repo and file names)."""
+    served = serve_registry_names(hub)
+    assert {"qwen3-vl-2b", "gemma-3-4b", "smolvlm-500m", "internvl3-2b", "pixtral-12b",
+            "mistral-small-3.1-24b"} <= set(served)
+    env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "EDGEVLM_CACHE": str(tmp_path / "ev")}
+    for name in served:
+        r = cli("plan", "--model", name, "--free-memory", "16GiB", "--json", extra_env=env)
+        assert r.returncode == 0, (name, r.stderr)
+        plan = json.loads(r.stdout)
+        assert plan["fits"] and plan["n_ctx"] > 0, name
+    assert all(q.range for q in content_gets(hub))  # headers only: range reads, no download

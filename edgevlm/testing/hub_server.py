@@ -339,18 +339,19 @@ def serve_registry_names(hub: FakeHub, names: list[str] | None = None, preset: s
                          registry=None) -> dict[str, tuple[str, str, str]]:
     """Serve a generated pair under each registry entry's repo and file names (default quant).
 
-    Only families edgevlm can generate are served (LLaVA-1.5/1.6, Qwen2.5-VL); returns
-    {name: (repo, model file, mmproj file)}.
+    Only entries whose family edgevlm can generate are served (by name for LLaVA, else by
+    projector type); returns {name: (repo, model file, mmproj file)}.
     """
     from ..hub.registry import load_registry
     from . import cached_model_pair
 
     reg = registry or load_registry()
-    family_of = {"llava-1.5-7b": "llava15", "llava-1.6-mistral-7b": "llava16",
-                 "qwen2.5-vl-3b": "qwen25vl", "qwen2.5-vl-7b": "qwen25vl"}
+    by_name = {"llava-1.5-7b": "llava15", "llava-1.6-mistral-7b": "llava16"}
+    by_type = {"qwen2.5vl_merger": "qwen25vl", "qwen3vl_merger": "qwen3vl", "gemma3": "gemma3",
+               "idefics3": "idefics3", "internvl": "internvl", "pixtral": "pixtral"}
     out = {}
     for e in reg.entries:
-        fam = family_of.get(e.name)
+        fam = by_name.get(e.name) or by_type.get(e.projector_type)
         if fam is None or (names is not None and e.name not in names):
             continue
         pair = cached_model_pair(fam, preset)
