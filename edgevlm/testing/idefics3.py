@@ -22,7 +22,7 @@ import string
 from pathlib import Path
 
 from .shapes import TextShape, VisionShape
-from .vocab import CONTROL, NORMAL, Vocab, _byte_to_unicode, _pieces, write_vocab
+from .vocab import CONTROL, NORMAL, Vocab, byte_to_unicode, word_pieces, write_vocab
 from .writer import FILE_TYPES, RandomGGUF, decoder_tensors, text_header
 
 SIGLIP_MEAN = [0.5, 0.5, 0.5]
@@ -63,7 +63,7 @@ def smolvlm_vocab(n_vocab: int) -> Vocab:
     n_base = n_vocab - len(added)
     if n_base < len(SMOLLM2_SPECIALS) + 256 + 64:
         raise ValueError("a SmolVLM vocab needs at least 521 tokens")
-    b2u = _byte_to_unicode()
+    b2u = byte_to_unicode()
     tokens = list(SMOLLM2_SPECIALS)
     types = [CONTROL] * len(tokens)
     byte_syms = [b2u[b] for b in range(256)]
@@ -89,7 +89,7 @@ def smolvlm_vocab(n_vocab: int) -> Vocab:
     for w in (nl + nl, "ro", "row", "co", "col", "Us", "Use", "User", "As", "Ass", "Assi", "Assis",
               "Assist", "Assista", "Assistan", "Assistant"):
         push(w)
-    for w in _pieces(string.ascii_lowercase, 2 * n_base):
+    for w in word_pieces(string.ascii_lowercase, 2 * n_base):
         if not (push(space + w) and push(w)):
             break
     while len(tokens) < n_base:  # not reached for sane sizes

@@ -26,7 +26,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from .vocab import CONTROL, NORMAL, Vocab, _byte_to_unicode, _pieces, write_vocab
+from .vocab import CONTROL, NORMAL, Vocab, byte_to_unicode, word_pieces, write_vocab
 from .writer import FILE_TYPES, RandomGGUF
 
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]  # mistral_common's dataset mean/std (= CLIP's)
@@ -105,7 +105,7 @@ def tekken_vocab(n_vocab: int) -> Vocab:
         raise ValueError(f"a Tekken vocab needs at least {N_SPECIAL + 320} tokens")
     tokens = TEKKEN_SPECIALS + [f"<SPECIAL_{i}>" for i in range(len(TEKKEN_SPECIALS), N_SPECIAL)]
     types = [CONTROL] * N_SPECIAL
-    b2u = _byte_to_unicode()
+    b2u = byte_to_unicode()
     tokens += [b2u[b] for b in range(256)]
     types += [NORMAL] * 256
     have = set(tokens[N_SPECIAL:])
@@ -116,7 +116,7 @@ def tekken_vocab(n_vocab: int) -> Vocab:
         tokens.append(space + c)
         types.append(NORMAL)
         have.add(space + c)
-    for w in _pieces(string.ascii_lowercase, n_vocab * 2):
+    for w in word_pieces(string.ascii_lowercase, n_vocab * 2):
         for word in (space + w, w, space + w.capitalize(), w.capitalize()):
             if len(tokens) >= n_vocab:
                 break

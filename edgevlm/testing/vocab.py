@@ -42,7 +42,7 @@ class Vocab:
     extra_ids: dict[str, int] | None = None  # named special tokens (e.g. "eot")
 
 
-def _pieces(alphabet: str, limit: int) -> list[str]:
+def word_pieces(alphabet: str, limit: int) -> list[str]:
     """Deterministic list of letter strings: words first, then all bigrams, trigrams, ..."""
     out: list[str] = []
     seen: set[str] = set()
@@ -72,8 +72,8 @@ def spm_vocab(n_vocab: int) -> Vocab:
     # Single characters, with and without the word-start marker.
     chars = string.ascii_letters + string.digits + string.punctuation
     pieces = ["\u2581"] + [c for c in chars] + ["\u2581" + c for c in chars]
-    pieces += ["\u2581" + w for w in _pieces(string.ascii_lowercase, (n_vocab - len(tokens)) // 2 + 64)]
-    pieces += [w for w in _pieces(string.ascii_lowercase, n_vocab)]
+    pieces += ["\u2581" + w for w in word_pieces(string.ascii_lowercase, (n_vocab - len(tokens)) // 2 + 64)]
+    pieces += [w for w in word_pieces(string.ascii_lowercase, n_vocab)]
     seen: set[str] = set()
     for p in pieces:
         if len(tokens) >= n_vocab:
@@ -88,7 +88,7 @@ def spm_vocab(n_vocab: int) -> Vocab:
     return Vocab("llama", tokens, scores, types, [], bos_id=1, eos_id=2, unk_id=0, pad_id=None)
 
 
-def _byte_to_unicode() -> dict[int, str]:
+def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte → printable character map."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     bs += list(range(ord("®"), ord("ÿ") + 1))
@@ -114,14 +114,14 @@ def bpe_vocab(n_vocab: int) -> Vocab:
     n_special = len(QWEN_SPECIALS)
     if n_vocab < 256 + n_special + 64:
         raise ValueError("a BPE vocab needs at least 334 tokens")
-    b2u = _byte_to_unicode()
+    b2u = byte_to_unicode()
     tokens = [b2u[b] for b in range(256)]
     have = set(tokens)
     merges: list[str] = []
     space = b2u[ord(" ")]
     n_normal = n_vocab - n_special
     # Every piece is reachable by merging its left part (already a token) with one character.
-    for w in _pieces(string.ascii_lowercase, n_normal * 2):
+    for w in word_pieces(string.ascii_lowercase, n_normal * 2):
         for word in (space + w, w):
             if len(tokens) >= n_normal:
                 break
