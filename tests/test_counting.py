@@ -69,3 +69,12 @@ def test_budget_with_the_model_counts_as_the_arithmetic(model_pair, images, fami
                     "--json", *tokens)
         assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
         assert json.loads(a.stdout) == json.loads(b.stdout)
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_the_bound_before_loading_is_never_under(model_pair, family):
+    """What plan and inspect assume for a projector type without arithmetic, checked on the
+    types that have it: never below what mtmd makes for any size."""
+    proj = load_projector(model_pair(family).mmproj)
+    worst = max(projectors.image_tokens(proj, *s).n_tokens for s in SIZES)
+    assert projectors.token_bound(proj) >= worst, (projectors.token_bound(proj), worst)

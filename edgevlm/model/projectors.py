@@ -69,12 +69,12 @@ PROJECTORS: dict[str, ProjectorFacts] = {
     "mlp_norm": _MLP,
     "ldp": ProjectorFacts("fixed", grid=False),
     "ldpv2": ProjectorFacts("fixed", grid=False),
-    "resampler": ProjectorFacts("fixed", grid=False),
+    "resampler": ProjectorFacts("tiled", grid=False),  # MiniCPM-V 2.5/2.6: slices + overview
     "minicpmv": ProjectorFacts("tiled", grid=False, family="minicpmv", encoder_graph="minicpmv"),
     "idefics3": ProjectorFacts("tiled", family="idefics3", encoder_graph="idefics3"),
     # a chunk holds an [IMG_BREAK] embedding after each row: not a plain grid, not mergeable
     "pixtral": ProjectorFacts("dynamic", grid=False, family="pixtral", encoder_graph="pixtral"),
-    "llama4": ProjectorFacts("fixed", grid=False),
+    "llama4": ProjectorFacts("tiled", grid=False),  # 336² tiles + a global view
     "gemma3": ProjectorFacts("fixed", non_causal=True, family="gemma3", encoder_graph="gemma3"),
     "internvl": ProjectorFacts("tiled", family="internvl", encoder_graph="internvl"),
     "qwen2vl_merger": ProjectorFacts("dynamic", "mrope", family="qwen", encoder_graph="qwen2vl_merger", merge=2),
@@ -130,7 +130,7 @@ def token_bound(proj: ProjectorInfo) -> int:
     fixed and tiled kinds, one token per patch of each view (pooling and pixel shuffle only
     reduce it), times the view limit the GGUF states (``clip.vision.max_tiles`` or
     ``clip.minicpmv_max_slice_nums``, ``clip.vision.preproc_max_tiles``, + the overview), else
-    10 views for a tiled kind."""
+    10 views for a tiled kind or a type the table does not know."""
     f = facts(proj)
     p = proj.patch_size
     if f.dynamic:
@@ -138,7 +138,7 @@ def token_bound(proj: ProjectorInfo) -> int:
         side = int(area ** 0.5) // p + 1
         return (area // (p * p)) + side
     views = 1
-    if f.kind == "tiled":
+    if f.kind == "tiled" or proj.projector_type not in PROJECTORS:  # an unknown type may tile
         limit = (proj.meta.get("clip.vision.preproc_max_tiles") or proj.meta.get("clip.vision.max_tiles")
                  or proj.meta.get("clip.minicpmv_max_slice_nums"))
         views = int(limit) + 1 if limit else 10
