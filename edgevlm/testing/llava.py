@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .shapes import LLAVA_PRESETS, LLAVA16_PINPOINTS, TextShape, VisionShape
+from .shapes import LLAVA16_PINPOINTS, LLAVA_PRESETS, TextShape, VisionShape
 from .vocab import spm_vocab, write_vocab
 from .writer import FILE_TYPES, RandomGGUF, decoder_tensors, text_header
 
@@ -16,22 +16,23 @@ CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 def write_llama_text(path: Path, t: TextShape, seed: int, name: str, weight_type: str = "q4_0") -> Path:
     g = RandomGGUF(path, "llama", seed, weight_type)
     text_header(g, t, name)
-    w = g.writer
-    w.add_rope_dimension_count(t.head_dim)
-    w.add_rope_freq_base(t.rope_theta)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(t.n_vocab)
-    write_vocab(w, spm_vocab(t.n_vocab))
+    llama_keys(g.writer, t)
+    write_vocab(g.writer, spm_vocab(t.n_vocab))
     decoder_tensors(g, t, qkv_bias=False)
     return g.write()
 
 
-def write_clip_mlp(path: Path, v: VisionShape, n_text_embd: int, seed: int, name: str,
-                   pinpoints: list[int] | None = None, projector_type: str = "mlp") -> Path:
-    """A CLIP + ``mlp`` projector; ``projector_type`` only relabels it (a file that claims another
-    projector type, for the paths that read the metadata alone)."""
-    g = RandomGGUF(path, "clip", seed, "f16")
-    w = g.writer
+def llama_keys(w, t: TextShape) -> None:
+    """The ``llama`` architecture's keys beyond the shared header (w: gguf.GGUFWriter)."""
+    w.add_rope_dimension_count(t.head_dim)
+    w.add_rope_freq_base(t.rope_theta)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(t.n_vocab)
+
+
+def clip_mlp_header(w, v: VisionShape, name: str, pinpoints: list[int] | None = None,
+                    projector_type: str = "mlp") -> None:
+    """A CLIP vision tower with a LLaVA projector: the mmproj's metadata (w: gguf.GGUFWriter)."""
     w.add_name(name)
     w.add_file_type(FILE_TYPES["f16"])
     w.add_bool("clip.has_vision_encoder", True)
@@ -52,6 +53,14 @@ def write_clip_mlp(path: Path, v: VisionShape, n_text_embd: int, seed: int, name
     if pinpoints:
         w.add_array("clip.vision.image_grid_pinpoints", pinpoints)
         w.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
+
+
+def write_clip_mlp(path: Path, v: VisionShape, n_text_embd: int, seed: int, name: str,
+                   pinpoints: list[int] | None = None, projector_type: str = "mlp") -> Path:
+    """A CLIP + ``mlp`` projector; ``projector_type`` only relabels it (a file that claims another
+    projector type, for the paths that read the metadata alone)."""
+    g = RandomGGUF(path, "clip", seed, "f16")
+    clip_mlp_header(g.writer, v, name, pinpoints, projector_type)
 
     n_patches = (v.image_size // v.patch_size) ** 2
     E = v.n_embd

@@ -90,9 +90,13 @@ class RandomGGUF:
 
 def text_header(g: RandomGGUF, t, name: str) -> None:
     """Metadata every generated decoder shares (shapes from a TextShape)."""
-    w = g.writer
+    write_text_header(g.writer, t, name, g.weight_type)
+
+
+def write_text_header(w: gguf.GGUFWriter, t, name: str, weight_type: str) -> None:
+    """``text_header`` on a bare writer (for files whose weights are not random: the demo)."""
     w.add_name(name)
-    w.add_file_type(FILE_TYPES[g.weight_type])
+    w.add_file_type(FILE_TYPES[weight_type])
     w.add_context_length(t.n_ctx_train)
     w.add_embedding_length(t.n_embd)
     w.add_block_count(t.n_layer)
