@@ -226,11 +226,20 @@ def test_resolve_hf_specs(env):
         resolve("hf:nobody/nothing-GGUF/x.gguf")
 
 
-def test_demo_is_generated_and_says_random_weights():
+def test_demo_family_is_generated_and_says_random_weights():
     from edgevlm.hub.registry import resolve
 
-    r = resolve("demo")
+    r = resolve("demo:llava15")
     assert r.kind == "demo" and r.is_local and os.path.isfile(r.model.local) and os.path.isfile(r.mmproj.local)
+    assert any("RANDOM weights" in n for n in r.notes)
+
+
+def test_demo_without_the_trained_pair_falls_back_to_random_weights(monkeypatch, tmp_path):
+    from edgevlm.hub import demo
+    from edgevlm.hub.registry import resolve
+
+    monkeypatch.setattr(demo, "trained_demo_dirs", lambda: [tmp_path])
+    r = resolve("demo")
     assert any("RANDOM weights" in n for n in r.notes)
 
 

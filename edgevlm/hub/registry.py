@@ -8,8 +8,9 @@ A model spec is one of
   same folder, the one whose output width matches the model);
 * ``hf:owner/repo/file.gguf`` (a file on the hub), ``hf:owner/repo`` or ``hf:owner/repo:q4_k_m``
   (the repo's file of that quantisation, Q4_K_M by default); ``owner/repo@revision`` pins one;
-* ``demo`` (or ``demo:qwen25vl``): the generated tiny pair, built once into the edgevlm cache.
-  Its weights are random: it shows the pipeline, not a model.
+* ``demo``: the toy VLM trained on edgevlm's synthetic world (``models/edgevlm-demo.gguf``,
+  see ``hub.demo``); ``demo:qwen25vl`` (any generated family): the generated tiny pair, built
+  once into the edgevlm cache, with random weights: it shows the pipeline, not a model.
 
 The registry data is ``models/registry.json`` in a source checkout; the wheel ships an identical
 copy as ``edgevlm/data/registry.json`` (package data). ``EDGEVLM_REGISTRY=/path/file.json``
@@ -480,8 +481,16 @@ def find_mmproj_next_to(model_path: str, required: bool = True) -> tuple[str | N
 
 def _resolve_demo(spec: str) -> ResolvedModel:
     from ..testing import FAMILIES, cached_model_pair
+    from .demo import TRAINED_NOTE, trained_demo_pair
 
-    family = spec.partition(":")[2] or "llava15"
+    family = spec.partition(":")[2]
+    if not family:
+        trained = trained_demo_pair()
+        if trained is not None:
+            return ResolvedModel(spec, "demo", "demo (toy VLM trained on edgevlm's synthetic world)",
+                                 FileRef(local=str(trained[0])), FileRef(local=str(trained[1])),
+                                 notes=(TRAINED_NOTE,))
+        family = "llava15"
     if family not in FAMILIES:
         raise InputError(f"'{spec}': no demo family '{family}' (choose from {', '.join(FAMILIES)})")
     pair = cached_model_pair(family, "tiny")

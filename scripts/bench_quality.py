@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Answer quality of the demo VLM under edgevlm's memory levers, side by side in one run.
+
+The demo model (``models/edgevlm-demo.gguf``, trained by ``scripts/train_demo.py`` on the
+synthetic world of ``edgevlm.testing.world``) is asked about a held-out set of scenes drawn with
+other seeds than training used, through edgevlm and real llama.cpp (greedy), under:
+
+- full resolution (one view, no budget);
+- image-token budgets (AnyRes global view + detailed tiles within the budget);
+- detail scenes (a 30–60 px letter on a 2000–4000 px canvas): tiles off vs auto, same budget;
+- token merging off / threshold / ratio 0.5 / ratio 0.25;
+- a chat whose first picture the session replaced by the model's own summary (the context is
+  too small for two pictures), then asked about ("What colour is the square in image 1?");
+- captioning (``caption_images``, prompt "Describe the image."): the description, exact.
+
+Accuracy per question type (graded by ``world.grade``: case and punctuation folded), a table and
+JSON (``--out``).
+
+    python scripts/bench_quality.py [--scenes 60] [--detail 40] [--seed 900000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from edgevlm.testing import world
+
+TYPES = world.QUESTION_TYPES
+MERGES = ["off", "threshold:0.9", "ratio:0.5", "ratio:0.25"]
+MAX_TOKENS = {"describe": 40, "colour": 6, "shape": 6, "count": 6, "letter": 6}
+
+
+def make_set(seed: int, n: int, kind: str, folder: Path) -> list[tuple[str, world.Scene]]:
+    """``n`` scenes from seeds ``seed``, ``seed+1``, … saved as PNG files."""
+    out = []
+    for i in range(n):
+        rng = random.Random(seed + i)
+        scene = world.make_scene(rng, kind, letter_p=0.5)
+        path = folder / f"{kind}-{seed + i}.png"
+        world.render(scene).save(path)
+        out.append((str(path), scene))
+    return out
+
+
+def pick(scene: world.Scene, rng: random.Random, types=TYPES) -> list[tuple[str, str, str]]:
+    """One question per type the scene supports."""
+    by: dict[str, list] = defaultdict(list)
+    for q in world.questions(scene):
+        by[q[0]].append(q)
+    return [rng.choice(by[t]) for t in types if by[t]]
+
+
+class Tally:
+    def __init__(self):
+        self.right: dict[str, int] = defaultdict(int)
+        self.total: dict[str, int] = defaultdict(int)
+        self.examples: list[dict] = []
+
+    def add(self, kind: str, answer: str, expected: str, **info) -> None:
+        ok = world.grade(answer, expected)
+        self.right[kind] += ok
+        self.total[kind] += 1
+        if len(self.examples) < 4 or not ok and len(self.examples) < 12:
+            self.examples.append({"type": kind, "answer": answer.strip(), "expected": expected, "ok": ok, **info})
+
+    def acc(self, kind: str) -> float | None:
+        return round(100.0 * self.right[kind] / self.total[kind], 1) if self.total[kind] else None
+
+    def row(self, name: str, **extra) -> dict:
+        return {"condition": name, **{t: self.acc(t) for t in TYPES}, "n": dict(self.total), **extra,
+                "examples": self.examples}
+
+
+def ask(eng, text: str, image: str | None, kind: str) -> str:
+    eng.reset(keep_cache=True)
+    r = eng.chat(text, [image] if image else [], max_tokens=MAX_TOKENS[kind], temperature=0.0)
+    return r.text
+
+
+def run_questions(eng, scenes, seed: int, types=TYPES) -> Tally:
+    rng = random.Random(seed)
+    t = Tally()
+    for path, scene in scenes:
+        for kind, q, a in pick(scene, rng, types):
+            t.add(kind, ask(eng, q, path, kind), a, image=Path(path).name, question=q)
+    return t
+
+
+def summary_chats(model, mmproj, seed: int, n: int, folder: Path) -> dict:
+    """Picture 1, then picture 2, in a context whose image room holds one (256 cells, each
+    picture a global view + one tile = 128 tokens): the session replaces picture 1 by the
+    model's own summary; then questions about picture 1, each asked after the conversation and
+    forgotten (``Engine.complete``). Only conversations where the summary happened are graded."""
+    import edgevlm
+
+    rng = random.Random(seed)
+    pairs = []
+    for i in range(n):
+        r = random.Random(seed + i)
+        scenes = [world.make_scene(r, "plain", size=(r.randint(600, 1600), r.randint(450, 1200)), letter_p=0.5)
+                  for _ in range(2)]
+        paths = [folder / f"chat-{seed + i}-{j}.png" for j in range(2)]
+        for s, p in zip(scenes, paths):
+            world.render(s).save(p)
+        pairs.append((scenes, [str(p) for p in paths]))
+    eng = edgevlm.load(model, mmproj, n_ctx=256, image_tokens=128)
+    t = Tally()
+    summarised = 0
+    try:
+        for (s1, s2), (p1, p2) in pairs:
+            eng.reset()
+            eng.chat("Describe the image.", [p1], max_tokens=40, temperature=0.0)
+            _, q2, _ = pick(s2, rng, ("colour", "shape", "count"))[0]
+            r2 = eng.chat(q2, [p2], max_tokens=6, temperature=0.0)
+            if r2.stats.summarized_images < 1:
+                continue
+            summarised += 1
+            summary = next((p.summary for p in eng.pictures if p.number == 1), None)
+            for kind, q, a in pick(s1, rng, ("colour", "shape", "count", "letter")):
+                question = q[:-1] + " in image 1?"
+                t.add(kind, eng.complete(question, 6), a, image=Path(p1).name, question=question,
+                      summary=summary, summary_right=world.grade(summary or "", world.describe(s1)))
+    finally:
+        eng.close()
+    return t.row("summarised picture (asked after)", conversations=n, summarised=summarised)
+
+
+def captions(eng, plain) -> dict:
+    from edgevlm.caption import caption_images
+
+    want = {p: world.describe(s) for p, s in plain}
+    t = Tally()
+    for rec in caption_images(eng, list(want), prompt="Describe the image.", max_tokens=40):
+        t.add("describe", rec.caption or "", want[rec.path], image=Path(rec.path).name)
+    return t.row("captioning (caption_images)")
+
+
+def fmt(v) -> str:
+    return "—" if v is None else f"{v:.1f}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(ROOT / "models" / "edgevlm-demo.gguf"))
+    ap.add_argument("--mmproj", default=str(ROOT / "models" / "mmproj-edgevlm-demo.gguf"))
+    ap.add_argument("--scenes", type=int, default=60, help="plain held-out scenes")
+    ap.add_argument("--detail", type=int, default=40, help="detail scenes (tiles off vs auto)")
+    ap.add_argument("--seed", type=int, default=900_000, help="first held-out seed (training uses others)")
+    ap.add_argument("--chats", type=int, default=30, help="conversations whose first picture gets summarised")
+    ap.add_argument("--budgets", default="128,320,576")
+    ap.add_argument("--detail-budget", type=int, default=576)
+    ap.add_argument("--out", default="bench_quality.json")
+    args = ap.parse_args(argv)
+
+    import edgevlm
+
+    t0 = time.time()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        plain = make_set(args.seed, args.scenes, "plain", folder)
+        detail = make_set(args.seed + 50_000, args.detail, "detail", folder)
+        eng = edgevlm.load(args.model, args.mmproj, n_ctx=4096)
+        try:
+            rows.append(run_questions(eng, plain, args.seed).row("full resolution"))
+            for b in [int(x) for x in args.budgets.split(",") if x]:
+                view = eng.with_options(image_tokens=b, tiles="auto")
+                rows.append(run_questions(view, plain, args.seed).row(f"budget {b}, tiles auto"))
+            for tiles in ("off", "auto"):
+                view = eng.with_options(image_tokens=args.detail_budget, tiles=tiles)
+                rows.append(run_questions(view, detail, args.seed + 1, ("letter",)).row(
+                    f"detail scenes, budget {args.detail_budget}, tiles {tiles}"))
+            from edgevlm.vision.merge import MergeSpec
+
+            for m in MERGES:
+                view = eng.with_options(merge=MergeSpec.parse(m))
+                rows.append(run_questions(view, plain, args.seed, ("colour", "shape", "count", "letter")).row(f"merge {m}"))
+            rows.append(captions(eng, plain))
+        finally:
+            eng.close()
+        rows.append(summary_chats(args.model, args.mmproj, args.seed + 100_000, args.chats, folder))
+
+    from rich.console import Console
+    from rich.table import Table
+
+    tab = Table(title=f"demo model answer accuracy (%), {args.scenes} plain + {args.detail} detail held-out scenes")
+    tab.add_column("condition")
+    for t in TYPES:
+        tab.add_column(t, justify="right")
+    tab.add_column("answers", justify="right")
+    for r in rows:
+        tab.add_row(r["condition"], *[fmt(r[t]) for t in TYPES], str(sum(r["n"].values())))
+    Console(width=140).print(tab)
+    result = {"model": args.model, "mmproj": args.mmproj, "seed": args.seed, "scenes": args.scenes,
+              "detail": args.detail, "seconds": round(time.time() - t0, 1), "rows": rows}
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{time.time() - t0:.0f} s; JSON: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

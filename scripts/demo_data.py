@@ -1,0 +1,300 @@
+"""Training samples for the demo VLM: scenes of the synthetic world, drawn as mtmd would hand
+them to the encoder, in the exact prompts edgevlm sends (its LLaVA-1.5 chat format, its AnyRes
+view labels, its summary notes), tokenized by llama.cpp itself.
+
+A sample is (views [n, S, S, 3] uint8, token ids, image-slot map, loss mask).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from demo_model import PAD_COLOUR
+
+from edgevlm.caption.text import DEFAULT_PROMPT as CAPTION_PROMPT
+from edgevlm.runtime.chat_format import PromptFormatter
+from edgevlm.runtime.session import DEFAULT_SUMMARY_PROMPT
+from edgevlm.testing import world
+from edgevlm.vision.budget import FLAT_ABSOLUTE, FLAT_FRACTION, candidate_grid
+from edgevlm.vision.detail import score_boxes
+
+MARKER = "<__media__>"
+NAMES = ("scene", "picture", "image", "photo", "img")
+
+
+def summary_question(n: int, name: str) -> str:
+    return DEFAULT_SUMMARY_PROMPT.format(n=n, name=name)
+
+
+def about_image(question: str, n: int) -> str:
+    """"What colour is the circle?" → "What colour is the circle in image 1?" (the form the
+    quality bench asks about a picture that may have been summarised)."""
+    return question[:-1] + f" in image {n}?" if question.endswith("?") else question
+
+
+@dataclass
+class Sample:
+    views: list[np.ndarray]
+    ids: list[int]
+    slots: list[int]  # per position: index into views*n_patches, or -1
+    loss: list[bool]
+    labels: list[np.ndarray] | None = None  # per view: [n_patches, 3] colour, shape, letter (-1: none)
+    scene_labels: list[np.ndarray] | None = None  # per view: what it shows in all (see view_labels)
+
+
+COLOUR_IDS = {c: i for i, c in enumerate(world.COLOURS)}
+SHAPE_IDS = {k: i for i, k in enumerate(world.SHAPES)}
+N_AUX = (len(COLOUR_IDS) + 1, len(SHAPE_IDS) + 1, len(world.LETTERS) + 1)
+
+
+def _inside(s: world.Shape, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    r = s.size / 2
+    dx, dy = x - s.cx, y - s.cy
+    if s.kind == "circle":
+        return dx * dx + dy * dy <= r * r
+    if s.kind == "square":
+        return (np.abs(dx) <= r) & (np.abs(dy) <= r)
+    return (dy >= -r) & (dy <= r) & (np.abs(dx) <= (dy + r) / 2)
+
+
+N_GROUPS = len(COLOUR_IDS) * len(SHAPE_IDS)  # (colour, shape) pairs counted per view
+
+
+def view_labels(scene: world.Scene, box) -> np.ndarray:
+    """What a whole view shows (an auxiliary target for its class token, the last image token
+    mtmd hands over): how many shapes of each colour and kind have their centre in it (0-4),
+    and its letter (or none)."""
+    x0, y0, x1, y1 = box
+    out = np.zeros(N_GROUPS + 1, np.int32)
+    for sh in scene.shapes:
+        if x0 <= sh.cx < x1 and y0 <= sh.cy < y1:
+            out[COLOUR_IDS[sh.colour] * len(SHAPE_IDS) + SHAPE_IDS[sh.kind]] += 1
+    np.minimum(out, 4, out=out)
+    out[N_GROUPS] = len(world.LETTERS)
+    lb = world.letter_box(scene)
+    if lb is not None:
+        cx, cy = (lb[0] + lb[2]) / 2, (lb[1] + lb[3]) / 2
+        if x0 <= cx < x1 and y0 <= cy < y1:
+            out[N_GROUPS] = world.LETTERS.index(scene.letter.char)
+    return out
+
+
+def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
+    """What each encoder patch shows (an auxiliary training target, never exported): the
+    colour and kind of the shape under its centre, and the letter when the patch covers a
+    fair part of its glyph; ``len(...)`` of each table means "none"."""
+    x0, y0, x1, y1 = box
+    bw, bh = x1 - x0, y1 - y0
+    s = min(size / bw, size / bh)
+    nw, nh = min(math.ceil(bw * s), size), min(math.ceil(bh * s), size)
+    ox, oy = (size - nw) // 2, (size - nh) // 2
+    sx, sy = nw / bw, nh / bh
+    P = size / grid
+    g = (np.arange(grid) + 0.5) * P
+    cx, cy = np.meshgrid(g, g)  # [gy, gx]
+    X, Y = x0 + (cx - ox) / sx, y0 + (cy - oy) / sy
+    inside_view = (cx >= ox) & (cx < ox + nw) & (cy >= oy) & (cy < oy + nh)
+    lab = np.empty((grid, grid, 3), np.int32)
+    lab[..., 0], lab[..., 1], lab[..., 2] = N_AUX[0] - 1, N_AUX[1] - 1, N_AUX[2] - 1
+    for sh in scene.shapes:
+        m = _inside(sh, X, Y) & inside_view
+        lab[..., 0][m] = COLOUR_IDS[sh.colour]
+        lab[..., 1][m] = SHAPE_IDS[sh.kind]
+    if scene.letter is not None:
+        lx0, ly0, lx1, ly1 = world.letter_box(scene)
+        # patch rectangles in canvas pixels
+        px0, py0 = x0 + (cx - P / 2 - ox) / sx, y0 + (cy - P / 2 - oy) / sy
+        px1, py1 = x0 + (cx + P / 2 - ox) / sx, y0 + (cy + P / 2 - oy) / sy
+        ix = np.clip(np.minimum(px1, lx1) - np.maximum(px0, lx0), 0, None)
+        iy = np.clip(np.minimum(py1, ly1) - np.maximum(py0, ly0), 0, None)
+        frac = ix * iy / max(1e-6, (lx1 - lx0) * (ly1 - ly0))
+        lab[..., 2][(frac >= 0.25) & inside_view] = world.LETTERS.index(scene.letter.char)
+    return lab.reshape(grid * grid, 3)
+
+
+class Tokens:
+    """llama.cpp's tokenizer for the demo vocabulary (vocab-only load), cached per string."""
+
+    def __init__(self, gguf_path: str):
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(model_path=gguf_path, vocab_only=True, verbose=False)
+        self.cache: dict[str, list[int]] = {}
+
+    def __call__(self, text: str) -> list[int]:
+        ids = self.cache.get(text)
+        if ids is None:
+            ids = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+            if len(self.cache) < 200_000:
+                self.cache[text] = ids
+        return ids
+
+
+def view_pixels(scene: world.Scene, box, size: int, rng: random.Random) -> np.ndarray:
+    """The S×S uint8 picture mtmd makes of ``box``: aspect kept (ceil), bicubic, centred on its
+    pad colour. Drawn supersampled, then reduced with the same bicubic filter."""
+    x0, y0, x1, y1 = box
+    bw, bh = x1 - x0, y1 - y0
+    s = min(size / bw, size / bh)
+    nw, nh = min(math.ceil(bw * s), size), min(math.ceil(bh * s), size)
+    ss = rng.choice((2, 2, 3)) if max(bw, bh) > size else 1
+    img = world.render(scene, box, (nw * ss, nh * ss))
+    if ss > 1:
+        img = img.resize((nw, nh), Image.Resampling.BICUBIC)
+    canvas = Image.new("RGB", (size, size), PAD_COLOUR)
+    canvas.paste(img, ((size - nw) // 2, (size - nh) // 2))
+    return np.asarray(canvas)
+
+
+def anyres_views(scene: world.Scene, size: int, per_view: int, budget: int) -> list[tuple[str, tuple]]:
+    """edgevlm's AnyRes choice for a fixed-size encoder (``vision.budget._plan_fixed``), scored
+    on a low-resolution drawing: [(label, box)] in prompt order."""
+    w, h = scene.width, scene.height
+    k = budget // per_view - 1
+    whole = (0, 0, w, h)
+    if k < 1 or (w <= size and h <= size):
+        return [("image", whole)]
+    cols, rows = candidate_grid(w, h, size, k)
+    boxes = [(c * w // cols, r * h // rows, (c + 1) * w // cols, (r + 1) * h // rows)
+             for r in range(rows) for c in range(cols)]
+    scale = min(1.0, 768 / max(w, h))
+    low = np.asarray(world.render(scene, out=(max(1, round(w * scale)), max(1, round(h * scale)))))
+    scores = score_boxes(low, [tuple(v * scale for v in b) for b in boxes])
+    floor = max(FLAT_FRACTION * max(scores), FLAT_ABSOLUTE["edges"])
+    order = sorted(range(len(boxes)), key=lambda i: (-scores[i], i))
+    chosen = {i for i in order[:k] if scores[i] >= floor}
+    out = [("global view", whole)]
+    for i, b in enumerate(boxes):
+        if i in chosen:
+            r, c = divmod(i, cols)
+            out.append((f"tile row {r + 1} col {c + 1}", b))
+    if len(out) == 1:
+        out = [("image", whole)]
+    return out
+
+
+class SampleMaker:
+    def __init__(self, tok: Tokens, size: int, n_patches: int, seed: int):
+        self.tok = tok
+        self.size = size
+        self.n_patches = n_patches
+        self.grid = int(round(n_patches ** 0.5))
+        self.rng = random.Random(seed)
+        self.fmt = PromptFormatter(None, "llama", "mlp", MARKER, bos_token="<s>", eos_token="</s>",
+                                   strip_bos=True)
+
+    # --- question choice -----------------------------------------------------------------
+    def pick_question(self, scene: world.Scene, letter_bias: float = 0.0) -> tuple[str, str, str]:
+        qs = world.questions(scene)
+        rng = self.rng
+        if letter_bias and scene.letter is not None and rng.random() < letter_bias:
+            return next(q for q in qs if q[0] == "letter")
+        weights = {"colour": 1.0, "shape": 1.0, "count": 1.0, "letter": 1.2, "describe": 1.2}
+        kinds = sorted({q[0] for q in qs})
+        kind = rng.choices(kinds, [weights[k] for k in kinds])[0]
+        q = rng.choice([q for q in qs if q[0] == kind])
+        if kind == "describe":
+            r = rng.random()
+            if r < 0.2:
+                return ("describe", CAPTION_PROMPT, q[2])
+        return q
+
+    # --- assembling ------------------------------------------------------------------------
+    def assemble(self, msgs: list[tuple[str, str, list]], views: list[np.ndarray],
+                 answers: list[str], final: str) -> Sample:
+        """``msgs`` as PromptFormatter takes them (assistant texts are the history answers)."""
+        ids: list[int] = [1]
+        slots: list[int] = [-1]
+        loss: list[bool] = [False]
+        for piece in self.fmt.render(msgs):
+            if piece.kind == "text":
+                t = self.tok(piece.text)
+                ids += t
+                slots += [-1] * len(t)
+                loss += [False] * len(t)
+            elif piece.kind == "assistant":
+                t = self.tok(answers[piece.index])
+                ids += t
+                slots += [-1] * len(t)
+                loss += [True] * len(t)
+            else:
+                base = piece.index * self.n_patches
+                ids += [0] * self.n_patches
+                slots += list(range(base, base + self.n_patches))
+                loss += [False] * self.n_patches
+        t = self.tok(final) + [2]
+        ids += t
+        slots += [-1] * len(t)
+        loss += [True] * len(t)
+        return Sample(views, ids, slots, loss)
+
+    def name(self) -> str:
+        return f"{self.rng.choice(NAMES)}-{self.rng.randint(1, 999)}.{self.rng.choice(('png', 'jpg'))}"
+
+    # --- kinds -----------------------------------------------------------------------------
+    def single(self) -> Sample:
+        rng = self.rng
+        scene = world.make_scene(rng, "plain", letter_p=0.45)
+        _, q, a = self.pick_question(scene)
+        box = (0, 0, scene.width, scene.height)
+        view = view_pixels(scene, box, self.size, rng)
+        out = self.assemble([("user", q, [None])], [view], [], a)
+        out.labels = [patch_labels(scene, box, self.size, self.grid)]
+        out.scene_labels = [view_labels(scene, box)]
+        return out
+
+    def tiled(self, per_view: int) -> Sample:
+        rng = self.rng
+        detail = rng.random() < 0.6
+        scene = world.make_scene(rng, "detail" if detail else "plain", letter_p=0.45)
+        if not detail and max(scene.width, scene.height) < 2 * self.size:
+            scene = world.make_scene(rng, "plain", size=(rng.randint(900, 4000), rng.randint(700, 3000)))
+        budget = rng.choice((2, 3, 5, 9, 9, 9)) * per_view
+        vs = anyres_views(scene, self.size, per_view, budget)
+        views = [view_pixels(scene, b, self.size, rng) for _, b in vs]
+        labels = [lb if len(vs) > 1 else None for lb, _ in vs]
+        _, q, a = self.pick_question(scene, letter_bias=0.5 if detail else 0.0)
+        out = self.assemble([("user", q, labels)], views, [], a)
+        out.labels = [patch_labels(scene, b, self.size, self.grid) for _, b in vs]
+        out.scene_labels = [view_labels(scene, b) for _, b in vs]
+        return out
+
+    def conversation(self) -> Sample:
+        """Two pictures over turns; then either the summary question about one of them, or a
+        question about image 1 — as a picture or as the note a summary left behind."""
+        rng = self.rng
+        scenes = [world.make_scene(rng, "plain", letter_p=0.45) for _ in range(2)]
+        names = [self.name(), self.name()]
+        n_pics = rng.choice((1, 2))
+        summarised = rng.random() < 0.6
+        msgs, views, answers = [], [], []
+        for i in range(n_pics):
+            _, q, a = self.pick_question(scenes[i])
+            if i == 0 and summarised:
+                note = f"[image 1 ({names[0]}): {world.describe(scenes[0])}]"
+                msgs.append(("user", note + "\n" + q, []))
+            else:
+                views.append(view_pixels(scenes[i], (0, 0, scenes[i].width, scenes[i].height), self.size, rng))
+                msgs.append(("user", q, [None]))
+            msgs.append(("assistant", a, []))
+            answers.append(a)
+        r = rng.random()
+        if r < 0.3 and not (summarised and n_pics == 1):
+            n = rng.randint(2 if summarised else 1, n_pics) if n_pics > 1 else 1
+            msgs.append(("user", summary_question(n, names[n - 1]), []))
+            final = world.describe(scenes[n - 1])
+        else:
+            kind, q, final = self.pick_question(scenes[0])
+            if kind == "describe":
+                q = "Describe image 1."
+            msgs.append(("user", about_image(q, 1) if (n_pics > 1 or rng.random() < 0.7) else q, []))
+        return self.assemble(msgs, views, answers, final)

@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Train the demo VLM on the synthetic world (``edgevlm.testing.world``) and write its GGUF pair.
+
+    pip install -e '.[train]'          # JAX + optax; not needed to run the model
+    python scripts/train_demo.py --minutes 60 --out models/
+
+A LLaVA-1.5-style model (CLIP-like ViT, ``mlp`` projector, small ``llama``; see
+``scripts/demo_model.py``) trained end to end from scratch on prompts built exactly as edgevlm
+builds them: single pictures, AnyRes views of large ones (global view + detailed tiles, as
+``--tiles auto`` picks them), and conversations where a picture was replaced by its summary.
+Deterministic data from ``--seed``; the step count follows the time budget, so the loss reached
+depends on the machine (the run's record — steps, time, loss — goes to ``edgevlm-demo.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import demo_model as dm
+from demo_data import N_AUX, N_GROUPS, SampleMaker, Tokens
+
+MODEL_NAME = "edgevlm-demo.gguf"
+MMPROJ_NAME = "mmproj-edgevlm-demo.gguf"
+
+# (samples, views, tokens) per batch shape; each step draws one shape from its weight
+BUCKETS = {
+    "single": (24, 24, 128),
+    "conv": (8, 16, 256),
+    "tiled": (3, 27, 704),
+}
+AUX_WEIGHT = 0.5  # the per-patch auxiliary loss (a training-only head, not exported)
+WEIGHTS = {"single": 0.62, "conv": 0.20, "tiled": 0.18}
+
+
+def make_batch(maker: SampleMaker, kind: str, cfg: dm.DemoConfig):
+    B, NV, T = BUCKETS[kind]
+    S, NP = cfg.image_size, cfg.n_patches
+    pix = np.zeros((NV, S, S, 3), np.uint8)
+    ids = np.zeros((B, T), np.int32)
+    slots = np.full((B, T), -1, np.int32)
+    loss = np.zeros((B, T), np.float32)
+    valid = np.zeros((B, T), bool)
+    labels = np.full((NV, NP, 3), -1, np.int32)
+    scene_labels = np.full((NV, N_GROUPS + 1), -1, np.int32)
+    nv = 0
+    b = 0
+    while b < B:
+        if kind == "single":
+            s = maker.single()
+        elif kind == "conv":
+            s = maker.conversation()
+        else:
+            s = maker.tiled(NP)
+        if len(s.ids) > T or nv + len(s.views) > NV:
+            if len(s.ids) > T:
+                continue
+            break
+        n = len(s.ids)
+        for i, v in enumerate(s.views):
+            pix[nv + i] = v
+            if s.labels is not None:
+                labels[nv + i] = s.labels[i]
+                scene_labels[nv + i] = s.scene_labels[i]
+        ids[b, :n] = s.ids
+        sl = np.asarray(s.slots)
+        slots[b, :n] = np.where(sl >= 0, sl + nv * NP, -1)
+        # the loss at position p predicts token p+1
+        # each sample weighs the same, however long its answers (a description is ~12 tokens)
+        lm = np.asarray(s.loss, np.float32)
+        loss[b, :n - 1] = lm[1:] / max(1.0, lm.sum())
+        valid[b, :n] = True
+        nv += len(s.views)
+        b += 1
+    return pix, ids, slots, loss, valid, labels, scene_labels
+
+
+def build_step(cfg: dm.DemoConfig, optimizer):
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    mean = jnp.asarray(dm.CLIP_MEAN, jnp.float32)
+    std = jnp.asarray(dm.CLIP_STD, jnp.float32)
+
+    def loss_fn(params, pix, ids, slots, loss_mask, valid, labels, scene_labels):
+        x = (pix.astype(jnp.float32) / 255.0 - mean) / std
+        img = dm.vision_forward(cfg, params["vision"], x)
+        # auxiliary: each image token says what its patch shows (colour, shape, letter)
+        aux = img @ params["aux"].T
+        aux_loss = 0.0
+        o = 0
+        for i, n in enumerate(N_AUX):
+            lab = labels[..., i]
+            ce = optax.softmax_cross_entropy_with_integer_labels(aux[..., o:o + n], jnp.maximum(lab, 0))
+            m = (lab >= 0).astype(jnp.float32)
+            aux_loss = aux_loss + (ce * m).sum() / jnp.maximum(m.sum(), 1.0)
+            o += n
+        # the class token (the last image token) says what the whole view shows: counts per
+        # colour and shape, and the letter — the text model can read a scene from one token
+        cls = img[:, -1] @ params["aux_cls"].T
+        counts = cls[:, :N_GROUPS * 5].reshape(-1, N_GROUPS, 5)
+        m = (scene_labels[:, :1] >= 0).astype(jnp.float32)
+        ce = optax.softmax_cross_entropy_with_integer_labels(counts, jnp.maximum(scene_labels[:, :N_GROUPS], 0))
+        aux_loss = aux_loss + (ce.mean(-1) * m[:, 0]).sum() / jnp.maximum(m.sum(), 1.0)
+        ce = optax.softmax_cross_entropy_with_integer_labels(cls[:, N_GROUPS * 5:], jnp.maximum(scene_labels[:, N_GROUPS], 0))
+        aux_loss = aux_loss + (ce * m[:, 0]).sum() / jnp.maximum(m.sum(), 1.0)
+        img = img.reshape(-1, cfg.t_embd)
+        tok = params["text"]["embd"][ids]
+        emb = jnp.where((slots >= 0)[..., None], img[jnp.maximum(slots, 0)], tok)
+        T = ids.shape[1]
+        pos = jnp.broadcast_to(jnp.arange(T), ids.shape)
+        logits = dm.text_forward(cfg, params["text"], emb, pos, valid)
+        tgt = jnp.concatenate([ids[:, 1:], ids[:, :1]], axis=1)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, tgt)
+        main = (ce * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)
+        return main + AUX_WEIGHT * aux_loss, (main, aux_loss)
+
+    @jax.jit
+    def step(params, opt_state, pix, ids, slots, loss_mask, valid, labels, scene_labels):
+        (_, (loss, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, pix, ids, slots, loss_mask, valid, labels, scene_labels)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, aux
+
+    return step
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=60.0, help="training time budget")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--mix", default=",".join(f"{k}:{v}" for k, v in WEIGHTS.items()),
+                    help="batch kinds and their shares")
+    ap.add_argument("--out", default="models")
+    ap.add_argument("--work", default="test-artifacts/train-demo", help="checkpoints and the log")
+    ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    ap.add_argument("--export-only", action="store_true",
+                    help="write the GGUF pair from the last checkpoint and stop (to score a run in progress)")
+    args = ap.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    mix = {k: float(v) for k, v in (part.split(":") for part in args.mix.split(","))}
+    total = sum(mix.values())
+    mix = {k: v / total for k, v in mix.items()}
+    cfg = dm.DemoConfig()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = dm.demo_vocab()
+    params = dm.init_params(cfg, args.seed, len(vocab.tokens))
+    vocab_file = dm.export_text(cfg, params["text"], vocab, work / "vocab.gguf")
+    maker = SampleMaker(Tokens(str(vocab_file)), cfg.image_size, cfg.n_patches, args.seed)
+    params["aux"] = np.zeros((sum(N_AUX), cfg.t_embd), np.float32)
+    params["aux_cls"] = np.zeros((N_GROUPS * 5 + N_AUX[2], cfg.t_embd), np.float32)
+    params = jax.tree.map(jnp.asarray, params)
+
+    budget_s = args.minutes * 60.0
+    warmup = 200
+    sched = optax.inject_hyperparams(optax.adamw)(learning_rate=args.lr, b2=0.98, weight_decay=0.01)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), sched)
+    opt_state = optimizer.init(params)
+    step_fn = build_step(cfg, optimizer)
+    start_step, spent = 0, 0.0
+    ckpt = work / "checkpoint.npz"
+    if (args.resume or args.export_only) and ckpt.exists():
+        import pickle
+        with open(ckpt, "rb") as f:
+            st = pickle.load(f)
+        params, opt_state = jax.tree.map(jnp.asarray, st["params"]), st["opt_state"]
+        start_step, spent = st["step"], st["spent"]
+        maker.rng.seed(args.seed + start_step)
+    if args.export_only:
+        budget_s = 0.0
+    rng = np.random.default_rng(args.seed + start_step)
+    log = open(work / "train.log", "a")
+    t0 = time.time() - spent
+    step = start_step
+    ema = None
+    aux_ema = None
+    losses_by_kind: dict[str, float] = {}
+    last_ckpt = time.time()
+    while True:
+        elapsed = time.time() - t0
+        if elapsed >= budget_s:
+            break
+        frac = elapsed / budget_s
+        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * frac)))
+        opt_state[1].hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
+        kind = rng.choice(list(mix), p=list(mix.values()))
+        batch = make_batch(maker, kind, cfg)
+        params, opt_state, loss, aux = step_fn(params, opt_state, *map(jnp.asarray, batch))
+        loss = float(loss)
+        aux_ema = float(aux) if aux_ema is None else 0.98 * aux_ema + 0.02 * float(aux)
+        losses_by_kind[kind] = loss if kind not in losses_by_kind else 0.9 * losses_by_kind[kind] + 0.1 * loss
+        ema = loss if ema is None else 0.98 * ema + 0.02 * loss
+        step += 1
+        if step % 25 == 0:
+            msg = (f"step {step} t={elapsed / 60:.1f}m lr={lr:.2e} loss={ema:.3f} aux={aux_ema:.3f} "
+                   + " ".join(f"{k}={v:.3f}" for k, v in sorted(losses_by_kind.items())))
+            print(msg, flush=True)
+            log.write(msg + "\n")
+            log.flush()
+        if time.time() - last_ckpt > 300:
+            import pickle
+            tmp = ckpt.with_suffix(".part")
+            with open(tmp, "wb") as f:
+                pickle.dump({"params": jax.tree.map(np.asarray, params),
+                             "opt_state": jax.tree.map(np.asarray, opt_state),
+                             "step": step, "spent": time.time() - t0}, f)
+            os.replace(tmp, ckpt)
+            last_ckpt = time.time()
+    final = jax.tree.map(np.asarray, params)
+    model = dm.export_text(cfg, final["text"], vocab, out / MODEL_NAME)
+    mmproj = dm.export_mmproj(cfg, final["vision"], out / MMPROJ_NAME)
+    record = {
+        "model": MODEL_NAME, "mmproj": MMPROJ_NAME,
+        "sha256": {MODEL_NAME: sha256(model), MMPROJ_NAME: sha256(mmproj)},
+        "bytes": {MODEL_NAME: model.stat().st_size, MMPROJ_NAME: mmproj.stat().st_size},
+        "seed": args.seed, "steps": step, "minutes": round((time.time() - t0) / 60, 1),
+        "final_loss": round(float(ema), 4) if ema is not None else None, "loss_by_kind": {k: round(v, 4) for k, v in losses_by_kind.items()},
+        "config": dm.config_dict(cfg), "buckets": BUCKETS, "mix": mix, "lr": args.lr,
+        "machine": f"{os.cpu_count()} CPU cores, JAX {jax.__version__}",
+    }
+    (out / "edgevlm-demo.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
