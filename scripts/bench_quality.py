@@ -88,11 +88,13 @@ def ask(eng, text: str, image: str | None, kind: str) -> str:
 
 
 def run_questions(eng, scenes, seed: int, types=TYPES) -> Tally:
-    rng = random.Random(seed)
+    """The same questions for the same scenes under every condition (one draw per scene, then
+    the types a condition asks about)."""
     t = Tally()
-    for path, scene in scenes:
-        for kind, q, a in pick(scene, rng, types):
-            t.add(kind, ask(eng, q, path, kind), a, image=Path(path).name, question=q)
+    for i, (path, scene) in enumerate(scenes):
+        for kind, q, a in pick(scene, random.Random(seed * 1000 + i)):
+            if kind in types:
+                t.add(kind, ask(eng, q, path, kind), a, image=Path(path).name, question=q)
     return t
 
 
@@ -107,8 +109,9 @@ def summary_chats(model, mmproj, seed: int, n: int, folder: Path) -> dict:
     pairs = []
     for i in range(n):
         r = random.Random(seed + i)
-        scenes = [world.make_scene(r, "plain", size=(r.randint(600, 1600), r.randint(450, 1200)), letter_p=0.5)
-                  for _ in range(2)]
+        # busy pictures (3-4 shapes): the tile AnyRes picks is never skipped as flat
+        scenes = [world.make_scene(r, "plain", size=(r.randint(600, 1600), r.randint(450, 1200)), letter_p=0.5,
+                                   n_shapes=r.randint(3, 4)) for _ in range(2)]
         paths = [folder / f"chat-{seed + i}-{j}.png" for j in range(2)]
         for s, p in zip(scenes, paths):
             world.render(s).save(p)
