@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgevlm.testing.llava import CLIP_MEAN, CLIP_STD, clip_mlp_header, llama_keys
 from edgevlm.testing.shapes import TextShape, VisionShape
 from edgevlm.testing.vocab import BYTE, CONTROL, NORMAL, UNKNOWN, Vocab, write_vocab
-from edgevlm.testing.writer import QTYPES, write_text_header
+from edgevlm.testing.writer import add_tensor, finish, write_text_header
 
 PAD_COLOUR = (122, 116, 104)  # mtmd's pad colour for LLaVA-1.5 projectors
 
@@ -207,25 +207,11 @@ def normalise_pixels(u8: np.ndarray) -> np.ndarray:
 
 # --- export --------------------------------------------------------------------------------
 def _add(w, name, data, qtype):
-    import gguf
-    data = np.asarray(data, np.float32)
-    if qtype == "f32":
-        w.add_tensor(name, data)
-    elif qtype == "f16":
-        w.add_tensor(name, data.astype(np.float16))
-    else:
-        q = QTYPES[qtype]
-        w.add_tensor(name, gguf.quants.quantize(data, q), raw_dtype=q)
+    add_tensor(w, name, np.asarray(data, np.float32), qtype)
 
 
 def _write(w, path: Path) -> Path:
-    import os
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(str(path) + ".part", path)
-    return path
+    return finish(w, Path(str(path) + ".part"), path)
 
 
 def export_text(cfg: DemoConfig, t: dict, vocab: Vocab, path: Path, qtype: str = "q8_0",

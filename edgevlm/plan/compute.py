@@ -17,26 +17,101 @@ from __future__ import annotations
 from ..errors import InputError, UnsupportedModel
 from .graphalloc import ALIGN, F16, F32, FLAG_INPUT, FLAG_OUTPUT, I32, I64, QUANT, Graph, pad, replay  # noqa: F401
 
-__all__ = ["clip_compute_bytes", "text_compute_bytes", "text_effective"]
+__all__ = ["attn_output", "clip_compute_bytes", "hadamard", "kv_rotation", "result_head", "store_and_attend",
+           "swiglu_block", "text_compute_bytes", "text_effective"]
 
 
 # ------------------------------------------------------------------------------------------------
 # (a) text model: llama / qwen2vl decoder reserve graph (src/models/llama.cpp, qwen2vl.cpp,
 #     src/llama-graph.cpp build_attn / build_attn_mha / build_ffn)
 # ------------------------------------------------------------------------------------------------
+# Blocks every decoder graph shares (llama, qwen2vl here; gemma3 in compute_gemma3, qwen3vl in
+# encoders/qwen3vl_merger): the same nodes in the same order as llama-graph.cpp builds them.
+
+def kv_rotation(type_k: str, type_v: str, head_dim: int) -> tuple[bool, bool, int, int]:
+    """Hadamard rotations of quantized K / V caches: (rot_k, rot_v, n_rot_k, n_rot_v)."""
+    rot_k = QUANT.get(type_k, False) and head_dim % 64 == 0
+    rot_v = QUANT.get(type_v, False) and head_dim % 64 == 0
+    nrot_k = 0
+    if rot_k:
+        nrot_k = 64
+        while head_dim % (nrot_k * 2) == 0:
+            nrot_k *= 2
+    return rot_k, rot_v, nrot_k, 64
+
+
+def hadamard(g: Graph, x, rot, n: int, ne3):
+    r = g.view(x, (n, (ne3[0] * ne3[1] * ne3[2]) // n), op="RESHAPE")
+    m = g.op("MUL_MAT", F32, (n, (ne3[0] * ne3[1] * ne3[2]) // n), rot, r)
+    return g.view(m, ne3, op="RESHAPE")
+
+
+def store_and_attend(g: Graph, q, k, v, il: int, H: int, Hkv: int, D: int, U: int, n_kv: int,
+                     flash_attn: bool, k_idxs, v_idxs, mask, v_rot, nrot_v: int):
+    """K and V into the cache (SET_ROWS), attention over it, the V rotation undone: (H·D, U)."""
+    Eq, Ekv = H * D, Hkv * D
+    W = g.EXT
+    kv = g.view(k, (Ekv, U))
+    g.ext_op("SET_ROWS", W, kv, k_idxs)
+    if flash_attn:
+        vv = g.view(v, (Ekv, U))
+        g.ext_op("SET_ROWS", W, vv, v_idxs)
+    else:
+        vv = g.view(v, (Ekv, U), op="RESHAPE")
+        vv = g.view(vv, (1, Ekv * U), op="RESHAPE")
+        g.ext_op("SET_ROWS", W, vv, v_idxs)
+    qv = g.view(q, (D, H, U))
+    qp = g.view(qv, (D, U, H), op="PERMUTE", nb=(4, 4 * D * H, 4 * D, 4 * D * H * U))
+    if flash_attn:
+        fa = g.op("FLASH_ATTN_EXT", F32, (D, H, U), qp, W, W, mask, name=f"fattn-{il}")
+        cur = g.view(fa, (Eq, U), op="RESHAPE")
+    else:
+        kq = g.op("MUL_MAT", F32, (n_kv, U, H), W, qp, name=f"kq-{il}")
+        kq = g.op("SOFT_MAX", F32, (n_kv, U, H), kq, mask)
+        kqv = g.op("MUL_MAT", F32, (D, U, H), W, kq, name=f"kqv-{il}")
+        kqp = g.view(kqv, (D, H, U), op="PERMUTE", nb=(4, 4 * D * U, 4 * D, 4 * D * U * H))
+        cur = g.op("CONT", F32, (Eq, U), kqp, name=f"kqv_out-{il}")
+    if v_rot is not None:
+        cur = hadamard(g, cur, v_rot, nrot_v, (Eq, U, 1))
+    return cur
+
+
+def attn_output(g: Graph, cur, inpL, il: int, E: int, U: int, last: bool, n_outputs: int, out_ids):
+    """The attention's output projection; on the last layer only the output rows go on:
+    (cur, residual, rows)."""
+    cur = g.op("MUL_MAT", F32, (E, U), g.EXT, cur, name=f"attn_out-{il}")
+    if not last:
+        return cur, inpL, U
+    cur = g.op("GET_ROWS", F32, (E, n_outputs), cur, out_ids)
+    res = g.op("GET_ROWS", F32, (E, n_outputs), inpL, out_ids)
+    return cur, res, n_outputs
+
+
+def swiglu_block(g: Graph, cur, res, il: int, E: int, F: int, T: int):
+    """Residual add, RMS norm, SwiGLU FFN, residual add: the layer's output (E, T)."""
+    W = g.EXT
+    ffn_inp = g.op("ADD", F32, (E, T), cur, res)
+    norm = g.op("RMS_NORM", F32, (E, T), ffn_inp)
+    ffn_norm = g.op("MUL", F32, (E, T), norm, W)
+    gate = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_gate-{il}")
+    up = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_up-{il}")
+    glu = g.op("GLU", F32, (F, T), gate, up, name=f"ffn_swiglu-{il}")
+    down = g.op("MUL_MAT", F32, (E, T), W, glu, name=f"ffn_out-{il}")
+    return g.op("ADD", F32, (E, T), down, ffn_inp)
+
+
+def result_head(g: Graph, inpL, E: int, V: int, n_outputs: int) -> None:
+    norm = g.op("RMS_NORM", F32, (E, n_outputs), inpL)
+    rn = g.op("MUL", F32, (E, n_outputs), norm, g.EXT, flags=FLAG_OUTPUT, name="result_norm")
+    g.op("MUL_MAT", F32, (V, n_outputs), g.EXT, rn, flags=FLAG_OUTPUT, name="result_output")
+
+
 def _text_graph(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_tokens,
                 n_outputs, flash_attn, type_k, type_v, n_layer):
     g = Graph()
     E, H, Hkv, D, F, V, U = n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_tokens
     Eq, Ekv = H * D, Hkv * D
-    rot_k = QUANT.get(type_k, False) and D % 64 == 0
-    rot_v = QUANT.get(type_v, False) and D % 64 == 0
-    nrot_k = 0
-    if rot_k:
-        nrot_k = 64
-        while D % (nrot_k * 2) == 0:
-            nrot_k *= 2
-    nrot_v = 64
+    rot_k, rot_v, nrot_k, nrot_v = kv_rotation(type_k, type_v, D)
     W = g.EXT  # any weight / cache tensor
 
     # leafs (order as in the reserve graph)
@@ -50,14 +125,8 @@ def _text_graph(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, 
     kq_mask = g.input("kq_mask", F16 if flash_attn else F32, (n_kv, U))
     out_ids = g.input("out_ids", I32, (n_outputs,))
 
-    def hadamard(x, rot, n, ne3):
-        r = g.view(x, (n, (ne3[0] * ne3[1] * ne3[2]) // n), op="RESHAPE")
-        m = g.op("MUL_MAT", F32, (n, (ne3[0] * ne3[1] * ne3[2]) // n), rot, r)
-        return g.view(m, ne3, op="RESHAPE")
-
     inpL = g.op("GET_ROWS", F32, (E, U), W, inp_tokens, name="embd")
     for il in range(n_layer):
-        last = il == n_layer - 1
         norm = g.op("RMS_NORM", F32, (E, U), inpL, name=f"norm-{il}")
         attn_norm = g.op("MUL", F32, (E, U), norm, W)
         # Q
@@ -67,14 +136,14 @@ def _text_graph(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, 
         q = g.view(q, (D, H, U), op="RESHAPE")
         q = g.op("ROPE", F32, (D, H, U), q, inp_pos, name=f"Qrope-{il}")
         if rot_k:
-            q = hadamard(q, k_rot, nrot_k, (D, H, U))
+            q = hadamard(g, q, k_rot, nrot_k, (D, H, U))
         # V
         v = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Vcur-{il}")
         if arch == "qwen2vl":
             v = g.op("ADD", F32, (Ekv, U), v, W)
         v = g.view(v, (D, Hkv, U), op="RESHAPE")
         if rot_v:
-            v = hadamard(v, v_rot, nrot_v, (D, Hkv, U))
+            v = hadamard(g, v, v_rot, nrot_v, (D, Hkv, U))
         # K
         k = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Kcur-{il}")
         if arch == "qwen2vl":
@@ -82,49 +151,12 @@ def _text_graph(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, 
         k = g.view(k, (D, Hkv, U), op="RESHAPE")
         k = g.op("ROPE", F32, (D, Hkv, U), k, inp_pos, name=f"Krope-{il}")
         if rot_k:
-            k = hadamard(k, k_rot, nrot_k, (D, Hkv, U))
-        # store K, V into the cache
-        kv = g.view(k, (Ekv, U))
-        g.ext_op("SET_ROWS", W, kv, k_idxs)
-        if flash_attn:
-            vv = g.view(v, (Ekv, U))
-            g.ext_op("SET_ROWS", W, vv, v_idxs)
-        else:
-            vv = g.view(v, (Ekv, U), op="RESHAPE")
-            vv = g.view(vv, (1, Ekv * U), op="RESHAPE")
-            g.ext_op("SET_ROWS", W, vv, v_idxs)
-        # attention
-        qv = g.view(q, (D, H, U))
-        qp = g.view(qv, (D, U, H), op="PERMUTE", nb=(4, 4 * D * H, 4 * D, 4 * D * H * U))
-        if flash_attn:
-            fa = g.op("FLASH_ATTN_EXT", F32, (D, H, U), qp, W, W, kq_mask, name=f"fattn-{il}")
-            cur = g.view(fa, (Eq, U), op="RESHAPE")
-        else:
-            kq = g.op("MUL_MAT", F32, (n_kv, U, H), W, qp, name=f"kq-{il}")
-            kq = g.op("SOFT_MAX", F32, (n_kv, U, H), kq, kq_mask)
-            kqv = g.op("MUL_MAT", F32, (D, U, H), W, kq, name=f"kqv-{il}")
-            kqp = g.view(kqv, (D, H, U), op="PERMUTE", nb=(4, 4 * D * U, 4 * D, 4 * D * U * H))
-            cur = g.op("CONT", F32, (Eq, U), kqp, name=f"kqv_out-{il}")
-        if rot_v:
-            cur = hadamard(cur, v_rot, nrot_v, (Eq, U, 1))
-        cur = g.op("MUL_MAT", F32, (E, U), W, cur, name=f"attn_out-{il}")
-        res = inpL
-        T = U
-        if last:
-            cur = g.op("GET_ROWS", F32, (E, n_outputs), cur, out_ids)
-            res = g.op("GET_ROWS", F32, (E, n_outputs), inpL, out_ids)
-            T = n_outputs
-        ffn_inp = g.op("ADD", F32, (E, T), cur, res)
-        norm = g.op("RMS_NORM", F32, (E, T), ffn_inp)
-        ffn_norm = g.op("MUL", F32, (E, T), norm, W)
-        gate = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_gate-{il}")
-        up = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_up-{il}")
-        glu = g.op("GLU", F32, (F, T), gate, up, name=f"ffn_swiglu-{il}")
-        down = g.op("MUL_MAT", F32, (E, T), W, glu, name=f"ffn_out-{il}")
-        inpL = g.op("ADD", F32, (E, T), down, ffn_inp)
-    norm = g.op("RMS_NORM", F32, (E, n_outputs), inpL)
-    rn = g.op("MUL", F32, (E, n_outputs), norm, W, flags=FLAG_OUTPUT, name="result_norm")
-    g.op("MUL_MAT", F32, (V, n_outputs), W, rn, flags=FLAG_OUTPUT, name="result_output")
+            k = hadamard(g, k, k_rot, nrot_k, (D, Hkv, U))
+        cur = store_and_attend(g, q, k, v, il, H, Hkv, D, U, n_kv, flash_attn, k_idxs, v_idxs, kq_mask,
+                               v_rot, nrot_v)
+        cur, res, T = attn_output(g, cur, inpL, il, E, U, il == n_layer - 1, n_outputs, out_ids)
+        inpL = swiglu_block(g, cur, res, il, E, F, T)
+    result_head(g, inpL, E, V, n_outputs)
     return g
 
 

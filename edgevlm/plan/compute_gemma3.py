@@ -6,8 +6,15 @@ depends on the layer pattern, so every layer is replayed (34 layers: 0.04 s)."""
 
 from __future__ import annotations
 
-from .compute import text_effective
-from .graphalloc import F16, F32, FLAG_OUTPUT, I32, I64, QUANT, Graph, pad, replay
+from .compute import (
+    attn_output,
+    hadamard,
+    kv_rotation,
+    result_head,
+    store_and_attend,
+    text_effective,
+)
+from .graphalloc import F16, F32, I32, I64, Graph, pad, replay
 
 __all__ = ["gemma3_text_compute_bytes", "swa_kv_cells"]
 
@@ -18,14 +25,7 @@ def _gemma3_text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv,
     g = Graph()
     E, H, Hkv, D, F, V, U = n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_tokens
     Eq, Ekv = H * D, Hkv * D
-    rot_k = QUANT.get(type_k, False) and D % 64 == 0
-    rot_v = QUANT.get(type_v, False) and D % 64 == 0
-    nrot_k = 0
-    if rot_k:
-        nrot_k = 64
-        while D % (nrot_k * 2) == 0:
-            nrot_k *= 2
-    nrot_v = 64
+    rot_k, rot_v, nrot_k, nrot_v = kv_rotation(type_k, type_v, D)
     W = g.EXT
 
     # leafs in the order the graph reaches them: the embedding select, then per cache kind
@@ -50,11 +50,6 @@ def _gemma3_text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv,
         ins[swa] = d
     out_ids = g.input("out_ids", I32, (n_outputs,))
 
-    def hadamard(x, rot, n, ne3):
-        r = g.view(x, (n, (ne3[0] * ne3[1] * ne3[2]) // n), op="RESHAPE")
-        m = g.op("MUL_MAT", F32, (n, (ne3[0] * ne3[1] * ne3[2]) // n), rot, r)
-        return g.view(m, ne3, op="RESHAPE")
-
     def rms(x, ne):
         x = g.op("RMS_NORM", F32, ne, x)
         return g.op("MUL", F32, ne, x, W)
@@ -74,46 +69,20 @@ def _gemma3_text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv,
         q = g.op("ROPE", F32, (D, H, U), q, inp_pos, name=f"Qrope-{il}")
         q = g.op("SCALE", F32, (D, H, U), q)
         if rot_k:
-            q = hadamard(q, d["k_rot"], nrot_k, (D, H, U))
+            q = hadamard(g, q, d["k_rot"], nrot_k, (D, H, U))
         k = g.op("MUL_MAT", F32, (Ekv, U), W, cur, name=f"Kcur-{il}")
         k = g.view(k, (D, Hkv, U), op="RESHAPE")
         k = rms(k, (D, Hkv, U))
         k = g.op("ROPE", F32, (D, Hkv, U), k, inp_pos, name=f"Krope-{il}")
         if rot_k:
-            k = hadamard(k, d["k_rot"], nrot_k, (D, Hkv, U))
+            k = hadamard(g, k, d["k_rot"], nrot_k, (D, Hkv, U))
         v = g.op("MUL_MAT", F32, (Ekv, U), W, cur, name=f"Vcur-{il}")
         v = g.view(v, (D, Hkv, U), op="RESHAPE")
         if rot_v:
-            v = hadamard(v, d["v_rot"], nrot_v, (D, Hkv, U))
-        kv = g.view(k, (Ekv, U))
-        g.ext_op("SET_ROWS", W, kv, d["k_idxs"])
-        if flash_attn:
-            vv = g.view(v, (Ekv, U))
-            g.ext_op("SET_ROWS", W, vv, d["v_idxs"])
-        else:
-            vv = g.view(v, (Ekv, U), op="RESHAPE")
-            vv = g.view(vv, (1, Ekv * U), op="RESHAPE")
-            g.ext_op("SET_ROWS", W, vv, d["v_idxs"])
-        qv = g.view(q, (D, H, U))
-        qp = g.view(qv, (D, U, H), op="PERMUTE", nb=(4, 4 * D * H, 4 * D, 4 * D * H * U))
-        if flash_attn:
-            fa = g.op("FLASH_ATTN_EXT", F32, (D, H, U), qp, W, W, d["mask"], name=f"fattn-{il}")
-            cur = g.view(fa, (Eq, U), op="RESHAPE")
-        else:
-            kq = g.op("MUL_MAT", F32, (n_kv_l, U, H), W, qp, name=f"kq-{il}")
-            kq = g.op("SOFT_MAX", F32, (n_kv_l, U, H), kq, d["mask"])
-            kqv = g.op("MUL_MAT", F32, (D, U, H), W, kq, name=f"kqv-{il}")
-            kqp = g.view(kqv, (D, H, U), op="PERMUTE", nb=(4, 4 * D * U, 4 * D, 4 * D * U * H))
-            cur = g.op("CONT", F32, (Eq, U), kqp, name=f"kqv_out-{il}")
-        if rot_v:
-            cur = hadamard(cur, d["v_rot"], nrot_v, (Eq, U, 1))
-        cur = g.op("MUL_MAT", F32, (E, U), W, cur, name=f"attn_out-{il}")
-        res = inpL
-        T = U
-        if last:
-            cur = g.op("GET_ROWS", F32, (E, n_outputs), cur, out_ids)
-            res = g.op("GET_ROWS", F32, (E, n_outputs), inpL, out_ids)
-            T = n_outputs
+            v = hadamard(g, v, d["v_rot"], nrot_v, (D, Hkv, U))
+        cur = store_and_attend(g, q, k, v, il, H, Hkv, D, U, n_kv_l, flash_attn, d["k_idxs"], d["v_idxs"],
+                               d["mask"], d["v_rot"], nrot_v)
+        cur, res, T = attn_output(g, cur, inpL, il, E, U, last, n_outputs, out_ids)
         cur = rms(cur, (E, T))                                          # attn_post_norm
         sa_out = g.op("ADD", F32, (E, T), cur, res)
         cur = rms(sa_out, (E, T))                                       # ffn_norm
@@ -123,9 +92,7 @@ def _gemma3_text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv,
         cur = g.op("MUL_MAT", F32, (E, T), W, glu, name=f"ffn_out-{il}")
         cur = rms(cur, (E, T))                                          # ffn_post_norm
         inpL = g.op("ADD", F32, (E, T), cur, sa_out)
-    norm = g.op("RMS_NORM", F32, (E, n_outputs), inpL)
-    rn = g.op("MUL", F32, (E, n_outputs), norm, W, flags=FLAG_OUTPUT, name="result_norm")
-    g.op("MUL_MAT", F32, (V, n_outputs), W, rn, flags=FLAG_OUTPUT, name="result_output")
+    result_head(g, inpL, E, V, n_outputs)
     return g
 
 

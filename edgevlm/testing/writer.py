@@ -39,15 +39,7 @@ class RandomGGUF:
 
     # --- tensors -------------------------------------------------------------------------
     def _add(self, name: str, data: np.ndarray, qtype: str) -> None:
-        q = QTYPES[qtype]
-        if qtype == "f32":
-            self.writer.add_tensor(name, data.astype(np.float32))
-        elif qtype == "f16":
-            self.writer.add_tensor(name, data.astype(np.float16))
-        else:
-            if data.shape[-1] % 32:
-                raise ValueError(f"{name}: row length {data.shape[-1]} is not a multiple of 32")
-            self.writer.add_tensor(name, gguf.quants.quantize(data.astype(np.float32), q), raw_dtype=q)
+        add_tensor(self.writer, name, data, qtype)
 
     def weight(self, name: str, shape: tuple[int, ...], scale: float | None = None,
                qtype: str | None = None) -> None:
@@ -79,13 +71,30 @@ class RandomGGUF:
 
     # --- output --------------------------------------------------------------------------
     def write(self) -> Path:
-        w = self.writer
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.replace(self.tmp, self.path)
-        return self.path
+        return finish(self.writer, self.tmp, self.path)
+
+
+def add_tensor(w: gguf.GGUFWriter, name: str, data: np.ndarray, qtype: str) -> None:
+    """One tensor in ``qtype`` (f32, f16, or a quantization written as raw bytes)."""
+    q = QTYPES[qtype]
+    if qtype == "f32":
+        w.add_tensor(name, data.astype(np.float32))
+    elif qtype == "f16":
+        w.add_tensor(name, data.astype(np.float16))
+    else:
+        if data.shape[-1] % 32:
+            raise ValueError(f"{name}: row length {data.shape[-1]} is not a multiple of 32")
+        w.add_tensor(name, gguf.quants.quantize(data.astype(np.float32), q), raw_dtype=q)
+
+
+def finish(w: gguf.GGUFWriter, tmp: Path, path: Path) -> Path:
+    """Write header, metadata and tensors to ``tmp``, then move it to ``path`` (atomic)."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+    return path
 
 
 def text_header(g: RandomGGUF, t, name: str) -> None:

@@ -21,15 +21,21 @@ which the planner's ``llama`` graph under-estimates (deepstack input, Q/K norms)
 from __future__ import annotations
 
 from ...model.gguf_info import ProjectorInfo
-from ..compute import text_effective
+from ..compute import (
+    attn_output,
+    hadamard,
+    kv_rotation,
+    result_head,
+    store_and_attend,
+    swiglu_block,
+    text_effective,
+)
 from ..graphalloc import (
     F16,
     F32,
     FLAG_INPUT,
-    FLAG_OUTPUT,
     I32,
     I64,
-    QUANT,
     TYPE_SIZE,
     Graph,
     Tensor,
@@ -243,14 +249,7 @@ def _text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_toke
     E, H, Hkv, D, F, V, U = n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_tokens
     Eq, Ekv = H * D, Hkv * D
     Ein = E * (1 + n_deepstack)
-    rot_k = QUANT.get(type_k, False) and D % 64 == 0
-    rot_v = QUANT.get(type_v, False) and D % 64 == 0
-    nrot_k = 0
-    if rot_k:
-        nrot_k = 64
-        while D % (nrot_k * 2) == 0:
-            nrot_k *= 2
-    nrot_v = 64
+    rot_k, rot_v, nrot_k, nrot_v = kv_rotation(type_k, type_v, D)
     W = g.EXT
     inp_tokens = g.input("inp_tokens", I32, (U,))
     g.input("inp_embd", F32, (Ein, U))
@@ -261,11 +260,6 @@ def _text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_toke
     v_idxs = g.input("v_idxs", I64, (U if flash_attn else U * Ekv,))
     kq_mask = g.input("kq_mask", F16 if flash_attn else F32, (n_kv, U))
     out_ids = g.input("out_ids", I32, (n_outputs,))
-
-    def hadamard(x, rot, n, ne3):
-        r = g.view(x, (n, (ne3[0] * ne3[1] * ne3[2]) // n), op="RESHAPE")
-        m = g.op("MUL_MAT", F32, (n, (ne3[0] * ne3[1] * ne3[2]) // n), rot, r)
-        return g.view(m, ne3, op="RESHAPE")
 
     inpL = g.op("GET_ROWS", F32, (E, U), W, inp_tokens, name="embd")
     inp_embd = inpL
@@ -283,61 +277,26 @@ def _text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_toke
         q = g.op("MUL", F32, (D, H, U), q, W)
         q = g.op("ROPE", F32, (D, H, U), q, inp_pos, name=f"Qrope-{il}")
         if rot_k:
-            q = hadamard(q, k_rot, nrot_k, (D, H, U))
+            q = hadamard(g, q, k_rot, nrot_k, (D, H, U))
         v = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Vcur-{il}")
         v = g.view(v, (D, Hkv, U), op="RESHAPE")
         if rot_v:
-            v = hadamard(v, v_rot, nrot_v, (D, Hkv, U))
+            v = hadamard(g, v, v_rot, nrot_v, (D, Hkv, U))
         k = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Kcur-{il}")
         k = g.view(k, (D, Hkv, U), op="RESHAPE")
         k = g.op("RMS_NORM", F32, (D, Hkv, U), k)
         k = g.op("MUL", F32, (D, Hkv, U), k, W)
         k = g.op("ROPE", F32, (D, Hkv, U), k, inp_pos, name=f"Krope-{il}")
         if rot_k:
-            k = hadamard(k, k_rot, nrot_k, (D, Hkv, U))
-        kv = g.view(k, (Ekv, U))
-        g.ext_op("SET_ROWS", W, kv, k_idxs)
-        if flash_attn:
-            vv = g.view(v, (Ekv, U))
-            g.ext_op("SET_ROWS", W, vv, v_idxs)
-        else:
-            vv = g.view(v, (Ekv, U), op="RESHAPE")
-            vv = g.view(vv, (1, Ekv * U), op="RESHAPE")
-            g.ext_op("SET_ROWS", W, vv, v_idxs)
-        qv = g.view(q, (D, H, U))
-        qp = g.view(qv, (D, U, H), op="PERMUTE", nb=(4, 4 * D * H, 4 * D, 4 * D * H * U))
-        if flash_attn:
-            fa = g.op("FLASH_ATTN_EXT", F32, (D, H, U), qp, W, W, kq_mask, name=f"fattn-{il}")
-            cur = g.view(fa, (Eq, U), op="RESHAPE")
-        else:
-            kq = g.op("MUL_MAT", F32, (n_kv, U, H), W, qp, name=f"kq-{il}")
-            kq = g.op("SOFT_MAX", F32, (n_kv, U, H), kq, kq_mask)
-            kqv = g.op("MUL_MAT", F32, (D, U, H), W, kq, name=f"kqv-{il}")
-            kqp = g.view(kqv, (D, H, U), op="PERMUTE", nb=(4, 4 * D * U, 4 * D, 4 * D * U * H))
-            cur = g.op("CONT", F32, (Eq, U), kqp, name=f"kqv_out-{il}")
-        if rot_v:
-            cur = hadamard(cur, v_rot, nrot_v, (Eq, U, 1))
-        cur = g.op("MUL_MAT", F32, (E, U), W, cur, name=f"attn_out-{il}")
-        res = inpL
-        T = U
-        if last:
-            cur = g.op("GET_ROWS", F32, (E, n_outputs), cur, out_ids)
-            res = g.op("GET_ROWS", F32, (E, n_outputs), inpL, out_ids)
-            T = n_outputs
-        ffn_inp = g.op("ADD", F32, (E, T), cur, res)
-        norm = g.op("RMS_NORM", F32, (E, T), ffn_inp)
-        ffn_norm = g.op("MUL", F32, (E, T), norm, W)
-        gate = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_gate-{il}")
-        up = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_up-{il}")
-        glu = g.op("GLU", F32, (F, T), gate, up, name=f"ffn_swiglu-{il}")
-        down = g.op("MUL_MAT", F32, (E, T), W, glu, name=f"ffn_out-{il}")
-        inpL = g.op("ADD", F32, (E, T), down, ffn_inp)
+            k = hadamard(g, k, k_rot, nrot_k, (D, Hkv, U))
+        cur = store_and_attend(g, q, k, v, il, H, Hkv, D, U, n_kv, flash_attn, k_idxs, v_idxs, kq_mask,
+                               v_rot, nrot_v)
+        cur, res, T = attn_output(g, cur, inpL, il, E, U, last, n_outputs, out_ids)
+        inpL = swiglu_block(g, cur, res, il, E, F, T)
         if il < n_deepstack:   # deepstack_out: + feature il of the wide input embedding
             ds = g.view(inp_embd, (E, U), nb=(4, 4 * Ein, 4 * Ein * U, 4 * Ein * U))
             inpL = g.op("ADD", F32, (E, T), inpL, ds, name=f"deepstack_out-{il}")
-    norm = g.op("RMS_NORM", F32, (E, n_outputs), inpL)
-    rn = g.op("MUL", F32, (E, n_outputs), norm, W, flags=FLAG_OUTPUT, name="result_norm")
-    g.op("MUL_MAT", F32, (V, n_outputs), W, rn, flags=FLAG_OUTPUT, name="result_output")
+    result_head(g, inpL, E, V, n_outputs)
     return g
 
 
