@@ -18,7 +18,7 @@ from ..errors import InputError, UnsupportedModel
 from .graphalloc import ALIGN, F16, F32, FLAG_INPUT, FLAG_OUTPUT, I32, I64, QUANT, Graph, pad, replay  # noqa: F401
 
 __all__ = ["attn_output", "clip_compute_bytes", "hadamard", "kv_rotation", "result_head", "store_and_attend",
-           "swiglu_block", "text_compute_bytes", "text_effective"]
+           "swiglu_block", "text_compute_bytes", "text_effective", "vit_attention"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -98,6 +98,31 @@ def swiglu_block(g: Graph, cur, res, il: int, E: int, F: int, T: int):
     glu = g.op("GLU", F32, (F, T), gate, up, name=f"ffn_swiglu-{il}")
     down = g.op("MUL_MAT", F32, (E, T), W, glu, name=f"ffn_out-{il}")
     return g.op("ADD", F32, (E, T), down, ffn_inp)
+
+
+def vit_attention(g: Graph, q, k, v, il: int, D: int, H: int, N: int, E: int, flash_attn: bool,
+                  nb_heads=None):
+    """clip's ``build_attn`` with no cache and no mask: q, k, v are (D, H, N) views of (E, N)
+    rows (``nb_heads``: their permuted strides); flash attention on F16 copies, or KQ → softmax →
+    KQV. The result is (E, N)."""
+    nb = nb_heads or (4, 4 * E, 4 * D, 4 * E * N)
+    if flash_attn:
+        qp = g.view(q, (D, N, H), op="PERMUTE", nb=nb)
+        kp = g.view(k, (D, N, H), op="PERMUTE", nb=nb)
+        kc = g.op("CPY", F16, (D, N, H), kp)
+        vp = g.view(v, (D, N, H), op="PERMUTE", nb=nb)
+        vc = g.op("CPY", F16, (D, N, H), vp)
+        fa = g.op("FLASH_ATTN_EXT", F32, (D, H, N), qp, kc, vc, name=f"fattn-{il}")
+        return g.view(fa, (E, N), op="RESHAPE")
+    vp = g.view(v, (N, D, H), op="PERMUTE", nb=(4 * E, 4, 4 * D, 4 * E * N))
+    vc = g.op("CONT", F32, (N, D, H), vp)
+    kp = g.view(k, (D, N, H), op="PERMUTE", nb=nb)
+    qp = g.view(q, (D, N, H), op="PERMUTE", nb=nb)
+    kq = g.op("MUL_MAT", F32, (N, N, H), kp, qp, name=f"kq-{il}")
+    kq = g.op("SOFT_MAX", F32, (N, N, H), kq)
+    kqv = g.op("MUL_MAT", F32, (D, N, H), vc, kq, name=f"kqv-{il}")
+    kqv = g.view(kqv, (D, H, N), op="PERMUTE", nb=(4, 4 * D * N, 4 * D, 4 * E * N))
+    return g.op("CONT", F32, (E, N), kqv)
 
 
 def result_head(g: Graph, inpL, E: int, V: int, n_outputs: int) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from ...model.gguf_info import ProjectorInfo
+from ..compute import vit_attention
 from ..graphalloc import F16, F32, Graph, replay
 
 __all__ = ["compute_bytes", "gemma3_graph", "pool_size"]
@@ -66,7 +67,6 @@ def gemma3_graph(n_patches: int, patch_size: int, n_embd: int, n_head: int, n_ff
 
     inpL = x
     heads = (D, H, N)
-    nb_heads = (4, 4 * E, 4 * D, 4 * E * N)   # (D, N, H) permuted view of a (D, H, N) tensor
     deferred = None
     for il in range(n_layer):
         cur = norm(inpL)
@@ -78,24 +78,7 @@ def gemma3_graph(n_patches: int, patch_size: int, n_embd: int, n_head: int, n_ff
             # the last layer (see the module doc)
             wt = g.view(W, (E, n_mmproj_embd), op="TRANSPOSE")
             deferred = g.op("CONT", proj_type, (E, n_mmproj_embd), wt, name="inp_proj_t")
-        if flash_attn:
-            qp = g.view(q, (D, N, H), op="PERMUTE", nb=nb_heads)
-            kp = g.view(k, (D, N, H), op="PERMUTE", nb=nb_heads)
-            kc = g.op("CPY", F16, (D, N, H), kp)
-            vp = g.view(v, (D, N, H), op="PERMUTE", nb=nb_heads)
-            vc = g.op("CPY", F16, (D, N, H), vp)
-            fa = g.op("FLASH_ATTN_EXT", F32, (D, H, N), qp, kc, vc, name=f"fattn-{il}")
-            cur = g.view(fa, (E, N), op="RESHAPE")
-        else:
-            vp = g.view(v, (N, D, H), op="PERMUTE", nb=(4 * E, 4, 4 * D, 4 * E * N))
-            vc = g.op("CONT", F32, (N, D, H), vp)
-            kp = g.view(k, (D, N, H), op="PERMUTE", nb=nb_heads)
-            qp = g.view(q, (D, N, H), op="PERMUTE", nb=nb_heads)
-            kq = g.op("MUL_MAT", F32, (N, N, H), kp, qp, name=f"kq-{il}")
-            kq = g.op("SOFT_MAX", F32, (N, N, H), kq)
-            kqv = g.op("MUL_MAT", F32, (D, N, H), vc, kq)
-            kqv = g.view(kqv, (D, H, N), op="PERMUTE", nb=(4, 4 * D * N, 4 * D, 4 * E * N))
-            cur = g.op("CONT", F32, (E, N), kqv)
+        cur = vit_attention(g, q, k, v, il, D, H, N, E, flash_attn)
         cur = linear(cur, E, f"attn_out-{il}")
         cur = g.op("ADD", F32, (E, N), cur, inpL)            # ffn_inp
         inpL = cur

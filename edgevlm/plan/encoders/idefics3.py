@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 
+from ..compute import vit_attention
 from ..graphalloc import F16, F32, Graph, replay
 
 __all__ = ["compute_bytes", "graph"]
@@ -90,24 +91,7 @@ def graph(patch_size: int, n_embd: int, n_head: int, n_ff: int, n_layer: int, n_
         k = g.view(k, (D, Hh, N, 1), op="RESHAPE")
         v = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
         v = g.view(v, (D, Hh, N, 1), op="RESHAPE")
-        if flash_attn:
-            qp = g.view(q, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
-            kp = g.view(k, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
-            kc = g.op("CPY", F16, (D, N, Hh), kp)
-            vp = g.view(v, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
-            vc = g.op("CPY", F16, (D, N, Hh), vp)
-            fa = g.op("FLASH_ATTN_EXT", F32, (D, Hh, N), qp, kc, vc, name=f"fattn-{il}")
-            cur = g.view(fa, (E, N), op="RESHAPE")
-        else:
-            vp = g.view(v, (N, D, Hh), op="PERMUTE", nb=(4 * E, 4, 4 * D, 4 * E * N))
-            vc = g.op("CONT", F32, (N, D, Hh), vp)
-            kp = g.view(k, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
-            qp = g.view(q, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
-            kq = g.op("MUL_MAT", F32, (N, N, Hh), kp, qp, name=f"kq-{il}")
-            kq = g.op("SOFT_MAX", F32, (N, N, Hh), kq)
-            kqv = g.op("MUL_MAT", F32, (D, N, Hh), vc, kq)
-            kqv = g.view(kqv, (D, Hh, N), op="PERMUTE", nb=(4, 4 * D * N, 4 * D, 4 * E * N))
-            cur = g.op("CONT", F32, (E, N), kqv)
+        cur = vit_attention(g, q, k, v, il, D, Hh, N, E, flash_attn)
         cur = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
         cur = g.op("ADD", F32, (E, N), cur, inpL)          # ffn_inp
         inpL = cur

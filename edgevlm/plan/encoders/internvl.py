@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from ...model.gguf_info import ProjectorInfo
+from ..compute import vit_attention
 from ..graphalloc import F16, F32, Graph, replay
 
 __all__ = ["compute_bytes", "internvl_graph"]
@@ -75,25 +76,7 @@ def internvl_graph(patch_size: int, n_embd: int, n_head: int, n_ff: int, n_layer
                 t = g.op("MUL", F32, (E, N), t, W)
             qkv.append(g.view(t, (D, H, N, 1), op="RESHAPE"))
         q, k, v = qkv
-        perm = {"op": "PERMUTE", "nb": (4, 4 * E, 4 * D, 4 * E * N)}
-        if flash_attn:
-            qp = g.view(q, (D, N, H), **perm)
-            kp = g.view(k, (D, N, H), **perm)
-            kc = g.op("CPY", F16, (D, N, H), kp)
-            vp = g.view(v, (D, N, H), **perm)
-            vc = g.op("CPY", F16, (D, N, H), vp)
-            fa = g.op("FLASH_ATTN_EXT", F32, (D, H, N), qp, kc, vc, name=f"fattn-{il}")
-            cur = g.view(fa, (E, N), op="RESHAPE")
-        else:
-            vp = g.view(v, (N, D, H), op="PERMUTE", nb=(4 * E, 4, 4 * D, 4 * E * N))
-            vc = g.op("CONT", F32, (N, D, H), vp)
-            kp = g.view(k, (D, N, H), **perm)
-            qp = g.view(q, (D, N, H), **perm)
-            kq = g.op("MUL_MAT", F32, (N, N, H), kp, qp, name=f"kq-{il}")
-            kq = g.op("SOFT_MAX", F32, (N, N, H), kq)
-            kqv = g.op("MUL_MAT", F32, (D, N, H), vc, kq)
-            kqv = g.view(kqv, (D, H, N), op="PERMUTE", nb=(4, 4 * D * N, 4 * D, 4 * E * N))
-            cur = g.op("CONT", F32, (E, N), kqv)
+        cur = vit_attention(g, q, k, v, il, D, H, N, E, flash_attn)
         cur = linear(cur, E, N, name=f"attn_out-{il}")
         cur = g.op("MUL", F32, (E, N), cur, W)        # ls1
         ffn_inp = g.op("ADD", F32, (E, N), cur, inpL)

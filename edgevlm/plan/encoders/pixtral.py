@@ -30,6 +30,7 @@ import functools
 import math
 
 from ...model.gguf_info import ProjectorInfo
+from ..compute import vit_attention
 from ..graphalloc import F16, F32, I32, Graph, replay
 
 __all__ = ["compute_bytes", "grid_bytes", "pixtral_graph"]
@@ -84,24 +85,7 @@ def pixtral_graph(patch: int, n_embd: int, n_head: int, n_ff: int, n_layer: int,
         k = g.op("ROPE", F32, (D, H, P), k, pos_w, name=f"Krope_w-{il}")
         v = g.op("MUL_MAT", F32, (E, P), W, cur, name=f"Vcur-{il}")
         v = g.view(v, (D, H, P), op="RESHAPE")
-        if flash_attn:
-            qp = g.view(q, (D, P, H), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * P))
-            kp = g.view(k, (D, P, H), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * P))
-            kc = g.op("CPY", F16, (D, P, H), kp)
-            vp = g.view(v, (D, P, H), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * P))
-            vc = g.op("CPY", F16, (D, P, H), vp)
-            fa = g.op("FLASH_ATTN_EXT", F32, (D, H, P), qp, kc, vc, name=f"fattn-{il}")
-            cur = g.view(fa, (E, P), op="RESHAPE")
-        else:
-            vp = g.view(v, (P, D, H), op="PERMUTE", nb=(4 * E, 4, 4 * D, 4 * E * P))
-            vc = g.op("CONT", F32, (P, D, H), vp)
-            kp = g.view(k, (D, P, H), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * P))
-            qp = g.view(q, (D, P, H), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * P))
-            kq = g.op("MUL_MAT", F32, (P, P, H), kp, qp, name=f"kq-{il}")
-            kq = g.op("SOFT_MAX", F32, (P, P, H), kq)
-            kqv = g.op("MUL_MAT", F32, (D, P, H), vc, kq, name=f"kqv-{il}")
-            kqv = g.view(kqv, (D, H, P), op="PERMUTE", nb=(4, 4 * D * P, 4 * D, 4 * E * P))
-            cur = g.op("CONT", F32, (E, P), kqv)
+        cur = vit_attention(g, q, k, v, il, D, H, P, E, flash_attn)
         cur = g.op("MUL_MAT", F32, (E, P), W, cur, name=f"attn_out-{il}")
         cur = g.op("ADD", F32, (E, P), cur, inpL)  # ffn_inp
         inpL = cur
