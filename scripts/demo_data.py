@@ -24,7 +24,7 @@ from edgevlm.caption.text import DEFAULT_PROMPT as CAPTION_PROMPT
 from edgevlm.runtime.chat_format import PromptFormatter
 from edgevlm.runtime.session import DEFAULT_SUMMARY_PROMPT
 from edgevlm.testing import world
-from edgevlm.vision.budget import FLAT_ABSOLUTE, FLAT_FRACTION, candidate_grid
+from edgevlm.vision.budget import choose_tiles, tile_boxes
 from edgevlm.vision.detail import score_boxes
 
 MARKER = "<__media__>"
@@ -163,15 +163,10 @@ def anyres_views(scene: world.Scene, size: int, per_view: int, budget: int) -> l
     whole = (0, 0, w, h)
     if k < 1 or (w <= size and h <= size):
         return [("image", whole)]
-    cols, rows = candidate_grid(w, h, size, k)
-    boxes = [(c * w // cols, r * h // rows, (c + 1) * w // cols, (r + 1) * h // rows)
-             for r in range(rows) for c in range(cols)]
+    cols, _, boxes = tile_boxes(w, h, size, k)
     scale = min(1.0, 768 / max(w, h))
     low = np.asarray(world.render(scene, out=(max(1, round(w * scale)), max(1, round(h * scale)))))
-    scores = score_boxes(low, [tuple(v * scale for v in b) for b in boxes])
-    floor = max(FLAT_FRACTION * max(scores), FLAT_ABSOLUTE["edges"])
-    order = sorted(range(len(boxes)), key=lambda i: (-scores[i], i))
-    chosen = {i for i in order[:k] if scores[i] >= floor}
+    chosen, _, _ = choose_tiles(score_boxes(low, [tuple(v * scale for v in b) for b in boxes]), k)
     out = [("global view", whole)]
     for i, b in enumerate(boxes):
         if i in chosen:

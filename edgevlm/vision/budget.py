@@ -26,8 +26,8 @@ from ..model.projectors import facts, image_tokens
 from .detail import DEFAULT_SCORER, score_boxes
 from .images import LoadedImage, from_rgb, resized
 
-__all__ = ["ImageBudget", "ImagePlan", "PlannedView", "candidate_grid", "draw_overlay", "fit_size",
-           "plan_image", "render_views"]
+__all__ = ["ImageBudget", "ImagePlan", "PlannedView", "candidate_grid", "choose_tiles", "draw_overlay",
+           "fit_size", "plan_image", "render_views", "tile_boxes"]
 FLAT_FRACTION = 0.25  # a tile scoring below this share of the best tile counts as flat
 FLAT_ABSOLUTE = {"edges": 1.0, "entropy": 1.0, "compress": 0.02}
 
@@ -151,6 +151,23 @@ def candidate_grid(w: int, h: int, native: int, k: int) -> tuple[int, int]:
     return cols, rows
 
 
+def tile_boxes(w: int, h: int, native: int, k: int) -> tuple[int, int, list[tuple[int, int, int, int]]]:
+    """The AnyRes candidate grid for ``k`` tiles: (cols, rows, boxes row by row)."""
+    cols, rows = candidate_grid(w, h, native, k)
+    boxes = [(c * w // cols, r * h // rows, (c + 1) * w // cols, (r + 1) * h // rows)
+             for r in range(rows) for c in range(cols)]
+    return cols, rows, boxes
+
+
+def choose_tiles(scores: list[float], k: int, scorer: str = DEFAULT_SCORER) -> tuple[set[int], float, list[int]]:
+    """The ``k`` most detailed tiles, flat ones left out: (chosen indexes, the flat floor, all
+    indexes by score)."""
+    best = max(scores) if scores else 0.0
+    floor = max(FLAT_FRACTION * best, FLAT_ABSOLUTE[scorer])
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    return {i for i in order[:k] if scores[i] >= floor}, floor, order
+
+
 def _plan_fixed(img: LoadedImage, proj, budget, tiles, scorer) -> ImagePlan:
     w, h = img.width, img.height
     per_view = image_tokens(proj, w, h).n_tokens
@@ -165,16 +182,9 @@ def _plan_fixed(img: LoadedImage, proj, budget, tiles, scorer) -> ImagePlan:
     if w <= native and h <= native:
         return ImagePlan("fixed", (w, h), budget, per_view, (glob,),
                          notes=("image is not larger than the encoder's view: no tiles",))
-    cols, rows = candidate_grid(w, h, native, k)
-    boxes = []
-    for r in range(rows):
-        for c in range(cols):
-            boxes.append((c * w // cols, r * h // rows, (c + 1) * w // cols, (r + 1) * h // rows))
+    cols, rows, boxes = tile_boxes(w, h, native, k)
     scores = score_boxes(img.rgb, boxes, scorer)
-    best = max(scores) if scores else 0.0
-    floor = max(FLAT_FRACTION * best, FLAT_ABSOLUTE[scorer])
-    order = sorted(range(len(boxes)), key=lambda i: (-scores[i], i))
-    chosen = {i for i in order[:k] if scores[i] >= floor}
+    chosen, floor, order = choose_tiles(scores, k, scorer)
     views = [glob]
     notes = []
     skipped = [i for i in order[:k] if i not in chosen]
