@@ -66,6 +66,7 @@ def _inside(s: world.Shape, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (dy >= -r) & (dy <= r) & (np.abs(dx) <= (dy + r) / 2)
 
 
+COVER_SAMPLES = 6  # sample points per patch side when measuring what covers a patch
 N_GROUPS = len(COLOUR_IDS) * len(SHAPE_IDS)  # (colour, shape) pairs counted per view
 
 
@@ -90,7 +91,7 @@ def view_labels(scene: world.Scene, box) -> np.ndarray:
 
 def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
     """What each encoder patch shows (an auxiliary training target, never exported): the
-    colour and kind of the shape under its centre, and the letter when the patch covers a
+    colour and kind of the shape covering most of it, and the letter when the patch covers a
     fair part of its glyph; ``len(...)`` of each table means "none"."""
     x0, y0, x1, y1 = box
     bw, bh = x1 - x0, y1 - y0
@@ -105,8 +106,17 @@ def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
     inside_view = (cx >= ox) & (cx < ox + nw) & (cy >= oy) & (cy < oy + nh)
     lab = np.empty((grid, grid, 3), np.int32)
     lab[..., 0], lab[..., 1], lab[..., 2] = N_AUX[0] - 1, N_AUX[1] - 1, N_AUX[2] - 1
+    # a patch shows the shape covering most of it, when that is a fair part (≥ 20 %): edge
+    # patches — where circle, square and triangle differ — are labelled, not only interiors
+    sub = (np.arange(COVER_SAMPLES) + 0.5) / COVER_SAMPLES - 0.5
+    ux, uy = np.meshgrid(sub, sub)
+    SX = X[..., None, None] + ux * (P / sx)  # [gy, gx, k, k] canvas x of each sample point
+    SY = Y[..., None, None] + uy * (P / sy)
+    best = np.zeros((grid, grid))
     for sh in scene.shapes:
-        m = _inside(sh, X, Y) & inside_view
+        cover = _inside(sh, SX, SY).mean(axis=(-1, -2))
+        m = (cover >= 0.2) & (cover > best) & inside_view
+        best = np.where(m, cover, best)
         lab[..., 0][m] = COLOUR_IDS[sh.colour]
         lab[..., 1][m] = SHAPE_IDS[sh.kind]
     if scene.letter is not None:
@@ -236,13 +246,31 @@ class SampleMaker:
         return f"{self.rng.choice(NAMES)}-{self.rng.randint(1, 999)}.{self.rng.choice(('png', 'jpg'))}"
 
     # --- kinds -----------------------------------------------------------------------------
-    def single(self) -> Sample:
+    def single(self, max_tokens: int | None = None) -> Sample:
+        """One picture and a question; with ``max_tokens``, more questions about the same picture
+        as later turns while they fit (every answer is a target: more signal per encoded view)."""
         rng = self.rng
         scene = world.make_scene(rng, "plain", letter_p=0.45)
-        _, q, a = self.pick_question(scene)
         box = (0, 0, scene.width, scene.height)
         view = view_pixels(scene, box, self.size, rng)
-        out = self.assemble([("user", q, [None])], [view], [], a)
+        asked: list[tuple[str, str]] = []
+        out = None
+        for _ in range(6 if max_tokens else 1):
+            _, q, a = self.pick_question(scene)
+            if (q, a) in asked:
+                continue
+            msgs = [("user", asked[0][0] if asked else q, [None])]
+            for i, (pq, pa) in enumerate(asked):
+                msgs.append(("assistant", pa, []))
+                if i + 1 < len(asked):
+                    msgs.append(("user", asked[i + 1][0], []))
+            if asked:
+                msgs.append(("user", q, []))
+            cand = self.assemble(msgs, [view], [pa for _, pa in asked], a)
+            if out is not None and len(cand.ids) > max_tokens:
+                break
+            out = cand
+            asked.append((q, a))
         out.labels = [patch_labels(scene, box, self.size, self.grid)]
         out.scene_labels = [view_labels(scene, box)]
         return out

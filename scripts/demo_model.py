@@ -272,3 +272,65 @@ def export_mmproj(cfg: DemoConfig, v: dict, path: Path,
 
 def config_dict(cfg: DemoConfig) -> dict:
     return asdict(cfg)
+
+
+# --- import (the inverse of the exports: continue training from a written pair) ------------
+def _tensors(path: Path) -> dict[str, np.ndarray]:
+    import gguf
+    from gguf.quants import dequantize
+
+    out = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        a = dequantize(t.data, t.tensor_type).astype(np.float32)
+        out[t.name] = a.reshape([int(d) for d in reversed(t.shape)])
+    return out
+
+
+def load_pair(cfg: DemoConfig, model: Path, mmproj: Path) -> dict:
+    """Parameters from a GGUF pair written by :func:`export_text` / :func:`export_mmproj`
+    (Q8_0 weights come back dequantised)."""
+    t, v = _tensors(model), _tensors(mmproj)
+    E, P = cfg.v_embd, cfg.patch_size
+    text = {"embd": t["token_embd.weight"], "out_norm": t["output_norm.weight"], "layers": []}
+    for i in range(cfg.t_layers):
+        p = f"blk.{i}"
+        ly = {"attn_norm": t[f"{p}.attn_norm.weight"], "ffn_norm": t[f"{p}.ffn_norm.weight"]}
+        for k, n in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output"),
+                     ("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
+            ly[k] = t[f"{p}.{n}.weight"]
+        text["layers"].append(ly)
+    vision = {"cls": v["v.class_embd"], "patch": v["v.patch_embd.weight"].reshape(E, 3 * P * P),
+              "pos": v["v.position_embd.weight"], "pre_w": v["v.pre_ln.weight"], "pre_b": v["v.pre_ln.bias"],
+              "post_w": v["v.post_ln.weight"], "post_b": v["v.post_ln.bias"],
+              "mm0": v["mm.0.weight"], "mm0_b": v["mm.0.bias"], "mm2": v["mm.2.weight"], "mm2_b": v["mm.2.bias"],
+              "layers": []}
+    for i in range(cfg.v_layers):  # the written extra block is the one mtmd skips
+        p = f"v.blk.{i}"
+        ly = {"ln1_w": v[f"{p}.ln1.weight"], "ln1_b": v[f"{p}.ln1.bias"],
+              "ln2_w": v[f"{p}.ln2.weight"], "ln2_b": v[f"{p}.ln2.bias"]}
+        for k, n in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_out"),
+                     ("up", "ffn_up"), ("down", "ffn_down")):
+            ly[k], ly[k + "_b"] = v[f"{p}.{n}.weight"], v[f"{p}.{n}.bias"]
+        vision["layers"].append(ly)
+    return {"vision": vision, "text": text}
+
+
+def dct_patch_basis(cfg: DemoConfig) -> np.ndarray:
+    """[v_embd, 3·P·P]: the lowest 2-D DCT frequencies of each colour channel of a patch,
+    orthonormal rows (JPEG's basis). Drawings of flat shapes keep nearly all their energy there:
+    an initial patch embedding that sees edges and where they run, instead of random mixtures."""
+    P, E = cfg.patch_size, cfg.v_embd
+    n = int(np.ceil(np.sqrt(E / 3)))
+    freqs = sorted(((u, v) for u in range(n) for v in range(n)), key=lambda f: (f[0] + f[1], f))
+    x = np.arange(P)
+    rows = []
+    for u, v in freqs:
+        b = np.outer(np.cos(np.pi * (2 * x + 1) * u / (2 * P)), np.cos(np.pi * (2 * x + 1) * v / (2 * P)))
+        b /= np.linalg.norm(b)
+        for c in range(3):
+            r = np.zeros((3, P, P), np.float32)
+            r[c] = b
+            rows.append(r.reshape(-1))
+            if len(rows) == E:
+                return np.stack(rows)
+    return np.stack(rows)[:E]

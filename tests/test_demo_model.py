@@ -92,3 +92,33 @@ def test_chat_cli_with_demo_answers_from_the_picture(tmp_path):
         assert "trained" in out.stderr  # the note says what the demo is
         answers.append(world.normalize(out.stdout))
     assert answers == ["red", "blue"], answers
+
+
+def test_a_further_training_stage_starts_from_exactly_the_committed_weights(tmp_path):
+    """``train_demo.py --init models`` reads the pair back (scripts/demo_model.load_pair) and a
+    stage that trained nothing writes byte-identical files: the import is the exporters' inverse."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import demo_model as dm
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    RECORD = _record()
+    cfg = dm.DemoConfig(**RECORD["config"])
+    params = dm.load_pair(cfg, MODELS / RECORD["model"], MODELS / RECORD["mmproj"])
+    text = dm.export_text(cfg, params["text"], dm.demo_vocab(), tmp_path / RECORD["model"])
+    mmproj = dm.export_mmproj(cfg, params["vision"], tmp_path / RECORD["mmproj"])
+    assert _sha(text) == RECORD["sha256"][RECORD["model"]]
+    assert _sha(mmproj) == RECORD["sha256"][RECORD["mmproj"]]
+
+
+def test_every_answer_in_a_training_sample_weighs_the_same():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from train_demo import answer_weights
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    # a one-token answer, a three-token description, a one-token answer
+    w = answer_weights([0, 0, 1, 0, 0, 1, 1, 1, 0, 1])
+    assert w.tolist() == pytest.approx([0, 0, 1 / 3, 0, 0, 1 / 9, 1 / 9, 1 / 9, 0, 1 / 3])
+    assert w.sum() == pytest.approx(1.0)
+    assert answer_weights([0, 0]).sum() == 0
