@@ -259,13 +259,10 @@ class SampleMaker:
             _, q, a = self.pick_question(scene)
             if (q, a) in asked:
                 continue
-            msgs = [("user", asked[0][0] if asked else q, [None])]
-            for i, (pq, pa) in enumerate(asked):
-                msgs.append(("assistant", pa, []))
-                if i + 1 < len(asked):
-                    msgs.append(("user", asked[i + 1][0], []))
-            if asked:
-                msgs.append(("user", q, []))
+            msgs: list[tuple[str, str, list]] = []
+            for i, (pq, pa) in enumerate(asked):  # earlier turns: question, answer
+                msgs += [("user", pq, [None] if i == 0 else []), ("assistant", pa, [])]
+            msgs.append(("user", q, [] if asked else [None]))
             cand = self.assemble(msgs, [view], [pa for _, pa in asked], a)
             if out is not None and len(cand.ids) > max_tokens:
                 break

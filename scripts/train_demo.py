@@ -134,17 +134,35 @@ def aux_losses(params, img, labels, scene_labels):
     return aux_loss
 
 
+def make_optimizer(peak_lr: float):
+    """AdamW behind global-norm clipping; the learning rate is set each step (:func:`lr_at`)."""
+    import optax
+
+    sched = optax.inject_hyperparams(optax.adamw)(learning_rate=peak_lr, b2=0.98, weight_decay=0.01)
+    return optax.chain(optax.clip_by_global_norm(1.0), sched)
+
+
+def lr_at(peak: float, step: int, warmup: int, frac: float) -> float:
+    """Linear warm-up, then cosine over the time budget (``frac`` spent) down to 5 % of peak."""
+    return peak * min(1.0, (step + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * frac)))
+
+
+def encode(cfg: dm.DemoConfig, vision: dict, pix):
+    """uint8 views → image embeddings, normalised as mtmd does."""
+    import jax.numpy as jnp
+
+    mean = jnp.asarray(dm.CLIP_MEAN, jnp.float32)
+    std = jnp.asarray(dm.CLIP_STD, jnp.float32)
+    return dm.vision_forward(cfg, vision, (pix.astype(jnp.float32) / 255.0 - mean) / std)
+
+
 def build_step(cfg: dm.DemoConfig, optimizer):
     import jax
     import jax.numpy as jnp
     import optax
 
-    mean = jnp.asarray(dm.CLIP_MEAN, jnp.float32)
-    std = jnp.asarray(dm.CLIP_STD, jnp.float32)
-
     def loss_fn(params, pix, ids, slots, loss_mask, valid, labels, scene_labels):
-        x = (pix.astype(jnp.float32) / 255.0 - mean) / std
-        img = dm.vision_forward(cfg, params["vision"], x)
+        img = encode(cfg, params["vision"], pix)
         aux_loss = aux_losses(params, img, labels, scene_labels)
         img = img.reshape(-1, cfg.t_embd)
         tok = params["text"]["embd"][ids]
@@ -177,17 +195,12 @@ def vision_phase(cfg: dm.DemoConfig, params: dict, maker: SampleMaker, budget_s:
     import jax.numpy as jnp
     import optax
 
-    keys = ("vision", "aux", "aux_cls")
-    sub = {k: params[k] for k in keys}
-    sched = optax.inject_hyperparams(optax.adamw)(learning_rate=peak_lr, b2=0.98, weight_decay=0.01)
-    opt = optax.chain(optax.clip_by_global_norm(1.0), sched)
+    sub = {k: params[k] for k in ("vision", "aux", "aux_cls")}
+    opt = make_optimizer(peak_lr)
     opt_state = opt.init(sub)
-    mean = jnp.asarray(dm.CLIP_MEAN, jnp.float32)
-    std = jnp.asarray(dm.CLIP_STD, jnp.float32)
 
     def loss_fn(sub, pix, labels, scene_labels):
-        img = dm.vision_forward(cfg, sub["vision"], (pix.astype(jnp.float32) / 255.0 - mean) / std)
-        return aux_losses(sub, img, labels, scene_labels)
+        return aux_losses(sub, encode(cfg, sub["vision"], pix), labels, scene_labels)
 
     @jax.jit
     def step(sub, opt_state, pix, labels, scene_labels):
@@ -195,24 +208,23 @@ def vision_phase(cfg: dm.DemoConfig, params: dict, maker: SampleMaker, budget_s:
         updates, opt_state = opt.update(grads, opt_state, sub)
         return optax.apply_updates(sub, updates), opt_state, loss
 
-    log = open(work / "train.log", "a")
     rng = np.random.default_rng(seed)
     t0 = time.time()
     n, ema = 0, None
-    while time.time() - t0 < budget_s:
-        frac = (time.time() - t0) / budget_s
-        lr = peak_lr * min(1.0, (n + 1) / 100) * (0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * frac)))
-        opt_state[1].hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
-        kind = "single" if rng.random() < 0.8 else "tiled"
-        pix, _, _, _, _, labels, scene_labels = make_batch(maker, kind, cfg, pictures_only=True)
-        sub, opt_state, loss = step(sub, opt_state, jnp.asarray(pix), jnp.asarray(labels), jnp.asarray(scene_labels))
-        ema = float(loss) if ema is None else 0.98 * ema + 0.02 * float(loss)
-        n += 1
-        if n % 25 == 0:
-            msg = f"vision step {n} t={(time.time() - t0) / 60:.1f}m lr={lr:.2e} aux={ema:.3f}"
-            print(msg, flush=True)
-            log.write(msg + "\n")
-            log.flush()
+    with open(work / "train.log", "a") as log:
+        while time.time() - t0 < budget_s:
+            lr = lr_at(peak_lr, n, 100, (time.time() - t0) / budget_s)
+            opt_state[1].hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
+            kind = "single" if rng.random() < 0.8 else "tiled"
+            pix, _, _, _, _, labels, scene_labels = make_batch(maker, kind, cfg, pictures_only=True)
+            sub, opt_state, loss = step(sub, opt_state, jnp.asarray(pix), jnp.asarray(labels), jnp.asarray(scene_labels))
+            ema = float(loss) if ema is None else 0.98 * ema + 0.02 * float(loss)
+            n += 1
+            if n % 25 == 0:
+                msg = f"vision step {n} t={(time.time() - t0) / 60:.1f}m lr={lr:.2e} aux={ema:.3f}"
+                print(msg, flush=True)
+                log.write(msg + "\n")
+                log.flush()
     return {**params, **sub}, n, time.time() - t0
 
 
@@ -247,7 +259,6 @@ def main(argv=None) -> int:
 
     import jax
     import jax.numpy as jnp
-    import optax
 
     mix = {k: float(v) for k, v in (part.split(":") for part in args.mix.split(","))}
     total = sum(mix.values())
@@ -275,8 +286,7 @@ def main(argv=None) -> int:
 
     budget_s = args.minutes * 60.0
     warmup = 200
-    sched = optax.inject_hyperparams(optax.adamw)(learning_rate=args.lr, b2=0.98, weight_decay=0.01)
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), sched)
+    optimizer = make_optimizer(args.lr)
     opt_state = optimizer.init(params)
     step_fn = build_step(cfg, optimizer)
     start_step, spent = 0, 0.0
@@ -287,7 +297,7 @@ def main(argv=None) -> int:
         params, vision_steps, vision_s = vision_phase(cfg, params, maker, args.vision_minutes * 60.0,
                                                       args.vision_lr, args.seed, work)
         opt_state = optimizer.init(params)
-    if (args.resume or args.export_only) and ckpt.exists():
+    if resumed:
         import pickle
         with open(ckpt, "rb") as f:
             st = pickle.load(f)
@@ -309,8 +319,7 @@ def main(argv=None) -> int:
         elapsed = time.time() - t0
         if elapsed >= budget_s:
             break
-        frac = elapsed / budget_s
-        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * frac)))
+        lr = lr_at(args.lr, step, warmup, elapsed / budget_s)
         opt_state[1].hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
         kind = rng.choice(list(mix), p=list(mix.values()))
         batch = make_batch(maker, kind, cfg)
@@ -348,9 +357,9 @@ def main(argv=None) -> int:
         "config": dm.config_dict(cfg), "buckets": BUCKETS, "mix": mix, "lr": args.lr,
         "machine": f"{os.cpu_count()} CPU cores, JAX {jax.__version__}",
     }
-    record["steps"] += vision_steps
-    record["minutes"] = round(record["minutes"] + vision_s / 60, 1)
-    stage = {k: record[k] for k in ("seed", "steps", "minutes", "final_loss", "mix", "lr")}
+    stage = {k: record[k] for k in ("seed", "final_loss", "mix", "lr")}
+    stage["steps"] = step + vision_steps
+    stage["minutes"] = round(record["minutes"] + vision_s / 60, 1)
     if vision_steps:
         stage["vision_only"] = {"steps": vision_steps, "minutes": round(vision_s / 60, 1), "lr": args.vision_lr}
     stage["aux"] = {"weight": AUX_WEIGHT, "empty_patches": NEG_WEIGHT}
