@@ -47,13 +47,14 @@ class Sample:
     ids: list[int]
     slots: list[int]  # per position: index into views*n_patches, or -1
     loss: list[bool]
-    labels: list[np.ndarray] | None = None  # per view: [n_patches, 3] colour, shape, letter (-1: none)
+    labels: list[np.ndarray] | None = None  # per view: [n_patches, 3] per image token (token_labels)
     scene_labels: list[np.ndarray] | None = None  # per view: what it shows in all (see view_labels)
 
 
 COLOUR_IDS = {c: i for i, c in enumerate(world.COLOURS)}
 SHAPE_IDS = {k: i for i, k in enumerate(world.SHAPES)}
-N_AUX = (len(COLOUR_IDS) + 1, len(SHAPE_IDS) + 1, len(world.LETTERS) + 1)
+# per-token targets: colour, shape covering the patch, letter, shape whose centre is in the patch
+N_AUX = (len(COLOUR_IDS) + 1, len(SHAPE_IDS) + 1, len(world.LETTERS) + 1, len(SHAPE_IDS) + 1)
 
 
 def _inside(s: world.Shape, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -91,8 +92,9 @@ def view_labels(scene: world.Scene, box) -> np.ndarray:
 
 def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
     """What each encoder patch shows (an auxiliary training target, never exported): the
-    colour and kind of the shape covering most of it, and the letter when the patch covers a
-    fair part of its glyph; ``len(...)`` of each table means "none"."""
+    colour and kind of the shape covering most of it, the letter when the patch covers a
+    fair part of its glyph, and the kind of the shape whose centre lies in it; ``len(...)`` of
+    each table means "none"."""
     x0, y0, x1, y1 = box
     bw, bh = x1 - x0, y1 - y0
     s = min(size / bw, size / bh)
@@ -104,8 +106,9 @@ def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
     cx, cy = np.meshgrid(g, g)  # [gy, gx]
     X, Y = x0 + (cx - ox) / sx, y0 + (cy - oy) / sy
     inside_view = (cx >= ox) & (cx < ox + nw) & (cy >= oy) & (cy < oy + nh)
-    lab = np.empty((grid, grid, 3), np.int32)
-    lab[..., 0], lab[..., 1], lab[..., 2] = N_AUX[0] - 1, N_AUX[1] - 1, N_AUX[2] - 1
+    lab = np.empty((grid, grid, len(N_AUX)), np.int32)
+    for i, n in enumerate(N_AUX):
+        lab[..., i] = n - 1
     # a patch shows the shape covering most of it, when that is a fair part (≥ 20 %): edge
     # patches — where circle, square and triangle differ — are labelled, not only interiors
     sub = (np.arange(COVER_SAMPLES) + 0.5) / COVER_SAMPLES - 0.5
@@ -119,6 +122,11 @@ def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
         best = np.where(m, cover, best)
         lab[..., 0][m] = COLOUR_IDS[sh.colour]
         lab[..., 1][m] = SHAPE_IDS[sh.kind]
+        # the one patch holding the shape's centre (objects, not area: what counting needs)
+        gx = math.floor(((sh.cx - x0) * sx + ox) / P)
+        gy = math.floor(((sh.cy - y0) * sy + oy) / P)
+        if 0 <= gx < grid and 0 <= gy < grid and inside_view[gy, gx]:
+            lab[gy, gx, 3] = SHAPE_IDS[sh.kind]
     if scene.letter is not None:
         lx0, ly0, lx1, ly1 = world.letter_box(scene)
         # patch rectangles in canvas pixels
@@ -128,7 +136,64 @@ def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
         iy = np.clip(np.minimum(py1, ly1) - np.maximum(py0, ly0), 0, None)
         frac = ix * iy / max(1e-6, (lx1 - lx0) * (ly1 - ly0))
         lab[..., 2][(frac >= 0.25) & inside_view] = world.LETTERS.index(scene.letter.char)
-    return lab.reshape(grid * grid, 3)
+    return lab.reshape(grid * grid, len(N_AUX))
+
+
+def token_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
+    """:func:`patch_labels` per *image token*: mtmd's LLaVA graph concatenates the class token
+    after the patches and hands over rows 1..n_patches, so token j shows patch j+1 and the last
+    token is the class token (no patch label: -1). Labelling token j with patch j (as the first
+    model was) asks each token for its left neighbour's content."""
+    lab = patch_labels(scene, box, size, grid)
+    return np.concatenate([lab[1:], np.full((1, len(N_AUX)), -1, np.int32)])
+
+
+def drill_view(rng: random.Random, size: int, grid: int) -> tuple[np.ndarray, np.ndarray]:
+    """A training-only picture, denser than the world's scenes: 4-9 shapes and 2-6 letters at
+    the sizes a whole scene's shapes and letter take in one encoder view, on a background none
+    of them uses. A scene holds one letter, so a letter class would be seen once in ~60 views;
+    here each view labels a dozen shape and letter patches. Returns (pixels, token labels)."""
+    from PIL import ImageDraw, ImageFont
+
+    bg = rng.choice(list(world.COLOURS))
+    free = [c for c in world.COLOURS if c != bg]
+    boxes: list[tuple[float, float, float, float]] = []
+
+    def place(w: float, h: float):
+        for _ in range(60):
+            x, y = rng.uniform(2, size - w - 2), rng.uniform(2, size - h - 2)
+            b = (x, y, x + w, y + h)
+            if not any(b[0] < o[2] + 4 and o[0] < b[2] + 4 and b[1] < o[3] + 4 and o[1] < b[3] + 4 for o in boxes):
+                boxes.append(b)
+                return x, y
+        return None
+
+    letters = []
+    for _ in range(rng.randint(2, 6)):
+        lh = rng.uniform(14, 68)
+        at = place(lh * 0.9, lh)
+        if at:
+            letters.append(world.Letter(rng.choice(world.LETTERS), rng.choice(free), at[0], at[1], lh))
+    shapes = []
+    for _ in range(rng.randint(4, 9)):
+        sz = rng.uniform(12, 80)
+        at = place(sz, sz)
+        if at:
+            shapes.append(world.Shape(rng.choice(world.SHAPES), rng.choice(free), at[0] + sz / 2, at[1] + sz / 2, sz))
+    scene = world.Scene(size, size, bg, rng.random() < 0.5, tuple(shapes))
+    ss = 2
+    img = world.render(scene, out=(size * ss, size * ss))
+    d = ImageDraw.Draw(img)
+    for lt in letters:  # drawn as world.render draws a scene's letter
+        font = ImageFont.load_default(size=max(1, round(lt.height * ss / world.CAP_HEIGHT)))
+        d.text((lt.x * ss, lt.y * ss - font.getbbox(lt.char)[1]), lt.char, fill=world.COLOURS[lt.colour], font=font)
+    pix = np.asarray(img.resize((size, size), Image.Resampling.BICUBIC))
+    box = (0, 0, size, size)
+    lab = patch_labels(scene, box, size, grid)
+    for lt in letters:
+        one = patch_labels(world.Scene(size, size, bg, False, (), lt), box, size, grid)[:, 2]
+        lab[:, 2] = np.where(one != N_AUX[2] - 1, one, lab[:, 2])
+    return pix, np.concatenate([lab[1:], np.full((1, len(N_AUX)), -1, np.int32)])
 
 
 class Tokens:
@@ -268,7 +333,7 @@ class SampleMaker:
                 break
             out = cand
             asked.append((q, a))
-        out.labels = [patch_labels(scene, box, self.size, self.grid)]
+        out.labels = [token_labels(scene, box, self.size, self.grid)]
         out.scene_labels = [view_labels(scene, box)]
         return out
 
@@ -284,7 +349,7 @@ class SampleMaker:
         labels = [lb if len(vs) > 1 else None for lb, _ in vs]
         _, q, a = self.pick_question(scene, letter_bias=0.5 if detail else 0.0)
         out = self.assemble([("user", q, labels)], views, [], a)
-        out.labels = [patch_labels(scene, b, self.size, self.grid) for _, b in vs]
+        out.labels = [token_labels(scene, b, self.size, self.grid) for _, b in vs]
         out.scene_labels = [view_labels(scene, b) for _, b in vs]
         return out
 

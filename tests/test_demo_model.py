@@ -111,14 +111,36 @@ def test_a_further_training_stage_starts_from_exactly_the_committed_weights(tmp_
     assert _sha(mmproj) == RECORD["sha256"][RECORD["mmproj"]]
 
 
-def test_every_answer_in_a_training_sample_weighs_the_same():
+def test_a_long_answer_weighs_more_in_all_and_less_per_token():
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         from train_demo import answer_weights
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    # a one-token answer, a three-token description, a one-token answer
+    # a one-token answer, a three-token description, a one-token answer: 1, 1/sqrt(3) each, 1
     w = answer_weights([0, 0, 1, 0, 0, 1, 1, 1, 0, 1])
-    assert w.tolist() == pytest.approx([0, 0, 1 / 3, 0, 0, 1 / 9, 1 / 9, 1 / 9, 0, 1 / 3])
+    z = 2 + 3 ** 0.5
+    assert w.tolist() == pytest.approx([0, 0, 1 / z, 0, 0] + [3 ** -0.5 / z] * 3 + [0, 1 / z])
     assert w.sum() == pytest.approx(1.0)
     assert answer_weights([0, 0]).sum() == 0
+
+
+def test_each_image_token_is_labelled_with_the_patch_mtmd_hands_over():
+    """mtmd's LLaVA graph puts the class token after the patches and returns rows
+    1..n_patches: token j shows patch j+1, the last token is the class token. The training
+    targets follow that order (the first model's labelled token j with patch j)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import demo_data as dd
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    # 224 px canvas, 28 px patches (8×8): a red square filling patch (row 2, col 3) exactly
+    scene = world.Scene(224, 224, "white", False, (world.Shape("square", "red", 3 * 28 + 14, 2 * 28 + 14, 28),))
+    patches = dd.patch_labels(scene, (0, 0, 224, 224), 224, 8)
+    tokens = dd.token_labels(scene, (0, 0, 224, 224), 224, 8)
+    red, square = dd.COLOUR_IDS["red"], dd.SHAPE_IDS["square"]
+    p = 2 * 8 + 3
+    assert patches[p, 0] == red and patches[p, 1] == square and patches[p, 3] == square  # its centre
+    assert tokens[p - 1].tolist() == patches[p].tolist()
+    assert (tokens[-1] == -1).all()  # the class token has no patch
+    assert [i for i in range(64) if tokens[i, 0] == red] == [p - 1]
