@@ -161,7 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=900_000, help="first held-out seed (training uses others)")
     ap.add_argument("--chats", type=int, default=30, help="conversations whose first picture gets summarised")
     ap.add_argument("--budgets", default="128,320,576")
-    ap.add_argument("--detail-budget", type=int, default=576)
+    ap.add_argument("--detail-budgets", default="576,2304",
+                    help="image-token budgets for the detail scenes (tiles off and auto get the same)")
     ap.add_argument("--out", default="bench_quality.json")
     args = ap.parse_args(argv)
 
@@ -179,10 +180,11 @@ def main(argv=None) -> int:
             for b in [int(x) for x in args.budgets.split(",") if x]:
                 view = eng.with_options(image_tokens=b, tiles="auto")
                 rows.append(run_questions(view, plain, args.seed).row(f"budget {b}, tiles auto"))
-            for tiles in ("off", "auto"):
-                view = eng.with_options(image_tokens=args.detail_budget, tiles=tiles)
-                rows.append(run_questions(view, detail, args.seed + 1, ("letter",)).row(
-                    f"detail scenes, budget {args.detail_budget}, tiles {tiles}"))
+            for b in [int(x) for x in args.detail_budgets.split(",") if x]:
+                for tiles in ("off", "auto"):
+                    view = eng.with_options(image_tokens=b, tiles=tiles)
+                    rows.append(run_questions(view, detail, args.seed + 1, ("letter",)).row(
+                        f"detail scenes, budget {b}, tiles {tiles}"))
             from edgevlm.vision.merge import MergeSpec
 
             for m in MERGES:
