@@ -53,8 +53,11 @@ class Sample:
 
 COLOUR_IDS = {c: i for i, c in enumerate(world.COLOURS)}
 SHAPE_IDS = {k: i for i, k in enumerate(world.SHAPES)}
-# per-token targets: colour, shape covering the patch, letter, shape whose centre is in the patch
-N_AUX = (len(COLOUR_IDS) + 1, len(SHAPE_IDS) + 1, len(world.LETTERS) + 1, len(SHAPE_IDS) + 1)
+MAX_GROUPS = 4  # a world scene holds at most 4 shapes, so "Describe the image." lists ≤ 4 groups
+# per-token targets: colour, shape covering the patch, letter, shape whose centre is in the
+# patch, and where the covering shape's group comes in the description (its rank)
+N_AUX = (len(COLOUR_IDS) + 1, len(SHAPE_IDS) + 1, len(world.LETTERS) + 1, len(SHAPE_IDS) + 1, MAX_GROUPS + 1)
+AUX_NAMES = ("colour", "shape", "letter", "centre", "rank")
 
 
 def _inside(s: world.Shape, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -93,8 +96,10 @@ def view_labels(scene: world.Scene, box) -> np.ndarray:
 def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
     """What each encoder patch shows (an auxiliary training target, never exported): the
     colour and kind of the shape covering most of it, the letter when the patch covers a
-    fair part of its glyph, and the kind of the shape whose centre lies in it; ``len(...)`` of
-    each table means "none"."""
+    fair part of its glyph, the kind of the shape whose centre lies in it, and the place of the
+    covering shape's group in the scene's description (``world.groups``: what "Describe the
+    image." lists next is then a lookup, not a comparison of positions; -1 past MAX_GROUPS);
+    ``len(...)`` of each table means "none"."""
     x0, y0, x1, y1 = box
     bw, bh = x1 - x0, y1 - y0
     s = min(size / bw, size / bh)
@@ -116,12 +121,15 @@ def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
     SX = X[..., None, None] + ux * (P / sx)  # [gy, gx, k, k] canvas x of each sample point
     SY = Y[..., None, None] + uy * (P / sy)
     best = np.zeros((grid, grid))
+    rank = {key: i for i, (key, _) in enumerate(world.groups(scene))}
     for sh in scene.shapes:
         cover = _inside(sh, SX, SY).mean(axis=(-1, -2))
         m = (cover >= 0.2) & (cover > best) & inside_view
         best = np.where(m, cover, best)
         lab[..., 0][m] = COLOUR_IDS[sh.colour]
         lab[..., 1][m] = SHAPE_IDS[sh.kind]
+        r = rank[(sh.colour, sh.kind)]
+        lab[..., 4][m] = r if r < MAX_GROUPS else -1
         # the one patch holding the shape's centre (objects, not area: what counting needs)
         gx = math.floor(((sh.cx - x0) * sx + ox) / P)
         gy = math.floor(((sh.cy - y0) * sy + oy) / P)

@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import demo_model as dm
-from demo_data import N_AUX, N_GROUPS, SampleMaker, Tokens, drill_view
+from demo_data import AUX_NAMES, N_AUX, N_GROUPS, SampleMaker, Tokens, drill_view
 
 MODEL_NAME = "edgevlm-demo.gguf"
 MMPROJ_NAME = "mmproj-edgevlm-demo.gguf"
@@ -272,7 +272,7 @@ def encoder_accuracy(cfg: dm.DemoConfig, params: dict, views) -> dict:
     img = np.asarray(encode(cfg, params["vision"], jnp.asarray(pix)))
     aux = img @ np.asarray(params["aux"]).T
     out, o = {}, 0
-    for i, (name, n) in enumerate(zip(("colour", "shape", "letter", "centre"), N_AUX)):
+    for i, (name, n) in enumerate(zip(AUX_NAMES, N_AUX)):
         m = (lab[..., i] >= 0) & (lab[..., i] != n - 1)
         out[name] = float((aux[..., o:o + n].argmax(-1) == lab[..., i])[m].mean()) if m.any() else 0.0
         o += n
@@ -349,7 +349,8 @@ def main(argv=None) -> int:
         if args.init_checkpoint:  # the same stage's checkpoint: its training-only heads too
             import pickle
             with open(args.init_checkpoint, "rb") as f:
-                heads = {k: pickle.load(f)["params"][k] for k in ("aux", "aux_cls")}
+                prev_params = pickle.load(f)["params"]
+            heads = {k: np.asarray(prev_params[k]) for k in ("aux", "aux_cls")}
         rec_file = src / "edgevlm-demo.json"
         if rec_file.exists():
             prev = json.loads(rec_file.read_text())
@@ -358,8 +359,9 @@ def main(argv=None) -> int:
     maker = SampleMaker(Tokens(str(vocab_file)), cfg.image_size, cfg.n_patches, args.seed)
     params["aux"] = np.zeros((sum(N_AUX), cfg.t_embd), np.float32)
     params["aux_cls"] = np.zeros((N_GROUPS * 5 + N_AUX[2], cfg.t_embd), np.float32)
-    if heads is not None:
-        params.update(heads)
+    if heads is not None:  # a stage that adds targets starts their rows at zero
+        for k, h in heads.items():
+            params[k][:min(len(h), len(params[k]))] = h[:len(params[k])]
     params = jax.tree.map(jnp.asarray, params)
 
     budget_s = args.minutes * 60.0

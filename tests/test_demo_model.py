@@ -144,3 +144,22 @@ def test_each_image_token_is_labelled_with_the_patch_mtmd_hands_over():
     assert tokens[p - 1].tolist() == patches[p].tolist()
     assert (tokens[-1] == -1).all()  # the class token has no patch
     assert [i for i in range(64) if tokens[i, 0] == red] == [p - 1]
+
+
+def test_rank_target_is_the_place_describe_lists_the_group():
+    """The fifth per-patch target: where the covering shape's group comes in "Describe the
+    image." (``world.groups``, left to right by each group's leftmost member)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import demo_data as dd
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    # two blue circles (one far right, one left of centre) and a red square at the far left
+    shapes = (world.Shape("circle", "blue", 200, 42, 28), world.Shape("square", "red", 14, 42, 28),
+              world.Shape("circle", "blue", 98, 154, 28))
+    scene = world.Scene(224, 224, "white", False, shapes)
+    assert world.describe(scene) == "a red square and two blue circles"
+    lab = dd.patch_labels(scene, (0, 0, 224, 224), 224, 8)
+    at = lambda x, y: lab[int(y // 28) * 8 + int(x // 28), 4]
+    assert at(14, 42) == 0 and at(98, 154) == 1 and at(200, 42) == 1
+    assert at(150, 200) == dd.MAX_GROUPS  # background: none

@@ -211,14 +211,19 @@ def _plural(kind: str, n: int) -> str:
     return kind if n == 1 else kind + "s"
 
 
+def groups(scene: Scene) -> list[tuple[tuple[str, str], list[Shape]]]:
+    """The scene's shapes by (colour, kind), in the order :func:`describe` lists them: left to
+    right by each group's leftmost member."""
+    by: dict[tuple[str, str], list[Shape]] = {}
+    for s in scene.shapes:
+        by.setdefault((s.colour, s.kind), []).append(s)
+    return sorted(by.items(), key=lambda kv: min(s.cx for s in kv[1]))
+
+
 def describe(scene: Scene) -> str:
     """"a red square, two blue circles and the letter K": groups of one colour and shape, left to
     right by their leftmost member, then the letter."""
-    groups: dict[tuple[str, str], list[Shape]] = {}
-    for s in scene.shapes:
-        groups.setdefault((s.colour, s.kind), []).append(s)
-    order = sorted(groups.items(), key=lambda kv: min(s.cx for s in kv[1]))
-    items = [f"{NUMBER_WORDS[len(v)]} {c} {_plural(k, len(v))}" for (c, k), v in order]
+    items = [f"{NUMBER_WORDS[len(v)]} {c} {_plural(k, len(v))}" for (c, k), v in groups(scene)]
     if scene.letter is not None:
         items.append(f"the letter {scene.letter.char}")
     if len(items) == 1:
