@@ -56,25 +56,28 @@ def demo_engine():
     eng.close()
 
 
-def test_llama_cpp_loads_it_and_it_reads_colours_from_held_out_pictures(demo_engine, tmp_path):
-    """Greedy answers to colour questions on scenes from seeds training never used: well above
-    the ~25 % a model that ignores the picture gets (its accuracy per question type, measured,
-    is in README: scripts/bench_quality.py)."""
-    right = total = 0
+def test_llama_cpp_loads_it_and_it_reads_colours_and_shapes_from_held_out_pictures(demo_engine, tmp_path):
+    """Greedy answers to colour and shape questions on scenes from seeds training never used:
+    well above the ~25 % / ~40 % a model that ignores the picture gets. On these 40 scenes the
+    committed model answers 32/49 colour and 65/69 shape questions; its accuracy per question
+    type and condition is in README (scripts/bench_quality.py)."""
+    right = {"colour": 0, "shape": 0}
+    total = {"colour": 0, "shape": 0}
     for seed in range(5_000_000, 5_000_040):
         rng = random.Random(seed)
         scene = world.make_scene(rng, "plain", size=(rng.randint(224, 900), rng.randint(224, 900)))
-        qs = [q for q in world.questions(scene) if q[0] == "colour"]
+        qs = [q for q in world.questions(scene) if q[0] in right]
         if not qs:
             continue
         path = tmp_path / f"{seed}.png"
         world.render(scene).save(path)
-        for _, q, a in qs:
+        for kind, q, a in qs:
             demo_engine.reset(keep_cache=True)
             r = demo_engine.chat(q, [str(path)], max_tokens=6, temperature=0.0)
-            right += world.grade(r.text, a)
-            total += 1
-    assert total >= 40 and right / total >= 0.5, f"{right}/{total} right"
+            right[kind] += world.grade(r.text, a)
+            total[kind] += 1
+    assert total["colour"] >= 40 and right["colour"] / total["colour"] >= 0.55, f"{right} of {total}"
+    assert total["shape"] >= 40 and right["shape"] / total["shape"] >= 0.85, f"{right} of {total}"
 
 
 def test_chat_cli_with_demo_answers_from_the_picture(tmp_path):
