@@ -47,7 +47,7 @@ class Sample:
     ids: list[int]
     slots: list[int]  # per position: index into views*n_patches, or -1
     loss: list[bool]
-    labels: list[np.ndarray] | None = None  # per view: [n_patches, 3] per image token (token_labels)
+    labels: list[np.ndarray] | None = None  # per view: [n_patches, len(N_AUX)] per image token (token_labels)
     scene_labels: list[np.ndarray] | None = None  # per view: what it shows in all (see view_labels)
 
 
@@ -152,8 +152,12 @@ def token_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
     after the patches and hands over rows 1..n_patches, so token j shows patch j+1 and the last
     token is the class token (no patch label: -1). Labelling token j with patch j (as the first
     model was) asks each token for its left neighbour's content."""
-    lab = patch_labels(scene, box, size, grid)
-    return np.concatenate([lab[1:], np.full((1, len(N_AUX)), -1, np.int32)])
+    return as_tokens(patch_labels(scene, box, size, grid))
+
+
+def as_tokens(patch_lab: np.ndarray) -> np.ndarray:
+    """Per-patch labels in the order of the image tokens mtmd hands over (see token_labels)."""
+    return np.concatenate([patch_lab[1:], np.full((1, len(N_AUX)), -1, np.int32)])
 
 
 def drill_view(rng: random.Random, size: int, grid: int) -> tuple[np.ndarray, np.ndarray]:
@@ -161,7 +165,7 @@ def drill_view(rng: random.Random, size: int, grid: int) -> tuple[np.ndarray, np
     the sizes a whole scene's shapes and letter take in one encoder view, on a background none
     of them uses. A scene holds one letter, so a letter class would be seen once in ~60 views;
     here each view labels a dozen shape and letter patches. Returns (pixels, token labels)."""
-    from PIL import ImageDraw, ImageFont
+    from PIL import ImageDraw
 
     bg = rng.choice(list(world.COLOURS))
     free = [c for c in world.COLOURS if c != bg]
@@ -192,16 +196,15 @@ def drill_view(rng: random.Random, size: int, grid: int) -> tuple[np.ndarray, np
     ss = 2
     img = world.render(scene, out=(size * ss, size * ss))
     d = ImageDraw.Draw(img)
-    for lt in letters:  # drawn as world.render draws a scene's letter
-        font = ImageFont.load_default(size=max(1, round(lt.height * ss / world.CAP_HEIGHT)))
-        d.text((lt.x * ss, lt.y * ss - font.getbbox(lt.char)[1]), lt.char, fill=world.COLOURS[lt.colour], font=font)
+    for lt in letters:
+        world.draw_letter(d, lt, (lt.x * ss, lt.y * ss), ss)
     pix = np.asarray(img.resize((size, size), Image.Resampling.BICUBIC))
     box = (0, 0, size, size)
     lab = patch_labels(scene, box, size, grid)
     for lt in letters:
         one = patch_labels(world.Scene(size, size, bg, False, (), lt), box, size, grid)[:, 2]
         lab[:, 2] = np.where(one != N_AUX[2] - 1, one, lab[:, 2])
-    return pix, np.concatenate([lab[1:], np.full((1, len(N_AUX)), -1, np.int32)])
+    return pix, as_tokens(lab)
 
 
 class Tokens:

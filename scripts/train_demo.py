@@ -361,7 +361,8 @@ def main(argv=None) -> int:
     params["aux_cls"] = np.zeros((N_GROUPS * 5 + N_AUX[2], cfg.t_embd), np.float32)
     if heads is not None:  # a stage that adds targets starts their rows at zero
         for k, h in heads.items():
-            params[k][:min(len(h), len(params[k]))] = h[:len(params[k])]
+            n = min(len(h), len(params[k]))
+            params[k][:n] = h[:n]
     params = jax.tree.map(jnp.asarray, params)
 
     budget_s = args.minutes * 60.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import random
 import subprocess
@@ -44,6 +45,15 @@ def test_demo_resolves_to_the_trained_pair():
     assert Path(r.model.local) == MODELS / RECORD["model"]
     assert Path(r.mmproj.local) == MODELS / RECORD["mmproj"]
     assert any("trained" in n for n in r.notes)
+
+
+def _script_module(name: str):
+    """A module of scripts/ (the training code is not part of the package)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +110,7 @@ def test_chat_cli_with_demo_answers_from_the_picture(tmp_path):
 def test_a_further_training_stage_starts_from_exactly_the_committed_weights(tmp_path):
     """``train_demo.py --init models`` reads the pair back (scripts/demo_model.load_pair) and a
     stage that trained nothing writes byte-identical files: the import is the exporters' inverse."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import demo_model as dm
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    dm = _script_module("demo_model")
     RECORD = _record()
     cfg = dm.DemoConfig(**RECORD["config"])
     params = dm.load_pair(cfg, MODELS / RECORD["model"], MODELS / RECORD["mmproj"])
@@ -115,11 +121,7 @@ def test_a_further_training_stage_starts_from_exactly_the_committed_weights(tmp_
 
 
 def test_a_long_answer_weighs_more_in_all_and_less_per_token():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from train_demo import answer_weights
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    answer_weights = _script_module("train_demo").answer_weights
     # a one-token answer, a three-token description, a one-token answer: 1, 1/sqrt(3) each, 1
     w = answer_weights([0, 0, 1, 0, 0, 1, 1, 1, 0, 1])
     z = 2 + 3 ** 0.5
@@ -132,11 +134,7 @@ def test_each_image_token_is_labelled_with_the_patch_mtmd_hands_over():
     """mtmd's LLaVA graph puts the class token after the patches and returns rows
     1..n_patches: token j shows patch j+1, the last token is the class token. The training
     targets follow that order (the first model's labelled token j with patch j)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import demo_data as dd
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    dd = _script_module("demo_data")
     # 224 px canvas, 28 px patches (8×8): a red square filling patch (row 2, col 3) exactly
     scene = world.Scene(224, 224, "white", False, (world.Shape("square", "red", 3 * 28 + 14, 2 * 28 + 14, 28),))
     patches = dd.patch_labels(scene, (0, 0, 224, 224), 224, 8)
@@ -152,11 +150,7 @@ def test_each_image_token_is_labelled_with_the_patch_mtmd_hands_over():
 def test_rank_target_is_the_place_describe_lists_the_group():
     """The fifth per-patch target: where the covering shape's group comes in "Describe the
     image." (``world.groups``, left to right by each group's leftmost member)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import demo_data as dd
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    dd = _script_module("demo_data")
     # two blue circles (one far right, one left of centre) and a red square at the far left
     shapes = (world.Shape("circle", "blue", 200, 42, 28), world.Shape("square", "red", 14, 42, 28),
               world.Shape("circle", "blue", 98, 154, 28))

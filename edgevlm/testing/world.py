@@ -197,14 +197,17 @@ def render(scene: Scene, box: tuple[float, float, float, float] | None = None,
         else:
             d.polygon([tx(s.cx, s.cy - r), tx(s.cx - r, s.cy + r), tx(s.cx + r, s.cy + r)], fill=fill)
     if scene.letter is not None:
-        lt = scene.letter
-        px = lt.height * sy / CAP_HEIGHT
-        if px >= 1:
-            font = _font(round(px))
-            top = font.getbbox(lt.char)[1]
-            ax, ay = tx(lt.x, lt.y)
-            d.text((ax, ay - top), lt.char, fill=COLOURS[lt.colour], font=font)
+        draw_letter(d, scene.letter, tx(scene.letter.x, scene.letter.y), sy)
     return img
+
+
+def draw_letter(d: ImageDraw.ImageDraw, lt: Letter, at: tuple[float, float], scale: float) -> None:
+    """Draw ``lt`` with its cap top-left at ``at`` (output pixels), ``scale`` output pixels per
+    canvas pixel: the bundled font sized so the capital is ``lt.height`` canvas pixels tall."""
+    px = lt.height * scale / CAP_HEIGHT
+    if px >= 1:
+        font = _font(round(px))
+        d.text((at[0], at[1] - font.getbbox(lt.char)[1]), lt.char, fill=COLOURS[lt.colour], font=font)
 
 
 def _plural(kind: str, n: int) -> str:
