@@ -136,15 +136,38 @@ def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
         if 0 <= gx < grid and 0 <= gy < grid and inside_view[gy, gx]:
             lab[gy, gx, 3] = SHAPE_IDS[sh.kind]
     if scene.letter is not None:
-        lx0, ly0, lx1, ly1 = world.letter_box(scene)
-        # patch rectangles in canvas pixels
-        px0, py0 = x0 + (cx - P / 2 - ox) / sx, y0 + (cy - P / 2 - oy) / sy
-        px1, py1 = x0 + (cx + P / 2 - ox) / sx, y0 + (cy + P / 2 - oy) / sy
-        ix = np.clip(np.minimum(px1, lx1) - np.maximum(px0, lx0), 0, None)
-        iy = np.clip(np.minimum(py1, ly1) - np.maximum(py0, ly0), 0, None)
-        frac = ix * iy / max(1e-6, (lx1 - lx0) * (ly1 - ly0))
-        lab[..., 2][(frac >= 0.25) & inside_view] = world.LETTERS.index(scene.letter.char)
+        frac = letter_ink(scene.letter, (x0, y0), (ox, oy), (sx, sy), size, grid)
+        lab[..., 2][(frac >= LETTER_INK) & inside_view] = world.LETTERS.index(scene.letter.char)
     return lab.reshape(grid * grid, len(N_AUX))
+
+
+INK_SUPERSAMPLE = 4
+LETTER_INK = 0.15  # a patch shows the letter when it holds this share of its ink
+
+
+def letter_ink(lt: world.Letter, origin, offset, scale, size: int, grid: int) -> np.ndarray:
+    """[grid, grid]: the share of the letter's ink (its drawn glyph, not its box) in each
+    patch of the view — canvas point (x, y) lands at ``offset + (x - origin) * scale``. Boxes
+    labelled the empty sides of an "I" or the space under a "Y"'s arms as that letter."""
+    from PIL import ImageDraw
+
+    k = INK_SUPERSAMPLE
+    mask = Image.new("RGB", (size * k, size * k))
+    at = ((offset[0] + (lt.x - origin[0]) * scale[0]) * k, (offset[1] + (lt.y - origin[1]) * scale[1]) * k)
+    world.draw_letter(ImageDraw.Draw(mask), world.Letter(lt.char, "white", lt.x, lt.y, lt.height), at, scale[1] * k)
+    ink = np.asarray(mask)[..., 0].astype(np.float64) / 255.0
+    edges = np.round(np.arange(grid + 1) * size * k / grid).astype(int)
+    per = np.add.reduceat(np.add.reduceat(ink, edges[:-1], axis=0), edges[:-1], axis=1)
+    total = per.sum()
+    if total <= 0:  # too small to draw at all: the patch holding its centre
+        out = np.zeros((grid, grid))
+        cx = offset[0] + (lt.x + lt.height * 0.45 - origin[0]) * scale[0]
+        cy = offset[1] + (lt.y + lt.height * 0.5 - origin[1]) * scale[1]
+        gx, gy = int(cx * grid // size), int(cy * grid // size)
+        if 0 <= gx < grid and 0 <= gy < grid:
+            out[gy, gx] = 1.0
+        return out
+    return per / total
 
 
 def token_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
@@ -160,11 +183,19 @@ def as_tokens(patch_lab: np.ndarray) -> np.ndarray:
     return np.concatenate([patch_lab[1:], np.full((1, len(N_AUX)), -1, np.int32)])
 
 
-def drill_view(rng: random.Random, size: int, grid: int) -> tuple[np.ndarray, np.ndarray]:
-    """A training-only picture, denser than the world's scenes: 4-9 shapes and 2-6 letters at
-    the sizes a whole scene's shapes and letter take in one encoder view, on a background none
-    of them uses. A scene holds one letter, so a letter class would be seen once in ~60 views;
-    here each view labels a dozen shape and letter patches. Returns (pixels, token labels)."""
+DRILLS = {  # (letters, letter cap heights in px, shapes) per view
+    "drill": ((2, 6), (14, 68), (4, 9)),
+    # letters at the sizes a scene's letter takes in one view (15-30 % of 224 px), a few shapes
+    "letters": ((5, 9), (30, 70), (0, 3)),
+}
+
+
+def drill_view(rng: random.Random, size: int, grid: int, kind: str = "drill") -> tuple[np.ndarray, np.ndarray]:
+    """A training-only picture, denser than the world's scenes: ("drill") 4-9 shapes and 2-6
+    letters at the sizes a whole scene's shapes and letter take in one encoder view, or
+    ("letters") 5-9 letters at a scene letter's size and a few shapes, on a background none of
+    them uses. A scene holds one letter, so a letter class would be seen once in ~60 views; here
+    each view labels a dozen shape and letter patches. Returns (pixels, token labels)."""
     from PIL import ImageDraw
 
     bg = rng.choice(list(world.COLOURS))
@@ -180,14 +211,15 @@ def drill_view(rng: random.Random, size: int, grid: int) -> tuple[np.ndarray, np
                 return x, y
         return None
 
+    (l_lo, l_hi), (h_lo, h_hi), (s_lo, s_hi) = DRILLS[kind]
     letters = []
-    for _ in range(rng.randint(2, 6)):
-        lh = rng.uniform(14, 68)
+    for _ in range(rng.randint(l_lo, l_hi)):
+        lh = rng.uniform(h_lo, h_hi)
         at = place(lh * 0.9, lh)
         if at:
             letters.append(world.Letter(rng.choice(world.LETTERS), rng.choice(free), at[0], at[1], lh))
     shapes = []
-    for _ in range(rng.randint(4, 9)):
+    for _ in range(rng.randint(s_lo, s_hi)):
         sz = rng.uniform(12, 80)
         at = place(sz, sz)
         if at:
@@ -263,8 +295,13 @@ def anyres_views(scene: world.Scene, size: int, per_view: int, budget: int) -> l
     return out
 
 
+QUESTION_WEIGHTS = {"colour": 1.0, "shape": 1.0, "count": 1.0, "letter": 1.2, "describe": 1.2}
+
+
 class SampleMaker:
-    def __init__(self, tok: Tokens, size: int, n_patches: int, seed: int):
+    def __init__(self, tok: Tokens, size: int, n_patches: int, seed: int,
+                 question_weights: dict[str, float] | None = None):
+        self.question_weights = {**QUESTION_WEIGHTS, **(question_weights or {})}
         self.tok = tok
         self.size = size
         self.n_patches = n_patches
@@ -279,7 +316,7 @@ class SampleMaker:
         rng = self.rng
         if letter_bias and scene.letter is not None and rng.random() < letter_bias:
             return next(q for q in qs if q[0] == "letter")
-        weights = {"colour": 1.0, "shape": 1.0, "count": 1.0, "letter": 1.2, "describe": 1.2}
+        weights = self.question_weights
         kinds = sorted({q[0] for q in qs})
         kind = rng.choices(kinds, [weights[k] for k in kinds])[0]
         q = rng.choice([q for q in qs if q[0] == kind])

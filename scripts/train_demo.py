@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import demo_model as dm
-from demo_data import AUX_NAMES, N_AUX, N_GROUPS, SampleMaker, Tokens, drill_view
+from demo_data import AUX_NAMES, DRILLS, N_AUX, N_GROUPS, SampleMaker, Tokens, drill_view
 
 MODEL_NAME = "edgevlm-demo.gguf"
 MMPROJ_NAME = "mmproj-edgevlm-demo.gguf"
@@ -38,10 +38,12 @@ BUCKETS = {
     "conv": (8, 16, 256),
     "tiled": (3, 27, 704),
     "drill": (0, 24, 0),
+    "letters": (0, 24, 0),
 }
 AUX_WEIGHT = 0.5  # the per-patch auxiliary loss (a training-only head, not exported)
 NEG_WEIGHT = 0.5  # its empty patches against those that show a shape or the letter
 WEIGHTS = {"single": 0.62, "conv": 0.20, "tiled": 0.18}
+VISION_WEIGHTS = {"single": 0.45, "drill": 0.4, "tiled": 0.15}  # the vision phase's pictures
 
 
 def make_batch(maker: SampleMaker, kind: str, cfg: dm.DemoConfig, pictures_only: bool = False):
@@ -56,9 +58,9 @@ def make_batch(maker: SampleMaker, kind: str, cfg: dm.DemoConfig, pictures_only:
     scene_labels = np.full((NV, N_GROUPS + 1), -1, np.int32)
     nv = 0
     b = 0
-    if kind == "drill":  # pictures only (the vision phase): dense training-only views
+    if kind in DRILLS:  # pictures only (the vision phase): dense training-only views
         for i in range(NV):
-            pix[i], labels[i] = drill_view(maker.rng, S, cfg.grid)
+            pix[i], labels[i] = drill_view(maker.rng, S, cfg.grid, kind)
         return pix, ids, slots, loss, valid, labels, scene_labels
     while b < B:
         if kind == "single":
@@ -119,7 +121,7 @@ def aux_ce(logits, lab, none: int):
             + NEG_WEIGHT * (ce * neg).sum() / jnp.maximum(neg.sum(), 1.0))
 
 
-def aux_losses(params, img, labels, scene_labels):
+def aux_losses(params, img, labels, scene_labels, target_weights: dict[str, float] | None = None):
     """The training-only targets on the encoder's output (heads ``aux`` and ``aux_cls``, never
     exported): each image token says what its patch shows (colour, shape, letter), and the class
     token (the last image token) what the whole view holds — counts per colour and shape, and the
@@ -130,8 +132,9 @@ def aux_losses(params, img, labels, scene_labels):
     aux = img @ params["aux"].T
     aux_loss = 0.0
     o = 0
-    for i, n in enumerate(N_AUX):
-        aux_loss = aux_loss + aux_ce(aux[..., o:o + n], labels[..., i], n - 1)
+    tw = target_weights or {}
+    for i, (name, n) in enumerate(zip(AUX_NAMES, N_AUX)):
+        aux_loss = aux_loss + tw.get(name, 1.0) * aux_ce(aux[..., o:o + n], labels[..., i], n - 1)
         o += n
     cls = img[:, -1] @ params["aux_cls"].T
     counts = cls[:, :N_GROUPS * 5].reshape(-1, N_GROUPS, 5)
@@ -165,14 +168,14 @@ def encode(cfg: dm.DemoConfig, vision: dict, pix):
     return dm.vision_forward(cfg, vision, (pix.astype(jnp.float32) / 255.0 - mean) / std)
 
 
-def build_step(cfg: dm.DemoConfig, optimizer):
+def build_step(cfg: dm.DemoConfig, optimizer, target_weights: dict[str, float] | None = None):
     import jax
     import jax.numpy as jnp
     import optax
 
     def loss_fn(params, pix, ids, slots, loss_mask, valid, labels, scene_labels):
         img = encode(cfg, params["vision"], pix)
-        aux_loss = aux_losses(params, img, labels, scene_labels)
+        aux_loss = aux_losses(params, img, labels, scene_labels, target_weights)
         img = img.reshape(-1, cfg.t_embd)
         tok = params["text"]["embd"][ids]
         emb = jnp.where((slots >= 0)[..., None], img[jnp.maximum(slots, 0)], tok)
@@ -195,7 +198,8 @@ def build_step(cfg: dm.DemoConfig, optimizer):
 
 
 def vision_phase(cfg: dm.DemoConfig, params: dict, maker: SampleMaker, budget_s: float, peak_lr: float,
-                 seed: int, work: Path):
+                 seed: int, work: Path, mix: dict[str, float] = VISION_WEIGHTS,
+                 target_weights: dict[str, float] | None = None):
     """Train the encoder (and the training-only heads) on the auxiliary targets alone: what each
     patch shows and what each view holds. A ViT learns shapes slowly from scratch (no
     convolutions: it must find edges and how they run from patches); without the text model a
@@ -212,7 +216,7 @@ def vision_phase(cfg: dm.DemoConfig, params: dict, maker: SampleMaker, budget_s:
     opt_state = opt.init(sub)
 
     def loss_fn(sub, pix, labels, scene_labels):
-        return aux_losses(sub, encode(cfg, sub["vision"], pix), labels, scene_labels)
+        return aux_losses(sub, encode(cfg, sub["vision"], pix), labels, scene_labels, target_weights)
 
     @jax.jit
     def step(sub, opt_state, pix, labels, scene_labels):
@@ -227,7 +231,7 @@ def vision_phase(cfg: dm.DemoConfig, params: dict, maker: SampleMaker, budget_s:
     with open(work / "train.log", "a") as log:
         while time.time() - t0 < budget_s:
             lr = lr_at(peak_lr, n, 100, (time.time() - t0) / budget_s)
-            kind = rng.choice(["single", "drill", "tiled"], p=[0.45, 0.4, 0.15])
+            kind = rng.choice(list(mix), p=list(mix.values()))
             # drawn while the previous step still runs (JAX dispatches asynchronously)
             pix, _, _, _, _, labels, scene_labels = make_batch(maker, kind, cfg, pictures_only=True)
             if pending is not None:
@@ -305,6 +309,15 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def parse_shares(text: str, normalise: bool = False) -> dict[str, float]:
+    """"single:0.6,conv:0.4" → {"single": 0.6, "conv": 0.4} (scaled to sum 1 with ``normalise``)."""
+    out = {k.strip(): float(v) for k, v in (part.split(":") for part in text.split(",") if part.strip())}
+    if normalise:
+        total = sum(out.values())
+        out = {k: v / total for k, v in out.items()}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=60.0, help="training time budget")
@@ -319,6 +332,13 @@ def main(argv=None) -> int:
                     help="first train the vision encoder alone on what each patch and view shows "
                          "(no text model: ~2.5x the pictures per second), then --minutes end to end")
     ap.add_argument("--vision-lr", type=float, default=1e-3)
+    ap.add_argument("--vision-mix", default=",".join(f"{k}:{v}" for k, v in VISION_WEIGHTS.items()),
+                    help="the vision phase's picture kinds and their shares (single, tiled, and the "
+                         "drills: " + ", ".join(DRILLS) + ")")
+    ap.add_argument("--aux-weights", default="",
+                    help="per-patch targets weighed other than 1, e.g. letter:3 (of " + ", ".join(AUX_NAMES) + ")")
+    ap.add_argument("--question-weights", default="",
+                    help="question kinds asked more or less often than by default, e.g. letter:2.5")
     ap.add_argument("--init", metavar="DIR",
                     help="start from the GGUF pair (and its record) in DIR instead of random weights: "
                          "a further training stage")
@@ -331,9 +351,10 @@ def main(argv=None) -> int:
     import jax
     import jax.numpy as jnp
 
-    mix = {k: float(v) for k, v in (part.split(":") for part in args.mix.split(","))}
-    total = sum(mix.values())
-    mix = {k: v / total for k, v in mix.items()}
+    mix = parse_shares(args.mix, normalise=True)
+    vision_mix = parse_shares(args.vision_mix, normalise=True)
+    aux_weights = parse_shares(args.aux_weights)
+    question_weights = parse_shares(args.question_weights)
     cfg = dm.DemoConfig()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -356,7 +377,7 @@ def main(argv=None) -> int:
             prev = json.loads(rec_file.read_text())
             stages = prev.get("stages") or [{k: prev[k] for k in ("seed", "steps", "minutes", "final_loss", "mix", "lr") if k in prev}]
     vocab_file = dm.export_text(cfg, params["text"], vocab, work / "vocab.gguf")
-    maker = SampleMaker(Tokens(str(vocab_file)), cfg.image_size, cfg.n_patches, args.seed)
+    maker = SampleMaker(Tokens(str(vocab_file)), cfg.image_size, cfg.n_patches, args.seed, question_weights)
     params["aux"] = np.zeros((sum(N_AUX), cfg.t_embd), np.float32)
     params["aux_cls"] = np.zeros((N_GROUPS * 5 + N_AUX[2], cfg.t_embd), np.float32)
     if heads is not None:  # a stage that adds targets starts their rows at zero
@@ -369,14 +390,14 @@ def main(argv=None) -> int:
     warmup = 200
     optimizer = make_optimizer(args.lr)
     opt_state = optimizer.init(params)
-    step_fn = build_step(cfg, optimizer)
+    step_fn = build_step(cfg, optimizer, aux_weights)
     start_step, spent = 0, 0.0
     ckpt = work / "checkpoint.npz"
     vision_steps, vision_s = 0, 0.0
     resumed = (args.resume or args.export_only) and ckpt.exists()
     if args.vision_minutes > 0 and not resumed:
         params, vision_steps, vision_s = vision_phase(cfg, params, maker, args.vision_minutes * 60.0,
-                                                      args.vision_lr, args.seed, work)
+                                                      args.vision_lr, args.seed, work, vision_mix, aux_weights)
         opt_state = optimizer.init(params)
         save_checkpoint(ckpt, params, opt_state, 0, 0.0, vision_steps, vision_s)
     if resumed:
@@ -445,8 +466,13 @@ def main(argv=None) -> int:
     stage["steps"] = step + vision_steps
     stage["minutes"] = round(record["minutes"] + vision_s / 60, 1)
     if vision_steps:
-        stage["vision_only"] = {"steps": vision_steps, "minutes": round(vision_s / 60, 1), "lr": args.vision_lr}
+        stage["vision_only"] = {"steps": vision_steps, "minutes": round(vision_s / 60, 1), "lr": args.vision_lr,
+                                "mix": vision_mix}
     stage["aux"] = {"weight": AUX_WEIGHT, "empty_patches": NEG_WEIGHT}
+    if aux_weights:
+        stage["aux"]["targets"] = aux_weights
+    if question_weights:
+        stage["questions"] = question_weights
     record["stages"] = stages + [stage]
     # the totals over every stage: what the pair cost to train
     record["steps"] = sum(st["steps"] for st in record["stages"])

@@ -160,3 +160,31 @@ def test_rank_target_is_the_place_describe_lists_the_group():
     at = lambda x, y: lab[int(y // 28) * 8 + int(x // 28), 4]
     assert at(14, 42) == 0 and at(98, 154) == 1 and at(200, 42) == 1
     assert at(150, 200) == dd.MAX_GROUPS  # background: none
+
+
+def test_letter_drills_label_every_letter_they_draw():
+    """The "letters" drill (a training-only picture for the encoder): 5-9 letters at a scene
+    letter's size, each labelled on the tokens of the patches that hold a fair part of it, and
+    drawn where it is labelled (letter tokens differ from the background)."""
+    dd = _script_module("demo_data")
+    none = dd.N_AUX[2] - 1
+    rng = random.Random(3)
+    for _ in range(5):
+        pix, lab = dd.drill_view(rng, 224, 8, "letters")
+        assert pix.shape == (224, 224, 3) and lab.shape == (64, len(dd.N_AUX))
+        tokens = lab[:, 2]
+        assert 5 <= (tokens != none).sum() <= 40
+        assert len(set(tokens[tokens != none].tolist())) >= 3  # several letters in one view
+        # token j is patch j+1: the patches labelled with a letter are not plain background
+        patches = [j + 1 for j in range(63) if tokens[j] != none]
+        for p in patches:
+            r, c = divmod(p, 8)
+            assert pix[r * 28:(r + 1) * 28, c * 28:(c + 1) * 28].reshape(-1, 3).std(0).max() > 10
+
+
+def test_training_shares_parse_and_normalise():
+    parse = _script_module("train_demo").parse_shares
+    assert parse("letters:0.45,single:0.3,drill:0.15,tiled:0.1", normalise=True) == pytest.approx(
+        {"letters": 0.45, "single": 0.3, "drill": 0.15, "tiled": 0.1})
+    assert parse("single:3,conv:1", normalise=True) == {"single": 0.75, "conv": 0.25}
+    assert parse("letter:2") == {"letter": 2.0} and parse("") == {}
