@@ -98,11 +98,16 @@ def run_questions(eng, scenes, seed: int, types=TYPES) -> Tally:
     return t
 
 
-def summary_chats(model, mmproj, seed: int, n: int, folder: Path) -> dict:
+def summary_chats(model, mmproj, seed: int, n: int, folder: Path) -> list[dict]:
     """Picture 1, then picture 2, in a context whose image room holds one (256 cells, each
     picture a global view + one tile = 128 tokens): the session replaces picture 1 by the
     model's own summary; then questions about picture 1, each asked after the conversation and
-    forgotten (``Engine.complete``). Only conversations where the summary happened are graded."""
+    forgotten (``Engine.complete``). Only conversations where the summary happened are graded.
+
+    A second row asks the same questions with a *right* note in place of the model's summary
+    (one text-only turn: ``[image 1 (file): <the true description>]`` and the question, as the
+    session writes the note): how well the text model reads a note, apart from how well the
+    model describes — what the first row would be with a perfect summariser."""
     import edgevlm
 
     rng = random.Random(seed)
@@ -117,8 +122,9 @@ def summary_chats(model, mmproj, seed: int, n: int, folder: Path) -> dict:
             world.render(s).save(p)
         pairs.append((scenes, [str(p) for p in paths]))
     eng = edgevlm.load(model, mmproj, n_ctx=256, image_tokens=128)
-    t = Tally()
+    t, right_note = Tally(), Tally()
     summarised = 0
+    asked = []
     try:
         for (s1, s2), (p1, p2) in pairs:
             eng.reset()
@@ -133,9 +139,14 @@ def summary_chats(model, mmproj, seed: int, n: int, folder: Path) -> dict:
                 question = q[:-1] + " in image 1?"
                 t.add(kind, eng.complete(question, 6), a, image=Path(p1).name, question=question,
                       summary=summary, summary_right=world.grade(summary or "", world.describe(s1)))
+                asked.append((kind, question, a, p1, s1))
+        for kind, question, a, p1, s1 in asked:
+            note = f"[image 1 ({Path(p1).name}): {world.describe(s1)}]"
+            right_note.add(kind, ask(eng, note + "\n" + question, None, kind), a, image=Path(p1).name, question=question)
     finally:
         eng.close()
-    return t.row("summarised picture (asked after)", conversations=n, summarised=summarised)
+    return [t.row("summarised picture (asked after)", conversations=n, summarised=summarised),
+            right_note.row("same questions, a right note (text only)")]
 
 
 def captions(eng, plain) -> dict:
@@ -193,7 +204,7 @@ def main(argv=None) -> int:
             rows.append(captions(eng, plain))
         finally:
             eng.close()
-        rows.append(summary_chats(args.model, args.mmproj, args.seed + 100_000, args.chats, folder))
+        rows += summary_chats(args.model, args.mmproj, args.seed + 100_000, args.chats, folder)
 
     from rich.console import Console
     from rich.table import Table
