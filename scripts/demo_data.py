@@ -93,6 +93,57 @@ def view_labels(scene: world.Scene, box) -> np.ndarray:
     return out
 
 
+INK_SUPERSAMPLE = 4  # the glyph's ink is measured on a drawing 4x finer than the view
+LETTER_INK = 0.15  # a patch shows the letter when it holds this share of its ink
+
+
+def _runs(first: int, n: int, edges: np.ndarray) -> tuple[slice, np.ndarray, np.ndarray]:
+    """Pixels first..first+n-1 along one axis, against patch boundaries ``edges``: the slice of
+    them inside the view, where each patch's run starts in that slice, and the patches."""
+    idx = np.searchsorted(edges, first + np.arange(n), "right") - 1
+    inside = np.flatnonzero((idx >= 0) & (idx < len(edges) - 1))
+    if not len(inside):
+        return slice(0, 0), np.zeros(0, int), np.zeros(0, int)
+    lo, hi = inside[0], inside[-1] + 1
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(idx[lo:hi])) + 1])
+    return slice(lo, hi), starts, idx[lo:hi][starts]
+
+
+def letter_ink(lt: world.Letter, origin, offset, scale, size: int, grid: int) -> np.ndarray:
+    """[grid, grid]: the share of the letter's ink (its drawn glyph, not its box) in each
+    patch of the view — canvas point (x, y) lands at ``offset + (x - origin) * scale``. Boxes
+    labelled the empty sides of an "I" or the space under a "Y"'s arms as that letter. Only the
+    glyph's surroundings are drawn (at the same pixel phase as a whole-view drawing)."""
+    from PIL import ImageDraw
+
+    k = INK_SUPERSAMPLE
+    at = ((offset[0] + (lt.x - origin[0]) * scale[0]) * k, (offset[1] + (lt.y - origin[1]) * scale[1]) * k)
+    cap = lt.height * scale[1] * k
+    margin = math.ceil(cap) + 2  # wider than any glyph, descenders included
+    x0, y0 = math.floor(at[0]) - margin, math.floor(at[1]) - margin
+    side = 3 * margin
+    crop = Image.new("RGB", (side, side))
+    world.draw_letter(ImageDraw.Draw(crop), world.Letter(lt.char, "white", lt.x, lt.y, lt.height),
+                      (at[0] - x0, at[1] - y0), scale[1] * k)
+    ink = np.asarray(crop)[..., 0].astype(np.float64) / 255.0
+    edges = np.round(np.arange(grid + 1) * size * k / grid).astype(int)
+    rows, row_starts, row_patches = _runs(y0, side, edges)
+    cols, col_starts, col_patches = _runs(x0, side, edges)
+    per = np.zeros((grid, grid))
+    if len(row_patches) and len(col_patches):
+        sums = np.add.reduceat(np.add.reduceat(ink[rows, cols], row_starts, axis=0), col_starts, axis=1)
+        per[np.ix_(row_patches, col_patches)] = sums
+    total = per.sum()
+    if total <= 0:  # too small to draw at all: the patch holding its centre
+        cx = offset[0] + (lt.x + lt.height * 0.45 - origin[0]) * scale[0]
+        cy = offset[1] + (lt.y + lt.height * 0.5 - origin[1]) * scale[1]
+        gx, gy = int(cx * grid // size), int(cy * grid // size)
+        if 0 <= gx < grid and 0 <= gy < grid:
+            per[gy, gx] = 1.0
+        return per
+    return per / total
+
+
 def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
     """What each encoder patch shows (an auxiliary training target, never exported): the
     colour and kind of the shape covering most of it, the letter when the patch covers a
@@ -139,35 +190,6 @@ def patch_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
         frac = letter_ink(scene.letter, (x0, y0), (ox, oy), (sx, sy), size, grid)
         lab[..., 2][(frac >= LETTER_INK) & inside_view] = world.LETTERS.index(scene.letter.char)
     return lab.reshape(grid * grid, len(N_AUX))
-
-
-INK_SUPERSAMPLE = 4
-LETTER_INK = 0.15  # a patch shows the letter when it holds this share of its ink
-
-
-def letter_ink(lt: world.Letter, origin, offset, scale, size: int, grid: int) -> np.ndarray:
-    """[grid, grid]: the share of the letter's ink (its drawn glyph, not its box) in each
-    patch of the view — canvas point (x, y) lands at ``offset + (x - origin) * scale``. Boxes
-    labelled the empty sides of an "I" or the space under a "Y"'s arms as that letter."""
-    from PIL import ImageDraw
-
-    k = INK_SUPERSAMPLE
-    mask = Image.new("RGB", (size * k, size * k))
-    at = ((offset[0] + (lt.x - origin[0]) * scale[0]) * k, (offset[1] + (lt.y - origin[1]) * scale[1]) * k)
-    world.draw_letter(ImageDraw.Draw(mask), world.Letter(lt.char, "white", lt.x, lt.y, lt.height), at, scale[1] * k)
-    ink = np.asarray(mask)[..., 0].astype(np.float64) / 255.0
-    edges = np.round(np.arange(grid + 1) * size * k / grid).astype(int)
-    per = np.add.reduceat(np.add.reduceat(ink, edges[:-1], axis=0), edges[:-1], axis=1)
-    total = per.sum()
-    if total <= 0:  # too small to draw at all: the patch holding its centre
-        out = np.zeros((grid, grid))
-        cx = offset[0] + (lt.x + lt.height * 0.45 - origin[0]) * scale[0]
-        cy = offset[1] + (lt.y + lt.height * 0.5 - origin[1]) * scale[1]
-        gx, gy = int(cx * grid // size), int(cy * grid // size)
-        if 0 <= gx < grid and 0 <= gy < grid:
-            out[gy, gx] = 1.0
-        return out
-    return per / total
 
 
 def token_labels(scene: world.Scene, box, size: int, grid: int) -> np.ndarray:
