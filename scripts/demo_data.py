@@ -453,3 +453,32 @@ class SampleMaker:
                 q = "Describe image 1."
             msgs.append(("user", about_image(q, 1) if (n_pics > 1 or rng.random() < 0.7) else q, []))
         return self.assemble(msgs, views, answers, final)
+
+    def note(self) -> Sample:
+        """Text only: questions about pictures the session replaced by notes, answered from the
+        notes alone — the skill the summary row of the quality bench measures, apart from
+        seeing. A conversation's picture is only sometimes summarised, so ``conversation`` gives
+        it few steps and mostly simple scenes; here each sample is one to three notes of busier
+        scenes (1-4 shapes, 2-4 twice as often), then one to three questions about one of them
+        as later turns (every answer a target), with "in image N" as the bench asks. Each
+        question's answer is in its note: the colour of the only square, the letter to copy, the
+        whole description to repeat. No picture is encoded: a step costs a fraction of one
+        with pictures."""
+        rng = self.rng
+        n_notes = rng.choice((1, 1, 2, 2, 3))
+        scenes = [world.make_scene(rng, "plain", letter_p=0.5, n_shapes=rng.choice((1, 2, 2, 3, 3, 4, 4)))
+                  for _ in range(n_notes)]
+        notes = [f"[image {i + 1} ({self.name()}): {world.describe(s)}]" for i, s in enumerate(scenes)]
+        n = rng.randint(1, n_notes)
+        asked: list[tuple[str, str]] = []
+        for _ in range(rng.randint(1, 3)):
+            kind, q, a = self.pick_question(scenes[n - 1])
+            q = f"Describe image {n}." if kind == "describe" else about_image(q, n)
+            if (q, a) not in asked:
+                asked.append((q, a))
+        msgs: list[tuple[str, str, list]] = []
+        for i, (q, a) in enumerate(asked):
+            msgs.append(("user", "\n".join(notes + [q]) if i == 0 else q, []))
+            if i < len(asked) - 1:
+                msgs.append(("assistant", a, []))
+        return self.assemble(msgs, [], [a for _, a in asked[:-1]], asked[-1][1])

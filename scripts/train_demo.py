@@ -37,6 +37,7 @@ BUCKETS = {
     "single": (24, 24, 160),
     "conv": (8, 16, 256),
     "tiled": (3, 27, 704),
+    "note": (40, 1, 160),  # text only (the one view stays blank and unlabelled)
     "drill": (0, 24, 0),
     "letters": (0, 24, 0),
 }
@@ -67,6 +68,8 @@ def make_batch(maker: SampleMaker, kind: str, cfg: dm.DemoConfig, pictures_only:
             s = maker.single(None if pictures_only else T)
         elif kind == "conv":
             s = maker.conversation()
+        elif kind == "note":
+            s = maker.note()
         else:
             s = maker.tiled(NP)
         if len(s.ids) > T or nv + len(s.views) > NV:
@@ -324,7 +327,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--mix", default=",".join(f"{k}:{v}" for k, v in WEIGHTS.items()),
-                    help="batch kinds and their shares")
+                    help="batch kinds and their shares (single, conv, tiled, and note: text-only "
+                         "questions answered from summary notes)")
     ap.add_argument("--out", default="models")
     ap.add_argument("--work", default="test-artifacts/train-demo", help="checkpoints and the log")
     ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
@@ -352,6 +356,9 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     mix = parse_shares(args.mix, normalise=True)
+    if set(mix) - set(WEIGHTS) - {"note"}:
+        ap.error(f"--mix: unknown batch kinds {sorted(set(mix) - set(WEIGHTS) - {'note'})} "
+                 f"(of {', '.join([*WEIGHTS, 'note'])})")
     vision_mix = parse_shares(args.vision_mix, normalise=True)
     aux_weights = parse_shares(args.aux_weights)
     question_weights = parse_shares(args.question_weights)

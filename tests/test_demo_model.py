@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -188,3 +189,38 @@ def test_training_shares_parse_and_normalise():
         {"letters": 0.45, "single": 0.3, "drill": 0.15, "tiled": 0.1})
     assert parse("single:3,conv:1", normalise=True) == {"single": 0.75, "conv": 0.25}
     assert parse("letter:2") == {"letter": 2.0} and parse("") == {}
+
+
+def test_note_samples_ask_what_their_notes_say_and_encode_no_picture():
+    """The text-only "note" kind: one to three summary notes as the session writes them, then
+    questions about one of the pictures, each answerable from its note alone; no views."""
+    dd = _script_module("demo_data")
+    tok = dd.Tokens(str(MODELS / _record()["model"]))
+    maker = dd.SampleMaker(tok, 224, 64, seed=5)
+    kinds = set()
+    for _ in range(40):
+        s = maker.note()
+        assert s.views == [] and all(x == -1 for x in s.slots) and s.labels is None
+        text = tok.llm.detokenize(s.ids[1:]).decode()
+        notes = dict(re.findall(r"\[image (\d) \([^)]*\): ([^\]]*)\]", text))
+        assert 1 <= len(notes) <= 3
+        turns = [t.split("\nASSISTANT: ") for t in text.split("USER: ")[1:]]
+        asked = [(q.split("\n")[-1], a) for q, a in turns]
+        assert asked and all(q.endswith(("?", ".")) for q, _ in asked), text
+        for q, a in asked:
+            n = re.search(r"image (\d)", q).group(1)
+            desc = notes[n]
+            if q.startswith("Describe"):
+                kinds.add("describe")
+                assert a.strip() == desc
+            elif q.startswith("What letter"):
+                kinds.add("letter")
+                assert desc.endswith(f"the letter {a.strip()}")
+            elif q.startswith("What colour"):
+                kinds.add("colour")
+                shape = re.match(r"What colour is the (\w+)", q).group(1)
+                assert f"{a.strip()} {shape}" in desc
+        # the loss falls on the answers only: every target token is in an assistant reply
+        targets = tok.llm.detokenize([t for t, m in zip(s.ids, s.loss) if m]).decode()
+        assert all(a.strip() in targets for _, a in asked)
+    assert {"describe", "letter", "colour"} <= kinds
