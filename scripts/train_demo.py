@@ -41,6 +41,13 @@ BUCKETS = {
     "drill": (0, 24, 0),
     "letters": (0, 24, 0),
 }
+# the end-to-end batch kinds: how each draws a sample (maker, patches a view, token room or None)
+SAMPLES = {
+    "single": lambda maker, n_patches, room: maker.single(room),
+    "conv": lambda maker, n_patches, room: maker.conversation(),
+    "tiled": lambda maker, n_patches, room: maker.tiled(n_patches),
+    "note": lambda maker, n_patches, room: maker.note(),
+}
 AUX_WEIGHT = 0.5  # the per-patch auxiliary loss (a training-only head, not exported)
 NEG_WEIGHT = 0.5  # its empty patches against those that show a shape or the letter
 WEIGHTS = {"single": 0.62, "conv": 0.20, "tiled": 0.18}
@@ -64,14 +71,7 @@ def make_batch(maker: SampleMaker, kind: str, cfg: dm.DemoConfig, pictures_only:
             pix[i], labels[i] = drill_view(maker.rng, S, cfg.grid, kind)
         return pix, ids, slots, loss, valid, labels, scene_labels
     while b < B:
-        if kind == "single":
-            s = maker.single(None if pictures_only else T)
-        elif kind == "conv":
-            s = maker.conversation()
-        elif kind == "note":
-            s = maker.note()
-        else:
-            s = maker.tiled(NP)
+        s = SAMPLES[kind](maker, NP, None if pictures_only else T)
         if len(s.ids) > T or nv + len(s.views) > NV:
             if len(s.ids) > T:
                 continue
@@ -356,9 +356,8 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     mix = parse_shares(args.mix, normalise=True)
-    if set(mix) - set(WEIGHTS) - {"note"}:
-        ap.error(f"--mix: unknown batch kinds {sorted(set(mix) - set(WEIGHTS) - {'note'})} "
-                 f"(of {', '.join([*WEIGHTS, 'note'])})")
+    if set(mix) - set(SAMPLES):
+        ap.error(f"--mix: unknown batch kinds {sorted(set(mix) - set(SAMPLES))} (of {', '.join(SAMPLES)})")
     vision_mix = parse_shares(args.vision_mix, normalise=True)
     aux_weights = parse_shares(args.aux_weights)
     question_weights = parse_shares(args.question_weights)
