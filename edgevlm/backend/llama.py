@@ -26,7 +26,7 @@ from ..model.tokens import ImageTokens
 from . import logs
 from .counting import CHUNK_AUDIO, CHUNK_IMAGE, CHUNK_TEXT, Chunk, Chunks, MtmdTokenizer  # noqa: F401
 from .sampling import SamplingParams
-from .system import install_log_sink
+from .system import cpu_extra_buffers, install_log_sink
 
 __all__ = ["Backend", "Chunk", "Chunks", "SamplingParams"]
 
@@ -51,6 +51,7 @@ def _llama_defaults(n_seq_max: int, progress_callback):
 
     def model_params():
         params = saved[1]()
+        params.use_extra_bufts = cpu_extra_buffers()
         if progress_callback is not None:
             def report(progress: float, _user) -> bool:
                 try:

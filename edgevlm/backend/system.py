@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..errors import InputError
 from . import logs
 
-__all__ = ["GGMLDevice", "cpu_repacks", "ggml_devices", "install_log_sink", "json_grammar",
+__all__ = ["GGMLDevice", "cpu_extra_buffers", "cpu_repacks", "ggml_devices", "install_log_sink", "json_grammar",
            "template_renderer"]
 
 KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
@@ -77,15 +77,33 @@ def ggml_devices() -> list[GGMLDevice]:
     return out
 
 
-def cpu_repacks() -> bool:
-    """Whether this CPU build repacks Q4_0 weights (AVX2/AVX-512/NEON kernels)."""
+def _system_info() -> str | None:
     try:
         import llama_cpp
 
-        info = llama_cpp.llama_print_system_info().decode()
+        return llama_cpp.llama_print_system_info().decode()
     except Exception:  # pragma: no cover
+        return None
+
+
+def cpu_extra_buffers() -> bool:
+    """Whether weights may go to the CPU backend's extra buffer types (repacked copies for the
+    AVX2/AVX-512/NEON kernels, AMX tiles); the backend loads with ``use_extra_bufts`` set to
+    this. Not where the build has AMX (Sapphire Rapids and later, built natively): ggml's AMX
+    matmul, which takes Q4_0/Q8_0 weights first, segfaults in the first decode with the pinned
+    llama.cpp (ggml-org/llama.cpp#20824, seen here on every model, any thread count). Plain CPU
+    buffers cost some prompt speed; a crash costs the user's work."""
+    info = _system_info()
+    return info is None or "AMX_INT8 = 1" not in info
+
+
+def cpu_repacks() -> bool:
+    """Whether this CPU build repacks Q4_0 weights (AVX2/AVX-512/NEON kernels) as edgevlm loads
+    models (see :func:`cpu_extra_buffers`)."""
+    info = _system_info()
+    if info is None:
         return True
-    return "REPACK = 1" in info or "AVX2 = 1" in info or "NEON = 1" in info
+    return cpu_extra_buffers() and ("REPACK = 1" in info or "AVX2 = 1" in info or "NEON = 1" in info)
 
 
 def template_renderer(template: str, bos_token: str, eos_token: str) -> Callable[[list[dict]], str]:

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..backend import logs
 from ..backend.llama import Backend
+from ..backend.system import cpu_repacks
 from ..model.gguf_info import projector_info, read_gguf, text_model_info
 from ..model.projectors import encoder_patches, facts, image_tokens
 from ..plan.estimate import TextTensors, clip_compute_bytes, kv_bytes, layer_devices, text_compute_bytes, weight_bytes
@@ -113,7 +114,7 @@ def measure(model: str, mmproj: str, cfg: Config, n_threads: int = 2) -> list[Co
         return int(round(sum(got.get(k, 0.0) for k in keys) * MIB))
 
     tt = TextTensors.from_gguf(text_gf, text.n_layer)
-    host, _ = weight_bytes(tt, layer_devices(text.n_layer, 0, []), repack=True)
+    host, _ = weight_bytes(tt, layer_devices(text.n_layer, 0, []), repack=cpu_repacks())
     kv = kv_bytes(text.n_layer, text.n_head_kv, text.head_dim, cfg.n_ctx, cfg.type_k, cfg.type_v)
     clip_compute = [v for k, v in got.items() if k.startswith("reserve_compute_meta:")]
     return [
