@@ -256,30 +256,36 @@ def test_host_reserve_is_stated_and_settable(model_pair):
     line = next(r for r in p.reasons if r.startswith("CPU budget"))
     assert "1.00 GiB free − 256.00 MiB kept for the process (--host-reserve) − 5% margin" in line
     assert p.devices[0].budget_bytes == int((1 * GiB - 256 * MiB) * 0.95)
-    q = plan_for(pair, [host(1 * GiB)], host_reserve=512 * MiB)
-    assert q.devices[0].budget_bytes == int((1 * GiB - 512 * MiB) * 0.95) and not q.fits
+    # 768 MiB kept leaves less than the weights alone, with or without CPU repacking
+    q = plan_for(pair, [host(1 * GiB)], host_reserve=768 * MiB)
+    assert q.devices[0].budget_bytes == int((1 * GiB - 768 * MiB) * 0.95) and not q.fits
     r = run_cli("plan", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--free-memory", "cpu=1GiB",
-                "--host-reserve", "512MiB")
-    assert r.returncode == 1 and "512.00 MiB kept for the process" in r.stdout
+                "--host-reserve", "768MiB")
+    assert r.returncode == 1 and "768.00 MiB kept for the process" in r.stdout
 
 
 @pytest.mark.slow
 def test_qwen2vl_fits_1gib_by_the_micro_batch_and_llama_cpp_agrees(model_pair):
     """Done-when: the Qwen2-VL-2B-shaped pair with --free-memory cpu=1GiB fits by lowering the
-    micro-batch, and llama.cpp then allocates what the plan predicted."""
+    micro-batch, and llama.cpp then allocates what the plan predicted. (Where the build repacks
+    weights, the tied output's repacked copy takes ~130 MiB more and the micro-batch goes to 128;
+    on an AMX build, loaded without repacking, 256 is enough.)"""
+    from edgevlm.backend.system import cpu_repacks
     from edgevlm.testing.measure import Config, measure
 
     pair = model_pair("qwen2vl", "real")
     p = plan_for(pair, [host(1 * GiB)])
-    assert p.fits and p.n_ubatch == 128 and p.n_gpu_layers == 0
+    ubatch = 128 if cpu_repacks() else 256
+    assert p.fits and p.n_ubatch == ubatch and p.n_gpu_layers == 0
     assert [lv.lever for lv in p.levers] == ["context", "kv q8_0", "micro-batch"]
     r = run_cli("plan", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--free-memory", "cpu=1GiB",
                 "--explain")
-    assert r.returncode == 0 and "micro-batch   512 → 128" in r.stdout and "not needed" in r.stdout
+    assert r.returncode == 0 and f"micro-batch   512 → {ubatch}" in r.stdout and "not needed" in r.stdout
     cfg = Config("qwen2vl", n_ctx=p.n_ctx, type_k=p.type_k, type_v=p.type_v, flash_attn=p.flash_attn,
                  n_ubatch=p.n_ubatch, n_batch=p.n_batch, image_max_tokens=p.image_max_tokens)
     comps = {c.name: c for c in measure(str(pair.model), str(pair.mmproj), cfg)}
     for name in ("weights (mapped)", "weights (repack)", "kv", "mmproj weights"):
         assert comps[name].within(0.005), comps[name]
-    assert comps["compute"].within(0.05) and comps["compute"].measured < 80 * MiB, comps["compute"]
+    # the compute buffer is what the micro-batch lowered: ~76 MiB at 128, twice that at 256
+    assert comps["compute"].within(0.05) and comps["compute"].measured < 80 * MiB * ubatch // 128, comps["compute"]
     assert comps["mmproj compute"].predicted >= comps["mmproj compute"].measured - 0.006 * MiB
