@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_model as dm
 from demo_data import AUX_NAMES, DRILLS, N_AUX, N_GROUPS, SampleMaker, Tokens, drill_view
 
+from edgevlm.testing.world import LETTERS
+
 MODEL_NAME = "edgevlm-demo.gguf"
 MMPROJ_NAME = "mmproj-edgevlm-demo.gguf"
 
@@ -171,14 +173,42 @@ def encode(cfg: dm.DemoConfig, vision: dict, pix):
     return dm.vision_forward(cfg, vision, (pix.astype(jnp.float32) / 255.0 - mean) / std)
 
 
-def build_step(cfg: dm.DemoConfig, optimizer, target_weights: dict[str, float] | None = None):
+LETTER_TEMP = 10.0  # cosine similarity → logit scale of the letter alignment
+
+
+def letter_alignment(img, embd, letter_ids, labels):
+    """Cross-entropy of each letter-labelled image token against the text model's own token
+    embeddings of the 26 letters (cosine similarity, fixed temperature; the embeddings are not
+    moved by it): a token that shows a K points where the word "K" does. The output embedding is
+    tied, so a copy of that token into the answer position already says K — the circuit that
+    copies a letter out of a summary note ("... and the letter K") reads it from the picture
+    too."""
     import jax
     import jax.numpy as jnp
     import optax
 
+    e = jax.lax.stop_gradient(embd[letter_ids])
+    e = e / jnp.linalg.norm(e, axis=-1, keepdims=True)
+    x = img / jnp.maximum(jnp.linalg.norm(img, axis=-1, keepdims=True), 1e-6)
+    lab = labels[..., 2]
+    m = ((lab >= 0) & (lab < len(letter_ids))).astype(jnp.float32)
+    ce = optax.softmax_cross_entropy_with_integer_labels(LETTER_TEMP * x @ e.T, jnp.clip(lab, 0, len(letter_ids) - 1))
+    return (ce * m).sum() / jnp.maximum(m.sum(), 1.0)
+
+
+def build_step(cfg: dm.DemoConfig, optimizer, target_weights: dict[str, float] | None = None,
+               letter_ids=None, letter_weight: float = 0.0):
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    letter_ids = None if letter_ids is None else jnp.asarray(letter_ids, jnp.int32)
+
     def loss_fn(params, pix, ids, slots, loss_mask, valid, labels, scene_labels):
         img = encode(cfg, params["vision"], pix)
         aux_loss = aux_losses(params, img, labels, scene_labels, target_weights)
+        if letter_weight:
+            aux_loss = aux_loss + letter_weight * letter_alignment(img, params["text"]["embd"], letter_ids, labels)
         img = img.reshape(-1, cfg.t_embd)
         tok = params["text"]["embd"][ids]
         emb = jnp.where((slots >= 0)[..., None], img[jnp.maximum(slots, 0)], tok)
@@ -339,6 +369,9 @@ def main(argv=None) -> int:
     ap.add_argument("--vision-mix", default=",".join(f"{k}:{v}" for k, v in VISION_WEIGHTS.items()),
                     help="the vision phase's picture kinds and their shares (single, tiled, and the "
                          "drills: " + ", ".join(DRILLS) + ")")
+    ap.add_argument("--letter-embed", type=float, default=0.0, metavar="WEIGHT",
+                    help="align each letter-labelled image token with the text embedding of its letter "
+                         "(an extra auxiliary loss of this weight in the end-to-end phase)")
     ap.add_argument("--aux-weights", default="",
                     help="per-patch targets weighed other than 1, e.g. letter:3 (of " + ", ".join(AUX_NAMES) + ")")
     ap.add_argument("--question-weights", default="",
@@ -396,7 +429,8 @@ def main(argv=None) -> int:
     warmup = 200
     optimizer = make_optimizer(args.lr)
     opt_state = optimizer.init(params)
-    step_fn = build_step(cfg, optimizer, aux_weights)
+    letter_ids = [maker.tok(c)[-1] for c in LETTERS]
+    step_fn = build_step(cfg, optimizer, aux_weights, letter_ids, args.letter_embed)
     start_step, spent = 0, 0.0
     ckpt = work / "checkpoint.npz"
     vision_steps, vision_s = 0, 0.0
@@ -477,6 +511,8 @@ def main(argv=None) -> int:
     stage["aux"] = {"weight": AUX_WEIGHT, "empty_patches": NEG_WEIGHT}
     if aux_weights:
         stage["aux"]["targets"] = aux_weights
+    if args.letter_embed:
+        stage["aux"]["letter_embed"] = args.letter_embed
     if question_weights:
         stage["questions"] = question_weights
     record["stages"] = stages + [stage]

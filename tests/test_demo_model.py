@@ -224,3 +224,41 @@ def test_note_samples_ask_what_their_notes_say_and_encode_no_picture():
         targets = tok.llm.detokenize([t for t, m in zip(s.ids, s.loss) if m]).decode()
         assert all(a.strip() in targets for _, a in asked)
     assert {"describe", "letter", "colour"} <= kinds
+
+
+def test_each_letter_is_one_token_the_note_and_the_answer_share():
+    """``--letter-embed`` aligns a letter's image tokens with the text embedding of the token
+    ``train_demo`` takes for it: that must be the one token the answer is and the note's
+    "... and the letter K" ends with, for every letter."""
+    dd = _script_module("demo_data")
+    tok = dd.Tokens(str(MODELS / _record()["model"]))
+    ids = {c: tok(c) for c in world.LETTERS}
+    assert all(len(v) == 1 for v in ids.values()), ids
+    assert len({v[0] for v in ids.values()}) == 26
+    for c, (i,) in ids.items():
+        assert tok(f"[image 1 (scene-1.png): a red square and the letter {c}]")[-2] == i
+
+
+def test_letter_alignment_pulls_a_letter_token_towards_its_word_and_ignores_the_rest():
+    """The alignment loss itself (JAX, the ``train`` extra): near zero for image tokens equal to
+    their letter's embedding, large for another letter's, and tokens labelled with no letter (or
+    unlabelled) do not count."""
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    import numpy as np
+
+    align = _script_module("train_demo").letter_alignment
+    rng = np.random.default_rng(0)
+    embd = rng.standard_normal((40, 16)).astype(np.float32)
+    letter_ids = np.arange(10, 36)
+    labels = np.full((1, 4, 5), -1, np.int32)
+    labels[0, :, 2] = [3, 7, 26, 26]  # two letter tokens (D, H), two with no letter
+    img = rng.standard_normal((1, 4, 16)).astype(np.float32)
+    img[0, 0], img[0, 1] = embd[13] * 2.0, embd[17] * 0.5  # D's and H's own embeddings (any length)
+    right = float(align(img, embd, letter_ids, labels))
+    wrong = img.copy()
+    wrong[0, 0] = embd[20]
+    assert right < 0.5 < float(align(wrong, embd, letter_ids, labels))
+    noise = img.copy()
+    noise[0, 2:] = rng.standard_normal((2, 16))  # the unlabelled tokens change: the loss does not
+    assert float(align(noise, embd, letter_ids, labels)) == pytest.approx(right)
