@@ -5,6 +5,7 @@ route of llama.cpp's two loggers into ``logs``. Like ``llama``, this touches ``l
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -77,7 +78,9 @@ def ggml_devices() -> list[GGMLDevice]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
 def _system_info() -> str | None:
+    """llama.cpp's build features (fixed for the process: read once)."""
     try:
         import llama_cpp
 
