@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "BackendError",
     "ClusterError",
+    "ContextExceeded",
     "DoesNotFit",
     "DownloadError",
     "EdgeVLMError",
@@ -28,11 +29,14 @@ class EdgeVLMError(Exception):
     """Base class of every error edgevlm raises on purpose.
 
     ``exit_code`` is what the CLI exits with (2 = bad input, 1 = runtime failure);
-    ``http_status`` is what a server answers.
+    ``http_status`` is what a server answers; ``code`` a machine-readable reason an API puts
+    in its error body (``context_length_exceeded``), carried here rather than read out of the
+    message.
     """
 
     exit_code = 1
     http_status = 500
+    code: str | None = None
 
 
 class InputError(EdgeVLMError):
@@ -40,6 +44,12 @@ class InputError(EdgeVLMError):
 
     exit_code = 2
     http_status = 400
+
+
+class ContextExceeded(InputError):
+    """A request that does not fit the context (its prompt, pictures and reply)."""
+
+    code = "context_length_exceeded"
 
 
 class ModelFileError(InputError):

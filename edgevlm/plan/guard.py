@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import InputError, MemoryBusy
+from ..errors import ContextExceeded, MemoryBusy
 from ..model.gguf_info import ProjectorInfo
 from ..model.projectors import encoder_patches, facts, image_tokens
 from ..vision.budget import fit_size
@@ -84,7 +84,7 @@ class Guard:
             return Admission(image, tokens, need)
         if not facts(self.proj).dynamic:
             if tokens > cells_free:
-                raise InputError(
+                raise ContextExceeded(
                     f"{image.source}: needs {tokens} tokens but only {max(cells_free, 0)} are left in "
                     f"the context (/reset, or a larger --ctx)")
             raise MemoryBusy(
@@ -94,7 +94,7 @@ class Guard:
         size = fit_size(w, h, lambda a, b: self._tokens(a, b) <= cells_free and
                         max(0, self.encoder_bytes(a, b) - self.reserved_encoder) <= free, steps=24)
         if size is None or self._tokens(*size) > cells_free:
-            raise InputError(
+            raise ContextExceeded(
                 f"{image.source}: no size of this image fits: {max(cells_free, 0)} tokens left in the "
                 f"context and {format_size(max(free, 0))} free memory")
         sw, sh = size

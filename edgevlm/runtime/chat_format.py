@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from ..backend.system import template_renderer
+from ..errors import InputError
 
 __all__ = ["CHATML_TEMPLATE", "LLAVA15_TEMPLATE", "Piece", "PromptFormatter", "fallback_template", "split_pieces"]
 
@@ -97,7 +98,11 @@ class PromptFormatter:
                 rendered.append({"role": role, "content": self.user_content(text, labels)})
             else:
                 rendered.append({"role": role, "content": text})
-        prompt = self._render(rendered)
+        try:
+            prompt = self._render(rendered)
+        except Exception as exc:  # raise_exception() in the template, or a template that breaks
+            detail = str(exc).strip() or type(exc).__name__
+            raise InputError(f"the model's chat template refused these messages: {detail}") from None
         if self.strip_bos and self.bos_token and prompt.startswith(self.bos_token):
             prompt = prompt[len(self.bos_token):]  # llama.cpp adds BOS itself
         return split_pieces(prompt, self.marker)

@@ -12,7 +12,7 @@ from ..vision.images import LoadedImage
 __all__ = ["Conversation", "Message", "Picture"]
 
 
-@dataclass
+@dataclass(eq=False)  # one message is one object: equal only to itself (never by pixels)
 class Message:
     role: str  # "system" | "user" | "assistant"
     text: str

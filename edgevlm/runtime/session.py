@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError
+from ..errors import ContextExceeded, InputError
 from ..vision.images import LoadedImage
 from .conversation import Conversation, Message, Picture
 
@@ -155,10 +155,10 @@ def make_room(conv: Conversation, *, n_ctx: int, reserve: int, image_room: int, 
             continue
         fp = measure(conv.messages)
         if fp.image_cells > image_room:
-            raise InputError(
+            raise ContextExceeded(
                 f"this message's pictures need {fp.image_cells:,} tokens but the context keeps "
                 f"{image_room:,} for pictures (fewer or smaller images, or a larger --ctx)")
-        raise InputError(
+        raise ContextExceeded(
             f"this message needs {fp.cells:,} tokens but the context holds {n_ctx:,} "
             f"with {reserve} kept for the reply (shorten it, fewer images, or a larger --ctx)")
     if (rep.summarized or rep.dropped_turns) and len(conv.messages) > 1:

@@ -1,18 +1,25 @@
 """Generated tokens → text that is safe to show: an incremental UTF-8 decoder (a character split
 over two tokens waits for its second half) and stop strings (text that could still grow into a
 stop string is held back; a stop string found ends the reply and is cut off, with the tokens
-past it)."""
+past it).
+
+Text and tokens always agree: ``tokens`` detokenize to ``text``. When a stop string begins
+inside a token, the part of that token before it is kept as text and stands in ``tokens`` as
+its own tokenization (``tokenize``), so the history a client sends back matches what it saw."""
 
 from __future__ import annotations
 
 import codecs
+from collections.abc import Callable
 
 __all__ = ["TextStream"]
 
 
 class TextStream:
-    def __init__(self, stops: list[str] | tuple[str, ...] = ()):
+    def __init__(self, stops: list[str] | tuple[str, ...] = (),
+                 tokenize: Callable[[str], list[int]] | None = None):
         self.stops = [s for s in stops if s]
+        self.tokenize = tokenize
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.tokens: list[int] = []
         self.text = ""
@@ -32,8 +39,13 @@ class TextStream:
             self.text = self.text[:cut]
             self.emitted = cut
             keep = sum(1 for e in self._ends if e <= cut)
+            start = self._ends[keep - 1] if keep else 0
             del self.tokens[keep:]
             del self._ends[keep:]
+            partial = self.text[start:cut]  # a token's text before the stop string began
+            if partial and self.tokenize is not None:
+                self.tokens += self.tokenize(partial)
+                self._ends.append(cut)
             return out, True
         safe = len(self.text) - self._overlap()
         if safe > self.emitted:

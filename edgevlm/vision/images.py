@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,7 +19,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ImageError
 
-__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTENSIONS", "LoadedImage", "from_rgb", "has_image_ext",
+__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTENSIONS", "LoadedImage", "decode_bytes", "from_rgb", "has_image_ext",
            "load_image", "resized"]
 
 DEFAULT_MAX_PIXELS = 100_000_000  # 100 MP: a 10000×10000 scan; a bomb is far larger
@@ -31,15 +32,30 @@ IMAGE_EXTENSIONS = frozenset({
 })
 
 
+# Pillow's decompression-bomb check reads a module global at ``Image.open``; edgevlm enforces
+# its own pixel limit instead, so it lifts that global for its own opens — under this lock, so
+# that two threads decoding at once never restore each other's value mid-open.
+_PIL_OPEN_LOCK = threading.Lock()
+
+
+# Host memory a decode takes at its peak, per pixel: Pillow's own buffer (4 bytes a pixel for
+# RGB) and the RGB array it is copied into strip by strip (3), with room for an EXIF rotation;
+# modes that are flattened (alpha, palette, 16-bit) go through one or two more RGBA copies.
+DECODE_BYTES_PER_PIXEL = 8
+FLATTEN_BYTES_PER_PIXEL = 16
+_STRIP = 256  # rows converted at a time (Pillow → numpy without a second full copy)
+
+
 def has_image_ext(path: str) -> bool:
     return os.path.splitext(path)[1].lower() in IMAGE_EXTENSIONS
 
 
 @dataclass(frozen=True)
 class LoadedImage:
-    """Decoded RGB pixels plus where they came from."""
+    """Decoded RGB pixels plus where they came from. Two are equal when their content hash,
+    source and notes are (the pixels are never compared element by element)."""
 
-    rgb: np.ndarray = field(repr=False)  # H×W×3 uint8
+    rgb: np.ndarray = field(repr=False, compare=False)  # H×W×3 uint8
     source: str
     format: str
     sha256: str  # of the decoded pixels and size: the same picture in any file format matches
@@ -55,6 +71,8 @@ class LoadedImage:
 
 
 def _flatten(img: Image.Image) -> Image.Image:
+    if img.mode == "RGB":
+        return img  # (convert() would copy it: a full decode more at the peak)
     if img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info):
         rgba = img.convert("RGBA")
         bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -92,15 +110,8 @@ def load_image(source: str | os.PathLike[str] | bytes, max_pixels: int = DEFAULT
     if not data:
         raise ImageError(f"{label}: empty file (0 bytes), not an image")
     notes: list[str] = []
-    saved_limit = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None  # we enforce our own limit with a clear message
+    img = _open(data, label)
     try:
-        try:
-            img = Image.open(io.BytesIO(data))
-        except UnidentifiedImageError:
-            raise ImageError(f"{label}: not an image (format not recognised)") from None
-        except Exception as exc:
-            raise ImageError(f"{label}: unreadable image ({exc})") from None
         fmt = img.format or "unknown"
         w, h = img.size
         if w * h > max_pixels:
@@ -115,16 +126,53 @@ def load_image(source: str | os.PathLike[str] | bytes, max_pixels: int = DEFAULT
             img.load()
             img = ImageOps.exif_transpose(img) or img
             rgb_img = _flatten(img)
-            rgb = np.asarray(rgb_img, dtype=np.uint8)
+            rgb = _to_array(rgb_img)
         except ImageError:
             raise
         except Exception as exc:  # truncated / corrupt data surfaces at load time
             raise ImageError(f"{label}: corrupt or truncated {fmt} image ({exc})") from None
     finally:
-        Image.MAX_IMAGE_PIXELS = saved_limit
+        img.close()
     if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.size == 0:
         raise ImageError(f"{label}: could not convert to RGB")
     return from_rgb(rgb, label, fmt, tuple(notes))
+
+
+def decode_bytes(data: bytes, label: str = "<bytes>") -> int:
+    """Host memory decoding ``data`` takes at its peak, from its header alone (nothing decoded;
+    an ``ImageError`` for what ``load_image`` would refuse as unreadable)."""
+    img = _open(data, label)
+    try:
+        w, h = img.size
+        per_pixel = DECODE_BYTES_PER_PIXEL if img.mode in ("RGB", "L", "CMYK", "YCbCr") else FLATTEN_BYTES_PER_PIXEL
+        return w * h * per_pixel + len(data)
+    finally:
+        img.close()
+
+
+def _to_array(img: Image.Image) -> np.ndarray:
+    """An RGB image's pixels as an H×W×3 array, copied a strip at a time (``np.asarray`` of the
+    whole image goes through a full ``tobytes()`` copy first)."""
+    w, h = img.size
+    out = np.empty((h, w, 3), dtype=np.uint8)
+    for y in range(0, h, _STRIP):
+        out[y:y + _STRIP] = np.asarray(img.crop((0, y, w, min(h, y + _STRIP))), dtype=np.uint8)
+    return out
+
+
+def _open(data: bytes, label: str) -> Image.Image:
+    """``Image.open`` without Pillow's own pixel limit (ours is checked by the caller)."""
+    with _PIL_OPEN_LOCK:
+        saved = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = None
+        try:
+            return Image.open(io.BytesIO(data))
+        except UnidentifiedImageError:
+            raise ImageError(f"{label}: not an image (format not recognised)") from None
+        except Exception as exc:
+            raise ImageError(f"{label}: unreadable image ({exc})") from None
+        finally:
+            Image.MAX_IMAGE_PIXELS = saved
 
 
 def from_rgb(rgb: np.ndarray, source: str, fmt: str = "array", notes: tuple[str, ...] = ()) -> LoadedImage:
@@ -132,7 +180,7 @@ def from_rgb(rgb: np.ndarray, source: str, fmt: str = "array", notes: tuple[str,
     rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
     digest = hashlib.sha256()
     digest.update(f"{rgb.shape[1]}x{rgb.shape[0]}".encode())
-    digest.update(rgb.tobytes())
+    digest.update(memoryview(rgb).cast("B"))  # the buffer itself: no copy of the pixels
     return LoadedImage(rgb, source, fmt, digest.hexdigest(), tuple(notes))
 
 
