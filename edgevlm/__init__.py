@@ -11,6 +11,7 @@ from .backend.sampling import SamplingParams
 from .errors import (
     BackendError,
     ClusterError,
+    ContextExceeded,
     DoesNotFit,
     DownloadError,
     EdgeVLMError,
@@ -26,6 +27,7 @@ from .errors import (
 from .model.gguf_info import ProjectorInfo, TextModelInfo, check_pair, load_projector, load_text_model
 from .model.projectors import ImageTokens, image_tokens
 from .runtime.engine import ChatResult, Engine, EngineOptions, GenerationResponse
+from .runtime.model import LoadedModel
 from .runtime.session import SessionOptions
 from .runtime.stats import TurnStats
 from .vision.images import LoadedImage, load_image
@@ -37,6 +39,7 @@ __all__ = [
     "BackendError",
     "ClusterError",
     "ChatResult",
+    "ContextExceeded",
     "DoesNotFit",
     "DownloadError",
     "EdgeVLMError",
@@ -48,6 +51,7 @@ __all__ = [
     "InputError",
     "IntegrityError",
     "LoadedImage",
+    "LoadedModel",
     "MemoryBusy",
     "MergeSpec",
     "ModelFileError",

@@ -1,4 +1,4 @@
-"""The public Python entry point: ``edgevlm.load(model, mmproj)`` → an ``Engine``."""
+"""The public Python entry point: ``edgevlm.load(model, mmproj)`` → a ``LoadedModel``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from .plan.context import DEFAULT_REPLY_TOKENS
 from .plan.devices import Probe, probe
 from .plan.guard import Guard
 from .plan.planner import Plan, Wishes, make_plan
-from .runtime.engine import Engine, EngineOptions
+from .runtime.engine import EngineOptions
+from .runtime.model import LoadedModel
 from .runtime.scheduler import Scheduler, SchedulerOptions
 from .vision.merge import MergeSpec
 
@@ -29,8 +30,9 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
          n_threads: int | None = None, system: str | None = None,
          options: EngineOptions | None = None, scheduler_options: SchedulerOptions = SchedulerOptions(),
          n_seq_max: int | Callable[[Plan], int] = 1, wishes: Wishes | None = None,
-         verbose: bool = False, **backend_options: Any) -> Engine:
-    """Plan memory, load a model pair once, and return an Engine for chatting about images.
+         verbose: bool = False, **backend_options: Any) -> LoadedModel:
+    """Plan memory, load a model pair once, and return the ``LoadedModel`` (its own
+    conversation answers ``chat``/``stream``; ``conversation()`` makes more).
 
     >>> vlm = edgevlm.load("model.gguf", "mmproj.gguf")
     >>> print(vlm.chat("What is in this picture?", images=["photo.jpg"]).text)
@@ -67,7 +69,7 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
                       **{**plan.backend_options(), **backend_options})
     try:
         guard = Guard(plan, backend.proj_info, measure)
-        return Engine(Scheduler(backend, scheduler_options), opts, plan=plan, guard=guard)
+        return LoadedModel(Scheduler(backend, scheduler_options), opts, plan=plan, guard=guard)
     except BaseException:
         backend.close()
         raise

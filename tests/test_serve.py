@@ -382,13 +382,16 @@ def test_health_says_503_while_loading_and_timeouts_end_replies(model_pair):
 
 
 def test_error_mapping():
-    from edgevlm.errors import BackendError, ImageError, InputError, MemoryBusy
+    from edgevlm.errors import BackendError, ContextExceeded, ImageError, InputError, MemoryBusy
     from edgevlm.serve.openai import error_for
 
     assert error_for(MemoryBusy("busy"))[0] == 503 and "retry-after" in error_for(MemoryBusy("x"))[2]
     status, body, headers = error_for(ImageError("a.png: not an image"))
     assert status == 400 and body["error"]["code"] == "invalid_image" and headers["x-should-retry"] == "false"
-    assert error_for(InputError("needs 9 tokens but the context holds 4"))[1]["error"]["code"] == "context_length_exceeded"
+    # the code travels on the exception, not in a word of its message
+    assert error_for(ContextExceeded("needs 9 tokens but the context holds 4"))[1]["error"]["code"] == \
+        "context_length_exceeded"
+    assert error_for(InputError("the context word alone means nothing"))[1]["error"]["code"] is None
     assert error_for(BackendError("llama_decode failed"))[0] == 500
     status, body, _ = error_for(KeyError("x"))
     assert status == 500 and body["error"]["message"] == "internal error (KeyError)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
@@ -65,7 +66,11 @@ class Chunks(list):
 
 class MtmdTokenizer:
     """Tokenizing and counting over an mtmd context (``self.mtmd``, ``self.mctx``,
-    ``self.marker``, ``self._counts`` set by the owner)."""
+    ``self.marker``, ``self._counts`` and ``self.mtmd_lock`` set by the owner). Every call that
+    touches the mtmd context holds ``mtmd_lock``: counting runs in request threads while the
+    model's own thread encodes."""
+
+    mtmd_lock: Any
 
     def placeholder_bitmap(self, width: int, height: int):
         """A data-less bitmap: mtmd tokenizes it (counts tokens) but cannot encode it."""
@@ -90,15 +95,19 @@ class MtmdTokenizer:
         with this context's token limits: exact for any projector mtmd supports. Remembered
         per size (budgets search many)."""
         key = (width, height)
-        hit = self._counts.get(key)
-        if hit is None:
-            chunks = self.count_image(width, height)
-            views = [View(0, 0, c.nx, c.ny, c.n_tokens, c.n_pos) for c in chunks if c.kind == "image"]
-            hit = ImageTokens(sum(v.n_tokens for v in views), sum(v.n_pos for v in views), views,
-                              text_tokens=sum(c.n_tokens for c in chunks if c.kind == "text"))
-            self._counts[key] = hit
-            if len(self._counts) > 4096:
-                self._counts.popitem(last=False)
+        hit = self._counts.get(key)  # (a hit needs no lock: one dict read)
+        if hit is not None:
+            return hit
+        with self.mtmd_lock:
+            hit = self._counts.get(key)
+            if hit is None:
+                chunks = self.count_image(width, height)
+                views = [View(0, 0, c.nx, c.ny, c.n_tokens, c.n_pos) for c in chunks if c.kind == "image"]
+                hit = ImageTokens(sum(v.n_tokens for v in views), sum(v.n_pos for v in views), views,
+                                  text_tokens=sum(c.n_tokens for c in chunks if c.kind == "text"))
+                self._counts[key] = hit
+                if len(self._counts) > 4096:
+                    self._counts.popitem(last=False)
         return hit
 
     def free_bitmap(self, bm) -> None:
@@ -119,7 +128,8 @@ class MtmdTokenizer:
         inp.parse_special = True
         ptr = m.mtmd_input_chunks_init()
         arr = (m.mtmd_bitmap_p_ctypes * max(len(bitmaps), 1))(*bitmaps)
-        rc = m.mtmd_tokenize(self.mctx, ptr, ctypes.byref(inp), arr, len(bitmaps))
+        with self.mtmd_lock:
+            rc = m.mtmd_tokenize(self.mctx, ptr, ctypes.byref(inp), arr, len(bitmaps))
         if rc != 0:
             m.mtmd_input_chunks_free(ptr)
             raise BackendError(f"mtmd_tokenize failed (code {rc})")
@@ -157,6 +167,7 @@ class ImageCounter(MtmdTokenizer):
         from llama_cpp import mtmd_cpp
 
         self.mtmd = mtmd_cpp
+        self.mtmd_lock = threading.RLock()
         self._llama_cpp = llama_cpp
         self.model = None
         self.mctx = None

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import os
 import random
+import threading
 from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
@@ -30,12 +31,23 @@ from .system import cpu_extra_buffers, install_log_sink
 
 __all__ = ["Backend", "Chunk", "Chunks", "SamplingParams"]
 
+# llama-cpp-python's default-params factories are module globals: one constructor at a time
+# patches them (two models loading in two threads must not see each other's parameters).
+_FACTORY_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _llama_defaults(n_seq_max: int, progress_callback):
     """``Llama`` exposes neither several sequences nor a load-progress callback: patch the
-    default-params factories it calls, for the constructor only. ``n_seq_max`` > 1 gives the
-    context that many sequences over one unified KV cache (every sequence may use the whole
-    context, and cells copied with ``seq_cp`` are shared)."""
+    default-params factories it calls, for the constructor only (under ``_FACTORY_LOCK``).
+    ``n_seq_max`` > 1 gives the context that many sequences over one unified KV cache (every
+    sequence may use the whole context, and cells copied with ``seq_cp`` are shared)."""
+    with _FACTORY_LOCK, _patched_defaults(n_seq_max, progress_callback):
+        yield
+
+
+@contextlib.contextmanager
+def _patched_defaults(n_seq_max: int, progress_callback):
     import llama_cpp.llama as llama_mod
 
     lc = llama_mod.llama_cpp
@@ -72,7 +84,11 @@ def _llama_defaults(n_seq_max: int, progress_callback):
 
 
 class Backend(MtmdTokenizer):
-    """llama.cpp text model + mtmd projector, loaded once."""
+    """llama.cpp text model + mtmd projector, loaded once.
+
+    Thread safety: the llama.cpp context is driven by one caller at a time (the scheduler's
+    lock); the mtmd context is also used by threads that count image tokens or tokenize
+    pictures, so every mtmd call that touches it holds ``self.mtmd_lock``."""
 
     def __init__(
         self,
@@ -104,6 +120,7 @@ class Backend(MtmdTokenizer):
 
         self.llama_cpp = llama_cpp
         self.mtmd = mtmd_cpp
+        self.mtmd_lock = threading.RLock()
         self.model_path = os.fspath(model_path)
         self.mmproj_path = os.fspath(mmproj_path)
         # Validate both files up front: clear one-line errors instead of C aborts.
@@ -164,12 +181,15 @@ class Backend(MtmdTokenizer):
         self.n_ctx = llama_cpp.llama_n_ctx(self.llama.ctx)
         self.n_batch = n_batch
         self.n_vocab = self.llama.n_vocab()
+        # the embedding width mtmd writes: wider than n_embd with Qwen3-VL's deepstack features
+        self.n_embd_inp = int(llama_cpp.llama_model_n_embd_inp(self.llama.model))
         self.use_mrope = bool(mtmd_cpp.mtmd_decode_use_mrope(self.mctx))
         self.non_causal = bool(mtmd_cpp.mtmd_decode_use_non_causal(self.mctx, None))
         self._post_decode_cb = mtmd_cpp.mtmd_helper_post_decode_callback()
         self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, 1)
         self.n_seq_max = int(llama_cpp.llama_n_seq_max(self.llama.ctx))
         self._batch_ext = None  # for decode_multi, made on first use
+        self._byte_tokens: dict[int, int] | None = None  # byte → a token of that one byte (on first use)
         self._vocab = llama_cpp.llama_model_get_vocab(self.llama.model)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
@@ -203,8 +223,8 @@ class Backend(MtmdTokenizer):
             raise ImageError("internal: bitmap needs an HxWx3 uint8 array")
         h, w = rgb.shape[:2]
         data = np.ascontiguousarray(rgb)
-        buf = (ctypes.c_ubyte * data.nbytes).from_buffer_copy(data.tobytes())
-        bm = self.mtmd.mtmd_bitmap_init(w, h, buf)
+        # mtmd copies the pixels into the bitmap: hand it the array's own buffer
+        bm = self.mtmd.mtmd_bitmap_init(w, h, data.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)))
         if not bm:
             raise ImageError(f"mtmd could not take a {w}x{h} image")
         if image_id:
@@ -214,27 +234,46 @@ class Backend(MtmdTokenizer):
     def tokenize_text(self, text: str, add_special: bool = False) -> list[int]:
         return self.llama.tokenize(text.encode("utf-8"), add_bos=add_special, special=True)
 
+    def tokenize_fragment(self, text: str) -> list[int]:
+        """Tokens whose pieces, one after another, are exactly ``text`` (a reply cut by a stop
+        string inside a token): the tokenizer's own where they are, else one token per byte
+        (a SentencePiece vocabulary puts a space before a fragment's first word)."""
+        raw = text.encode("utf-8")
+        toks = self.llama.tokenize(raw, add_bos=False, special=False)
+        if b"".join(self.token_bytes(t) for t in toks) == raw:
+            return toks
+        if self._byte_tokens is None:
+            table: dict[int, int] = {}
+            for t in range(self.n_vocab):
+                piece = self.token_bytes(t)
+                if len(piece) == 1 and piece[0] not in table:
+                    table[piece[0]] = t
+            self._byte_tokens = table
+        if all(b in self._byte_tokens for b in raw):
+            return [self._byte_tokens[b] for b in raw]
+        return toks
+
     # --- evaluation -------------------------------------------------------------------
     def encode_image(self, chunk: Chunk) -> np.ndarray:
         """Run the vision encoder on an image chunk; returns a (n_tokens, n_embd) float32 copy."""
-        rc = self.mtmd.mtmd_encode_chunk(self.mctx, chunk.handle)
-        if rc != 0:
-            raise BackendError(f"image encoding failed (code {rc})")
-        ptr = self.mtmd.mtmd_get_output_embd(self.mctx)
-        # the embedding width mtmd writes: wider than n_embd with Qwen3-VL's deepstack features
-        n_embd = int(self.llama_cpp.llama_model_n_embd_inp(self.llama.model))
-        arr = np.ctypeslib.as_array(ptr, shape=(chunk.n_tokens * n_embd,))
-        return arr.reshape(chunk.n_tokens, n_embd).copy()
+        with self.mtmd_lock:
+            rc = self.mtmd.mtmd_encode_chunk(self.mctx, chunk.handle)
+            if rc != 0:
+                raise BackendError(f"image encoding failed (code {rc})")
+            ptr = self.mtmd.mtmd_get_output_embd(self.mctx)
+            arr = np.ctypeslib.as_array(ptr, shape=(chunk.n_tokens * self.n_embd_inp,))
+            return arr.reshape(chunk.n_tokens, self.n_embd_inp).copy()
 
     def decode_image(self, chunk: Chunk, embd: np.ndarray, n_past: int, seq_id: int = 0) -> int:
         """Feed an image chunk's embeddings at ``n_past``; returns the new n_past."""
         embd = np.ascontiguousarray(embd, dtype=np.float32)
         new_past = self.llama_cpp.llama_pos(0)
-        rc = self.mtmd.mtmd_helper_decode_image_chunk(
-            self.mctx, self.llama.ctx, chunk.handle,
-            embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-            n_past, seq_id, self.n_batch, ctypes.byref(new_past), self._post_decode_cb, None,
-        )
+        with self.mtmd_lock:
+            rc = self.mtmd.mtmd_helper_decode_image_chunk(
+                self.mctx, self.llama.ctx, chunk.handle,
+                embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                n_past, seq_id, self.n_batch, ctypes.byref(new_past), self._post_decode_cb, None,
+            )
         if rc != 0:
             raise BackendError(f"decoding image embeddings failed (code {rc})")
         return int(new_past.value)
@@ -358,6 +397,17 @@ class Backend(MtmdTokenizer):
         self.llama_cpp.llama_memory_clear(mem, True)
 
     # --- sampling ---------------------------------------------------------------------
+    def check_grammar(self, grammar: str | None) -> None:
+        """Parse ``grammar`` with llama.cpp now (an ``InputError`` if it cannot): a request
+        learns that its response format is unusable before any picture is encoded."""
+        if not grammar:
+            return
+        lc = self.llama_cpp
+        g = lc.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+        if not g:
+            raise InputError("the grammar for the response format could not be parsed by llama.cpp")
+        lc.llama_sampler_free(g)
+
     def make_sampler(self, params: SamplingParams):
         """A llama.cpp sampler chain for ``params`` (free with ``free_sampler``): the grammar
         first when there is one (only tokens it allows remain), then greedy or the draw."""

@@ -1,6 +1,6 @@
 """Batch captioning: one loaded model, many images, resumable, nothing lost.
 
-    vlm = edgevlm.load("model.gguf", "mmproj.gguf", n_seq_max=4)
+    vlm = edgevlm.load("model.gguf", "mmproj.gguf", n_seq_max=4)   # a LoadedModel
     for rec in caption_images(vlm, ["photos/"], CaptionSettings(max_tokens=64), recursive=True):
         print(rec.path, rec.caption or rec.error)
 
@@ -12,8 +12,9 @@ sequences (``edgevlm.load(..., n_seq_max=4)``; ``caption_slots`` says how many f
 images are in flight and their captions are generated in one batch per token, sharing the
 system prompt's KV cells (``stats.cached_n`` says how many tokens were reused); merged images
 (``merge``) take the same path. Reading, hashing, decoding, resizing and tiling the next images
-happen in a background thread while llama.cpp works. The engine's own conversation and options
-are left as they are.
+happen in a background thread while llama.cpp works. The captioner is a client of the model's
+scheduler: it takes only its own finished sequences, so a conversation or a server on the same
+model runs beside it; the model's own conversation and options are left as they are.
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backend.system import json_grammar
-from ..errors import BackendError, EdgeVLMError, ImageError, InputError, MemoryBusy
+from ..errors import BackendError, ContextExceeded, EdgeVLMError, ImageError, InputError, MemoryBusy
 from ..runtime.conversation import Message
-from ..runtime.scheduler import WAIT, Request, Sequence
-from ..vision.budget import ImageBudget
+from ..runtime.scheduler import WAIT, Client, Request, Sequence
 from ..vision.merge import MergeSpec
 from .inputs import InputItem, discover
 from .outputs import CaptionRecord
@@ -66,15 +66,17 @@ class _InFlight:
 
 
 class Captioner:
-    """Captions prepared inputs on an engine's scheduler, up to ``slots`` at once; yields a
-    CaptionResult per input (in the order images finish, within ``slots`` of the input order)."""
+    """Captions prepared inputs on a loaded model's scheduler, up to ``slots`` at once; yields
+    a CaptionResult per input (in the order images finish, within ``slots`` of the input
+    order)."""
 
     def __init__(self, engine: Any, settings: CaptionSettings, model_name: str, digest: str,
                  deliverable: Plain | None = None, index: ResumeIndex | None = None,
                  conflicts: dict[str, str] | None = None, stop: StopToken | None = None,
                  prefetch: int = 2, slots: int | None = None):
         settings.validate()
-        self.engine = engine  # None: every input is known to be done (nothing to caption)
+        self.engine = engine  # a LoadedModel; None: every input is known to be done (nothing to caption)
+        self.client = Client("caption")
         self.settings = settings
         self.model_name = model_name
         self.digest = digest
@@ -92,10 +94,8 @@ class Captioner:
         budget = None
         if engine is not None:
             sched = engine.scheduler
-            plan = engine.plan
-            cap = plan.image_max_tokens if plan is not None else None
-            budget = ImageBudget(engine.backend.proj_info, settings.image_tokens or cap, settings.tiles,
-                                 engine.backend.image_max_tokens)
+            budget = engine.image_budget_for(replace(engine.options, image_tokens=settings.image_tokens or None,
+                                                     tiles=settings.tiles))
             self.slots = max(1, min(slots or sched.n_slots, sched.n_slots))
         self.preparer = Preparer(budget, settings, digest, self.out, self.index, conflicts or {})
 
@@ -127,17 +127,9 @@ class Captioner:
         """The one-turn request of a prepared picture, its views run past the guard."""
         eng, p, s = self.engine, job.prepared, self.settings
         sched = eng.scheduler
-        views = [v for _, v in p.views]
-        labels = [lb for lb, _ in p.views]
-        if eng.guard is not None:
-            room = sched.budget.image_room(s.max_tokens)
-            for i, v in enumerate(views):
-                adm = eng.guard.admit(v, room)
-                room -= adm.tokens
-                views[i] = adm.image
-                if adm.notice:
-                    job.notices.append(adm.notice)
-        msg = Message("user", job.prompt, views, labels=labels)
+        adm = eng.admit([v for _, v in p.views], sched.budget.image_room(s.max_tokens))
+        job.notices.extend(adm.notices)
+        msg = Message("user", job.prompt, adm.views, labels=[lb for lb, _ in p.views])
         prompt = sched.render([msg], s.system, self.merge, keep_images=False)
         return Request(prompt, s.max_tokens, s.sampling(self.grammar),
                        tuple(s.stop) + tuple(sched.default_stops), new_images=frozenset(prompt.units),
@@ -168,8 +160,10 @@ class Captioner:
                             continue
                     try:
                         job.request = job.request or self._request(job)
-                        seq = sched.submit(job.request)
+                        seq = sched.submit(job.request, self.client)
                     except Exception as exc:
+                        if job.request is not None:
+                            job.request.prompt.release()
                         yield self._error(job.prepared, job.prompt, exc)
                         continue
                     if seq == WAIT:  # it fits once images in flight finish
@@ -181,8 +175,10 @@ class Captioner:
                     if waiting is None or self.stop.requested:
                         return
                     continue  # it did not fit beside the others: now it runs alone
-                for seq in sched.step():  # finished captions are written even when abandoning
-                    flying.pop(id(seq), None)
+                sched.step()
+                for seq in self.client.take_finished():  # written even when abandoning
+                    if flying.pop(id(seq), None) is None:
+                        continue  # one cancelled before (not in flight any more)
                     job = seq.tag
                     if seq.error is not None:
                         yield self._error(job.prepared, job.prompt, seq.error)
@@ -192,13 +188,16 @@ class Captioner:
         finally:
             for seq in flying.values():
                 sched.cancel(seq)
+            if waiting is not None and waiting.request is not None:
+                waiting.request.prompt.release()
             if sched is not None:
                 self.llama_ms = sched.llama_ms - llama_ms_before
 
     def _error(self, p: Prepared, prompt: str, exc: BaseException) -> CaptionResult:
         if isinstance(exc, EdgeVLMError):
+            # memory short now: "runtime" (a rerun retries); a template that refuses: "input"
             kind = "input" if isinstance(exc, ImageError) else "runtime" if isinstance(exc, MemoryBusy) else \
-                "context" if isinstance(exc, InputError) else "runtime"  # memory short now: a rerun retries
+                "context" if isinstance(exc, ContextExceeded) else "input" if isinstance(exc, InputError) else "runtime"
             return self._failed(p, prompt, kind, strip_label(str(exc), p.item.path))
         # a failure in llama.cpp or a bug: record it, go on
         return self._failed(p, prompt, "runtime", f"{type(exc).__name__}: {exc}")

@@ -92,9 +92,11 @@ def batch(requests, out, model, mmproj, max_tokens, parallel, timeout, allow_pat
     ui = BatchView("none" if quiet else progress, quiet)
     for dup in data.duplicates:
         ui.note(f"note: line {dup.number}: custom_id {dup.custom_id!r} came on an earlier line; not answered")
-    wishes = replace(planning.wishes, images=max(planning.wishes.images, parallel or 1), merge=str(merge))
+    wishes = replace(planning.serving(ServeOptions.host_allowance), images=max(planning.wishes.images, parallel or 1),
+                     merge=str(merge))
     folder = os.path.dirname(os.path.abspath(requests))
     options = ServeOptions(model_id="edgevlm", queue=parallel or 4, max_tokens=max_tokens, timeout_s=timeout,
+                           host_allowance=wishes.host_allowance,
                            allow_private_urls=allow_private_urls, path_base=os.getcwd(),
                            allow_paths=tuple(dict.fromkeys([folder, os.getcwd(), *map(os.path.abspath, allow_path)])))
     engine_options = EngineOptions(image_tokens=wishes.image_tokens, tiles=tiles, merge=merge,

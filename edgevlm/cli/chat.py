@@ -73,12 +73,13 @@ def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, 
                             max_image_pixels=max_pixels, session=session)
     gen = dict(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                seed=seed, stop=list(stop), grammar=json_grammar(json_schema) if json_schema else None)
-    engine = load_engine(model, mmproj, verbose, options=options, wishes=planning.wishes,
-                         n_threads=threads, **planning.probe_args)
-    if merge.enabled and not engine.merging:
-        echo_err(f"note: --merge ignored: {engine.backend.proj_info.projector_type} tokens are not on a "
+    vlm = load_engine(model, mmproj, verbose, options=options, wishes=planning.wishes,
+                      n_threads=threads, **planning.probe_args)
+    if merge.enabled and not vlm.merging:
+        echo_err(f"note: --merge ignored: {vlm.backend.proj_info.projector_type} tokens are not on a "
                  f"spatial grid")
     try:
+        engine = vlm.default_conversation
         if prompt is not None:
             code = _one_shot(engine, prompt, list(images), gen, show_stats, as_json)
         else:
@@ -86,7 +87,7 @@ def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, 
             loop.queued = list(images)
             code = loop.run()
     finally:
-        engine.close()
+        vlm.close()
     sys.exit(code)
 
 

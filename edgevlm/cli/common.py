@@ -6,16 +6,17 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import click
 
 from ..backend.sampling import SamplingParams
 from ..errors import EdgeVLMError
 from ..model.kv_types import KV_CHOICES
-from ..plan.devices import Probe, parse_size, probe
+from ..plan.devices import Probe, format_size, parse_size, probe
 from ..plan.footprint import HOST_RESERVE
 from ..plan.planner import Wishes
+from ..serve.options import ServeOptions
 from ..vision.images import DEFAULT_MAX_PIXELS
 from ..vision.merge import MergeSpec
 
@@ -120,6 +121,13 @@ class Planning:
     device: str | None = None
     free_memory: tuple[str, ...] = ()
     gpu_overhead: int | None = None
+    host_allowance: int | None = None  # --host-allowance as given (None: the command's default)
+
+    def serving(self, default_allowance: int) -> Wishes:
+        """The wishes of a command that serves requests in flight: the host allowance given,
+        else ``default_allowance``."""
+        return replace(self.wishes, host_allowance=default_allowance if self.host_allowance is None
+                       else self.host_allowance)
 
     def probe(self) -> Probe:
         return probe(self.device, list(self.free_memory), self.gpu_overhead)
@@ -133,11 +141,13 @@ def plan_options(fn):
     """Options shared by every command that loads through the planner; the command gets them as
     one ``planning`` argument (a ``Planning``)."""
     @functools.wraps(fn)
-    def wrapper(*args, ctx, ngl, kv, ubatch, image_tokens, n_images, host_reserve, free_memory, device,
-                gpu_overhead, **kwargs):
+    def wrapper(*args, ctx, ngl, kv, ubatch, image_tokens, n_images, host_reserve, host_allowance, free_memory,
+                device, gpu_overhead, **kwargs):
         wishes = Wishes(n_ctx=ctx, image_tokens=image_tokens, images=n_images, kv=kv, n_gpu_layers=ngl,
-                        n_ubatch=ubatch, host_reserve=HOST_RESERVE if host_reserve is None else host_reserve)
-        return fn(*args, planning=Planning(wishes, device, tuple(free_memory), gpu_overhead), **kwargs)
+                        n_ubatch=ubatch, host_reserve=HOST_RESERVE if host_reserve is None else host_reserve,
+                        host_allowance=host_allowance or 0)
+        return fn(*args, planning=Planning(wishes, device, tuple(free_memory), gpu_overhead, host_allowance),
+                  **kwargs)
 
     for opt in reversed([
         click.option("--ctx", type=AutoInt(), default="auto", show_default=True,
@@ -152,7 +162,10 @@ def plan_options(fn):
         click.option("--images", "n_images", type=click.IntRange(0), default=1, show_default=True,
                      help="Images to keep in context at once."),
         click.option("--host-reserve", type=Size(), default=None,
-                     help="Free RAM left to the process, not planned for [default: 512MiB]."),
+                     help=f"Free RAM left to the process itself, not planned for [default: {format_size(HOST_RESERVE)}]."),
+        click.option("--host-allowance", type=Size(), default=None,
+                     help="RAM planned for requests in flight and waiting: bodies, decoded pictures, views "
+                          f"[default: serve and batch {format_size(ServeOptions.host_allowance)}, others 0]."),
         click.option("--free-memory", multiple=True, metavar="[DEV=]SIZE",
                      help="What-if free memory per GPU (repeatable), e.g. 8GiB or CUDA0=6GiB; cpu=SIZE for RAM."),
         click.option("--device", help="cpu, or one GPU by name (CUDA0); default: all."),

@@ -14,7 +14,7 @@ from ..hub.listing import choose_model
 from ..hub.registry import resolve
 from ..hub.remote import plan_resolved
 from ..plan.devices import probe
-from ..runtime.engine import Engine
+from ..runtime.model import LoadedModel
 from .common import CLIError, echo_err
 from .render import render_plan
 
@@ -63,7 +63,7 @@ def model_paths(model: str | None, mmproj: str | None, *, probe_args: dict | Non
     return r.local_paths()  # type: ignore[return-value]
 
 
-def load_engine(model: str, mmproj: str, verbose: bool, **opts: Any) -> Engine:
+def load_engine(model: str, mmproj: str, verbose: bool, **opts: Any) -> LoadedModel:
     """``edgevlm.load`` with a progress bar while the model loads (stderr a terminal)."""
     if verbose or not sys.stderr.isatty():
         engine = load(model, mmproj, verbose=verbose, **opts)

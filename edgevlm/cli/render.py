@@ -25,6 +25,8 @@ def render_plan(p, file=None, explain: bool = False) -> None:
         ("KV cache", f"K {p.type_k}, V {p.type_v}"), ("flash attention", "on" if p.flash_attn else "off"),
         ("vision encoder", "GPU" if p.mmproj_on_gpu else "CPU"),
         ("image budget", f"{p.image_max_tokens} tokens; {p.max_images_in_context} image(s) in context"),
+        ("host kept", f"{format_size(p.host_reserve)} for the process"
+         + (f" + {format_size(p.host_allowance)} for requests in flight" if p.host_allowance else "")),
     ]
     for k, v in rows:
         t.add_row(k, str(v))

@@ -193,6 +193,9 @@ class ChatLoop:
         except EdgeVLMError as exc:
             self._say(f"Error: {exc}")
             return
+        except Exception as exc:  # a fault, not the user's input: this turn ends, the session goes on
+            self._say(f"Error: internal error in this turn ({type(exc).__name__}: {exc})")
+            return
         self.out.write("\n")
         self.out.flush()
         if self.show_stats and self.engine.last_stats:

@@ -77,7 +77,8 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
 
     if parallel is not None and parallel < 1:
         raise CLIError(f"--parallel {parallel}: give 1 or more, or auto", 2)
-    wishes = replace(planning.wishes, images=max(planning.wishes.images, parallel or 1), merge=str(merge))
+    wishes = replace(planning.serving(ServeOptions.host_allowance), images=max(planning.wishes.images, parallel or 1),
+                     merge=str(merge))
     spec = model
     model, mmproj = model_paths(model, mmproj, probe_args=planning.probe_args, wishes=wishes)
     measure = planning.probe
@@ -89,18 +90,19 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
     name = spec if spec and not os.path.isfile(spec) else os.path.splitext(os.path.basename(model))[0]
     options = ServeOptions(model_id=model_id or name, api_key=api_key,
                            queue=queue, max_body_bytes=max_body, max_tokens=max_tokens, timeout_s=timeout,
-                           allow_private_urls=allow_private_urls, allow_paths=tuple(allow_path))
+                           allow_private_urls=allow_private_urls, allow_paths=tuple(allow_path),
+                           host_allowance=plan.host_allowance)
     engine_options = EngineOptions(image_tokens=wishes.image_tokens, tiles=tiles, merge=merge,
                                    max_image_pixels=max_pixels)
     outcome = {"code": 0}
 
     def load_model():
-        engine = load(model, mmproj, plan=plan, options=engine_options, measure=measure, n_threads=threads,
-                      n_seq_max=slots, verbose=verbose)
+        vlm = load(model, mmproj, plan=plan, options=engine_options, measure=measure, n_threads=threads,
+                   n_seq_max=slots, verbose=verbose)
         where = ", ".join(f"http://{h}:{p}" for h, p in bound(server)) or f"http://{host}:{port}"
-        echo_err(f"ready: {where}/v1 · model {options.model_id} · {engine.scheduler.n_slots} request(s) "
-                 f"at once · context {engine.n_ctx} · queue {queue}")
-        return engine
+        echo_err(f"ready: {where}/v1 · model {options.model_id} · {vlm.scheduler.n_slots} request(s) "
+                 f"at once · context {vlm.n_ctx} · queue {queue}")
+        return vlm
 
     def failed(exc: BaseException) -> None:
         echo_err(f"Error: {exc}")

@@ -26,7 +26,8 @@ from ..caption.runner import Captioner
 from ..caption.settings import CaptionSettings, caption_slots
 from ..hub.download import local_files
 from ..plan.planner import Wishes
-from ..runtime.engine import Engine, EngineOptions
+from ..runtime.engine import EngineOptions
+from ..runtime.model import LoadedModel
 from ..serve.batchfile import BatchLine
 from ..serve.batchrun import answer_lines
 from ..serve.options import ServeOptions, serve_slots
@@ -51,7 +52,7 @@ def _load_lock() -> FileLock:
     return FileLock(os.path.join(tempfile.gettempdir(), "edgevlm-ray-load.lock"))
 
 
-def _load(spec: ActorSpec, **kw: Any) -> Engine:
+def _load(spec: ActorSpec, **kw: Any) -> LoadedModel:
     with _load_lock():  # one download, and one measurement-then-load at a time, per node
         model, mmproj = local_files(spec.model, spec.mmproj)
         return load(model, mmproj, wishes=spec.wishes, n_threads=spec.threads, verbose=spec.verbose, **kw)

@@ -54,6 +54,9 @@ class Wishes:
     n_ubatch: int | None = None  # micro-batch; None: 512, lowered when memory is short
     margin: float = 0.05  # fraction of usable memory kept free (larger when free is unknown)
     host_reserve: int = HOST_RESERVE  # bytes of free RAM left to the process (Python, decoding)
+    # bytes of RAM planned for requests in flight and waiting (bodies, decoded pixels, views,
+    # embeddings): what a server hands out in leases (plan.host.HostAllowance); 0 for one user
+    host_allowance: int = 0
     reply_tokens: int = DEFAULT_REPLY_TOKENS  # the reply reserve the image count is planned with
     merge: str = "off"  # visual token merging: ratio/tokens shrink what an image costs in context
 
@@ -64,9 +67,9 @@ class Wishes:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise InputError(f"{name} {v}: give a positive number, or None to let the plan choose")
-        for name in ("images", "reply_tokens", "n_batch", "n_ubatch", "host_reserve"):
+        for name in ("images", "reply_tokens", "n_batch", "n_ubatch", "host_reserve", "host_allowance"):
             v = getattr(self, name)
-            if v is not None and v < (0 if name in ("images", "host_reserve") else 1):
+            if v is not None and v < (0 if name in ("images", "host_reserve", "host_allowance") else 1):
                 raise InputError(f"{name} {v}: out of range")
         MergeSpec.parse(self.merge)
 
@@ -153,6 +156,13 @@ class Plan:
     # mtmd gets image_max_tokens as its own limit: dynamic projectors only (for a tiled one such
     # as SmolVLM's it would switch mtmd to another tiling than the budget counted)
     mtmd_image_limit: bool = True
+    host_reserve: int = HOST_RESERVE  # RAM left to the process itself (not in the buffers above)
+    host_allowance: int = 0  # RAM planned for requests in flight and waiting (a server's leases)
+
+    @property
+    def host_buffers(self) -> int:
+        """What the buffers on the host are predicted to take (weights, KV, compute, encoder)."""
+        return next((d.predicted.total for d in self.devices if d.kind == "cpu"), 0)
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("devices", "reasons", "levers")}
@@ -215,7 +225,7 @@ class Footprint:
         overhead), less the host reserve on the CPU, less the margin."""
         usable = d.usable_bytes
         if d.kind == "cpu":
-            usable = max(0, usable - self.wishes.host_reserve)
+            usable = max(0, usable - self.wishes.host_reserve - self.wishes.host_allowance)
         return int(usable * (1 - self.margin(d)))
 
     def encoder_patches(self, tokens: int) -> int:

@@ -295,7 +295,9 @@ class Planner(Footprint):
         self.reasons.append(
             f"{h.name} budget {format_size(self.budgets[-1])}: {format_size(h.usable_bytes)} free − "
             f"{format_size(w.host_reserve)} kept for the process (--host-reserve) − "
-            f"{self.margin(h):.0%} margin")
+            + (f"{format_size(w.host_allowance)} for requests in flight (--host-allowance) − "
+               if w.host_allowance else "")
+            + f"{self.margin(h):.0%} margin")
 
     def _summary(self, c: Config) -> str:
         return (f"ctx {kv_cells(c.n_ctx)}, KV {c.type_k}, micro-batch {c.n_ubatch}, "
@@ -329,6 +331,7 @@ class Planner(Footprint):
             devices=tuple(devs), reasons=tuple(reasons), fits=fits,
             shortfall_bytes=0 if fits and not refusal else self.shortfall(c), repack=self.repack,
             levers=tuple(self.steps), mtmd_image_limit=self.proj is None or facts(self.proj).dynamic,
+            host_reserve=self.wishes.host_reserve, host_allowance=self.wishes.host_allowance,
         )
 
 

@@ -1,5 +1,5 @@
-"""One conversation with images over the scheduler: the API behind ``edgevlm chat`` and
-``edgevlm.load()``.
+"""One conversation with images over a loaded model: the API behind ``edgevlm chat`` and the
+conversations of ``edgevlm.load()`` (``LoadedModel.conversation()``).
 
 Every turn renders the whole conversation with the model's template and submits it to the
 scheduler, whose prefix matching evaluates only what the KV cache does not hold yet: a
@@ -9,7 +9,10 @@ encoded once (the scheduler's image cache is keyed by content), so a picture see
 this conversation, after ``reset()``, or in a new one — is not encoded again. When the context
 fills, the session policy replaces old pictures by the model's own summaries.
 
-Options are given at construction (``EngineOptions``); nothing is configured afterwards.
+Options are given at construction (``EngineOptions``); nothing is configured afterwards. An
+engine is a client of the model's scheduler: it owns the sequences it submits, ``reset()``
+forgets only its own conversation, and ``close()`` ends only its own requests — the model
+(backend, scheduler, image cache) is closed by its owner, the ``LoadedModel``.
 """
 
 from __future__ import annotations
@@ -17,22 +20,24 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from ..backend.llama import Backend
 from ..backend.sampling import SamplingParams
-from ..errors import InputError
+from ..errors import InputError, MemoryBusy
 from ..plan.guard import Guard
 from ..plan.planner import Plan
 from ..vision.budget import ImageBudget, ImagePlan, render_views
 from ..vision.images import DEFAULT_MAX_PIXELS, LoadedImage, load_image
 from ..vision.merge import MergeSpec
 from .conversation import Conversation, Message, Picture
-from .scheduler import GenerationResponse, Request, Scheduler, Sequence
+from .scheduler import Client, GenerationResponse, Request, Scheduler, Sequence
 from .session import Footprint, RoomReport, SessionOptions, Summaries, make_room
 from .stats import TurnStats
 
-__all__ = ["ChatResult", "Engine", "EngineOptions", "GenerationResponse", "Message"]
+BUSY_WAIT_S = 120.0  # a turn waits this long for cells other clients' requests hold
+
+__all__ = ["Admitted", "ChatResult", "Engine", "EngineOptions", "GenerationResponse", "Message", "ModelRuntime"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,28 @@ class EngineOptions:
     merge: MergeSpec = MergeSpec()  # visual token merging after the projector (off by default)
     max_image_pixels: int = DEFAULT_MAX_PIXELS
     session: SessionOptions = SessionOptions()  # what happens when the context runs out
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """Views past the guard (maybe shrunk), the image cells they take, and what to tell."""
+
+    views: list[LoadedImage]
+    tokens: int
+    notices: list[str]
+
+
+class ModelRuntime(Protocol):
+    """What a conversation needs of the loaded model it runs on (``LoadedModel`` is one)."""
+
+    scheduler: Scheduler
+    plan: Plan | None
+    guard: Guard | None
+    options: EngineOptions
+
+    def image_budget_for(self, options: EngineOptions) -> ImageBudget: ...
+
+    def admit(self, views: list[LoadedImage], cells_free: int) -> Admitted: ...
 
 
 @dataclass
@@ -64,32 +91,39 @@ class _Turn:
 
 
 class Engine:
-    """A chat with images over one loaded model pair (a view over its scheduler)."""
+    """A chat with images over one loaded model pair (a client of its scheduler)."""
 
-    def __init__(self, scheduler: Scheduler, options: EngineOptions = EngineOptions(), *,
-                 plan: Plan | None = None, guard: Guard | None = None):
-        self.scheduler = scheduler
-        self.options = options
-        self.plan = plan  # the Plan it was loaded with (None when built by hand)
-        self.guard = guard  # runtime admission check for images (None: no check)
+    def __init__(self, model: ModelRuntime, options: EngineOptions | None = None):
+        self.model = model
+        self.options = options if options is not None else model.options
+        self.client = Client("conversation")
         self.notices: list[str] = []  # things the user should be told (e.g. an image shrunk)
         self.conversation = Conversation()
         self.summaries = Summaries()
         self.last_stats: TurnStats | None = None
-        cap = plan.image_max_tokens if plan is not None else None
-        self.image_budget = ImageBudget(
-            self.backend.proj_info, options.image_tokens if options.image_tokens is not None else cap,
-            options.tiles, self.backend.image_max_tokens)
+        self.image_budget = model.image_budget_for(self.options)
 
     def with_options(self, **changes: Any) -> Engine:
         """Another conversation over the same loaded model (scheduler, image cache, plan and
         guard shared) whose options differ by ``changes``."""
-        return Engine(self.scheduler, replace(self.options, **changes), plan=self.plan, guard=self.guard)
+        return Engine(self.model, replace(self.options, **changes))
 
     # --- what it is made of ------------------------------------------------------------------
     @property
+    def scheduler(self) -> Scheduler:
+        return self.model.scheduler
+
+    @property
     def backend(self) -> Backend:
-        return self.scheduler.backend
+        return self.model.scheduler.backend
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.model.plan
+
+    @property
+    def guard(self) -> Guard | None:
+        return self.model.guard
 
     @property
     def formatter(self):
@@ -122,19 +156,23 @@ class Engine:
 
     # --- conversation -----------------------------------------------------------------------
     def reset(self, keep_cache: bool = False) -> None:
-        """Forget the conversation (image embeddings stay cached).
+        """Forget this conversation (image embeddings stay cached; other conversations and
+        requests on the same model are not touched).
 
-        With ``keep_cache`` the KV cache is left as it is: the next conversation reuses every
-        token it shares with the old one from the start (a system prompt, an instruction), and
-        only the rest is dropped and evaluated.
+        With ``keep_cache`` its KV cells are left as they are: the next conversation reuses
+        every token it shares with the old one from the start (a system prompt, an
+        instruction), and only the rest is dropped and evaluated.
         """
         self.conversation.clear()
-        if not keep_cache:
-            self.scheduler.clear()
+        if keep_cache:
+            self.scheduler.cancel_client(self.client)
+        else:
+            self.scheduler.forget(self.client)
 
     def close(self) -> None:
-        self.scheduler.close()
-        self.backend.close()
+        """End this conversation's requests in flight (the model stays loaded: its owner closes
+        it)."""
+        self.scheduler.cancel_client(self.client)
 
     def __enter__(self):
         return self
@@ -183,6 +221,7 @@ class Engine:
         t_start = time.perf_counter()  # TTFT counts image decoding, budgeting and the guard too
         if max_tokens < 1:
             raise InputError(f"max_tokens {max_tokens}: a reply needs at least 1 token")
+        self.backend.check_grammar(grammar)  # before any picture is decoded or encoded
         originals = self.load_images(images)
         reserve = self.scheduler.budget.reply_reserve(max_tokens)
         kept = 0 if self.options.session.enabled else self.conversation.image_tokens_in_context()
@@ -216,10 +255,17 @@ class Engine:
 
     # --- one turn ----------------------------------------------------------------------------
     def _submit(self, request: Request) -> Sequence:
-        seq = self.scheduler.submit(request)
-        if not isinstance(seq, Sequence):  # WAIT: other callers hold the cells
-            raise InputError("the context is busy with other requests; try again")
-        return seq
+        """Start the request; while other clients hold the cells it needs, step their requests
+        (they finish and give cells back) — up to ``BUSY_WAIT_S``."""
+        deadline = time.monotonic() + BUSY_WAIT_S
+        while True:
+            seq = self.scheduler.submit(request, self.client)
+            if isinstance(seq, Sequence):
+                return seq
+            if time.monotonic() > deadline:  # WAIT: other callers still hold the cells
+                request.prompt.release()
+                raise MemoryBusy(f"the context stayed busy with other requests for {BUSY_WAIT_S:g} s; try again")
+            self.scheduler.step()
 
     def _reply(self, turn: _Turn) -> Iterator[GenerationResponse]:
         steps = self.scheduler.stream(turn.seq)
@@ -267,13 +313,6 @@ class Engine:
 
     def _admit(self, images: list[LoadedImage], cells_free: int) -> list[LoadedImage]:
         """Run each new image past the guard (memory now, image room left); may shrink it."""
-        if self.guard is None or not images:
-            return images
-        out = []
-        for img in images:
-            adm = self.guard.admit(img, cells_free)
-            cells_free -= adm.tokens
-            if adm.notice:
-                self.notices.append(adm.notice)
-            out.append(adm.image)
-        return out
+        adm = self.model.admit(images, cells_free)
+        self.notices.extend(adm.notices)
+        return adm.views

@@ -9,7 +9,9 @@ of the key, so the same pixels sliced differently are never confused.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.llama import Backend, Chunks
+from ..backend.llama import Backend, Chunk, Chunks
+from ..errors import BackendError
 from ..vision.images import LoadedImage
 from ..vision.merge import MergeResult
 
@@ -46,18 +49,50 @@ def text_items(tokens: Iterable[int]) -> list[Item]:
 
 
 class ImageUnit:
-    """The mtmd chunks of one picture (as ``<marker>`` tokenizes) and their embeddings."""
+    """The mtmd chunks of one picture (as ``<marker>`` tokenizes) and their embeddings.
 
-    def __init__(self, key: str, chunks: Chunks, transient: bool = False):
+    A unit stays alive while any rendered prompt refers to it (its *holders*: prompts register
+    when rendered and let go once evaluated, or when they are dropped). The cache retires a unit
+    it evicts; a retired unit is closed — its mtmd chunks freed — only when no prompt holds it.
+    A closed unit raises instead of handing out freed memory."""
+
+    def __init__(self, key: str, chunks: Chunks, cached: bool = True):
         self.key = key
         self.chunks = chunks
-        self.transient = transient  # not kept in the cache: closed once its prompt is evaluated
+        self.cached = cached  # in the image cache; False: closed once no prompt holds it
         self.embeddings: dict[int, np.ndarray] = {}
         self.merged: dict[tuple[int, Any], MergeResult] = {}  # (chunk, MergeSpec) → result
+        self.closed = False
+        self._holders: weakref.WeakSet[Prompt] = weakref.WeakSet()
+
+    # --- who refers to it --------------------------------------------------------------------
+    def hold(self, prompt: Prompt) -> None:
+        self.check()
+        self._holders.add(prompt)
+
+    def release(self, prompt: Prompt) -> None:
+        self._holders.discard(prompt)
+        if not self.cached and not self._holders:
+            self.close()
+
+    @property
+    def held(self) -> bool:
+        return len(self._holders) > 0
+
+    def check(self) -> None:
+        if self.closed:
+            raise BackendError(f"internal: image unit {self.key[:16]} was used after it was closed")
+
+    # --- what it holds -----------------------------------------------------------------------
+    def chunk(self, ci: int) -> Chunk:
+        """Chunk ``ci`` (its mtmd handle valid: the unit is open)."""
+        self.check()
+        return self.chunks[ci]
 
     def embedding(self, ci: int, backend: Backend, c: dict[str, Any]) -> np.ndarray:
         """Chunk ``ci``'s embeddings: cached, or encoded now (counted in ``c``: encode_ms,
         encoded, reused)."""
+        self.check()
         emb = self.embeddings.get(ci)
         if emb is None:
             t0 = time.perf_counter()
@@ -75,17 +110,29 @@ class ImageUnit:
             sum(r.embd.nbytes for r in self.merged.values())
 
     def close(self) -> None:
+        self.closed = True
         self.chunks.close()
         self.embeddings.clear()
         self.merged.clear()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Prompt:
-    """A rendered prompt: its items in order and the image units they refer to."""
+    """A rendered prompt: its items in order and the image units they refer to (held from
+    when it is made until ``release()``: once evaluated, or when it is dropped)."""
 
     items: tuple[Item, ...]
     units: dict[str, ImageUnit]
+
+    def __post_init__(self) -> None:
+        for unit in self.units.values():
+            unit.hold(self)
+
+    def release(self) -> None:
+        """Let go of the image units (evaluated or dropped: their chunks are no longer needed
+        by this prompt). Idempotent."""
+        for unit in self.units.values():
+            unit.release(self)
 
     @property
     def cells(self) -> int:
@@ -97,7 +144,8 @@ class Prompt:
 
 
 class ImageCache:
-    """LRU of image units shared by every caller of one model, bounded by count and by bytes."""
+    """LRU of image units shared by every caller of one model, bounded by count and by bytes.
+    Evicted units that rendered prompts still hold are retired, and closed once released."""
 
     def __init__(self, backend: Backend, max_units: int = 32, max_bytes: int = 512 * 2**20):
         self.backend = backend
@@ -105,6 +153,8 @@ class ImageCache:
         self.max_bytes = max_bytes
         self.budget_key = f"{backend.image_min_tokens or 0}-{backend.image_max_tokens or 0}"
         self._units: OrderedDict[str, ImageUnit] = OrderedDict()
+        self._retired: list[ImageUnit] = []  # out of the cache, not closed yet (held, or transient)
+        self._lock = threading.RLock()
 
     def key(self, image: LoadedImage) -> str:
         return f"{image.sha256}@{self.budget_key}"
@@ -113,40 +163,72 @@ class ImageCache:
         """The unit of ``image``: cached, or tokenized now (kept in the cache unless ``keep`` is
         False: a picture that will not be seen again, e.g. in captioning)."""
         key = self.key(image)
-        unit = self._units.get(key)
-        if unit is not None:
-            self._units.move_to_end(key)
-            return unit
+        with self._lock:
+            unit = self._units.get(key)
+            if unit is not None and unit.closed:  # (closed by force: made again below)
+                del self._units[key]
+            elif unit is not None:
+                self._units.move_to_end(key)
+                return unit
         bm = self.backend.bitmap_from_rgb(image.rgb, image.sha256[:16])
         try:
             chunks = self.backend.tokenize(self.backend.marker, [bm], add_special=False)
         finally:
             self.backend.free_bitmap(bm)
-        unit = ImageUnit(key, chunks, transient=not keep)
-        if keep:
-            self._units[key] = unit
+        unit = ImageUnit(key, chunks, cached=keep)
+        with self._lock:
+            if keep:
+                self._units[key] = unit
+            else:
+                self._retired.append(unit)
         return unit
 
     def trim(self, keep: Iterable[str] = ()) -> None:
-        """Evict least-recently-used units beyond the bounds, never those in ``keep``."""
+        """Evict least-recently-used units beyond the bounds, never those in ``keep``; close
+        the retired units no prompt holds any more."""
         keep = set(keep)
-        while len(self._units) > self.max_units or self.nbytes > self.max_bytes:
-            victim = next((k for k in self._units if k not in keep), None)
-            if victim is None:
-                return
-            self._units.pop(victim).close()
+        with self._lock:
+            while len(self._units) > self.max_units or self.nbytes > self.max_bytes:
+                victim = next((k for k in self._units if k not in keep), None)
+                if victim is None:
+                    break
+                unit = self._units.pop(victim)
+                unit.cached = False
+                self._retired.append(unit)
+            still = []
+            for unit in self._retired:
+                if unit.held:
+                    still.append(unit)
+                elif not unit.closed:
+                    unit.close()
+            self._retired = still
 
     @property
     def nbytes(self) -> int:
         return sum(u.nbytes for u in self._units.values())
 
+    @property
+    def retired(self) -> int:
+        """Units out of the cache that prompts still hold."""
+        return sum(1 for u in self._retired if not u.closed)
+
     def __len__(self) -> int:
         return len(self._units)
 
     def clear(self) -> None:
-        """Forget every unit (the next use of a picture encodes it again)."""
-        for unit in self._units.values():
-            unit.close()
-        self._units.clear()
+        """Forget every unit no prompt holds (the next use of a picture encodes it again);
+        held ones are retired and closed once released."""
+        with self._lock:
+            for unit in self._units.values():
+                unit.cached = False
+                self._retired.append(unit)
+            self._units.clear()
+        self.trim()
 
-    close = clear
+    def close(self) -> None:
+        """Close every unit, held or not (the model is going away)."""
+        with self._lock:
+            for unit in list(self._units.values()) + self._retired:
+                unit.close()
+            self._units.clear()
+            self._retired = []

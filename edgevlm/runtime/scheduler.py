@@ -20,9 +20,17 @@ over one unified KV cache, the image cache shared by all of them, and the step l
 - ``stream(seq)`` yields one request's text as it is generated, stepping as needed.
 
 Every KV cell is accounted for (cells shared through ``seq_cp`` once), every reply's cells are
-reserved when its request starts, and llama.cpp's time is attributed to the requests by their
-tokens in each batch. With one slot, a request gives exactly the tokens one-at-a-time
-evaluation gives; with several, greedy replies start from the same logits (within the float
+reserved when its request starts — a reply grows into its own reserve or into cells nobody
+reserved, never into another's (then it ends "context") — and llama.cpp's time is attributed
+to the requests by their tokens in each batch.
+
+A fault in one request ends that request only: a batch llama.cpp refuses is retried in
+smaller parts (what a failed batch left in the KV cache is removed first), and only a sequence
+that fails on its own ends with an error; a sampler that raises ends its own sequence. Each
+request belongs to a ``Client`` (a conversation, a caption run, the server's worker): finished
+sequences are handed to their client, and a client cancels and forgets only its own (the
+request types are ``requests``'). With one slot, a request gives exactly the tokens
+one-at-a-time evaluation gives; with several, greedy replies start from the same logits (within the float
 rounding of batched kernels).
 """
 
@@ -31,59 +39,29 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..backend.llama import Backend
-from ..backend.sampling import SamplingParams
-from ..errors import BackendError, InputError
+from ..errors import BackendError, ContextExceeded
 from ..plan.context import ContextBudget
 from ..vision.merge import MergeSpec, grid_shape, merge_tokens
 from .conversation import Message
 from .items import ImageCache, ImageUnit, Item, Prompt
 from .prompt import PromptRenderer
-from .stats import TurnStats, build_stats
-from .textstream import TextStream
+from .requests import WAIT, Client, GenerationResponse, Request, Sequence
+from .stats import build_stats
 
-__all__ = ["GenerationResponse", "Request", "Scheduler", "SchedulerOptions", "Sequence", "WAIT"]
-
-WAIT = "wait"  # submit(): not now, the cells are taken until a request in flight finishes
+__all__ = ["Client", "GenerationResponse", "Request", "Scheduler", "SchedulerOptions", "Sequence", "WAIT"]
 
 
 @dataclass(frozen=True)
 class SchedulerOptions:
     image_cache_units: int = 32  # pictures whose embeddings are kept for reuse
     image_cache_bytes: int = 512 * 2**20
-
-
-@dataclass(frozen=True)
-class GenerationResponse:
-    """One step of a reply: new text, and on the last step the reason and stats."""
-
-    text: str
-    token: int | None = None
-    finish_reason: str | None = None
-    stats: TurnStats | None = None
-
-
-@dataclass(frozen=True)
-class Request:
-    """A prompt to evaluate and reply to."""
-
-    prompt: Prompt
-    max_tokens: int = 512
-    sampling: SamplingParams = SamplingParams()
-    stops: tuple[str, ...] = ()  # besides the model's end-of-generation tokens
-    reserve: int | None = None  # KV cells kept for the reply (None: the context budget's rule)
-    new_images: frozenset[str] = frozenset()  # image units new in this turn (stats.image_tokens)
-    t_start: float | None = None  # when the caller started on it (TTFT counts from there)
-    counters: Mapping[str, int] = field(default_factory=dict)  # stats a policy adds
-    tag: Any = None  # the caller's
-    keep_logits: bool = False  # diagnostics: keep the logits the reply starts from
 
 
 @dataclass
@@ -98,6 +76,7 @@ class _Slot:
         self.kv: list[_Held] = []  # what this sequence holds, in order (changed by the scheduler's
         self.pos = 0  # next position             _hold / _truncate only, which keep these counts)
         self.seq: Sequence | None = None
+        self.owner: Client | None = None  # whose conversation these cells are (the last to run here)
         self.last_used = 0
 
     def lcp(self, items: tuple[Item, ...]) -> int:
@@ -105,46 +84,6 @@ class _Slot:
         while k < n and self.kv[k].item.key == items[k].key:
             k += 1
         return k
-
-
-class Sequence:
-    """A request in flight or finished: its reply so far, its stats, and how it ended."""
-
-    def __init__(self, request: Request, reserve: int, t_start: float, t_submit: float):
-        self.request = request
-        self.reserve = reserve
-        self.t_start = t_start
-        self.text = TextStream(request.stops)
-        self.sampler: Any = None
-        self.pending: list[Item] = []  # text to evaluate in the next step
-        self.pending_prompt = 0  # how many of them belong to the prompt (the rest: a reply token)
-        self.times: list[float] = []  # when each token was sampled
-        self.prompt_ms = (t_submit - t_start) * 1000  # preparation + llama.cpp time for the prompt
-        self.predicted_ms = 0.0
-        self.c: dict[str, Any] = dict(cached_n=0, prompt_n=0, image_tokens=0, encode_ms=0.0,
-                                      encoded=0, reused=0, image_tokens_in=0, image_tokens_out=0,
-                                      merge_map_size=0, **request.counters)
-        self.out: deque[GenerationResponse] = deque()
-        self.finish_reason: str | None = None
-        self.stats: TurnStats | None = None
-        self.error: BaseException | None = None
-        self.first_logits: np.ndarray | None = None
-
-    @property
-    def tag(self) -> Any:
-        return self.request.tag
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.text.tokens
-
-    @property
-    def reply(self) -> str:
-        return self.text.text
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
 
 
 class Scheduler:
@@ -216,8 +155,9 @@ class Scheduler:
         return any(s.seq is None for s in self.slots)
 
     # --- starting a request ------------------------------------------------------------------
-    def submit(self, request: Request) -> Sequence | str:
-        """Start ``request`` (see the module doc): a ``Sequence``, or ``WAIT``."""
+    def submit(self, request: Request, client: Client | None = None) -> Sequence | str:
+        """Start ``request`` for ``client`` (see the module doc): a ``Sequence``, or ``WAIT``.
+        A request that fails here (its pictures, its grammar) leaves nothing behind."""
         with self.lock:
             t_submit = time.perf_counter()
             items = request.prompt.items
@@ -227,17 +167,26 @@ class Scheduler:
             if not items or not items[-1].is_text:
                 raise BackendError("the prompt does not end with text (nothing to generate from)")
             if need + reserve > self.n_ctx:
-                raise InputError(
+                raise ContextExceeded(
                     f"the prompt needs {need:,} tokens (and {reserve:,} for the reply) but the context "
                     f"holds {self.n_ctx:,} (use a larger --ctx, fewer or smaller images, or /reset)")
             slot = self._place(items, reserve)
             if slot is None:
                 return WAIT
-            seq = Sequence(request, reserve, request.t_start or t_submit, t_submit)
-            self._prefill(slot, seq)
-            seq.sampler = self.backend.make_sampler(request.sampling)
+            seq = Sequence(request, reserve, request.t_start or t_submit, t_submit, client,
+                           self.backend.tokenize_fragment)
+            seq.sampler = self.backend.make_sampler(request.sampling)  # a bad grammar: before any work
+            try:
+                self._prefill(slot, seq)
+            except BaseException:
+                self.backend.free_sampler(seq.sampler)
+                seq.sampler = None
+                raise
             slot.seq = seq
+            slot.owner = client
             slot.last_used = next(self._clock)
+            if client is not None:
+                client.running.add(seq)
             return seq
 
     def _place(self, items: tuple[Item, ...], reserve: int) -> _Slot | None:
@@ -281,7 +230,7 @@ class Scheduler:
         if self.cells_used() + self._reserved() + need > self.n_ctx:
             if self.busy:
                 return None
-            raise InputError(f"the prompt and its reply need {need:,} more tokens but the context "
+            raise ContextExceeded(f"the prompt and its reply need {need:,} more tokens but the context "
                              f"holds {self.n_ctx:,} (use a larger --ctx, a smaller --image-tokens "
                              f"or fewer --max-tokens)")
         return own
@@ -333,7 +282,7 @@ class Scheduler:
                 if it.merged:
                     pos, it = self._decode_merged(unit, it, emb, pos, slot.id, c, it.key[1] in req.new_images)
                 else:
-                    pos = be.decode_image(unit.chunks[it.key[2]], emb, pos, slot.id)
+                    pos = be.decode_image(unit.chunk(it.key[2]), emb, pos, slot.id)
                     c["image_tokens_in"] += it.n_tokens
                     c["image_tokens_out"] += it.n_tokens
                 self._hold(slot, self._new([it]))
@@ -343,9 +292,7 @@ class Scheduler:
             self._truncate(slot, k)  # nothing half-evaluated stays behind
             raise
         finally:
-            for unit in prompt.units.values():
-                if unit.transient:
-                    unit.close()
+            prompt.release()  # its pictures are in the KV cache now (or it failed)
             self.images.trim(keep=prompt.units)
             dt = (time.perf_counter() - t0) * 1000
             seq.prompt_ms += dt
@@ -359,7 +306,7 @@ class Scheduler:
         the new position and the item as it now stands in the KV cache."""
         be = self.backend
         ci, spec = it.key[2], it.key[3]
-        chunk = unit.chunks[ci]
+        chunk = unit.chunk(ci)
         res = unit.merged.get((ci, spec))
         if res is None:
             w, h = grid_shape(chunk.n_tokens, chunk.nx, chunk.ny)
@@ -382,59 +329,90 @@ class Scheduler:
     # --- one batched step --------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         """Evaluate the next tokens of every request in flight in one batch, sample, and return
-        the requests that finished."""
+        the requests that finished (every client's: each is also handed to its own client)."""
         with self.lock:
-            be = self.backend
             active = [s for s in self.slots if s.seq is not None and s.seq.pending]
             if not active:
                 return []
-            entries: list[tuple[int, int, int, bool]] = []
-            outs: dict[int, int] = {}  # slot id → batch index of its output
-            shares: dict[int, int] = {}
-            room = be.n_batch
+            groups: list[tuple[_Slot, int]] = []  # (slot, how many of its pending items)
+            room = self.backend.n_batch
             for s in active:
-                seq = s.seq
-                take = seq.pending[:room]
-                if not take:
+                n = min(len(s.seq.pending), room)
+                if n <= 0:
                     break
-                pos = s.pos
-                for j, it in enumerate(take):
-                    last = j == len(seq.pending) - 1
-                    entries.append((s.id, it.key[1], pos + j, last))
-                    if last:
-                        outs[s.id] = len(entries) - 1
-                shares[s.id] = len(take)
-                room -= len(take)
-            t0 = time.perf_counter()
-            try:
-                be.decode_multi(entries)
-            except BackendError as exc:
-                return self._fail_all(exc)
-            dt_decode = (time.perf_counter() - t0) * 1000
-            for s in active:
-                seq, n = s.seq, shares.get(s.id, 0)
-                if not n:
-                    continue
-                share = dt_decode * n / len(entries)
-                n_prompt = min(n, seq.pending_prompt)
-                seq.prompt_ms += share * n_prompt / n
-                seq.predicted_ms += share * (n - n_prompt)
-                self._hold(s, self._new(seq.pending[:n]))
-                seq.c["prompt_n"] += n_prompt
-                seq.pending = seq.pending[n:]
-                seq.pending_prompt -= n_prompt
-            used = self.cells_used()
+                groups.append((s, n))
+                room -= n
             done: list[Sequence] = []
-            for s in active:
-                if s.id not in shares or s.seq.pending:  # a long prompt: the rest comes next step
-                    continue
-                finish = self._sample(s, outs[s.id], used)
-                if finish is not None:
-                    done.append(self._finish(s, finish))
+            t0 = time.perf_counter()
+            self._run(groups, done)
             self.llama_ms += (time.perf_counter() - t0) * 1000
             return done
 
-    def _sample(self, s: _Slot, index: int, used: int) -> str | None:
+    def _run(self, groups: list[tuple[_Slot, int]], done: list[Sequence]) -> None:
+        """Decode the next ``n`` pending items of each slot in one batch and sample the slots
+        whose prompt is through. A batch llama.cpp refuses is retried in halves (by sequence,
+        then a lone sequence with fewer items); a sequence that fails alone ends with the
+        error, and no other sequence's cells are touched."""
+        be = self.backend
+        entries: list[tuple[int, int, int, bool]] = []
+        outs: dict[int, int] = {}  # slot id → batch index of its output
+        for s, n in groups:
+            seq = s.seq
+            for j in range(n):
+                last = j == len(seq.pending) - 1
+                entries.append((s.id, seq.pending[j].key[1], s.pos + j, last))
+                if last:
+                    outs[s.id] = len(entries) - 1
+        t0 = time.perf_counter()
+        try:
+            be.decode_multi(entries)
+        except Exception as exc:  # llama.cpp refused the batch, or something broke on the way
+            for s, _ in groups:  # what a failed batch left in the cache is not accounted: drop it
+                be.kv_remove(s.pos, -1, s.id)
+            if len(groups) > 1:
+                mid = len(groups) // 2
+                self._run(groups[:mid], done)
+                self._run(groups[mid:], done)
+            elif groups[0][1] > 1:
+                self._run([(groups[0][0], groups[0][1] // 2)], done)
+            else:
+                s = groups[0][0]
+                s.seq.error = exc if isinstance(exc, BackendError) else BackendError(
+                    f"evaluating the reply failed ({type(exc).__name__}: {exc})")
+                done.append(self._finish(s, "error"))
+            return
+        dt = (time.perf_counter() - t0) * 1000
+        for s, n in groups:
+            seq = s.seq
+            share = dt * n / len(entries)
+            n_prompt = min(n, seq.pending_prompt)
+            seq.prompt_ms += share * n_prompt / n
+            seq.predicted_ms += share * (n - n_prompt)
+            self._hold(s, self._new(seq.pending[:n]))
+            seq.c["prompt_n"] += n_prompt
+            seq.pending = seq.pending[n:]
+            seq.pending_prompt -= n_prompt
+        # cells nobody has reserved: what a reply past its own reserve may still grow into
+        slack = self.n_ctx - self.cells_used() - self._reserved()
+        for s, _ in groups:
+            seq = s.seq
+            if seq.pending:  # a long prompt: the rest comes next step
+                continue
+            try:
+                finish = self._sample(s, outs[s.id])
+            except Exception as exc:  # this sequence's sampler (or its text) failed: it alone ends
+                seq.error = exc if isinstance(exc, BackendError) else BackendError(
+                    f"sampling failed ({type(exc).__name__}: {exc})")
+                done.append(self._finish(s, "error"))
+                continue
+            if finish is None and len(seq.tokens) > seq.reserve:
+                slack -= 1  # its next token needs a cell outside its reserve
+                if slack < 0:
+                    finish = "context"
+            if finish is not None:
+                done.append(self._finish(s, finish))
+
+    def _sample(self, s: _Slot, index: int) -> str | None:
         """Sample slot ``s``'s next token from batch output ``index``; a finish reason or None."""
         be, seq = self.backend, s.seq
         ts = time.perf_counter()
@@ -453,39 +431,33 @@ class Scheduler:
             return "stop"
         if len(seq.tokens) >= seq.request.max_tokens:
             return "length"
-        if used + 1 > self.n_ctx:  # past its reserve, the context is full
-            return "context"
         seq.pending = [Item(("t", tok), 1, 1)]
         return None
 
     def _finish(self, slot: _Slot, finish: str) -> Sequence:
         seq = slot.seq
         assert seq is not None
-        self.backend.free_sampler(seq.sampler)
+        if seq.sampler is not None:
+            self.backend.free_sampler(seq.sampler)
         seq.sampler = None
         slot.seq = None
         slot.last_used = next(self._clock)
         seq.pending = []
         seq.finish_reason = finish
+        seq.request.prompt.release()
         seq.stats = build_stats(seq.c, len(seq.tokens), seq.times, seq.t_start, seq.prompt_ms,
                                 seq.predicted_ms, self.cells_used(), self.n_ctx, finish)
         seq.out.append(GenerationResponse(seq.text.rest(), None, finish, seq.stats))
+        if seq.client is not None:
+            seq.client.running.discard(seq)
+            seq.client.finished.append(seq)
         return seq
-
-    def _fail_all(self, exc: BaseException) -> list[Sequence]:
-        """A batch failed: every request in flight fails with it, the KV cache starts over."""
-        out = []
-        for s in self.slots:
-            if s.seq is not None:
-                s.seq.error = exc
-                out.append(self._finish(s, "error"))
-        self._forget_all()
-        return out
 
     def _forget_all(self) -> None:
         for s in self.slots:
             s.kv.clear()
             s.pos = 0
+            s.owner = None
         self._refs.clear()
         self._cells = 0
         self.backend.kv_clear()
@@ -516,17 +488,36 @@ class Scheduler:
         finally:
             self.cancel(seq)
 
+    def cancel_client(self, client: Client) -> None:
+        """Cancel what ``client`` has in flight (nobody else's)."""
+        with self.lock:
+            for seq in list(client.running):
+                self.cancel(seq)
+
+    def forget(self, client: Client) -> None:
+        """Cancel ``client``'s requests and drop the KV cells of the conversations it left in
+        the slots (other clients' cells, and prefixes they share, stay)."""
+        with self.lock:
+            self.cancel_client(client)
+            for s in self.slots:
+                if s.owner is client and s.seq is None:
+                    self._truncate(s, 0)
+                    s.owner = None
+
     def cancel_all(self) -> None:
-        for s in self.slots:
-            if s.seq is not None:
-                self.cancel(s.seq)
+        with self.lock:
+            for s in self.slots:
+                if s.seq is not None:
+                    self.cancel(s.seq)
 
     def clear(self) -> None:
-        """Cancel what is in flight and empty the KV cache (image embeddings stay cached)."""
+        """Cancel what is in flight and empty the KV cache (image embeddings stay cached): the
+        model owner's reset, for every client at once."""
         with self.lock:
             self.cancel_all()
             self._forget_all()
 
     def close(self) -> None:
-        self.cancel_all()
-        self.images.clear()
+        with self.lock:
+            self.cancel_all()
+            self.images.close()

@@ -7,9 +7,11 @@ queue, memory predicted and measured, counters) and ``GET /metrics`` (Prometheus
 ``/v1`` route asks for the API key when one is set. Every error is OpenAI's
 ``{"error": {"message", "type", "param", "code"}}`` with a 4xx for anything the client sent.
 
-Work per request: the body is read (at most ``max_body_bytes``), parsed, its pictures fetched,
-decoded, budgeted and run past the guard in a thread (so the event loop keeps serving), then the
-worker renders, queues and runs it on the shared scheduler.
+Work per request: the body is read (at most ``max_body_bytes``, under a lease on the host
+allowance taken before it is read), parsed, its pictures fetched, decoded, budgeted and run past
+the guard in a thread (so the event loop keeps serving), then the worker renders, queues and
+runs it on the shared scheduler. A fault in one request is that request's 500 (its traceback
+in the log once); every other request goes on.
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..errors import EdgeVLMError
+from ..model.projectors import encoder_patches
 from ..plan.devices import format_size
-from ..runtime.engine import Engine
-from .media import fetch_image
+from ..plan.host import Lease
+from ..vision.images import decode_bytes, load_image
+from ..runtime.model import LoadedModel
+from .media import fetch_bytes
 from .openai import (
     APIError,
     ChatRequest,
@@ -55,7 +61,7 @@ from .openai import (
     usage_body,
 )
 from .options import ServeOptions
-from .service import LOW_DETAIL_TOKENS, ChatService
+from .service import LOW_DETAIL_TOKENS, ChatService, next_event
 from .worker import Job
 
 __all__ = ["Server", "create_app"]
@@ -67,14 +73,14 @@ STATIC = Path(__file__).resolve().parent / "static"  # the web page: plain HTML,
 class Server:
     """The model (loaded in a thread while the app already answers) and its chat service."""
 
-    def __init__(self, model: Engine | Callable[[], Engine], options: ServeOptions,
+    def __init__(self, model: LoadedModel | Callable[[], LoadedModel], options: ServeOptions,
                  on_error: Callable[[BaseException], None] | None = None):
         self.options = options
         self.started = time.time()
-        self.engine: Engine | None = model if isinstance(model, Engine) else None
+        self.engine: LoadedModel | None = model if isinstance(model, LoadedModel) else None
         self.service: ChatService | None = None
         self.error: BaseException | None = None
-        self._load = None if isinstance(model, Engine) else model
+        self._load = None if isinstance(model, LoadedModel) else model
         self._on_error = on_error
 
     @property
@@ -95,7 +101,7 @@ class Server:
             if self._on_error is not None:
                 self._on_error(exc)
 
-    def _ready(self, engine: Engine) -> None:
+    def _ready(self, engine: LoadedModel) -> None:
         self.engine = engine
         service = ChatService(engine, self.options)
         service.start()
@@ -112,13 +118,21 @@ class Server:
         service = self.service
         assert service is not None
         service.worker.check_capacity()  # before reading the body
-        body = await read_body(request, self.options.max_body_bytes)
+        lease = service.lease("this request")
         try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise APIError(f"the body is not valid JSON ({exc})") from None
-        req = parse_chat_request(data)
-        job = await service.submit(req, request.is_disconnected)
+            body = await read_body(request, self.options.max_body_bytes, lease, service.host_deadline())
+            try:
+                data = json.loads(body)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise APIError(f"the body is not valid JSON ({exc})") from None
+            del body
+            lease.resize(lease.held // BODY_COPIES)  # the bytes are dropped; the parsed body stays
+            req = parse_chat_request(data)
+            del data
+            job = await service.submit(req, request.is_disconnected, lease)
+        except BaseException:
+            lease.release()
+            raise
         if req.stream:
             return StreamingResponse(self._sse(job, req, service.model_name(req)), media_type="text/event-stream",
                                      headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
@@ -131,7 +145,10 @@ class Server:
         try:
             yield event(chunk_body(job.id, model, job.created, {"role": "assistant", "content": ""}))
             while True:
-                kind, value = await job.events.get()
+                try:
+                    kind, value = await next_event(job, self.service.worker)
+                except EdgeVLMError as exc:  # no answer in time, or the worker is gone
+                    kind, value = "error", exc
                 if kind == "text":
                     yield event(chunk_body(job.id, model, job.created, {"content": value.text}))
                 elif kind == "error":
@@ -148,25 +165,29 @@ class Server:
                         yield event(chunk_body(job.id, model, job.created, {}, usage=usage_body(seq.stats)))
                     break
             yield "data: [DONE]\n\n"
-        finally:  # the client went away (or we are done): free its sequence now
+        finally:  # the client went away (or we are done): free its sequence and memory now
             assert self.service is not None
-            self.service.worker.cancel(job)
+            self.service.finish(job)
 
     def budget(self, body: Any) -> dict[str, Any]:
         """What a picture will cost before anything is encoded (the ``edgevlm budget`` view):
         ``{"image_url": {"url": ...}, "detail": ...}`` → the plan of its views."""
-        eng = self.engine
-        assert eng is not None
+        eng, service = self.engine, self.service
+        assert eng is not None and service is not None
         ref = body.get("image_url") if isinstance(body, dict) else None
         url = ref.get("url") if isinstance(ref, dict) else ref
         if not isinstance(url, str) or not url:
             raise APIError("give {\"image_url\": {\"url\": ...}}", 400, "image_url")
         detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
         name = body.get("name") if isinstance(body.get("name"), str) else ""
-        img = fetch_image(ImageRef(url, detail, name), self.options, eng.options.max_image_pixels, name or "image")
-        low = replace(eng.image_budget, tiles="off",
-                      tokens=min(eng.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS))
-        plan = (low if detail == "low" else eng.image_budget).plan(img)
+        with service.lease("this picture") as lease:
+            data = fetch_bytes(ImageRef(url, detail, name), self.options, name or "image")
+            lease.grow(len(data) + decode_bytes(data, name or "image"), service.host_deadline())
+            img = load_image(data, eng.options.max_image_pixels, name=name or "image")
+            del data
+            low = replace(eng.image_budget, tiles="off",
+                          tokens=min(eng.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS))
+            plan = (low if detail == "low" else eng.image_budget).plan(img)
         return {"width": img.width, "height": img.height, **plan.to_dict(),
                 "n_ctx": eng.n_ctx, "image_room": eng.scheduler.budget.image_room(self.options.max_tokens)}
 
@@ -190,6 +211,7 @@ class Server:
             context={"n_ctx": sched.n_ctx, "cells_used": sched.cells_used()},
             memory={
                 "predicted": {d.name: d.predicted.total for d in plan.devices} if plan is not None else {},
+                "host": self._host(rss),
                 "measured": {"process_rss_bytes": rss, "process_rss": format_size(rss),
                              "free": _free_now(eng)},
             },
@@ -197,6 +219,22 @@ class Server:
             images_cached=len(sched.images),
         )
         return out
+
+    def _host(self, rss: int) -> dict[str, Any]:
+        """What the host's memory is planned for, beside the RSS measured now: the model's
+        buffers (the plan), the image cache's bound, the process itself (--host-reserve) and the
+        requests in flight and waiting (the allowance, and what they hold of it now)."""
+        eng, service = self.engine, self.service
+        assert eng is not None and service is not None
+        plan = eng.plan
+        buffers = plan.host_buffers if plan is not None else 0
+        reserve = plan.host_reserve if plan is not None else 0
+        cache = image_cache_bound(eng)
+        host = service.host.to_dict()
+        limit = buffers + cache + reserve + host["allowance_bytes"]
+        return {"buffers_bytes": buffers, "image_cache_bytes": cache, "process_reserve_bytes": reserve,
+                **host, "limit_bytes": limit, "limit": format_size(limit), "rss_bytes": rss,
+                "rss_within_limit": rss <= limit}
 
     def metrics(self) -> str:
         st = self.status()
@@ -221,36 +259,65 @@ class Server:
         return "\n".join(lines) + "\n"
 
 
-def _free_now(eng: Engine) -> dict[str, int]:
+def image_cache_bound(eng: LoadedModel) -> int:
+    """The most the image cache holds on the host: its units at the largest picture's embeddings
+    (and merged copies) and mtmd's preprocessed pixels, within its byte bound."""
+    sched, be = eng.scheduler, eng.backend
+    proj = be.proj_info
+    tokens = (eng.plan.image_max_tokens if eng.plan is not None else 0) or 4096
+    embeddings = tokens * be.n_embd_inp * 4 * 2  # (a merged copy is at most as large again)
+    pixels = encoder_patches(proj, tokens) * proj.patch_size ** 2 * 3 * 4
+    opts = sched.options
+    return min(opts.image_cache_bytes, opts.image_cache_units * embeddings) + opts.image_cache_units * pixels
+
+
+def _free_now(eng: LoadedModel) -> dict[str, int]:
     if eng.guard is None:
         return {}
     pr = eng.guard.measure()
     return {d.name: d.free_bytes for d in pr.devices}
 
 
-async def read_body(request: HTTPRequest, limit: int) -> bytes:
+BODY_COPIES = 3  # a body held while read: its chunks, their join, and the parsed JSON
+
+
+async def read_body(request: HTTPRequest, limit: int, lease: Lease | None = None,
+                    deadline: float | None = None) -> bytes:
+    """The request body (at most ``limit`` bytes); with ``lease``, the memory it takes is held
+    before it is read (the declared length up front, else chunk by chunk)."""
     too_big = APIError(f"the request body is larger than {limit:,} bytes (the server's --max-body)", 413,
                        code="request_too_large", headers={"x-should-retry": "false"})
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    known = int(declared) if declared and declared.isdigit() else None
+    if known is not None and known > limit:
         raise too_big
+    if lease is not None and known:
+        await _hold(lease, known * BODY_COPIES, deadline)
     chunks, n = [], 0
     async for chunk in request.stream():
         n += len(chunk)
         if n > limit:
             raise too_big
+        if lease is not None and (known is None or n > known):
+            await _hold(lease, len(chunk) * BODY_COPIES, deadline)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
+async def _hold(lease: Lease, n: int, deadline: float | None) -> None:
+    """``lease.grow`` without blocking the event loop when it has to wait."""
+    if not lease.try_grow(n):
+        await run_in_threadpool(lease.grow, n, deadline)
+
+
 def _error_response(exc: BaseException) -> JSONResponse:
     status, body, headers = error_for(exc)
-    if status >= 500 and not isinstance(exc, APIError):
+    if status >= 500 and not isinstance(exc, APIError) and not getattr(exc, "edgevlm_logged", False):
         log.exception("request failed", exc_info=exc)
     return JSONResponse(body, status, headers=headers)
 
 
-def create_app(model: Engine | Callable[[], Engine], options: ServeOptions = ServeOptions(), *,
+def create_app(model: LoadedModel | Callable[[], LoadedModel], options: ServeOptions = ServeOptions(), *,
                on_error: Callable[[BaseException], None] | None = None) -> Starlette:
     """The app over a loaded engine, or over a function that loads one (called in a thread at
     startup; ``/health`` says 503 until it returns, and ``on_error`` hears if it fails)."""

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..caption.prepare import StopToken
-from ..runtime.engine import Engine
+from ..runtime.model import LoadedModel
 from .batchfile import BatchLine, error_line, response_line
 from .openai import error_for, parse_chat_request
 from .options import ServeOptions
@@ -69,7 +69,7 @@ async def answer_lines(service: ChatService, lines: Iterable[BatchLine], on_line
             await asyncio.gather(*running, return_exceptions=True)
 
 
-def run_lines(engine: Engine, lines: Iterable[BatchLine], on_line: OnLine, options: ServeOptions,
+def run_lines(engine: LoadedModel, lines: Iterable[BatchLine], on_line: OnLine, options: ServeOptions,
               stop: StopToken | None = None) -> None:
     """Start a chat service on ``engine``, answer ``lines``, stop it."""
     service = ChatService(engine, options)

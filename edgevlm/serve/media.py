@@ -1,8 +1,10 @@
 """Where a request's pictures come from: ``data:`` URIs (base64), http(s) URLs fetched with size,
 time and redirect limits, and local paths only under ``--allow-path``. URLs whose host resolves
 to a loopback, private, link-local or otherwise non-public address are refused (every redirect
-is checked again) unless ``--allow-private-urls``; ``file:`` URLs never work. Every refusal is an
-``APIError`` with one line saying why."""
+is checked again) unless ``--allow-private-urls``, and the connection goes to the address that
+was checked (the host is resolved once: a DNS answer that changes in between cannot point the
+fetch elsewhere); ``file:`` URLs never work. Every refusal is an ``APIError`` with one line
+saying why."""
 
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ import binascii
 import ipaddress
 import os
 import socket
-from urllib.parse import unquote_to_bytes, urljoin, urlsplit
+from urllib.parse import unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
 from ..vision.images import LoadedImage, load_image
 from .openai import APIError, ImageRef
 from .options import ServeOptions
 
-__all__ = ["fetch_image", "read_data_uri"]
+__all__ = ["fetch_bytes", "fetch_image", "read_data_uri"]
 
 
 def _refuse(message: str, param: str = "messages") -> APIError:
@@ -39,16 +41,35 @@ def read_data_uri(uri: str, limit: int) -> bytes:
     return unquote_to_bytes(payload)
 
 
-def _check_host(host: str, port: int, allow_private: bool) -> None:
+def _resolve(host: str, port: int, allow_private: bool) -> str:
+    """The one address the fetch connects to: every address ``host`` resolves to must pass."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
         raise _refuse(f"cannot resolve {host} ({exc.strerror or exc})") from None
+    if not infos:
+        raise _refuse(f"cannot resolve {host} (no address)")
     for info in infos:
         ip = ipaddress.ip_address(info[4][0].split("%")[0])
         if not allow_private and not ip.is_global:
             raise _refuse(f"{host} resolves to {ip}, a non-public address (start the server with "
                           f"--allow-private-urls to fetch from it)")
+    return infos[0][4][0]
+
+
+def _pinned(url: str, address: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """``url`` with its host replaced by the checked ``address``, the Host header and the TLS
+    name the server expects (certificates are still checked against the host's name)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    ip = address.split("%")[0]
+    netloc = f"[{ip}]" if ":" in ip else ip
+    if parts.port:
+        netloc += f":{parts.port}"
+    shown = f"[{host}]" if ":" in host else host
+    headers = {"Host": shown + (f":{parts.port}" if parts.port else "")}
+    target = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return target, headers, {"sni_hostname": host}
 
 
 def _fetch_url(url: str, opts: ServeOptions) -> bytes:
@@ -58,10 +79,14 @@ def _fetch_url(url: str, opts: ServeOptions) -> bytes:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise _refuse(f"image URL scheme {parts.scheme or '(none)'!r} is not allowed (data:, http, https)")
-        _check_host(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), opts.allow_private_urls)
+        address = _resolve(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
+                           opts.allow_private_urls)
+        target, headers, ext = _pinned(url, address)
         try:
-            with httpx.stream("GET", url, timeout=opts.url_timeout_s, follow_redirects=False,
-                              headers={"User-Agent": "edgevlm"}) as resp:
+            # no proxy from the environment: the connection goes to the address checked above
+            with httpx.Client(timeout=opts.url_timeout_s, follow_redirects=False, trust_env=False) as client, \
+                    client.stream("GET", target, headers={"User-Agent": "edgevlm", **headers},
+                                  extensions=ext) as resp:
                 if resp.is_redirect:
                     url = urljoin(url, resp.headers.get("location", ""))
                     continue
@@ -86,7 +111,7 @@ def _read_path(path: str, opts: ServeOptions) -> bytes:
         path = os.path.join(opts.path_base, path)
     real = os.path.realpath(path)
     roots = [os.path.realpath(r) for r in opts.allow_paths]
-    if not any(os.path.commonpath([real, r]) == r for r in roots):
+    if not any(_under(real, r) for r in roots):
         raise _refuse("local paths are only read under --allow-path folders"
                       + ("" if roots else " (none given)"))
     try:
@@ -96,8 +121,16 @@ def _read_path(path: str, opts: ServeOptions) -> bytes:
         raise _refuse(f"cannot read {path} ({exc.strerror or exc})") from None
 
 
-def fetch_image(ref: ImageRef, opts: ServeOptions, max_pixels: int, label: str) -> LoadedImage:
-    """A request's picture, decoded (``label`` names it in errors: ``messages[1] image 1``)."""
+def _under(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([path, root]) == root
+    except ValueError:  # on Windows: paths on two drives (or one relative) have no common path
+        return False
+
+
+def fetch_bytes(ref: ImageRef, opts: ServeOptions, label: str) -> bytes:
+    """A request's picture as the bytes it was sent as (``label`` names it in errors:
+    ``messages[1] image 1``)."""
     url = ref.url.strip()
     scheme = urlsplit(url).scheme.lower() if ":" in url[:12] else ""
     if scheme == "data":
@@ -112,4 +145,9 @@ def fetch_image(ref: ImageRef, opts: ServeOptions, max_pixels: int, label: str) 
         raise _refuse(f"image URL scheme {scheme!r} is not allowed (data:, http, https)")
     if len(data) > opts.url_max_bytes:
         raise _refuse(f"{label}: more than {opts.url_max_bytes:,} bytes")
-    return load_image(data, max_pixels, name=label)
+    return data
+
+
+def fetch_image(ref: ImageRef, opts: ServeOptions, max_pixels: int, label: str) -> LoadedImage:
+    """A request's picture, decoded."""
+    return load_image(fetch_bytes(ref, opts, label), max_pixels, name=label)

@@ -4,7 +4,9 @@ message naming the field that is wrong), and replies → the bodies OpenAI's cli
 
 Pure functions, no I/O: the server and batch files (``/v1/chat/completions`` lines) share them.
 Fields clients send that do not change what edgevlm does (``user``, ``presence_penalty``,
-``logprobs``, ``tools`` ...) are accepted and ignored. Extensions (other servers ignore them):
+``metadata`` ...) are accepted and ignored; fields that would change the answer and are not
+supported yet (``tools``, ``tool_choice``, ``logprobs: true``) are a 400, so a client that asked
+for a tool call is told instead of getting prose. Extensions (other servers ignore them):
 an image part's ``name``, and ``"edgevlm": {"evict": "summary"}`` — when the conversation no
 longer fits, its oldest pictures become the model's summaries and the reply says which
 (``edgevlm.summaries``), as ``edgevlm chat`` does.
@@ -153,6 +155,22 @@ def _response_format(body: dict) -> tuple[str, dict | None]:
                "response_format.type")
 
 
+def _unsupported(body: dict) -> None:
+    """Refuse what would change the answer and is not supported yet (silently ignoring it
+    would hand a client something else than it asked for)."""
+    if body.get("tools"):
+        raise _bad("'tools' (tool calls) is not supported by this server yet", "tools", "unsupported_parameter")
+    choice = body.get("tool_choice")
+    if choice not in (None, "none", "auto"):
+        raise _bad("'tool_choice' is not supported by this server yet (no tools)", "tool_choice",
+                   "unsupported_parameter")
+    if body.get("functions") or body.get("function_call") not in (None, "none", "auto"):
+        raise _bad("'functions' (function calls) is not supported by this server yet", "functions",
+                   "unsupported_parameter")
+    if body.get("logprobs") is True or body.get("top_logprobs"):
+        raise _bad("'logprobs' is not supported by this server yet", "logprobs", "unsupported_parameter")
+
+
 def parse_chat_request(body: Any) -> ChatRequest:
     """Validate a ``/v1/chat/completions`` body; raise ``APIError`` (400) naming the field."""
     if not isinstance(body, dict):
@@ -179,6 +197,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
             out.append(ChatMessage(role, text, images, i))
     if not out:
         raise _bad("'messages' holds no user or assistant message", "messages")
+    _unsupported(body)
     if _integer(body, "n", 1, 1) != 1:
         raise _bad("only n = 1 is supported", "n")
     max_tokens = _integer(body, "max_completion_tokens", 1) or _integer(body, "max_tokens", 1)
@@ -272,8 +291,7 @@ def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
     if isinstance(exc, ImageError):
         return 400, error_body(str(exc), code="invalid_image"), {"x-should-retry": "false"}
     if isinstance(exc, InputError):
-        code = "context_length_exceeded" if "context" in str(exc) else None
-        return 400, error_body(str(exc), code=code), {"x-should-retry": "false"}
+        return 400, error_body(str(exc), code=exc.code), {"x-should-retry": "false"}
     if isinstance(exc, EdgeVLMError):
-        return exc.http_status, error_body(str(exc), "server_error"), {}
+        return exc.http_status, error_body(str(exc), "server_error", code=exc.code), {}
     return 500, error_body(f"internal error ({type(exc).__name__})", "server_error"), {}

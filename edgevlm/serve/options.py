@@ -9,6 +9,7 @@ from ..plan.context import ContextBudget
 __all__ = ["ServeOptions", "serve_slots"]
 
 DEFAULT_PARALLEL = 4  # requests generated together when the context holds them
+MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,10 @@ class ServeOptions:
     url_max_bytes: int = 32 * 2**20  # an image URL's body is cut off (and refused) past this
     url_timeout_s: float = 15.0
     url_max_redirects: int = 3
+    # host RAM requests in flight and waiting may hold (bodies, decodes, views, embeddings): the
+    # plan's --host-allowance when serving; a 24-megapixel photo takes ~190 MiB while decoded
+    host_allowance: int = 512 * MIB
+    host_wait_s: float = 30.0  # a request waits this long for host allowance, then 503
 
 
 def serve_slots(n_ctx: int, image_max_tokens: int | None, max_tokens: int, parallel: int | None = None) -> int:

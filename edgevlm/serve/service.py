@@ -2,14 +2,25 @@
 batch files (``edgevlm batch``, its Ray actors) share, so a batch line's body is exactly what
 ``edgevlm serve`` answers.
 
-    service = ChatService(engine, ServeOptions())
+    service = ChatService(vlm, ServeOptions())       # vlm: a LoadedModel
     service.start()
     body = await service.complete(parse_chat_request(data))   # a chat.completion dict
     service.stop()
 
-Work per request: its pictures are fetched, decoded, budgeted and run past the guard in a thread
-(``prepare``), a JSON grammar is built when asked for, then the worker renders, queues and runs
-it on the engine's one scheduler beside every other request in flight.
+Work per request: the JSON grammar (when asked for) is built and parsed by llama.cpp first,
+then its pictures are fetched, decoded, budgeted and run past the guard in a thread
+(``prepare``), and the worker renders, queues and runs it on the model's one scheduler beside
+every other request in flight.
+
+Host memory: a request holds a lease on the service's host allowance (``plan.host``) for what
+it keeps — its body, then each picture's full decode only while it is decoded (taken before
+decoding), then its budgeted views, mtmd's preprocessed copy and their embeddings — and gives
+it back when it ends. Views larger than the encoder needs are kept small (``compact_view``):
+a queued request never holds a full decode. When the allowance is used up a request waits up
+to ``host_wait_s``, then gets 503 with Retry-After.
+
+Every wait has a deadline: a request that gets no event by its own deadline (plus a grace)
+ends with a 503, and one whose worker is gone with a 500 — a batch line never hangs.
 """
 
 from __future__ import annotations
@@ -21,29 +32,36 @@ from dataclasses import replace
 from typing import Any
 
 from ..backend.system import json_grammar
+from ..model.projectors import encoder_patches, image_tokens
+from ..plan.host import HostAllowance, Lease, return_freed_memory
 from ..runtime.conversation import Conversation, Message, Picture
-from ..runtime.engine import Engine
-from ..vision.budget import render_views
-from .media import fetch_image
-from .openai import ChatRequest, completion_body
+from ..runtime.model import LoadedModel
+from ..vision.budget import compact_view, render_views
+from ..vision.images import LoadedImage, decode_bytes, load_image
+from .media import fetch_bytes
+from .openai import APIError, ChatRequest, completion_body
 from .options import ServeOptions
 from .worker import Job, Worker
 
 __all__ = ["ChatService", "LOW_DETAIL_TOKENS", "next_event"]
 
 LOW_DETAIL_TOKENS = 256  # image_url.detail = "low": a dynamic encoder's budget, and no tiles
+EVENT_GRACE_S = 30.0  # past its deadline, a request waits this much longer for its last event
 Gone = Callable[[], Awaitable[bool]]  # whether the client went away (HTTP disconnect)
 
 
 class ChatService:
-    """An engine's scheduler behind the worker thread, taking parsed chat requests."""
+    """A loaded model's scheduler behind the worker thread, taking parsed chat requests."""
 
-    def __init__(self, engine: Engine, options: ServeOptions):
-        self.engine = engine
+    def __init__(self, model: LoadedModel, options: ServeOptions):
+        self.model = model
         self.options = options
-        self.worker = Worker(engine, options)
+        self.worker = Worker(model, options)
+        planned = model.plan.host_allowance if model.plan is not None else 0
+        self.host = HostAllowance(planned or options.host_allowance)
 
     def start(self) -> None:
+        return_freed_memory()  # RSS follows what requests hold (see plan.host)
         self.worker.start()
 
     def stop(self) -> None:
@@ -52,65 +70,120 @@ class ChatService:
     @property
     def capacity(self) -> int:
         """Requests the worker takes at once (running and queued) before it answers 503."""
-        return self.engine.scheduler.n_slots + self.options.queue
+        return self.model.scheduler.n_slots + self.options.queue
 
-    def prepare(self, req: ChatRequest) -> tuple[Conversation, list[int], list[str]]:
+    def lease(self, what: str = "this request") -> Lease:
+        return self.host.lease(what)
+
+    def host_deadline(self) -> float:
+        return time.monotonic() + self.options.host_wait_s
+
+    # --- pictures ----------------------------------------------------------------------------
+    def view_bytes(self, view: LoadedImage) -> int:
+        """Host memory one view holds until its request ends: its pixels, mtmd's preprocessed
+        float copy of every chunk, and the embeddings of its tokens."""
+        be = self.model.backend
+        proj = be.proj_info
+        it = image_tokens(proj, view.width, view.height)
+        preprocessed = sum(encoder_patches(proj, v.n_tokens) for v in it.views) * proj.patch_size ** 2 * 3 * 4
+        return view.rgb.nbytes + preprocessed + it.n_tokens * be.n_embd_inp * 4
+
+    def prepare(self, req: ChatRequest, lease: Lease | None = None) -> tuple[Conversation, list[int], list[str]]:
         """Fetch, decode and budget the request's pictures and run them past the guard
-        (blocking: called in a thread). Returns the conversation (pictures numbered from 1),
-        each message's place in the request, and notices. With ``evict`` older pictures may
-        give way to summaries, so only the last message's must fit the image room."""
-        eng, opts = self.engine, self.options
+        (blocking: called in a thread), holding ``lease`` for what they take. Returns the
+        conversation (pictures numbered from 1), each message's place in the request, and
+        notices. With ``evict`` older pictures may give way to summaries, so only the last
+        message's must fit the image room."""
+        model, opts = self.model, self.options
+        lease = lease or self.lease()
         notices: list[str] = []
-        room = eng.scheduler.budget.image_room(req.max_tokens or opts.max_tokens)
-        low = replace(eng.image_budget, tiles="off",
-                      tokens=min(eng.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS))
+        room = model.scheduler.budget.image_room(req.max_tokens or opts.max_tokens)
+        low = replace(model.image_budget, tiles="off",
+                      tokens=min(model.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS))
         conv, places = Conversation(), []
         for i, m in enumerate(req.messages):
             views, labels, numbers = [], [], []
             last = i == len(req.messages) - 1
             for ref in m.images:
                 n = len(conv.pictures) + 1
-                img = fetch_image(ref, opts, eng.options.max_image_pixels, ref.name or f"image {n}")
-                plan = (low if ref.detail == "low" else eng.image_budget).plan(img)
-                notices += [f"image {n}: {note}" for note in plan.notes]
-                conv.pictures.append(Picture(n, replace(img, source=ref.name), plan.total_tokens))
-                for label, view in render_views(img, plan):
-                    if eng.guard is not None:
-                        adm = eng.guard.admit(view, room if (last or not req.evict) else eng.n_ctx)
-                        if last or not req.evict:
-                            room -= adm.tokens
-                        view = adm.image
-                        if adm.notice:
-                            notices.append(adm.notice)
-                    views.append(view)
-                    labels.append(label)
-                    numbers.append(n)
+                label = ref.name or f"image {n}"
+                mine = self._picture(ref, label, low if ref.detail == "low" else model.image_budget, lease)
+                notices += [f"image {n}: {note}" for note in mine.notes]
+                adm = model.admit(mine.views, room if (last or not req.evict) else model.n_ctx)
+                if last or not req.evict:
+                    room -= adm.tokens
+                notices += adm.notices
+                conv.pictures.append(Picture(n, replace(mine.views[0], source=ref.name), mine.tokens))
+                views += adm.views
+                labels += mine.labels
+                numbers += [n] * len(adm.views)
             conv.messages.append(Message(m.role, m.text, views, labels=labels, pictures=numbers))
             places.append(m.index)
         return conv, places, notices
 
-    async def submit(self, req: ChatRequest, gone: Gone | None = None) -> Job:
+    def _picture(self, ref, label: str, budget, lease: Lease) -> _Views:
+        """One picture: its bytes, decoded under a lease for the decode's peak, budgeted into
+        views; only the (compact) views stay held."""
+        opts = self.options
+        deadline = self.host_deadline()
+        data = fetch_bytes(ref, opts, label)
+        compressed = len(data)
+        lease.grow(compressed, deadline)
+        try:
+            peak = decode_bytes(data, label)
+            lease.grow(peak, deadline)
+            try:
+                img = load_image(data, self.model.options.max_image_pixels, name=label)
+                del data
+                plan = budget.plan(img)
+                pairs = [(lb, compact_view(v, self.model.backend.proj_info)) for lb, v in render_views(img, plan)]
+                del img
+                held = sum(self.view_bytes(v) for _, v in pairs)
+            finally:
+                lease.shrink(peak)
+            lease.grow(held, deadline)
+        finally:
+            lease.shrink(compressed)  # the bytes are dropped (what the body holds is its own share)
+        return _Views([v for _, v in pairs], [lb for lb, _ in pairs], plan.total_tokens, list(plan.notes))
+
+    # --- requests ----------------------------------------------------------------------------
+    async def submit(self, req: ChatRequest, gone: Gone | None = None, lease: Lease | None = None) -> Job:
         """Prepare the request and queue it; returns once the worker accepted it (an error it
-        refuses with — 400 too long, 503 busy — is raised)."""
+        refuses with — 400 too long, 503 busy — is raised). The job holds ``lease`` (or a new
+        one) from here on; whoever ends the job releases it (``finish``)."""
         self.worker.check_capacity()  # before any work
         loop = asyncio.get_running_loop()
-        grammar = None
-        if req.response_format != "text":
-            grammar = await loop.run_in_executor(None, json_grammar, req.json_schema)
-        conv, places, notices = await loop.run_in_executor(None, self.prepare, req)
-        sched = self.engine.scheduler
-        job = Job(conv, req.system, replace(req.sampling, grammar=grammar),
-                  req.max_tokens or self.options.max_tokens, req.stop + tuple(sched.default_stops),
-                  time.monotonic() + self.options.timeout_s, loop, notices, evict=req.evict, places=places)
-        self.worker.submit(job)
+        lease = lease or self.lease()
+        try:
+            grammar = None
+            if req.response_format != "text":
+                grammar = await loop.run_in_executor(None, json_grammar, req.json_schema)
+                await loop.run_in_executor(None, self.model.backend.check_grammar, grammar)
+            conv, places, notices = await loop.run_in_executor(None, self.prepare, req, lease)
+            sched = self.model.scheduler
+            job = Job(conv, req.system, replace(req.sampling, grammar=grammar),
+                      req.max_tokens or self.options.max_tokens, req.stop + tuple(sched.default_stops),
+                      time.monotonic() + self.options.timeout_s, loop, notices, evict=req.evict, places=places,
+                      lease=lease)
+            self.worker.submit(job)
+        except BaseException:
+            lease.release()
+            raise
         try:
             kind, value = await next_event(job, self.worker, gone)
         except BaseException:
-            self.worker.cancel(job)
+            self.finish(job)
             raise
         if kind == "error":
+            self.finish(job)
             raise value
         return job
+
+    def finish(self, job: Job) -> None:
+        """The caller is done with ``job``: cancel it if it still runs, give back its memory."""
+        self.worker.cancel(job)
+        if job.lease is not None:
+            job.lease.release()
 
     async def whole(self, job: Job, req: ChatRequest, gone: Gone | None = None) -> dict[str, Any]:
         """Wait for the whole reply; the ``chat.completion`` body."""
@@ -124,9 +197,8 @@ class ChatService:
                     raise value
                 elif kind == "done":
                     break
-        except BaseException:
-            self.worker.cancel(job)
-            raise
+        finally:
+            self.finish(job)
         seq = value
         finish = "length" if job.timed_out else seq.finish_reason
         return completion_body(job.id, self.model_name(req), "".join(parts), finish, seq.stats,
@@ -140,8 +212,17 @@ class ChatService:
         return req.model or self.options.model_id
 
 
+class _Views:
+    """A picture made ready: its views (compact), their labels, its planned tokens, notes."""
+
+    def __init__(self, views: list[LoadedImage], labels: list[str | None], tokens: int, notes: list[str]):
+        self.views, self.labels, self.tokens, self.notes = views, labels, tokens, notes
+
+
 async def next_event(job: Job, worker: Worker, gone: Gone | None = None) -> tuple[str, Any]:
-    """The job's next event; a client that goes away meanwhile cancels it."""
+    """The job's next event; a client that goes away meanwhile cancels it. Never waits past
+    the job's deadline and a grace (the worker ends every job by then), nor on a worker that
+    is gone."""
     while True:
         try:
             return await asyncio.wait_for(job.events.get(), timeout=0.25)
@@ -149,3 +230,11 @@ async def next_event(job: Job, worker: Worker, gone: Gone | None = None) -> tupl
             if gone is not None and await gone():
                 worker.cancel(job)
                 raise asyncio.CancelledError("client disconnected") from None
+            if not worker.alive:
+                worker.cancel(job)
+                raise APIError("the server's model worker stopped", 500, code="worker_stopped",
+                               type_="server_error") from None
+            if time.monotonic() > job.deadline + EVENT_GRACE_S:
+                worker.cancel(job)
+                raise APIError("the request got no answer in time", 503, code="timeout", type_="server_error",
+                               headers={"retry-after": str(worker.options.retry_after_s)}) from None

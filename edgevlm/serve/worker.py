@@ -1,11 +1,18 @@
-"""The server's one worker thread: it owns the scheduler (nothing else touches llama.cpp), turns
-prepared requests into prompts, admits them as cells free up, steps every request in flight in
-one batch, and hands each request's text to the coroutine waiting for it.
+"""The server's one worker thread: it drives the model's scheduler for the server (nothing else
+in the server touches llama.cpp), turns prepared requests into prompts, admits them as cells
+free up, steps every request in flight in one batch, and hands each request's text to the
+coroutine waiting for it.
 
 A request goes: ``submit`` (refused with 503 when the queue is full) → rendered here (refused
-with 400 when it can never fit the context) → waiting, in arrival order, until the scheduler
-has a sequence and the cells for it → running → done. A client that goes away, or a request
-past its time, is cancelled at the next step and its sequence freed.
+with 400 when it can never fit the context, or when the model's chat template refuses its
+messages) → waiting, in arrival order, until the scheduler has a sequence and the cells for it
+→ running → done. A client that goes away, or a request past its time, is cancelled at the next
+step and its sequence freed.
+
+Failure isolation: whatever goes wrong while one request is rendered, admitted or run ends that
+request alone — it gets an error event (a 4xx for what it sent, a 500 for anything unexpected,
+whose traceback goes to the log once), and every other request goes on. Every job gets exactly
+one final event ("done" or "error"), also when the server stops.
 
 Replies are remembered by their text (the exact token ids generated), so a client that sends
 its history back gets the same tokens and reuses its KV prefix (``cached_tokens``).
@@ -14,6 +21,8 @@ its history back gets the same tokens and reuses its KV prefix (``cached_tokens`
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -22,10 +31,11 @@ from typing import Any
 
 from ..backend.sampling import SamplingParams
 from ..errors import EdgeVLMError
+from ..plan.host import Lease
 from ..runtime.conversation import Conversation, Message
-from ..runtime.engine import Engine
 from ..runtime.items import Prompt
-from ..runtime.scheduler import WAIT, GenerationResponse, Request, Sequence
+from ..runtime.model import LoadedModel
+from ..runtime.scheduler import WAIT, Client, GenerationResponse, Request, Sequence
 from ..runtime.session import Footprint, SessionOptions, Summaries, make_room
 from .openai import APIError, new_id
 from .options import ServeOptions
@@ -33,9 +43,10 @@ from .options import ServeOptions
 __all__ = ["Job", "Worker"]
 
 REPLY_MEMORY = 1024  # replies remembered by text, for clients that resend their history
+log = logging.getLogger("edgevlm.serve")
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One request on its way through the worker; events go to ``events`` in the event loop."""
 
@@ -51,16 +62,29 @@ class Job:
     places: list[int] = field(default_factory=list)  # each message's index in the request
     summaries: list[dict[str, Any]] = field(default_factory=list)  # what the session replaced
     dropped: list[int] = field(default_factory=list)  # request messages dropped to make room
+    lease: Lease | None = None  # the host memory it holds (released by whoever ends it)
     id: str = field(default_factory=new_id)
     created: int = field(default_factory=lambda: int(time.time()))
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False
     timed_out: bool = False
+    ended: bool = False  # its final event ("done" or "error") was sent
     prompt: Prompt | None = None
     seq: Sequence | None = None
 
     def emit(self, kind: str, value: Any = None) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        if self.ended:
+            return
+        if kind in ("done", "error"):
+            self.ended = True
+            self.conversation = Conversation()  # its pictures are not needed any more: drop them now
+            self.prompt = None
+            if self.lease is not None:  # what it held is dropped (also if nobody reads the event)
+                self.lease.release()
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is gone (the client's side ended): nobody listens
+            pass
 
     def extension(self) -> dict[str, Any]:
         """The reply's ``edgevlm`` object: notices, and what the session did to the history."""
@@ -87,10 +111,11 @@ class Counters:
 
 
 class Worker:
-    def __init__(self, engine: Engine, options: ServeOptions):
-        self.engine = engine
-        self.sched = engine.scheduler
+    def __init__(self, model: LoadedModel, options: ServeOptions):
+        self.model = model
+        self.sched = model.scheduler
         self.options = options
+        self.client = Client("server")
         self.counters = Counters()
         self._inbox: deque[Job] = deque()  # submitted, not rendered yet
         self._waiting: deque[Job] = deque()  # rendered, waiting for a sequence and cells
@@ -113,6 +138,10 @@ class Worker:
         self._thread.join(timeout=30)
 
     @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
     def queued(self) -> int:
         return len(self._inbox) + len(self._waiting)
 
@@ -131,6 +160,9 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         with self._cond:
+            if self._stop or not self.alive:
+                raise APIError("the server is stopping", 503, code="server_stopping", type_="server_error",
+                               headers={"retry-after": str(self.options.retry_after_s)})
             self.check_capacity()
             self._inbox.append(job)
             self._cond.notify()
@@ -142,65 +174,113 @@ class Worker:
 
     # --- the thread ----------------------------------------------------------------------------
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not (self._stop or self._inbox or self._waiting or self._running):
-                    self._cond.wait()
-                if self._stop:
-                    break
-                new = list(self._inbox)
-                self._inbox.clear()
-            try:
-                for job in new:
-                    self._prepare(job)
-                self._admit()
-                if self._running:
-                    self.sched.step()
-                    self._forward_all()
-                elif self._waiting:
-                    with self._cond:  # nothing runs and the first cannot start: wait for news
-                        self._cond.wait(0.05)
-            except Exception as exc:  # never let the thread die: fail what is in flight
-                for job in list(self._running.values()) + list(self._waiting):
-                    self._fail(job, exc)
-                self._running.clear()
-                self._waiting.clear()
-        self.sched.cancel_all()
+        try:
+            while True:
+                with self._cond:
+                    while not (self._stop or self._inbox or self._waiting or self._running):
+                        self._cond.wait()
+                    if self._stop:
+                        break
+                    new = list(self._inbox)
+                    self._inbox.clear()
+                try:
+                    for job in new:
+                        self._guarded(job, self._prepare)
+                    self._admit()
+                    if self._running:
+                        self._step()
+                        self._forward_all()
+                    elif self._waiting:
+                        with self._cond:  # nothing runs and the first cannot start: wait for news
+                            self._cond.wait(0.05)
+                except Exception as exc:  # a fault outside any one request: what runs ends, the worker goes on
+                    log.error("the server's worker loop failed", exc_info=exc)
+                    for job in list(self._running.values()):
+                        self._drop(job)
+                        self._fail(job, exc)
+        finally:
+            self._shutdown()
+
+    def _guarded(self, job: Job, what) -> bool:
+        """Run ``what(job)``; anything it raises ends that job alone. False if it failed."""
+        try:
+            what(job)
+            return True
+        except Exception as exc:
+            self._drop(job)
+            self._fail(job, exc)
+            return False
+
+    def _drop(self, job: Job) -> None:
+        """Take a job out of every queue, its sequence cancelled and its prompt let go."""
+        self._running.pop(id(job), None)
+        if job in self._waiting:
+            self._waiting.remove(job)
+        if job.seq is not None and not job.seq.done:
+            self.sched.cancel(job.seq)
+        if job.prompt is not None:
+            job.prompt.release()
 
     def _fail(self, job: Job, exc: BaseException) -> None:
         self.counters.failed += 1
+        if not isinstance(exc, EdgeVLMError):  # a fault, not the request: its traceback once
+            log.error("request %s failed", job.id, exc_info=exc)
+            with contextlib.suppress(AttributeError):
+                exc.edgevlm_logged = True  # (the HTTP side does not log it again)
         job.emit("error", exc)
+
+    def _step(self) -> None:
+        """One scheduler step. The scheduler ends a failing sequence by itself; should the step
+        raise anyway (a fault in the scheduler), the requests in flight end with that error —
+        their sequences cancelled, so their slots are free — and the worker goes on."""
+        try:
+            self.sched.step()
+        except Exception as exc:
+            log.error("a scheduler step failed", exc_info=exc)
+            for job in list(self._running.values()):
+                self._drop(job)
+                job.emit("error", exc)
+                self.counters.failed += 1
+
+    def _shutdown(self) -> None:
+        """The thread ends (the server stops): every job still here gets its final event."""
+        gone = APIError("the server is stopping", 503, code="server_stopping", type_="server_error",
+                        headers={"retry-after": str(self.options.retry_after_s)})
+        with self._cond:
+            jobs = list(self._inbox) + list(self._waiting) + list(self._running.values())
+            self._inbox.clear()
+        for job in jobs:
+            self._drop(job)
+            job.emit("error", gone)
+        self.sched.cancel_client(self.client)
 
     def _prepare(self, job: Job) -> None:
         """Render the request (exact reply tokens where known) and check it can ever fit; with
         ``evict``, the session policy makes room first (old pictures → summaries)."""
         if job.cancelled:
+            job.emit("error", APIError("the client went away", 499, code="cancelled"))
             return
         conv = job.conversation
         for m in conv.messages:
             if m.role == "assistant" and m.tokens is None:
                 m.tokens = self._replies.get(m.text)
-        try:
-            budget = self.sched.budget
-            reserve = budget.reply_reserve(job.max_tokens)
-            if job.evict:
-                self._make_room(job, reserve, budget.image_room(job.max_tokens))
-            prompt = self._render(job, conv.messages)
-            if prompt.cells + reserve > self.sched.n_ctx:
-                raise APIError(f"this request needs {prompt.cells:,} tokens and {reserve:,} for the reply, "
-                               f"but the context holds {self.sched.n_ctx:,} (shorten the conversation, "
-                               f"fewer or smaller images, a smaller max_tokens, or edgevlm.evict)",
-                               400, "messages", "context_length_exceeded",
-                               headers={"x-should-retry": "false"})
-        except EdgeVLMError as exc:
-            self._fail(job, exc)
-            return
-        job.prompt = prompt
+        budget = self.sched.budget
+        reserve = budget.reply_reserve(job.max_tokens)
+        if job.evict:
+            self._make_room(job, reserve, budget.image_room(job.max_tokens))
+        job.prompt = self._render(job, conv.messages)
+        job.conversation = Conversation()  # the prompt holds what it needs: the views' pixels can go
+        if job.prompt.cells + reserve > self.sched.n_ctx:
+            raise APIError(f"this request needs {job.prompt.cells:,} tokens and {reserve:,} for the reply, "
+                           f"but the context holds {self.sched.n_ctx:,} (shorten the conversation, "
+                           f"fewer or smaller images, a smaller max_tokens, or edgevlm.evict)",
+                           400, "messages", "context_length_exceeded",
+                           headers={"x-should-retry": "false"})
         job.emit("accepted")
         self._waiting.append(job)
 
     def _render(self, job: Job, messages: list[Message]) -> Prompt:
-        return self.sched.render(messages, job.system, self.engine.options.merge)
+        return self.model.render(messages, job.system)
 
     def _make_room(self, job: Job, reserve: int, image_room: int) -> None:
         """The session policy over the request's history; what it replaced or dropped goes into
@@ -226,14 +306,15 @@ class Worker:
 
     def _ask(self, job: Job, question: str, messages: list[Message]) -> str:
         """A greedy question to the model now (for a summary), in between the steps of the
-        requests in flight."""
+        requests in flight (until the request's own deadline)."""
         opts = self._session
         prompt = self._render(job, messages + [Message("user", question)])
         req = Request(prompt, opts.summary_tokens, SamplingParams(0.0), tuple(self.sched.default_stops))
-        while (seq := self.sched.submit(req)) == WAIT:
-            if not self._running:
+        while (seq := self.sched.submit(req, self.client)) == WAIT:
+            if not self._running or time.monotonic() > job.deadline:
+                prompt.release()
                 raise APIError("no room to summarise an old picture", 400, "messages", "context_length_exceeded")
-            self.sched.step()
+            self._step()
             self._forward_all()
         return "".join(r.text for r in self.sched.stream(seq))
 
@@ -244,18 +325,22 @@ class Worker:
             job = self._waiting[0]
             if job.cancelled:
                 self._waiting.popleft()
+                self._drop(job)
+                job.emit("error", APIError("the client went away", 499, code="cancelled"))
                 continue
             if now > job.deadline:
                 self._waiting.popleft()
+                self._drop(job)
                 self._fail(job, APIError(f"the request waited {self.options.timeout_s:g} s without a free "
                                          f"sequence", 503, code="timeout", type_="server_error",
                                          headers={"retry-after": str(self.options.retry_after_s)}))
                 continue
             try:
                 seq = self.sched.submit(Request(job.prompt, job.max_tokens, job.sampling, job.stops,
-                                                new_images=frozenset(job.prompt.units), tag=job))
-            except EdgeVLMError as exc:
+                                                new_images=frozenset(job.prompt.units)), self.client)
+            except Exception as exc:
                 self._waiting.popleft()
+                self._drop(job)
                 self._fail(job, exc)
                 continue
             if seq == WAIT:
@@ -267,18 +352,22 @@ class Worker:
 
     def _forward_all(self) -> None:
         now = time.monotonic()
+        self.client.take_finished()  # (each job reads its own sequence below)
         for key, job in list(self._running.items()):
-            seq = job.seq
-            if not seq.done and (job.cancelled or now > job.deadline):
-                job.timed_out = not job.cancelled
-                self.sched.cancel(seq)
-            while seq.out:
-                r: GenerationResponse = seq.out.popleft()
-                if r.text:
-                    job.emit("text", r)
-            if seq.done:
-                del self._running[key]
-                self._finish(job)
+            self._guarded(job, lambda j: self._forward(key, j, now))
+
+    def _forward(self, key: int, job: Job, now: float) -> None:
+        seq = job.seq
+        if not seq.done and (job.cancelled or now > job.deadline):
+            job.timed_out = not job.cancelled
+            self.sched.cancel(seq)
+        while seq.out:
+            r: GenerationResponse = seq.out.popleft()
+            if r.text:
+                job.emit("text", r)
+        if seq.done:
+            del self._running[key]
+            self._finish(job)
 
     def _finish(self, job: Job) -> None:
         seq = job.seq

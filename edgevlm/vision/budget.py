@@ -26,8 +26,8 @@ from ..model.projectors import facts, image_tokens
 from .detail import DEFAULT_SCORER, score_boxes
 from .images import LoadedImage, from_rgb, resized
 
-__all__ = ["ImageBudget", "ImagePlan", "PlannedView", "candidate_grid", "choose_tiles", "draw_overlay",
-           "fit_size", "plan_image", "render_views", "tile_boxes"]
+__all__ = ["COMPACT_PIXELS", "ImageBudget", "ImagePlan", "PlannedView", "candidate_grid", "choose_tiles",
+           "compact_view", "draw_overlay", "fit_size", "plan_image", "render_views", "tile_boxes"]
 FLAT_FRACTION = 0.25  # a tile scoring below this share of the best tile counts as flat
 FLAT_ABSOLUTE = {"edges": 1.0, "entropy": 1.0, "compress": 0.02}
 
@@ -240,6 +240,27 @@ def render_views(img: LoadedImage, plan: ImagePlan) -> list[tuple[str | None, Lo
             pix = from_rgb(img.rgb[y0:y1, x0:x1], f"{img.source} [{v.label}]", img.format)
         out.append((label, pix))
     return out
+
+
+COMPACT_PIXELS = 2_000_000  # a view larger than this is kept smaller when mtmd's count allows
+
+
+def compact_view(view: LoadedImage, proj: ProjectorInfo, max_pixels: int = COMPACT_PIXELS) -> LoadedImage:
+    """``view``, downscaled to at most ``max_pixels`` when mtmd makes exactly the same chunks,
+    tokens and positions of the smaller one (a fixed 336² encoder from a 24-megapixel photo): what
+    waits for the encoder then holds a few megabytes instead of the full decode. Otherwise the
+    view itself."""
+    w, h = view.width, view.height
+    if w * h <= max_pixels:
+        return view
+    scale = math.sqrt(max_pixels / (w * h))
+    sw, sh = max(1, int(w * scale)), max(1, int(h * scale))
+    def shape(it):
+        return it.n_tokens, it.n_pos, it.text_tokens, [(v.nx, v.ny, v.n_tokens, v.n_pos) for v in it.views]
+
+    if shape(image_tokens(proj, w, h)) != shape(image_tokens(proj, sw, sh)):
+        return view
+    return resized(view, sw, sh)
 
 
 def draw_overlay(img: LoadedImage, plan: ImagePlan, path: str, max_side: int = 2048) -> None:

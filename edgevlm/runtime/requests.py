@@ -1,0 +1,109 @@
+"""What the scheduler is asked and what it gives back: a ``Request`` (a rendered prompt, reply
+length, sampling, stops), the ``Sequence`` it becomes in flight (its reply so far, stats, how
+it ended), the ``GenerationResponse`` steps of a reply, and the ``Client`` that submitted it
+(its sequences running, and those finished, handed to it)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..backend.sampling import SamplingParams
+from .items import Item, Prompt
+from .stats import TurnStats
+from .textstream import TextStream
+
+__all__ = ["Client", "GenerationResponse", "Request", "Sequence", "WAIT"]
+
+WAIT = "wait"  # submit(): not now, the cells are taken until a request in flight finishes
+
+
+@dataclass(frozen=True)
+class GenerationResponse:
+    """One step of a reply: new text, and on the last step the reason and stats."""
+
+    text: str
+    token: int | None = None
+    finish_reason: str | None = None
+    stats: TurnStats | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """A prompt to evaluate and reply to."""
+
+    prompt: Prompt
+    max_tokens: int = 512
+    sampling: SamplingParams = SamplingParams()
+    stops: tuple[str, ...] = ()  # besides the model's end-of-generation tokens
+    reserve: int | None = None  # KV cells kept for the reply (None: the context budget's rule)
+    new_images: frozenset[str] = frozenset()  # image units new in this turn (stats.image_tokens)
+    t_start: float | None = None  # when the caller started on it (TTFT counts from there)
+    counters: Mapping[str, int] = field(default_factory=dict)  # stats a policy adds
+    tag: Any = None  # the caller's
+    keep_logits: bool = False  # diagnostics: keep the logits the reply starts from
+
+
+class Client:
+    """One caller of a scheduler (a conversation, a caption run, the server's worker): the
+    sequences it submitted that still run, and those finished and not taken yet."""
+
+    def __init__(self, name: str = ""):
+        self.name = name
+        self.running: set[Sequence] = set()
+        self.finished: deque[Sequence] = deque()
+
+    def take_finished(self) -> list[Sequence]:
+        """The sequences of this client that finished since the last call."""
+        out = list(self.finished)
+        self.finished.clear()
+        return out
+
+    def __repr__(self) -> str:
+        return f"Client({self.name!r}, running={len(self.running)})"
+
+
+class Sequence:
+    """A request in flight or finished: its reply so far, its stats, and how it ended."""
+
+    def __init__(self, request: Request, reserve: int, t_start: float, t_submit: float,
+                 client: Client | None = None, tokenize: Any = None):
+        self.request = request
+        self.reserve = reserve
+        self.t_start = t_start
+        self.client = client
+        self.text = TextStream(request.stops, tokenize)
+        self.sampler: Any = None
+        self.pending: list[Item] = []  # text to evaluate in the next step
+        self.pending_prompt = 0  # how many of them belong to the prompt (the rest: a reply token)
+        self.times: list[float] = []  # when each token was sampled
+        self.prompt_ms = (t_submit - t_start) * 1000  # preparation + llama.cpp time for the prompt
+        self.predicted_ms = 0.0
+        self.c: dict[str, Any] = dict(cached_n=0, prompt_n=0, image_tokens=0, encode_ms=0.0,
+                                      encoded=0, reused=0, image_tokens_in=0, image_tokens_out=0,
+                                      merge_map_size=0, **request.counters)
+        self.out: deque[GenerationResponse] = deque()
+        self.finish_reason: str | None = None
+        self.stats: TurnStats | None = None
+        self.error: BaseException | None = None
+        self.first_logits: np.ndarray | None = None
+
+    @property
+    def tag(self) -> Any:
+        return self.request.tag
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.text.tokens
+
+    @property
+    def reply(self) -> str:
+        return self.text.text
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
