@@ -47,8 +47,8 @@ from ..errors import EdgeVLMError
 from ..model.projectors import encoder_patches
 from ..plan.devices import format_size
 from ..plan.host import Lease
-from ..vision.images import decode_bytes, load_image
 from ..runtime.model import LoadedModel
+from ..vision.images import decode_bytes, load_image
 from .media import fetch_bytes
 from .openai import (
     APIError,

@@ -353,10 +353,10 @@ class Worker:
     def _forward_all(self) -> None:
         now = time.monotonic()
         self.client.take_finished()  # (each job reads its own sequence below)
-        for key, job in list(self._running.items()):
-            self._guarded(job, lambda j: self._forward(key, j, now))
+        for job in list(self._running.values()):
+            self._guarded(job, lambda j: self._forward(j, now))
 
-    def _forward(self, key: int, job: Job, now: float) -> None:
+    def _forward(self, job: Job, now: float) -> None:
         seq = job.seq
         if not seq.done and (job.cancelled or now > job.deadline):
             job.timed_out = not job.cancelled
@@ -366,7 +366,7 @@ class Worker:
             if r.text:
                 job.emit("text", r)
         if seq.done:
-            del self._running[key]
+            del self._running[id(job)]
             self._finish(job)
 
     def _finish(self, job: Job) -> None:
