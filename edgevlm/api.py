@@ -29,8 +29,8 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
          plan: Plan | None = None, merge: str | MergeSpec = "off",
          n_threads: int | None = None, system: str | None = None,
          options: EngineOptions | None = None, scheduler_options: SchedulerOptions = SchedulerOptions(),
-         n_seq_max: int | Callable[[Plan], int] = 1, wishes: Wishes | None = None,
-         verbose: bool = False, **backend_options: Any) -> LoadedModel:
+         n_seq_max: int | Callable[[Plan], int] = 1, parallel: int | Callable[[Plan], int] | None = None,
+         wishes: Wishes | None = None, verbose: bool = False, **backend_options: Any) -> LoadedModel:
     """Plan memory, load a model pair once, and return the ``LoadedModel`` (its own
     conversation answers ``chat``/``stream``; ``conversation()`` makes more).
 
@@ -46,8 +46,11 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
     ``free_memory`` and ``gpu_overhead``); the plan and the per-request guard both use it. ``options``: how the conversation runs (system prompt, tiles, merging, what happens
     when the context is full); ``system``, ``merge`` and ``image_tokens`` fill them in when not
     given there. ``backend_options`` override the plan's ``Backend`` arguments
-    (``flash_attn``, ``n_batch``, ``progress_callback`` ...). ``n_seq_max``: sequences the
-    context holds (requests in flight), or a function of the plan that says how many.
+    (``flash_attn``, ``n_batch``, ``progress_callback`` ...). ``n_seq_max``: sequence ids the
+    context keeps (conversations), or a function of the plan that says how many; ``parallel``:
+    how many of them generate at once (default: all). Idle conversations moved out of the
+    context go to a host cache of the plan's ``cache_ram`` bytes (``scheduler_options`` can
+    set it instead).
     """
     spec = merge if isinstance(merge, MergeSpec) else MergeSpec.parse(merge)
     opts = options or EngineOptions()
@@ -65,11 +68,14 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
     if not plan.fits:
         raise DoesNotFit(plan.refusal or "the model does not fit in the memory available")
     seqs = n_seq_max(plan) if callable(n_seq_max) else n_seq_max
-    backend = Backend(model, mmproj, n_threads=n_threads, verbose=verbose, n_seq_max=seqs,
+    running = parallel(plan) if callable(parallel) else parallel
+    sched_opts = replace(scheduler_options, max_running=running or scheduler_options.max_running,
+                         cache_ram=scheduler_options.cache_ram or plan.cache_ram)
+    backend = Backend(model, mmproj, n_threads=n_threads, verbose=verbose, n_seq_max=max(seqs, running or 1),
                       **{**plan.backend_options(), **backend_options})
     try:
         guard = Guard(plan, backend.proj_info, measure)
-        return LoadedModel(Scheduler(backend, scheduler_options), opts, plan=plan, guard=guard)
+        return LoadedModel(Scheduler(backend, sched_opts), opts, plan=plan, guard=guard)
     except BaseException:
         backend.close()
         raise

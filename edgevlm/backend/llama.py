@@ -392,6 +392,24 @@ class Backend(MtmdTokenizer):
         mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
         self.llama_cpp.llama_memory_seq_rm(mem, seq_id, p0, p1)
 
+    def state_save(self, seq_id: int, max_bytes: int | None = None) -> bytes | None:
+        """A copy of sequence ``seq_id``'s KV cells (``llama_state_seq_get_data``), or None when
+        it would take more than ``max_bytes``."""
+        lc = self.llama_cpp
+        n = int(lc.llama_state_seq_get_size(self.llama.ctx, seq_id))
+        if n <= 0 or (max_bytes is not None and n > max_bytes):
+            return None
+        buf = (ctypes.c_ubyte * n)()
+        got = int(lc.llama_state_seq_get_data(self.llama.ctx, buf, n, seq_id))
+        return bytes(memoryview(buf)[:got]) if got > 0 else None
+
+    def state_load(self, data: bytes, seq_id: int) -> bool:
+        """Put cells saved by ``state_save`` into sequence ``seq_id`` (empty); False when
+        llama.cpp cannot (no room for them)."""
+        lc = self.llama_cpp
+        buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+        return int(lc.llama_state_seq_set_data(self.llama.ctx, buf, len(data), seq_id)) == len(data)
+
     def kv_clear(self) -> None:
         mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
         self.llama_cpp.llama_memory_clear(mem, True)

@@ -96,7 +96,7 @@ class Captioner:
             sched = engine.scheduler
             budget = engine.image_budget_for(replace(engine.options, image_tokens=settings.image_tokens or None,
                                                      tiles=settings.tiles))
-            self.slots = max(1, min(slots or sched.n_slots, sched.n_slots))
+            self.slots = max(1, min(slots or sched.max_running, sched.max_running))
         self.preparer = Preparer(budget, settings, digest, self.out, self.index, conflicts or {})
 
     def run(self, items: Iterable[InputItem]) -> Iterator[CaptionResult]:

@@ -197,9 +197,9 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
                     if merge.enabled and not engine.merging:
                         ui.note(f"note: --merge ignored: {engine.backend.proj_info.projector_type} tokens "
                                 f"are not on a spatial grid")
-                    if parallel and engine.scheduler.n_slots < parallel:
+                    if parallel and engine.scheduler.max_running < parallel:
                         ui.note(f"note: --parallel {parallel}: the context ({engine.n_ctx} tokens) holds "
-                                f"{engine.scheduler.n_slots} image(s) in flight; use a larger --ctx for more")
+                                f"{engine.scheduler.max_running} image(s) in flight; use a larger --ctx for more")
                 ui.start(job, fmt)
                 sig.running = True
                 summary = job.run(engine, stop=token, prefetch=prefetch, on_result=ui.update)

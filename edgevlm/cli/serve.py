@@ -35,6 +35,9 @@ __all__ = ["serve"]
               help="Requests generated together in one batch (auto: up to 4, as many as the context holds).")
 @click.option("--queue", default=16, show_default=True, type=click.IntRange(0),
               help="Requests that may wait for a free sequence; more get 503 with Retry-After.")
+@click.option("--cache-ram", type=Size(), default=None,
+              help="Host RAM for idle conversations moved out of the KV cache, copied back when they "
+                   "return (planned) [default: 1GiB]; 0: drop them.")
 @click.option("--api-key", envvar="EDGEVLM_API_KEY", help="Bearer token every /v1 route asks for ($EDGEVLM_API_KEY).")
 @click.option("--max-body", type=Size(), default="32MiB", show_default=True,
               help="Largest request body (images inline); larger gets 413.")
@@ -54,7 +57,7 @@ __all__ = ["serve"]
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
 @click.option("--verbose", "-v", is_flag=True, help="llama.cpp's logs and an access log.")
 @handle_errors
-def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tokens, timeout,
+def serve(model, mmproj, host, port, parallel, queue, cache_ram, api_key, max_body, max_tokens, timeout,
           allow_private_urls, allow_path, model_id, tiles, merge, planning, threads, max_pixels,
           verbose) -> None:
     """Serve the OpenAI chat-completions API, with images, planned to never run out of memory.
@@ -67,18 +70,22 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
     import uvicorn
 
     from ..api import load
+    from ..plan.context import AUTO_CTX_MAX
     from ..plan.planner import make_plan
     from ..runtime.engine import EngineOptions
     from ..serve.app import create_app
-    from ..serve.options import ServeOptions, serve_slots
+    from ..serve.options import DEFAULT_PARALLEL, ServeOptions, serve_sequences, serve_slots
     from .common import CLIError
     from .loading import model_paths
     from .render import render_plan
 
     if parallel is not None and parallel < 1:
         raise CLIError(f"--parallel {parallel}: give 1 or more, or auto", 2)
+    cache_ram = ServeOptions.cache_ram if cache_ram is None else cache_ram
+    # the output buffer is counted for the most sequences any planned context gets
+    most = serve_sequences(planning.wishes.n_ctx or AUTO_CTX_MAX, parallel or DEFAULT_PARALLEL)
     wishes = replace(planning.serving(ServeOptions.host_allowance), images=max(planning.wishes.images, parallel or 1),
-                     merge=str(merge))
+                     merge=str(merge), cache_ram=cache_ram, sequences=most)
     spec = model
     model, mmproj = model_paths(model, mmproj, probe_args=planning.probe_args, wishes=wishes)
     measure = planning.probe
@@ -87,21 +94,22 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
     if not plan.fits:
         raise CLIError(plan.refusal or "does not fit", 1)
     slots = serve_slots(plan.n_ctx, plan.image_max_tokens, max_tokens, parallel)
+    sequences = min(most, serve_sequences(plan.n_ctx, slots))
     name = spec if spec and not os.path.isfile(spec) else os.path.splitext(os.path.basename(model))[0]
     options = ServeOptions(model_id=model_id or name, api_key=api_key,
                            queue=queue, max_body_bytes=max_body, max_tokens=max_tokens, timeout_s=timeout,
                            allow_private_urls=allow_private_urls, allow_paths=tuple(allow_path),
-                           host_allowance=plan.host_allowance)
+                           host_allowance=plan.host_allowance, cache_ram=plan.cache_ram)
     engine_options = EngineOptions(image_tokens=wishes.image_tokens, tiles=tiles, merge=merge,
                                    max_image_pixels=max_pixels)
     outcome = {"code": 0}
 
     def load_model():
         vlm = load(model, mmproj, plan=plan, options=engine_options, measure=measure, n_threads=threads,
-                   n_seq_max=slots, verbose=verbose)
+                   n_seq_max=sequences, parallel=slots, verbose=verbose)
         where = ", ".join(f"http://{h}:{p}" for h, p in bound(server)) or f"http://{host}:{port}"
-        echo_err(f"ready: {where}/v1 · model {options.model_id} · {vlm.scheduler.n_slots} request(s) "
-                 f"at once · context {vlm.n_ctx} · queue {queue}")
+        echo_err(f"ready: {where}/v1 · model {options.model_id} · {vlm.scheduler.max_running} request(s) "
+                 f"at once · {vlm.scheduler.n_slots} conversations kept · context {vlm.n_ctx} · queue {queue}")
         return vlm
 
     def failed(exc: BaseException) -> None:
@@ -112,7 +120,7 @@ def serve(model, mmproj, host, port, parallel, queue, api_key, max_body, max_tok
     app = create_app(load_model, options, on_error=failed)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info" if verbose else "warning",
                                            access_log=verbose, lifespan="on"))
-    echo_err(f"edgevlm serve: loading {os.path.basename(model)} ({slots} sequence(s)); "
+    echo_err(f"edgevlm serve: loading {os.path.basename(model)} ({slots} request(s) at once); "
              f"GET /health answers 503 until it is ready")
     server.run()
     sys.exit(outcome["code"] or (0 if server.started else 1))

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ContextBudget", "DEFAULT_REPLY_TOKENS", "PROMPT_TEXT", "TEXT_ROOM_MAX", "TEXT_ROOM_MIN"]
+__all__ = ["AUTO_CTX_MAX", "ContextBudget", "DEFAULT_REPLY_TOKENS", "PROMPT_TEXT", "TEXT_ROOM_MAX", "TEXT_ROOM_MIN"]
 
 TEXT_ROOM_MIN, TEXT_ROOM_MAX = 64, 512
 PROMPT_TEXT = 64  # a one-turn prompt's text around its picture (template + instruction)
 DEFAULT_REPLY_TOKENS = 512
 MIN_PLANNED_CTX = 2048
+AUTO_CTX_MAX = 8192  # the largest context --ctx auto plans (less when the model was trained on less)
 
 
 @dataclass(frozen=True)

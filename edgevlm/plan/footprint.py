@@ -57,6 +57,8 @@ class Wishes:
     # bytes of RAM planned for requests in flight and waiting (bodies, decoded pixels, views,
     # embeddings): what a server hands out in leases (plan.host.HostAllowance); 0 for one user
     host_allowance: int = 0
+    cache_ram: int = 0  # bytes of RAM for idle conversations moved out of the KV cache (--cache-ram)
+    sequences: int = 1  # sequence ids the context keeps (its output buffer holds logits for each)
     reply_tokens: int = DEFAULT_REPLY_TOKENS  # the reply reserve the image count is planned with
     merge: str = "off"  # visual token merging: ratio/tokens shrink what an image costs in context
 
@@ -67,9 +69,10 @@ class Wishes:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise InputError(f"{name} {v}: give a positive number, or None to let the plan choose")
-        for name in ("images", "reply_tokens", "n_batch", "n_ubatch", "host_reserve", "host_allowance"):
+        for name in ("images", "reply_tokens", "n_batch", "n_ubatch", "host_reserve", "host_allowance",
+                     "cache_ram", "sequences"):
             v = getattr(self, name)
-            if v is not None and v < (0 if name in ("images", "host_reserve", "host_allowance") else 1):
+            if v is not None and v < (0 if name in ("images", "host_reserve", "host_allowance", "cache_ram") else 1):
                 raise InputError(f"{name} {v}: out of range")
         MergeSpec.parse(self.merge)
 
@@ -158,6 +161,8 @@ class Plan:
     mtmd_image_limit: bool = True
     host_reserve: int = HOST_RESERVE  # RAM left to the process itself (not in the buffers above)
     host_allowance: int = 0  # RAM planned for requests in flight and waiting (a server's leases)
+    cache_ram: int = 0  # RAM for idle conversations' KV cells moved out of the context
+    sequences: int = 1  # sequence ids (conversations kept) the plan counted the output buffer for
 
     @property
     def host_buffers(self) -> int:
@@ -225,7 +230,8 @@ class Footprint:
         overhead), less the host reserve on the CPU, less the margin."""
         usable = d.usable_bytes
         if d.kind == "cpu":
-            usable = max(0, usable - self.wishes.host_reserve - self.wishes.host_allowance)
+            w = self.wishes
+            usable = max(0, usable - w.host_reserve - w.host_allowance - w.cache_ram)
         return int(usable * (1 - self.margin(d)))
 
     def encoder_patches(self, tokens: int) -> int:
@@ -260,7 +266,7 @@ class Footprint:
             weights=host_w.total, kv=kv.get(-1, 0), compute=host_compute,
             mmproj_weights=0 if (c.mmproj_gpu and self.gpus) else self.proj_weights,
             mmproj_compute=0 if (c.mmproj_gpu and self.gpus) else enc,
-            other=t.n_vocab * 4,
+            other=t.n_vocab * 4 * self.wishes.sequences,  # the output buffer: logits per sequence
         ))
         return out
 

@@ -30,7 +30,7 @@ from dataclasses import replace
 from ..model.gguf_info import read_gguf
 from ..model.projectors import facts, largest_image_tokens, view_tokens
 from ..vision.merge import MergeSpec
-from .context import ContextBudget
+from .context import AUTO_CTX_MAX, ContextBudget
 from .devices import Probe, format_size
 from .estimate import kv_cells
 from .footprint import (
@@ -61,7 +61,7 @@ class Planner(Footprint):
         self.steps: list[LeverStep] = []
         per_image = self._image_budget()
         min_ctx = w.min_ctx or ContextBudget.min_ctx(w.images, self._kv_tokens(per_image), w.reply_tokens)
-        self.want_ctx = w.n_ctx or max(min_ctx, min(t.n_ctx_train or 8192, 8192))
+        self.want_ctx = w.n_ctx or max(min_ctx, min(t.n_ctx_train or AUTO_CTX_MAX, AUTO_CTX_MAX))
         if w.n_ctx is not None and w.n_ctx < w.images * per_image + 64:
             self.reasons.append(f"--ctx {w.n_ctx} holds fewer than {w.images} image(s) of {per_image} tokens")
         self.max_layers = t.n_layer + 1
@@ -297,6 +297,7 @@ class Planner(Footprint):
             f"{format_size(w.host_reserve)} kept for the process (--host-reserve) − "
             + (f"{format_size(w.host_allowance)} for requests in flight (--host-allowance) − "
                if w.host_allowance else "")
+            + (f"{format_size(w.cache_ram)} for idle conversations (--cache-ram) − " if w.cache_ram else "")
             + f"{self.margin(h):.0%} margin")
 
     def _summary(self, c: Config) -> str:
@@ -332,6 +333,7 @@ class Planner(Footprint):
             shortfall_bytes=0 if fits and not refusal else self.shortfall(c), repack=self.repack,
             levers=tuple(self.steps), mtmd_image_limit=self.proj is None or facts(self.proj).dynamic,
             host_reserve=self.wishes.host_reserve, host_allowance=self.wishes.host_allowance,
+            cache_ram=self.wishes.cache_ram, sequences=self.wishes.sequences,
         )
 
 

@@ -88,6 +88,8 @@ class _Turn:
     seq: Sequence
     room: RoomReport = field(default_factory=RoomReport)
     recorded: bool = False
+    message: Message | None = None  # the user message it answers
+    pictures: int = 0  # pictures that message added
 
 
 class Engine:
@@ -251,7 +253,7 @@ class Engine:
             self.messages.remove(msg)
             del self.pictures[len(self.pictures) - len(originals):]
             raise
-        yield from self._reply(_Turn(seq, room))
+        yield from self._reply(_Turn(seq, room, message=msg, pictures=len(originals)))
 
     # --- one turn ----------------------------------------------------------------------------
     def _submit(self, request: Request) -> Sequence:
@@ -276,8 +278,18 @@ class Engine:
                 yield r
         finally:
             steps.close()  # a reply stopped early (Ctrl-C) is cancelled: it ends "interrupted"
-            if not turn.recorded and turn.seq.stats is not None:
+            seq = turn.seq
+            if seq.finish_reason == "error" and not seq.tokens and turn.message is not None:
+                self._undo(turn)  # its prompt failed (a picture, llama.cpp): as if never sent
+            elif not turn.recorded and seq.stats is not None:
                 self._record(turn)  # what was generated becomes the assistant message
+
+    def _undo(self, turn: _Turn) -> None:
+        if turn.message in self.messages:
+            self.messages.remove(turn.message)
+        if turn.pictures:
+            del self.pictures[len(self.pictures) - turn.pictures:]
+        turn.recorded = True
 
     def _record(self, turn: _Turn) -> TurnStats:
         seq = turn.seq

@@ -62,7 +62,10 @@ class ImageUnit:
         self.cached = cached  # in the image cache; False: closed once no prompt holds it
         self.embeddings: dict[int, np.ndarray] = {}
         self.merged: dict[tuple[int, Any], MergeResult] = {}  # (chunk, MergeSpec) → result
+        self.encode_ms: dict[int, float] = {}  # how long each chunk took to encode
+        self.errors: dict[int, BaseException] = {}  # chunks the encoder failed on
         self.closed = False
+        self.lock = threading.Lock()  # held while the encoder uses the chunks, and by close()
         self._holders: weakref.WeakSet[Prompt] = weakref.WeakSet()
 
     # --- who refers to it --------------------------------------------------------------------
@@ -95,14 +98,25 @@ class ImageUnit:
         self.check()
         emb = self.embeddings.get(ci)
         if emb is None:
-            t0 = time.perf_counter()
-            emb = backend.encode_image(self.chunks[ci])
-            c["encode_ms"] += (time.perf_counter() - t0) * 1000
+            emb = self.encode(ci, backend)
+            c["encode_ms"] += self.encode_ms[ci]
             c["encoded"] += 1
-            self.embeddings[ci] = emb
         else:
             c["reused"] += 1
         return emb
+
+    def encode(self, ci: int, backend: Backend) -> np.ndarray:
+        """Run the vision encoder on chunk ``ci`` now (any thread: the unit stays open
+        meanwhile) and keep its embeddings."""
+        with self.lock:
+            self.check()
+            emb = self.embeddings.get(ci)
+            if emb is None:
+                t0 = time.perf_counter()
+                emb = backend.encode_image(self.chunks[ci])
+                self.encode_ms[ci] = (time.perf_counter() - t0) * 1000
+                self.embeddings[ci] = emb
+            return emb
 
     @property
     def nbytes(self) -> int:
@@ -110,10 +124,11 @@ class ImageUnit:
             sum(r.embd.nbytes for r in self.merged.values())
 
     def close(self) -> None:
-        self.closed = True
-        self.chunks.close()
-        self.embeddings.clear()
-        self.merged.clear()
+        with self.lock:  # (never while the encoder thread is inside one of its chunks)
+            self.closed = True
+            self.chunks.close()
+            self.embeddings.clear()
+            self.merged.clear()
 
 
 @dataclass(frozen=True, eq=False)

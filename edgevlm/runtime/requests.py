@@ -71,15 +71,20 @@ class Sequence:
     """A request in flight or finished: its reply so far, its stats, and how it ended."""
 
     def __init__(self, request: Request, reserve: int, t_start: float, t_submit: float,
-                 client: Client | None = None, tokenize: Any = None):
+                 client: Client | None = None, tokenize: Any = None, arrival: int = 0):
         self.request = request
         self.reserve = reserve
         self.t_start = t_start
         self.client = client
+        self.arrival = arrival  # prompt work is done in arrival order
         self.text = TextStream(request.stops, tokenize)
         self.sampler: Any = None
-        self.pending: list[Item] = []  # text to evaluate in the next step
+        self.pending: list[Item] = []  # what the KV cache does not hold yet: the prompt's rest, then a reply token
         self.pending_prompt = 0  # how many of them belong to the prompt (the rest: a reply token)
+        self.pending_cells = 0  # the cells they take
+        self.feed: Any = None  # the picture whose embedding rows are being fed (scheduler's)
+        self.asked: dict[tuple[str, int], bool] = {}  # image chunks asked for: were they encoded already
+        self.wait_for: tuple[Any, int] | None = None  # (an earlier request, k): it will hold our first k items
         self.times: list[float] = []  # when each token was sampled
         self.prompt_ms = (t_submit - t_start) * 1000  # preparation + llama.cpp time for the prompt
         self.predicted_ms = 0.0
@@ -107,3 +112,13 @@ class Sequence:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def generating(self) -> bool:
+        """Its prompt is in the KV cache: each step gives it one token."""
+        return self.pending_prompt == 0
+
+    @property
+    def fed(self) -> int:
+        """Cells of the current picture already in the KV cache (not in the slot's items yet)."""
+        return self.feed.done if self.feed is not None else 0

@@ -1,37 +1,38 @@
 """The sequence scheduler: one runtime under every caller (the chat engine, captioning, the
 server).
 
-``Scheduler`` owns the llama.cpp context of a loaded model pair: ``n_seq_max`` sequence slots
-over one unified KV cache, the image cache shared by all of them, and the step loop.
+``Scheduler`` owns the llama.cpp context of a loaded model pair: ``n_seq_max`` sequence ids over
+one unified KV cache — *conversations kept*, many more than the requests that generate at once
+(``max_running``) — the image cache and the encoder thread shared by all of them, a host-RAM
+cache of idle conversations (``cache_ram``), and the step loop.
 
-- ``submit(request)`` places a request in the free slot whose cache it continues (a
-  conversation's next turn: at least half of that slot's cells are its prefix), else in an empty
-  or the least recently used slot; the longest prefix any slot holds becomes part of its
-  sequence (``llama_memory_seq_cp``: the cells gain a sequence, nothing is copied), the rest of
-  the slot's cells are dropped, the request's pictures (and the text between them) are evaluated
-  now, and its last text is left for the next step. When
-  the cells it needs are taken, idle slots give theirs back, least recently used first; a
-  request that fits only once others finish gets ``WAIT``; one that can never fit, an
-  ``InputError``.
-- ``step()`` evaluates the next tokens of every request in flight in **one** llama.cpp batch —
-  the prompt text of new requests (as far as the micro-batch allows) and one generated token per
-  reply — samples, and returns the requests that finished. Generating is memory-bound, so a
-  batch of four tokens costs little more than one.
+- ``submit(request, client)`` places a request and returns at once (no model work): it
+  continues in place in the idle sequence whose *whole* history is a prefix of the request;
+  otherwise it takes a free sequence id and shares the longest prefix any sequence holds
+  (``llama_memory_seq_cp``: the cells gain a sequence, nothing is copied) — or copies it back
+  from the host cache when that holds a longer one. Cells are made by moving idle
+  conversations out, least recently used first, by the cells they free: into the host cache
+  (``llama_state_seq_get_data``) when it has room, else dropped. A request that fits only once
+  others finish gets ``WAIT``; one that can never fit, a ``ContextExceeded``.
+- ``step()`` gives every generating request its next token first, then fills the rest of the
+  batch with prompt work in arrival order — text slices and picture embedding rows, a bounded
+  slice per step (chunked prefill: about as much work as the generation itself, so running
+  streams slow down at most about twofold while a new picture is evaluated) — samples, and
+  returns the requests that finished. Pictures are encoded by the encoder thread meanwhile.
 - ``stream(seq)`` yields one request's text as it is generated, stepping as needed.
 
-Every KV cell is accounted for (cells shared through ``seq_cp`` once), every reply's cells are
-reserved when its request starts — a reply grows into its own reserve or into cells nobody
-reserved, never into another's (then it ends "context") — and llama.cpp's time is attributed
-to the requests by their tokens in each batch.
+Every KV cell is accounted for (``kvcells``), every reply's cells are reserved when its request
+starts — a reply grows into its own reserve or into cells nobody reserved, never into another's
+(then it ends "context") — and llama.cpp's time is attributed to the requests by their tokens
+in each batch.
 
-A fault in one request ends that request only: a batch llama.cpp refuses is retried in
-smaller parts (what a failed batch left in the KV cache is removed first), and only a sequence
-that fails on its own ends with an error; a sampler that raises ends its own sequence. Each
-request belongs to a ``Client`` (a conversation, a caption run, the server's worker): finished
-sequences are handed to their client, and a client cancels and forgets only its own (the
-request types are ``requests``'). With one slot, a request gives exactly the tokens
-one-at-a-time evaluation gives; with several, greedy replies start from the same logits (within the float
-rounding of batched kernels).
+A fault in one request ends that request only: a batch llama.cpp refuses is retried in smaller
+parts (what a failed batch left in the KV cache is removed first), and only a sequence that
+fails on its own ends with an error; a sampler or an encode that raises ends its own sequence.
+Each request belongs to a ``Client``: finished sequences are handed to their client, and a
+client cancels and forgets only its own (the request types are ``requests``'). With one
+sequence running, a request gives the tokens one-at-a-time evaluation gives; with several,
+greedy replies start from the same logits (within the float rounding of batched kernels).
 """
 
 from __future__ import annotations
@@ -50,44 +51,47 @@ from ..errors import BackendError, ContextExceeded
 from ..plan.context import ContextBudget
 from ..vision.merge import MergeSpec, grid_shape, merge_tokens
 from .conversation import Message
-from .items import ImageCache, ImageUnit, Item, Prompt
+from .encoder import Encoder
+from .hostcache import HostKVCache
+from .items import ImageCache, Item, Prompt
+from .kvcells import KVCells, Slot
+from .placement import Placer
 from .prompt import PromptRenderer
 from .requests import WAIT, Client, GenerationResponse, Request, Sequence
 from .stats import build_stats
 
 __all__ = ["Client", "GenerationResponse", "Request", "Scheduler", "SchedulerOptions", "Sequence", "WAIT"]
 
+MIN_SLICE = 16  # prompt rows a step takes at least beside running streams
+
 
 @dataclass(frozen=True)
 class SchedulerOptions:
     image_cache_units: int = 32  # pictures whose embeddings are kept for reuse
     image_cache_bytes: int = 512 * 2**20
+    max_running: int | None = None  # requests generating at once (None: one per sequence id)
+    cache_ram: int = 0  # host RAM for idle conversations moved out of the KV cache (0: drop them)
+    prefill_share: float = 1.0  # prompt work per step beside running streams, as a share of their own
 
 
 @dataclass
-class _Held:
-    item: Item
-    uid: int  # these KV cells: equal uids = the same cells, shared by sequences (seq_cp)
+class _Feed:
+    """A picture chunk on its way into the KV cache, a slice of rows per step."""
 
+    rows: np.ndarray  # embeddings to feed (merged ones, when merging)
+    positions: np.ndarray  # (n,) or (n, 4) M-RoPE positions
+    non_causal: bool
+    final: Item  # the item as it will stand in the KV cache
+    counters: dict[str, int]  # what it adds to the request's stats once fed
+    done: int = 0
 
-class _Slot:
-    def __init__(self, sid: int):
-        self.id = sid
-        self.kv: list[_Held] = []  # what this sequence holds, in order (changed by the scheduler's
-        self.pos = 0  # next position             _hold / _truncate only, which keep these counts)
-        self.seq: Sequence | None = None
-        self.owner: Client | None = None  # whose conversation these cells are (the last to run here)
-        self.last_used = 0
-
-    def lcp(self, items: tuple[Item, ...]) -> int:
-        k, n = 0, min(len(self.kv), len(items))
-        while k < n and self.kv[k].item.key == items[k].key:
-            k += 1
-        return k
+    @property
+    def left(self) -> int:
+        return len(self.rows) - self.done
 
 
 class Scheduler:
-    """N sequence slots over one llama.cpp context (see the module doc)."""
+    """Conversations kept over one llama.cpp context, requests stepped in one batch (module doc)."""
 
     def __init__(self, backend: Backend, options: SchedulerOptions = SchedulerOptions()):
         self.backend = backend
@@ -95,13 +99,18 @@ class Scheduler:
         self.images = ImageCache(backend, options.image_cache_units, options.image_cache_bytes)
         self.renderer = PromptRenderer(backend, self.images)
         self.budget = ContextBudget(backend.n_ctx)
-        self.slots = [_Slot(i) for i in range(backend.n_seq_max)]
+        self.kv = KVCells(backend, backend.n_seq_max)
+        self.slots = self.kv.slots
+        self.max_running = max(1, min(options.max_running or len(self.slots), len(self.slots)))
+        self.host_cache = HostKVCache(options.cache_ram)
+        self.placer = Placer(self.kv, self.host_cache, backend, backend.n_ctx)
+        self.encoder = Encoder(backend)
         self.llama_ms = 0.0  # time inside llama.cpp / mtmd (encode, decode, sampling)
         self.lock = threading.RLock()
-        self._refs: dict[int, int] = {}  # cells (by uid) → how many sequences hold them
-        self._cells = 0  # KV cells held, each counted once
-        self._uids = itertools.count()
         self._clock = itertools.count(1)
+        self._arrival = itertools.count()
+        self._gen_ms = 0.0  # what a step of generated tokens takes (moving average)
+        self._row_ms = 0.0  # what one prompt row takes (moving average)
 
     # --- facts and capacity ------------------------------------------------------------------
     @property
@@ -110,6 +119,7 @@ class Scheduler:
 
     @property
     def n_slots(self) -> int:
+        """Sequence ids: conversations the KV cache keeps."""
         return len(self.slots)
 
     @property
@@ -126,38 +136,29 @@ class Scheduler:
         return self.renderer.render(messages, system, merge, keep_images)
 
     def cells_used(self) -> int:
-        """KV cells held by the sequences, cells shared through seq_cp counted once."""
-        return self._cells
-
-    def _hold(self, slot: _Slot, held: list[_Held]) -> None:
-        """Append cells to a slot's list, keeping the counts."""
-        for h in held:
-            n = self._refs.get(h.uid, 0)
-            if n == 0:
-                self._cells += h.item.n_tokens
-            self._refs[h.uid] = n + 1
-            slot.pos += h.item.n_pos
-        slot.kv.extend(held)
-
-    def _new(self, items: list[Item] | tuple[Item, ...]) -> list[_Held]:
-        return [_Held(it, next(self._uids)) for it in items]
-
-    def _reserved(self) -> int:
-        """Cells the requests in flight may still need: their unevaluated text and replies."""
-        return sum(max(0, s.seq.reserve - len(s.seq.tokens)) + len(s.seq.pending)
-                   for s in self.slots if s.seq is not None)
+        """KV cells llama.cpp holds: the accounted items (shared cells once) and the rows of
+        pictures being fed."""
+        return self.kv.held()
 
     @property
     def busy(self) -> int:
-        return sum(1 for s in self.slots if s.seq is not None)
+        """Requests running (generating or evaluating their prompt)."""
+        return self.kv.running()
 
     def has_free_slot(self) -> bool:
-        return any(s.seq is None for s in self.slots)
+        """Whether another request may start now (fewer than ``max_running`` run)."""
+        return self.busy < self.max_running
+
+    @property
+    def conversations(self) -> int:
+        """Sequences holding cells (running or idle)."""
+        return sum(1 for s in self.slots if s.kv or s.seq is not None)
 
     # --- starting a request ------------------------------------------------------------------
     def submit(self, request: Request, client: Client | None = None) -> Sequence | str:
-        """Start ``request`` for ``client`` (see the module doc): a ``Sequence``, or ``WAIT``.
-        A request that fails here (its pictures, its grammar) leaves nothing behind."""
+        """Place ``request`` for ``client`` (see the module doc): a ``Sequence`` whose prompt
+        the next steps evaluate, or ``WAIT``. A request that fails here (its size, its
+        grammar) leaves nothing behind."""
         with self.lock:
             t_submit = time.perf_counter()
             items = request.prompt.items
@@ -170,189 +171,122 @@ class Scheduler:
                 raise ContextExceeded(
                     f"the prompt needs {need:,} tokens (and {reserve:,} for the reply) but the context "
                     f"holds {self.n_ctx:,} (use a larger --ctx, fewer or smaller images, or /reset)")
-            slot = self._place(items, reserve)
+            for unit in request.prompt.units.values():
+                unit.check()
+            sampler = self.backend.make_sampler(request.sampling)  # a bad grammar: before any work
+            try:
+                slot = self.placer.place(request, reserve, self.max_running)
+            except BaseException:
+                self.backend.free_sampler(sampler)
+                raise
             if slot is None:
+                self.backend.free_sampler(sampler)
+                self._warm(request)
                 return WAIT
             seq = Sequence(request, reserve, request.t_start or t_submit, t_submit, client,
-                           self.backend.tokenize_fragment)
-            seq.sampler = self.backend.make_sampler(request.sampling)  # a bad grammar: before any work
-            try:
-                self._prefill(slot, seq)
-            except BaseException:
-                self.backend.free_sampler(seq.sampler)
-                seq.sampler = None
-                raise
+                           self.backend.tokenize_fragment, next(self._arrival))
+            seq.sampler = sampler
+            k = len(slot.kv)
+            seq.pending = list(items[k:])
+            seq.pending_prompt = len(seq.pending)
+            seq.pending_cells = sum(it.n_tokens for it in seq.pending)
+            seq.c["cached_n"] = sum(it.n_tokens for it in items[:k])
+            seq.c["image_tokens"] = sum(it.n_tokens for it in seq.pending if not it.is_text
+                                        and it.key[1] in request.new_images)
+            seq.wait_for = self.placer.shared_ahead(slot, items)
             slot.seq = seq
             slot.owner = client
             slot.last_used = next(self._clock)
             if client is not None:
                 client.running.add(seq)
+            if not any(not it.is_text for it in seq.pending):
+                request.prompt.release()  # its pictures are all in the KV cache already
+            for it in seq.pending:  # pictures not encoded yet: the encoder starts on them now
+                if not it.is_text:
+                    self._ask_encoder(seq, it)
             return seq
 
-    def _place(self, items: tuple[Item, ...], reserve: int) -> _Slot | None:
-        """A free slot set up to hold the longest prefix of ``items`` any slot holds, with room
-        made for the rest and the reply (None: not until requests in flight finish)."""
-        free = [s for s in self.slots if s.seq is None]
-        if not free:
-            return None
-        lcp = {s.id: s.lcp(items) for s in self.slots}
-        # A slot whose cache this request mostly continues (a conversation's next turn) is
-        # reused; otherwise an empty slot, else the least recently used one, so that other
-        # conversations keep their caches. The shared prefix comes by seq_cp either way.
-        def cells(s: _Slot, k: int | None = None) -> int:
-            return sum(h.item.n_tokens for h in s.kv[:k])
+    def _warm(self, request: Request) -> None:
+        """A request that waits for cells: its pictures are encoded meanwhile."""
+        for it in request.prompt.items:
+            if not it.is_text:
+                unit = request.prompt.units[it.key[1]]
+                if not unit.closed:
+                    self.encoder.request(unit, it.key[2])
 
-        continuing = [s for s in free if s.kv and cells(s, lcp[s.id]) * 2 >= cells(s)]
-        own = max(continuing, key=lambda s: lcp[s.id]) if continuing else \
-            min(free, key=lambda s: (bool(s.kv), s.last_used))
-        cap = len(items) - 1  # the last prompt token is always evaluated (its logits)
-        src = max(self.slots, key=lambda s: lcp[s.id])
-        k = min(lcp[src.id], cap)
-        if min(lcp[own.id], cap) >= k:
-            src = own
-        if src is own:
-            self._truncate(own, k)
-        else:
-            self._truncate(own, 0)
-            keep = src.kv[:k]
-            p1 = sum(h.item.n_pos for h in keep)
-            if p1 > 0:
-                self.backend.seq_copy(src.id, own.id, 0, p1)
-            self._hold(own, keep)
-        need = sum(it.n_tokens for it in items[len(own.kv):]) + reserve
-        while self.cells_used() + self._reserved() + need > self.n_ctx:
-            idle = [s for s in self.slots if s.seq is None and s is not own and s.kv]
-            if not idle:
-                break
-            victim = min(idle, key=lambda s: s.last_used)
-            shared = victim.lcp(items)  # first what it does not share with this prompt
-            self._truncate(victim, shared if shared < len(victim.kv) else 0)
-        if self.cells_used() + self._reserved() + need > self.n_ctx:
-            if self.busy:
-                return None
-            raise ContextExceeded(f"the prompt and its reply need {need:,} more tokens but the context "
-                             f"holds {self.n_ctx:,} (use a larger --ctx, a smaller --image-tokens "
-                             f"or fewer --max-tokens)")
-        return own
+    def _ask_encoder(self, seq: Sequence, it: Item) -> None:
+        """Have the encoder start on a picture chunk of ``seq``'s prompt (once); whether its
+        embeddings were there already decides how the request counts it (reused/encoded)."""
+        unit = seq.request.prompt.units[it.key[1]]
+        ci = it.key[2]
+        if (unit.key, ci) not in seq.asked:
+            seq.asked[(unit.key, ci)] = ci in unit.embeddings
+            self.encoder.request(unit, ci)
 
-    def _truncate(self, slot: _Slot, k: int) -> None:
-        """Keep the first ``k`` items of a slot; llama.cpp drops its cells from there on (always
-        asked: after an interrupted batch it may hold more than the list says)."""
-        p0 = sum(h.item.n_pos for h in slot.kv[:k])
-        self.backend.kv_remove(p0, -1, slot.id)
-        for h in slot.kv[k:]:
-            n = self._refs.pop(h.uid) - 1
-            if n:
-                self._refs[h.uid] = n
-            else:
-                self._cells -= h.item.n_tokens
-        del slot.kv[k:]
-        slot.pos = p0
-
-    def _prefill(self, slot: _Slot, seq: Sequence) -> None:
-        """Evaluate the request's pictures and the text between them now; the text after the
-        last picture waits for the next step (it rides in the batch with the replies)."""
-        be = self.backend
-        prompt, req = seq.request.prompt, seq.request
-        k = len(slot.kv)
-        todo = prompt.items[k:]
-        tail = len(todo)
-        while tail > 0 and todo[tail - 1].is_text:
-            tail -= 1
-        c = seq.c
-        c["cached_n"] = sum(it.n_tokens for it in prompt.items[:k])
-        c["image_tokens"] = sum(it.n_tokens for it in todo if not it.is_text and it.key[1] in req.new_images)
-        pos = slot.pos
-        t0 = time.perf_counter()
-        try:
-            i = 0
-            while i < tail:
-                it = todo[i]
-                if it.is_text:
-                    j = i
-                    while j < tail and todo[j].is_text:
-                        j += 1
-                    pos = be.decode_tokens([t.key[1] for t in todo[i:j]], pos, logits_last=False, seq_id=slot.id)
-                    self._hold(slot, self._new(todo[i:j]))
-                    c["prompt_n"] += j - i
-                    i = j
-                    continue
-                unit = prompt.units[it.key[1]]
-                emb = unit.embedding(it.key[2], be, c)
-                if it.merged:
-                    pos, it = self._decode_merged(unit, it, emb, pos, slot.id, c, it.key[1] in req.new_images)
-                else:
-                    pos = be.decode_image(unit.chunk(it.key[2]), emb, pos, slot.id)
-                    c["image_tokens_in"] += it.n_tokens
-                    c["image_tokens_out"] += it.n_tokens
-                self._hold(slot, self._new([it]))
-                c["prompt_n"] += it.n_tokens
-                i += 1
-        except BaseException:
-            self._truncate(slot, k)  # nothing half-evaluated stays behind
-            raise
-        finally:
-            prompt.release()  # its pictures are in the KV cache now (or it failed)
-            self.images.trim(keep=prompt.units)
-            dt = (time.perf_counter() - t0) * 1000
-            seq.prompt_ms += dt
-            self.llama_ms += dt
-        seq.pending = list(todo[tail:])
-        seq.pending_prompt = len(seq.pending)
-
-    def _decode_merged(self, unit: ImageUnit, it: Item, emb: np.ndarray, pos: int, seq_id: int,
-                       c: dict[str, Any], new: bool) -> tuple[int, Item]:
-        """Merge an image chunk's embeddings (cached per merge spec) and feed them; returns
-        the new position and the item as it now stands in the KV cache."""
-        be = self.backend
-        ci, spec = it.key[2], it.key[3]
-        chunk = unit.chunk(ci)
-        res = unit.merged.get((ci, spec))
-        if res is None:
-            w, h = grid_shape(chunk.n_tokens, chunk.nx, chunk.ny)
-            res = merge_tokens(emb, w, h, spec)
-            unit.merged[(ci, spec)] = res
-        if be.use_mrope:
-            positions = be.image_positions(chunk, pos, res.representative)
-            new_pos = pos + chunk.n_pos  # M-RoPE: advance as mtmd would
-        else:
-            positions = pos + np.arange(res.n_out)
-            new_pos = pos + res.n_out
-        be.decode_embeddings(res.embd, positions, be.non_causal, seq_id)
-        c["image_tokens_in"] += res.n_in
-        c["image_tokens_out"] += res.n_out
-        c["merge_map_size"] += res.n_in
-        if new:
-            c["image_tokens"] += res.n_out - it.n_tokens
-        return new_pos, Item(it.key, res.n_out, it.n_pos if be.use_mrope else res.n_out)
-
-    # --- one batched step --------------------------------------------------------------------
+    # --- one step ------------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """Evaluate the next tokens of every request in flight in one batch, sample, and return
-        the requests that finished (every client's: each is also handed to its own client)."""
+        """Give every generating request its next token and the rest of the batch to prompt
+        work in arrival order (module doc); sample; return the requests that finished (every
+        client's: each is also handed to its own client)."""
         with self.lock:
-            active = [s for s in self.slots if s.seq is not None and s.seq.pending]
-            if not active:
+            running = [s for s in self.slots if s.seq is not None]
+            if not running:
                 return []
-            groups: list[tuple[_Slot, int]] = []  # (slot, how many of its pending items)
-            room = self.backend.n_batch
-            for s in active:
-                n = min(len(s.seq.pending), room)
-                if n <= 0:
-                    break
-                groups.append((s, n))
-                room -= n
             done: list[Sequence] = []
+            gen = [s for s in running if s.seq.generating]
+            room = self.backend.n_batch - len(gen)
+            # prompt rows this step: all there is room for when nobody generates, else about as
+            # much work as the generated tokens themselves take
+            rows = room if not gen else max(MIN_SLICE, min(room, int(
+                self.options.prefill_share * self._gen_ms / self._row_ms) if self._row_ms > 0 else MIN_SLICE))
+            groups = [(s, 1) for s in gen]
+            picture: tuple[Slot, int] | None = None
+            for s in sorted((s for s in running if not s.seq.generating), key=lambda s: s.seq.arrival):
+                if rows <= 0:
+                    break
+                if self.placer.catch_up(s):
+                    continue
+                seq = s.seq
+                if not seq.pending[0].is_text:
+                    if picture is None and self._feed_ready(s, done):
+                        n = seq.feed.left if seq.feed.non_causal else min(rows, seq.feed.left)
+                        picture = (s, n)
+                        rows -= n
+                    continue
+                n = 0
+                while n < min(rows, len(seq.pending)) and seq.pending[n].is_text:
+                    n += 1
+                groups.append((s, n))
+                rows -= n
             t0 = time.perf_counter()
-            self._run(groups, done)
+            if groups:
+                self._run(groups, done)
+                dt = (time.perf_counter() - t0) * 1000
+                if gen and len(groups) == len(gen):  # a generation-only step: what it costs
+                    self._gen_ms = dt if not self._gen_ms else 0.8 * self._gen_ms + 0.2 * dt
+            if picture is not None:
+                t1 = time.perf_counter()
+                self._feed_rows(*picture, done)
+                self._measure_rows(picture[1], (time.perf_counter() - t1) * 1000)
+            elif len(groups) > len(gen):
+                prompt_rows = sum(n for s, n in groups[len(gen):])
+                self._measure_rows(prompt_rows, max(0.0, (time.perf_counter() - t0) * 1000 - self._gen_ms))
             self.llama_ms += (time.perf_counter() - t0) * 1000
-            return done
+            idle = not groups and picture is None and not done
+        if idle:  # every request waits for a picture the encoder is on: wait with it
+            self.encoder.wait(0.05)
+        return done
 
-    def _run(self, groups: list[tuple[_Slot, int]], done: list[Sequence]) -> None:
-        """Decode the next ``n`` pending items of each slot in one batch and sample the slots
-        whose prompt is through. A batch llama.cpp refuses is retried in halves (by sequence,
-        then a lone sequence with fewer items); a sequence that fails alone ends with the
-        error, and no other sequence's cells are touched."""
+    def _measure_rows(self, n: int, ms: float) -> None:
+        if n > 0 and ms > 0:
+            per = ms / n
+            self._row_ms = per if not self._row_ms else 0.8 * self._row_ms + 0.2 * per
+
+    def _run(self, groups: list[tuple[Slot, int]], done: list[Sequence]) -> None:
+        """Decode the next ``n`` pending text items of each slot in one batch and sample the
+        slots whose prompt is through. A batch llama.cpp refuses is retried in halves (by
+        sequence, then a lone sequence with fewer items); a sequence that fails alone ends with
+        the error, and no other sequence's cells are touched."""
         be = self.backend
         entries: list[tuple[int, int, int, bool]] = []
         outs: dict[int, int] = {}  # slot id → batch index of its output
@@ -376,10 +310,7 @@ class Scheduler:
             elif groups[0][1] > 1:
                 self._run([(groups[0][0], groups[0][1] // 2)], done)
             else:
-                s = groups[0][0]
-                s.seq.error = exc if isinstance(exc, BackendError) else BackendError(
-                    f"evaluating the reply failed ({type(exc).__name__}: {exc})")
-                done.append(self._finish(s, "error"))
+                self._fail(groups[0][0], exc, "evaluating the reply", done)
             return
         dt = (time.perf_counter() - t0) * 1000
         for s, n in groups:
@@ -388,12 +319,13 @@ class Scheduler:
             n_prompt = min(n, seq.pending_prompt)
             seq.prompt_ms += share * n_prompt / n
             seq.predicted_ms += share * (n - n_prompt)
-            self._hold(s, self._new(seq.pending[:n]))
+            self.kv.hold(s, self.kv.new(seq.pending[:n]))
             seq.c["prompt_n"] += n_prompt
             seq.pending = seq.pending[n:]
             seq.pending_prompt -= n_prompt
+            seq.pending_cells -= n
         # cells nobody has reserved: what a reply past its own reserve may still grow into
-        slack = self.n_ctx - self.cells_used() - self._reserved()
+        slack = self.n_ctx - self.cells_used() - self.kv.reserved()
         for s, _ in groups:
             seq = s.seq
             if seq.pending:  # a long prompt: the rest comes next step
@@ -401,9 +333,7 @@ class Scheduler:
             try:
                 finish = self._sample(s, outs[s.id])
             except Exception as exc:  # this sequence's sampler (or its text) failed: it alone ends
-                seq.error = exc if isinstance(exc, BackendError) else BackendError(
-                    f"sampling failed ({type(exc).__name__}: {exc})")
-                done.append(self._finish(s, "error"))
+                self._fail(s, exc, "sampling", done)
                 continue
             if finish is None and len(seq.tokens) > seq.reserve:
                 slack -= 1  # its next token needs a cell outside its reserve
@@ -411,8 +341,95 @@ class Scheduler:
                     finish = "context"
             if finish is not None:
                 done.append(self._finish(s, finish))
+            else:
+                seq.pending_cells = 1
 
-    def _sample(self, s: _Slot, index: int) -> str | None:
+    # --- pictures ------------------------------------------------------------------------------
+    def _feed_ready(self, s: Slot, done: list[Sequence]) -> bool:
+        """Whether the picture at the head of ``s``'s prompt can be fed now (its embeddings
+        encoded); sets ``seq.feed``. A failed encode ends that request."""
+        seq = s.seq
+        if seq.feed is not None:
+            return True
+        it = seq.pending[0]
+        unit = seq.request.prompt.units[it.key[1]]
+        ci = it.key[2]
+        if ci in unit.errors or unit.closed:
+            self._fail(s, unit.errors.get(ci) or BackendError("the picture's image unit was closed"),
+                       "encoding the picture", done)
+            return False
+        emb = unit.embeddings.get(ci)
+        if emb is None:
+            self._ask_encoder(seq, it)
+            return False
+        if seq.asked.get((unit.key, ci), True):
+            seq.c["reused"] += 1
+        else:
+            seq.c["encoded"] += 1
+            seq.c["encode_ms"] += unit.encode_ms.get(ci, 0.0)
+        try:
+            seq.feed = self._make_feed(s, it, unit, emb)
+        except Exception as exc:
+            self._fail(s, exc, "preparing the picture", done)
+            return False
+        return True
+
+    def _make_feed(self, s: Slot, it: Item, unit, emb: np.ndarray) -> _Feed:
+        be, seq = self.backend, s.seq
+        chunk = unit.chunk(it.key[2])
+        pos = s.pos
+        if not it.merged:
+            positions = be.image_positions(chunk, pos, range(chunk.n_tokens)) if be.use_mrope else \
+                pos + np.arange(chunk.n_tokens)
+            return _Feed(emb, positions, be.non_causal, it,
+                         {"image_tokens_in": it.n_tokens, "image_tokens_out": it.n_tokens})
+        ci, spec = it.key[2], it.key[3]
+        res = unit.merged.get((ci, spec))
+        if res is None:
+            w, h = grid_shape(chunk.n_tokens, chunk.nx, chunk.ny)
+            res = merge_tokens(emb, w, h, spec)
+            unit.merged[(ci, spec)] = res
+        if be.use_mrope:
+            positions = be.image_positions(chunk, pos, res.representative)
+        else:
+            positions = pos + np.arange(res.n_out)
+        final = Item(it.key, res.n_out, it.n_pos if be.use_mrope else res.n_out)
+        counters = {"image_tokens_in": res.n_in, "image_tokens_out": res.n_out, "merge_map_size": res.n_in}
+        if it.key[1] in seq.request.new_images:
+            counters["image_tokens"] = res.n_out - it.n_tokens
+        return _Feed(res.embd, positions, be.non_causal, final, counters)
+
+    def _feed_rows(self, s: Slot, n: int, done: list[Sequence]) -> None:
+        """Feed the next ``n`` rows of ``s``'s picture; once all are in, it stands in the slot's
+        items. A failure ends that request (its rows are removed again)."""
+        seq, feed = s.seq, s.seq.feed
+        t0 = time.perf_counter()
+        try:
+            self.backend.decode_embeddings(feed.rows[feed.done:feed.done + n], feed.positions[feed.done:feed.done + n],
+                                           feed.non_causal, s.id)
+        except Exception as exc:
+            self.backend.kv_remove(s.pos, -1, s.id)
+            feed.done = 0
+            self._fail(s, exc, "evaluating the picture", done)
+            return
+        seq.prompt_ms += (time.perf_counter() - t0) * 1000
+        feed.done += n
+        if feed.left > 0:
+            return
+        it = seq.pending.pop(0)
+        seq.feed = None
+        seq.pending_prompt -= 1
+        seq.pending_cells -= it.n_tokens
+        self.kv.hold(s, self.kv.new([feed.final]))  # (M-RoPE: it advances the position as mtmd counts)
+        seq.c["prompt_n"] += feed.final.n_tokens
+        for k, v in feed.counters.items():
+            seq.c[k] = seq.c.get(k, 0) + v
+        if all(p.is_text for p in seq.pending):
+            seq.request.prompt.release()  # its pictures are in the KV cache now
+            self.images.trim(keep=seq.request.prompt.units)
+
+    # --- sampling and ending -------------------------------------------------------------------
+    def _sample(self, s: Slot, index: int) -> str | None:
         """Sample slot ``s``'s next token from batch output ``index``; a finish reason or None."""
         be, seq = self.backend, s.seq
         ts = time.perf_counter()
@@ -434,15 +451,23 @@ class Scheduler:
         seq.pending = [Item(("t", tok), 1, 1)]
         return None
 
-    def _finish(self, slot: _Slot, finish: str) -> Sequence:
+    def _fail(self, s: Slot, exc: BaseException, what: str, done: list[Sequence]) -> None:
+        s.seq.error = exc if isinstance(exc, BackendError) else BackendError(f"{what} failed ({type(exc).__name__}: {exc})")
+        done.append(self._finish(s, "error"))
+
+    def _finish(self, slot: Slot, finish: str) -> Sequence:
         seq = slot.seq
         assert seq is not None
+        if seq.fed:  # a picture fed part of the way: its rows go (the slot keeps whole items)
+            self.backend.kv_remove(slot.pos, -1, slot.id)
+        seq.feed = None
         if seq.sampler is not None:
             self.backend.free_sampler(seq.sampler)
         seq.sampler = None
         slot.seq = None
         slot.last_used = next(self._clock)
         seq.pending = []
+        seq.pending_cells = 0
         seq.finish_reason = finish
         seq.request.prompt.release()
         seq.stats = build_stats(seq.c, len(seq.tokens), seq.times, seq.t_start, seq.prompt_ms,
@@ -452,15 +477,6 @@ class Scheduler:
             seq.client.running.discard(seq)
             seq.client.finished.append(seq)
         return seq
-
-    def _forget_all(self) -> None:
-        for s in self.slots:
-            s.kv.clear()
-            s.pos = 0
-            s.owner = None
-        self._refs.clear()
-        self._cells = 0
-        self.backend.kv_clear()
 
     # --- callers -----------------------------------------------------------------------------
     def cancel(self, seq: Sequence) -> None:
@@ -496,13 +512,14 @@ class Scheduler:
 
     def forget(self, client: Client) -> None:
         """Cancel ``client``'s requests and drop the KV cells of the conversations it left in
-        the slots (other clients' cells, and prefixes they share, stay)."""
+        the sequences and the host cache (other clients' cells, and prefixes they share, stay)."""
         with self.lock:
             self.cancel_client(client)
             for s in self.slots:
                 if s.owner is client and s.seq is None:
-                    self._truncate(s, 0)
+                    self.kv.truncate(s, 0)
                     s.owner = None
+            self.host_cache.forget(client)
 
     def cancel_all(self) -> None:
         with self.lock:
@@ -511,13 +528,22 @@ class Scheduler:
                     self.cancel(s.seq)
 
     def clear(self) -> None:
-        """Cancel what is in flight and empty the KV cache (image embeddings stay cached): the
-        model owner's reset, for every client at once."""
+        """Cancel what is in flight and empty the KV cache and the host cache (image embeddings
+        stay cached): the model owner's reset, for every client at once."""
         with self.lock:
             self.cancel_all()
-            self._forget_all()
+            self.kv.clear()
+            self.host_cache.forget()
 
     def close(self) -> None:
         with self.lock:
             self.cancel_all()
+            self.encoder.close()
             self.images.close()
+            self.host_cache.forget()
+
+    def status(self) -> dict[str, Any]:
+        """What runs and what is kept, for ``/status``."""
+        return {"running": self.busy, "max_running": self.max_running, "sequences": self.n_slots,
+                "conversations": self.conversations, "cells_used": self.cells_used(), "n_ctx": self.n_ctx,
+                "host_cache": self.host_cache.to_dict(), "encoding": self.encoder.pending}

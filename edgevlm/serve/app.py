@@ -206,7 +206,8 @@ class Server:
         rss = psutil.Process().memory_info().rss
         out.update(
             plan=plan.to_dict() if plan is not None else None,
-            slots={"total": sched.n_slots, "busy": worker.running},
+            slots={"total": sched.max_running, "busy": worker.running},
+            kv=sched.status(),
             queue={"waiting": worker.queued, "limit": self.options.queue},
             context={"n_ctx": sched.n_ctx, "cells_used": sched.cells_used()},
             memory={
@@ -222,17 +223,20 @@ class Server:
 
     def _host(self, rss: int) -> dict[str, Any]:
         """What the host's memory is planned for, beside the RSS measured now: the model's
-        buffers (the plan), the image cache's bound, the process itself (--host-reserve) and the
-        requests in flight and waiting (the allowance, and what they hold of it now)."""
+        buffers (the plan), the image cache's bound, the host KV cache of idle conversations
+        (--cache-ram), the process itself (--host-reserve) and the requests in flight and
+        waiting (the allowance, and what they hold of it now)."""
         eng, service = self.engine, self.service
         assert eng is not None and service is not None
         plan = eng.plan
         buffers = plan.host_buffers if plan is not None else 0
         reserve = plan.host_reserve if plan is not None else 0
         cache = image_cache_bound(eng)
+        kv_cache = eng.scheduler.host_cache.max_bytes
         host = service.host.to_dict()
-        limit = buffers + cache + reserve + host["allowance_bytes"]
-        return {"buffers_bytes": buffers, "image_cache_bytes": cache, "process_reserve_bytes": reserve,
+        limit = buffers + cache + kv_cache + reserve + host["allowance_bytes"]
+        return {"buffers_bytes": buffers, "image_cache_bytes": cache, "kv_cache_bytes": kv_cache,
+                "kv_cache_used_bytes": eng.scheduler.host_cache.nbytes, "process_reserve_bytes": reserve,
                 **host, "limit_bytes": limit, "limit": format_size(limit), "rss_bytes": rss,
                 "rss_within_limit": rss <= limit}
 
@@ -253,6 +257,8 @@ class Server:
                 f'edgevlm_slots_total {st["slots"]["total"]}',
                 f'edgevlm_queue_waiting {st["queue"]["waiting"]}',
                 f'edgevlm_kv_cells_used {st["context"]["cells_used"]}',
+                f'edgevlm_conversations_kept {st["kv"]["conversations"]}',
+                f'edgevlm_host_kv_cache_bytes {st["kv"]["host_cache"]["bytes"]}',
                 f'edgevlm_kv_cells_total {st["context"]["n_ctx"]}',
                 f'edgevlm_process_rss_bytes {st["memory"]["measured"]["process_rss_bytes"]}',
             ]

@@ -6,10 +6,12 @@ from dataclasses import dataclass
 
 from ..plan.context import ContextBudget
 
-__all__ = ["ServeOptions", "serve_slots"]
+__all__ = ["ServeOptions", "serve_sequences", "serve_slots"]
 
 DEFAULT_PARALLEL = 4  # requests generated together when the context holds them
 MIB = 2**20
+LLAMA_MAX_SEQ = 256  # sequence ids llama.cpp gives one context (src/llama-cparams.h)
+CELLS_PER_CONVERSATION = 256  # a context keeps a conversation per this many cells
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,9 @@ class ServeOptions:
     # plan's --host-allowance when serving; a 24-megapixel photo takes ~190 MiB while decoded
     host_allowance: int = 512 * MIB
     host_wait_s: float = 30.0  # a request waits this long for host allowance, then 503
+    # host RAM for idle conversations moved out of the KV cache, copied back when they return
+    # (the plan's --cache-ram when serving)
+    cache_ram: int = 1024 * MIB
 
 
 def serve_slots(n_ctx: int, image_max_tokens: int | None, max_tokens: int, parallel: int | None = None) -> int:
@@ -40,3 +45,10 @@ def serve_slots(n_ctx: int, image_max_tokens: int | None, max_tokens: int, paral
         return parallel
     return ContextBudget(n_ctx).prompts_in_flight(image_max_tokens or 576, max_tokens,
                                                   ContextBudget.shared_prefix(None), DEFAULT_PARALLEL)
+
+
+def serve_sequences(n_ctx: int, parallel: int) -> int:
+    """Sequence ids for a server: conversations kept in the KV cache, many more than the
+    requests that generate at once — one per ``CELLS_PER_CONVERSATION`` cells of context, at
+    least ``parallel``, at most llama.cpp's limit."""
+    return max(parallel, min(LLAMA_MAX_SEQ, n_ctx // CELLS_PER_CONVERSATION))

@@ -70,7 +70,7 @@ class ChatService:
     @property
     def capacity(self) -> int:
         """Requests the worker takes at once (running and queued) before it answers 503."""
-        return self.model.scheduler.n_slots + self.options.queue
+        return self.model.scheduler.max_running + self.options.queue
 
     def lease(self, what: str = "this request") -> Lease:
         return self.host.lease(what)

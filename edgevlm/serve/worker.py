@@ -151,7 +151,7 @@ class Worker:
 
     def check_capacity(self) -> None:
         """Refuse (503 + Retry-After) when every sequence is taken and the queue is full."""
-        if self.running + self.queued >= self.sched.n_slots + self.options.queue:
+        if self.running + self.queued >= self.sched.max_running + self.options.queue:
             self.counters.rejected += 1
             raise APIError(f"the server is busy: {self.running} request(s) running and {self.queued} "
                            f"waiting (the queue holds {self.options.queue}); retry shortly",

@@ -1,0 +1,79 @@
+"""The vision encoder in a thread of its own: the scheduler asks for a picture's chunk to be
+encoded and goes on stepping the requests that generate; the chunk's embeddings appear on its
+image unit when they are ready (or the error, for the request that waits on it alone).
+
+llama.cpp's context is driven by the scheduler's thread; mtmd's by this one (under the
+backend's mtmd lock, which counting and tokenizing share), so a long encode of a new picture
+holds up nobody's tokens but its own request's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from ..backend.llama import Backend
+from .items import ImageUnit
+
+__all__ = ["Encoder"]
+
+
+class Encoder:
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self._queue: deque[tuple[ImageUnit, int]] = deque()
+        self._busy: tuple[ImageUnit, int] | None = None
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def ready(self, unit: ImageUnit, ci: int) -> bool:
+        return ci in unit.embeddings or ci in unit.errors
+
+    def request(self, unit: ImageUnit, ci: int) -> bool:
+        """Encode chunk ``ci`` of ``unit`` soon; False if it is ready or already asked for."""
+        with self._cond:
+            job = (unit, ci)
+            if self.ready(unit, ci) or self._busy == job or job in self._queue:
+                return False
+            self._queue.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="edgevlm-encoder", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+            return True
+
+    def wait(self, timeout: float) -> None:
+        """Until an encode finishes (or ``timeout`` seconds)."""
+        with self._cond:
+            if self._queue or self._busy is not None:
+                self._cond.wait(timeout)
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + (self._busy is not None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                unit, ci = self._busy = self._queue.popleft()
+            try:
+                unit.encode(ci, self.backend)  # (a closed unit raises: its request ends with that)
+            except Exception as exc:  # this picture's request ends with it; the thread goes on
+                unit.errors[ci] = exc
+            finally:
+                with self._cond:
+                    self._busy = None
+                    self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._queue.clear()
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=60)

@@ -1,0 +1,166 @@
+"""Where a request goes in the KV cache, and what makes room for it: the placement rules of the
+scheduler (module doc there), apart from its step loop.
+
+- Continue in place only in an idle sequence whose *whole* history is a prefix of the request;
+  otherwise a free sequence, sharing the longest prefix any sequence holds (``seq_cp``), or
+  copying a longer one back from the host cache. With no free sequence, the least recently used
+  idle conversation goes (keeping what it shares with the request when it is the one that does).
+- Room is made by moving idle conversations out, least recently used first, by the cells they
+  free: into the host cache when it has room (``state_seq_get_data``), else dropped.
+- A request that shares a prefix with an earlier one still evaluating its prompt (a system
+  prompt, the same picture) waits for those cells and shares them (``catch_up``) instead of
+  evaluating them twice.
+"""
+
+from __future__ import annotations
+
+from ..backend.llama import Backend
+from ..errors import ContextExceeded
+from .hostcache import HostKVCache, Saved
+from .items import Item
+from .kvcells import KVCells, Slot
+from .requests import Request, Sequence
+
+__all__ = ["Placer", "RESTORE_MIN", "SAVE_MIN"]
+
+RESTORE_MIN = 32  # copy a conversation back from the host cache when it saves evaluating this many cells
+SAVE_MIN = 16  # conversations smaller than this are dropped, not saved to the host cache
+
+
+class Placer:
+    """The placement rules over one KV cache and its host cache (module doc)."""
+
+    def __init__(self, kv: KVCells, host_cache: HostKVCache, backend: Backend, n_ctx: int):
+        self.kv = kv
+        self.host_cache = host_cache
+        self.backend = backend
+        self.n_ctx = n_ctx
+
+    def place(self, request: Request, reserve: int, max_running: int) -> Slot | None:
+        """A sequence set up to hold the longest prefix of the request anything holds, with
+        room made for the rest and the reply (None: not until requests in flight finish)."""
+        items = request.prompt.items
+        if self.kv.running() >= max_running:
+            return None
+        cap = len(items) - 1  # the last prompt token is always evaluated (its logits)
+        lcp = {s.id: min(s.lcp(items), cap) for s in self.kv.slots}
+        # continue in place only where the whole history is a prefix of the request
+        whole = [s for s in self.kv.slots if s.idle and lcp[s.id] == len(s.kv)]
+        if whole:
+            own = max(whole, key=lambda s: (len(s.kv), s.last_used))
+        else:
+            src = max(self.kv.slots, key=lambda s: lcp[s.id])
+            k = lcp[src.id]
+            saved, hk = self.host_cache.best(items)
+            hk = min(hk, cap)
+            restore = saved is not None and \
+                sum(it.n_tokens for it in items[k:hk]) >= RESTORE_MIN  # (cells it saves evaluating)
+            free = [s for s in self.kv.slots if s.free]
+            if free:
+                own = free[0]
+            else:  # every sequence holds a conversation: the least recently used one goes
+                victim = min((s for s in self.kv.slots if s.idle), key=lambda s: s.last_used)
+                if victim is src and not restore:  # ... but what it shares with the request stays
+                    self.save(victim)
+                    self.kv.truncate(victim, k)
+                    own, k = victim, 0
+                else:
+                    own = self.evict(victim)
+            if restore and self.restore(own, saved, hk, request, reserve):
+                pass
+            elif k > 0 and src is not own and src.kv:
+                self.kv.share(src, own, k)
+        need = sum(it.n_tokens for it in items[len(own.kv):]) + reserve
+        if not self.make_room(need, keep=own):
+            if self.kv.running():
+                return None
+            raise ContextExceeded(f"the prompt and its reply need {need:,} more tokens but the context "
+                                  f"holds {self.n_ctx:,} (use a larger --ctx, a smaller --image-tokens "
+                                  f"or fewer --max-tokens)")
+        return own
+
+    def make_room(self, need: int, keep: Slot) -> bool:
+        """Move idle conversations out (least recently used first) until ``need`` more cells
+        fit beside what runs and is reserved."""
+        while self.kv.held() + self.kv.reserved() + need > self.n_ctx:
+            idle = [s for s in self.kv.slots if s.idle and s is not keep and self.kv.unique(s) > 0]
+            if not idle:
+                return False
+            self.evict(min(idle, key=lambda s: s.last_used))
+        return True
+
+    def evict(self, slot: Slot) -> Slot:
+        """An idle conversation out of the KV cache: copied into the host cache when it has
+        room for it, then its cells dropped. Returns the slot, now free."""
+        self.save(slot)
+        self.kv.truncate(slot, 0)
+        slot.owner = None
+        return slot
+
+    def save(self, slot: Slot) -> None:
+        if slot.kv and self.host_cache.max_bytes and self.kv.cells_of(slot) >= SAVE_MIN:
+            data = self.backend.state_save(slot.id, self.host_cache.max_bytes)
+            if data is not None:
+                self.host_cache.put(slot.items(), data, slot.owner)
+
+    def restore(self, own: Slot, saved: Saved, k: int, request: Request, reserve: int) -> bool:
+        """Copy a saved conversation back into ``own`` (empty) and keep its first ``k`` items;
+        False (and nothing changed) when its cells do not fit or llama.cpp refuses."""
+        rest = sum(it.n_tokens for it in request.prompt.items[k:])
+        if not self.make_room(saved.cells + rest + reserve, keep=own):
+            return False
+        if not self.backend.state_load(saved.data, own.id):
+            self.backend.kv_remove(0, -1, own.id)
+            return False
+        self.kv.hold(own, self.kv.new(saved.items))
+        self.kv.truncate(own, k)
+        self.host_cache.take(saved)
+        return True
+
+    def shared_ahead(self, own: Slot, items: tuple[Item, ...]) -> tuple[Sequence, int] | None:
+        """An earlier request still evaluating its prompt that will hold more of ``items`` than
+        ``own`` does (a system prompt, a picture they share), and how much: this one shares
+        those cells once they are there instead of evaluating them a second time."""
+        cap = len(items) - 1
+        best, k = None, len(own.kv)
+        for s in self.kv.slots:
+            if s.seq is None or s is own or s.seq.generating:
+                continue
+            target = s.items() + tuple(s.seq.pending[:s.seq.pending_prompt])
+            n = 0
+            m = min(len(target), cap)
+            while n < m and target[n].key == items[n].key:
+                n += 1
+            if n > k:
+                best, k = s.seq, n
+        return (best, k) if best is not None else None
+
+    def catch_up(self, s: Slot) -> bool:
+        """Before ``s`` evaluates more of its prompt: share what another sequence now holds of
+        it. True when it should wait a step (an earlier request is evaluating what they share)."""
+        seq = s.seq
+        if seq.feed is not None:
+            return False
+        items = seq.request.prompt.items
+        if seq.wait_for is not None:
+            ahead, k = seq.wait_for
+            holder = next((o for o in self.kv.slots if o.seq is ahead), None)
+            if holder is not None and holder.lcp(items) < min(k, len(items) - 1):
+                return True  # it is on its way: wait for it
+            seq.wait_for = None
+        else:
+            return False  # (placement shared what there was; nothing came since)
+        cap = len(items) - 1
+        best = max((o for o in self.kv.slots if o is not s and o.kv), key=lambda o: o.lcp(items), default=None)
+        k = min(best.lcp(items), cap) if best is not None else 0
+        m = len(s.kv)
+        if k > m and s.lcp(items) == m:
+            self.kv.share(best, s, k)
+            taken = seq.pending[:k - m]
+            seq.pending = seq.pending[k - m:]
+            seq.pending_prompt -= len(taken)
+            seq.pending_cells -= sum(it.n_tokens for it in taken)
+            seq.c["cached_n"] += sum(it.n_tokens for it in taken)
+            seq.c["image_tokens"] -= sum(it.n_tokens for it in taken if not it.is_text
+                                         and it.key[1] in seq.request.new_images)
+        return False
