@@ -190,6 +190,8 @@ class Backend(MtmdTokenizer):
         self.n_seq_max = int(llama_cpp.llama_n_seq_max(self.llama.ctx))
         self._batch_ext = None  # for decode_multi, made on first use
         self._byte_tokens: dict[int, int] | None = None  # byte → a token of that one byte (on first use)
+        self._pieces: dict[int, bytes] = {}  # token → its text (token_bytes)
+        self._eog: dict[int, bool] = {}  # token → whether it ends generation
         self._vocab = llama_cpp.llama_model_get_vocab(self.llama.model)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
@@ -461,10 +463,20 @@ class Backend(MtmdTokenizer):
 
     # --- vocab ------------------------------------------------------------------------
     def is_eog(self, token: int) -> bool:
-        return bool(self.llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        hit = self._eog.get(token)
+        if hit is None:
+            hit = self._eog[token] = bool(self.llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return hit
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
-        return self.llama.detokenize([token], special=special)
+        """A token's text as bytes (a piece of a UTF-8 character, for byte tokens); remembered
+        per token: generation asks for every token it samples."""
+        if special:
+            return self.llama.detokenize([token], special=True)
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self.llama.detokenize([token], special=False)
+        return piece
 
     def token_text(self, token: int) -> str:
         """A special token's text (``<s>``, ``<|im_end|>``); "" for none (-1)."""

@@ -9,7 +9,6 @@ matched by the items it holds (the same keys the KV slots are matched by).
 
 from __future__ import annotations
 
-import itertools
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,6 @@ class Saved:
     items: tuple[Item, ...]  # what the sequence held, in order
     data: bytes  # llama.cpp's copy of its cells
     owner: Any  # the client whose conversation it was
-    last_used: int
 
     @property
     def cells(self) -> int:
@@ -37,13 +35,16 @@ class Saved:
         return k
 
 
+MAX_ENTRIES = 256  # conversations kept at most (each lookup compares the request with all of them)
+
+
 class HostKVCache:
-    """Saved sequences within ``max_bytes`` (0: nothing is kept)."""
+    """Saved sequences within ``max_bytes`` (0: nothing is kept) and ``MAX_ENTRIES``."""
 
     def __init__(self, max_bytes: int = 0):
         self.max_bytes = int(max_bytes)
         self._entries: list[Saved] = []
-        self._clock = itertools.count(1)
+        self._bytes = 0
         self._lock = threading.Lock()
         self.saved = 0  # sequences copied in
         self.restored = 0  # ... and copied back to the KV cache
@@ -51,7 +52,7 @@ class HostKVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(len(e.data) for e in self._entries)
+        return self._bytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -65,14 +66,19 @@ class HostKVCache:
         if not self.fits(len(data)):
             return False
         with self._lock:
-            self._entries = [e for e in self._entries if not (len(e.items) <= len(items) and
-                                                              e.lcp(items) == len(e.items))]
-            while self._entries and self.nbytes + len(data) > self.max_bytes:
-                self._entries.remove(min(self._entries, key=lambda e: e.last_used))
+            for e in [e for e in self._entries if len(e.items) <= len(items) and e.lcp(items) == len(e.items)]:
+                self._remove(e)
+            while self._entries and (self._bytes + len(data) > self.max_bytes or len(self._entries) >= MAX_ENTRIES):
+                self._remove(self._entries[0])  # (kept in the order they came: the oldest first)
                 self.dropped += 1
-            self._entries.append(Saved(items, data, owner, next(self._clock)))
+            self._entries.append(Saved(items, data, owner))
+            self._bytes += len(data)
             self.saved += 1
             return True
+
+    def _remove(self, entry: Saved) -> None:
+        self._entries.remove(entry)
+        self._bytes -= len(entry.data)
 
     def best(self, items: tuple[Item, ...] | list[Item]) -> tuple[Saved | None, int]:
         """The entry sharing the longest prefix with ``items``, and how long it is."""
@@ -88,13 +94,14 @@ class HostKVCache:
         """The entry went back into the KV cache: it is resident again."""
         with self._lock:
             if entry in self._entries:
-                self._entries.remove(entry)
+                self._remove(entry)
                 self.restored += 1
 
     def forget(self, owner: Any = None) -> None:
         """Drop ``owner``'s entries (None: every entry)."""
         with self._lock:
             self._entries = [e for e in self._entries if owner is not None and e.owner is not owner]
+            self._bytes = sum(len(e.data) for e in self._entries)
 
     def to_dict(self) -> dict[str, int]:
         return {"max_bytes": self.max_bytes, "bytes": self.nbytes, "conversations": len(self._entries),

@@ -63,6 +63,7 @@ class KVCells:
     def __init__(self, backend: Backend, n_slots: int):
         self.backend = backend
         self.slots = [Slot(i) for i in range(n_slots)]
+        self.live: list[Slot] = []  # the slots a request runs in, in the order they started
         self._refs: dict[int, int] = {}  # cells (by uid) → how many slots hold them
         self._cells = 0  # cells held, each counted once
         self._uids = itertools.count()
@@ -73,15 +74,23 @@ class KVCells:
 
     def held(self) -> int:
         """Cells llama.cpp holds: the accounted items and the rows of pictures being fed."""
-        return self._cells + sum(s.seq.fed for s in self.slots if s.seq is not None)
+        return self._cells + sum(s.seq.fed for s in self.live)
 
     def reserved(self) -> int:
         """Cells the requests in flight may still need: their unevaluated prompts and replies."""
         return sum(max(0, s.seq.reserve - len(s.seq.tokens)) + s.seq.pending_cells - s.seq.fed
-                   for s in self.slots if s.seq is not None)
+                   for s in self.live)
 
     def running(self) -> int:
-        return sum(1 for s in self.slots if s.seq is not None)
+        return len(self.live)
+
+    def start(self, slot: Slot, seq: Any) -> None:
+        slot.seq = seq
+        self.live.append(slot)
+
+    def stop(self, slot: Slot) -> None:
+        slot.seq = None
+        self.live.remove(slot)
 
     def new(self, items: list[Item] | tuple[Item, ...]) -> list[Held]:
         return [Held(it, next(self._uids)) for it in items]

@@ -62,7 +62,7 @@ from .stats import build_stats
 
 __all__ = ["Client", "GenerationResponse", "Request", "Scheduler", "SchedulerOptions", "Sequence", "WAIT"]
 
-MIN_SLICE = 16  # prompt rows a step takes at least beside running streams
+MIN_SLICE = 4  # prompt rows a step takes at least beside running streams
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ class Scheduler:
             seq.c["image_tokens"] = sum(it.n_tokens for it in seq.pending if not it.is_text
                                         and it.key[1] in request.new_images)
             seq.wait_for = self.placer.shared_ahead(slot, items)
-            slot.seq = seq
+            self.kv.start(slot, seq)
             slot.owner = client
             slot.last_used = next(self._clock)
             if client is not None:
@@ -229,7 +229,7 @@ class Scheduler:
         work in arrival order (module doc); sample; return the requests that finished (every
         client's: each is also handed to its own client)."""
         with self.lock:
-            running = [s for s in self.slots if s.seq is not None]
+            running = list(self.kv.live)
             if not running:
                 return []
             done: list[Sequence] = []
@@ -241,7 +241,7 @@ class Scheduler:
                 self.options.prefill_share * self._gen_ms / self._row_ms) if self._row_ms > 0 else MIN_SLICE))
             groups = [(s, 1) for s in gen]
             picture: tuple[Slot, int] | None = None
-            for s in sorted((s for s in running if not s.seq.generating), key=lambda s: s.seq.arrival):
+            for s in (s for s in running if not s.seq.generating):  # (in arrival order)
                 if rows <= 0:
                     break
                 if self.placer.catch_up(s):
@@ -464,7 +464,7 @@ class Scheduler:
         if seq.sampler is not None:
             self.backend.free_sampler(seq.sampler)
         seq.sampler = None
-        slot.seq = None
+        self.kv.stop(slot)
         slot.last_used = next(self._clock)
         seq.pending = []
         seq.pending_cells = 0
@@ -485,7 +485,7 @@ class Scheduler:
         with self.lock:
             if seq.done:
                 return
-            slot = next((s for s in self.slots if s.seq is seq), None)
+            slot = next((s for s in self.kv.live if s.seq is seq), None)
             if slot is not None:
                 self._finish(slot, "interrupted")
 

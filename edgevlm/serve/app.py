@@ -53,8 +53,9 @@ from .media import fetch_bytes
 from .openai import (
     APIError,
     ChatRequest,
+    ChunkStream,
     ImageRef,
-    chunk_body,
+    sse,
     error_body,
     error_for,
     parse_chat_request,
@@ -139,30 +140,33 @@ class Server:
         return JSONResponse(await service.whole(job, req, request.is_disconnected))
 
     async def _sse(self, job: Job, req: ChatRequest, model: str) -> AsyncIterator[str]:
-        def event(obj: dict) -> str:
-            return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
-
+        chunks = ChunkStream(job.id, model, job.created)
+        held: list[tuple[str, Any]] = []  # an event taken while gathering text, not handled yet
         try:
-            yield event(chunk_body(job.id, model, job.created, {"role": "assistant", "content": ""}))
+            yield chunks.event({"role": "assistant", "content": ""})
             while True:
                 try:
-                    kind, value = await next_event(job, self.service.worker)
+                    kind, value = held.pop() if held else await next_event(job, self.service.worker)
                 except EdgeVLMError as exc:  # no answer in time, or the worker is gone
                     kind, value = "error", exc
                 if kind == "text":
-                    yield event(chunk_body(job.id, model, job.created, {"content": value.text}))
+                    out = [chunks.text(value.text)]
+                    while not job.events.empty():  # the tokens that came meanwhile, in one write
+                        more = job.events.get_nowait()
+                        if more[0] != "text":
+                            held.append(more)
+                            break
+                        out.append(chunks.text(more[1].text))
+                    yield "".join(out)
                 elif kind == "error":
-                    yield event(error_for(value)[1])
+                    yield sse(error_for(value)[1])
                     break
                 elif kind == "done":
                     seq = value
                     finish = "length" if job.timed_out else seq.finish_reason
-                    last = chunk_body(job.id, model, job.created, {}, finish)
-                    if job.extension():
-                        last["edgevlm"] = job.extension()
-                    yield event(last)
+                    yield chunks.event({}, finish, extra={"edgevlm": job.extension()} if job.extension() else None)
                     if req.include_usage:
-                        yield event(chunk_body(job.id, model, job.created, {}, usage=usage_body(seq.stats)))
+                        yield chunks.event({}, usage=usage_body(seq.stats))
                     break
             yield "data: [DONE]\n\n"
         finally:  # the client went away (or we are done): free its sequence and memory now

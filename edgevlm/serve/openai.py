@@ -14,6 +14,7 @@ longer fits, its oldest pictures become the model's summaries and the reply says
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,8 +23,8 @@ from typing import Any
 from ..backend.sampling import SamplingParams
 from ..errors import EdgeVLMError, ImageError, InputError, MemoryBusy
 
-__all__ = ["APIError", "ChatMessage", "ChatRequest", "ImageRef", "chunk_body", "completion_body",
-           "error_body", "error_for", "finish_reason", "new_id", "parse_chat_request", "usage_body"]
+__all__ = ["APIError", "ChatMessage", "ChatRequest", "ChunkStream", "ImageRef", "chunk_body", "completion_body",
+           "error_body", "error_for", "finish_reason", "new_id", "parse_chat_request", "sse", "usage_body"]
 
 DEFAULT_TEMPERATURE = 0.8  # as llama-server when a request names none (with top-k 40, min-p 0.05)
 MAX_STOPS = 16
@@ -274,6 +275,33 @@ def chunk_body(req_id: str, model: str, created: int, delta: dict[str, Any],
     if usage is not None:
         body["usage"] = usage
     return body
+
+
+class ChunkStream:
+    """The ``chat.completion.chunk`` events of one streamed reply as server-sent events, the
+    text ones from a template (one per token: the same JSON as ``chunk_body``, built without a
+    dict per token)."""
+
+    def __init__(self, req_id: str, model: str, created: int):
+        self.req_id, self.model, self.created = req_id, model, created
+        head = json.dumps({"id": req_id, "object": "chat.completion.chunk", "created": created, "model": model},
+                          ensure_ascii=False)[:-1]
+        self._prefix = "data: " + head + ', "choices": [{"index": 0, "delta": {"content": '
+        self._suffix = '}, "logprobs": null, "finish_reason": null}]}\n\n'
+
+    def text(self, piece: str) -> str:
+        return self._prefix + json.dumps(piece, ensure_ascii=False) + self._suffix
+
+    def event(self, delta: dict[str, Any], finish: str | None = None, usage: dict | None = None,
+              extra: dict[str, Any] | None = None) -> str:
+        body = chunk_body(self.req_id, self.model, self.created, delta, finish, usage)
+        if extra:
+            body.update(extra)
+        return sse(body)
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

@@ -33,6 +33,7 @@ class ServeOptions:
     # plan's --host-allowance when serving; a 24-megapixel photo takes ~190 MiB while decoded
     host_allowance: int = 512 * MIB
     host_wait_s: float = 30.0  # a request waits this long for host allowance, then 503
+    stream_interval_s: float = 0.02  # a streamed reply's text goes out at most this often (tokens joined)
     # host RAM for idle conversations moved out of the KV cache, copied back when they return
     # (the plan's --cache-ram when serving)
     cache_ram: int = 1024 * MIB

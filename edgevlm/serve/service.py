@@ -26,6 +26,7 @@ ends with a 503, and one whose worker is gone with a 500 — a batch line never 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -219,13 +220,24 @@ class _Views:
         self.views, self.labels, self.tokens, self.notes = views, labels, tokens, notes
 
 
+if sys.version_info >= (3, 11):
+    async def _get(queue: asyncio.Queue, timeout: float) -> Any:
+        async with asyncio.timeout(timeout):  # (no Task per wait, as wait_for makes)
+            return await queue.get()
+else:  # pragma: no cover - Python 3.10
+    async def _get(queue: asyncio.Queue, timeout: float) -> Any:
+        return await asyncio.wait_for(queue.get(), timeout)
+
+
 async def next_event(job: Job, worker: Worker, gone: Gone | None = None) -> tuple[str, Any]:
     """The job's next event; a client that goes away meanwhile cancels it. Never waits past
     the job's deadline and a grace (the worker ends every job by then), nor on a worker that
     is gone."""
     while True:
+        if not job.events.empty():  # (the common case under load: no timer per event)
+            return job.events.get_nowait()
         try:
-            return await asyncio.wait_for(job.events.get(), timeout=0.25)
+            return await _get(job.events, 0.25)
         except asyncio.TimeoutError:
             if gone is not None and await gone():
                 worker.cancel(job)

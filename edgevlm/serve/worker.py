@@ -46,6 +46,35 @@ REPLY_MEMORY = 1024  # replies remembered by text, for clients that resend their
 log = logging.getLogger("edgevlm.serve")
 
 
+class Outbox:
+    """Events for the coroutines waiting on jobs, handed to their event loop once per worker
+    iteration (one wake-up of the loop per step, not one per token and request)."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Job, tuple[str, Any]]] = []
+
+    def put(self, job: Job, event: tuple[str, Any]) -> None:
+        self._items.append((job, event))
+
+    def flush(self) -> None:
+        if not self._items:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, tuple[str, Any]]]] = {}
+        for job, event in self._items:
+            by_loop.setdefault(job.loop, []).append((job.events, event))
+        self._items = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that event loop is gone (its side ended): nobody listens
+                pass
+
+
+def _deliver(items: list[tuple[asyncio.Queue, tuple[str, Any]]]) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
 @dataclass(eq=False)
 class Job:
     """One request on its way through the worker; events go to ``events`` in the event loop."""
@@ -63,6 +92,9 @@ class Job:
     summaries: list[dict[str, Any]] = field(default_factory=list)  # what the session replaced
     dropped: list[int] = field(default_factory=list)  # request messages dropped to make room
     lease: Lease | None = None  # the host memory it holds (released by whoever ends it)
+    outbox: Outbox | None = None  # where its events go (the worker's, once submitted)
+    unsent: list[str] = field(default_factory=list)  # reply text not handed out yet
+    sent_at: float = 0.0  # when text was last handed out
     id: str = field(default_factory=new_id)
     created: int = field(default_factory=lambda: int(time.time()))
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -81,6 +113,9 @@ class Job:
             self.prompt = None
             if self.lease is not None:  # what it held is dropped (also if nobody reads the event)
                 self.lease.release()
+        if self.outbox is not None:
+            self.outbox.put(self, (kind, value))
+            return
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
         except RuntimeError:  # the event loop is gone (the client's side ended): nobody listens
@@ -125,6 +160,7 @@ class Worker:
         self._summaries = Summaries()  # by picture content: one summary per picture
         self._cond = threading.Condition()
         self._stop = False
+        self._outbox = Outbox()
         self._thread = threading.Thread(target=self._run, name="edgevlm-serve", daemon=True)
 
     # --- what the HTTP side calls ----------------------------------------------------------
@@ -164,6 +200,7 @@ class Worker:
                 raise APIError("the server is stopping", 503, code="server_stopping", type_="server_error",
                                headers={"retry-after": str(self.options.retry_after_s)})
             self.check_capacity()
+            job.outbox = self._outbox
             self._inbox.append(job)
             self._cond.notify()
 
@@ -176,6 +213,7 @@ class Worker:
     def _run(self) -> None:
         try:
             while True:
+                self._outbox.flush()
                 with self._cond:
                     while not (self._stop or self._inbox or self._waiting or self._running):
                         self._cond.wait()
@@ -252,6 +290,7 @@ class Worker:
         for job in jobs:
             self._drop(job)
             job.emit("error", gone)
+        self._outbox.flush()
         self.sched.cancel_client(self.client)
 
     def _prepare(self, job: Job) -> None:
@@ -355,6 +394,7 @@ class Worker:
         self.client.take_finished()  # (each job reads its own sequence below)
         for job in list(self._running.values()):
             self._guarded(job, lambda j: self._forward(j, now))
+        self._outbox.flush()
 
     def _forward(self, job: Job, now: float) -> None:
         seq = job.seq
@@ -364,7 +404,13 @@ class Worker:
         while seq.out:
             r: GenerationResponse = seq.out.popleft()
             if r.text:
-                job.emit("text", r)
+                job.unsent.append(r.text)
+        # text goes out at most every stream_interval_s (the first piece at once): under load a
+        # chunk carries the tokens of a few steps instead of waking the event loop per token
+        if job.unsent and (seq.done or not job.sent_at or now - job.sent_at >= self.options.stream_interval_s):
+            job.emit("text", GenerationResponse("".join(job.unsent)))
+            job.unsent.clear()
+            job.sent_at = now
         if seq.done:
             del self._running[id(job)]
             self._finish(job)
