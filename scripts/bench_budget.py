@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from edgevlm.testing import cached_model_pair
+    from edgevlm_testkit import cached_model_pair
 
     out_dir = Path(os.environ.get("TMPDIR", "/tmp")) / "edgevlm-bench-budget"
     out_dir.mkdir(parents=True, exist_ok=True)

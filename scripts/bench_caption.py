@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
-from edgevlm.testing import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
+from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
 
 SYSTEM = ("You are an image captioning assistant for a text-to-image training dataset. Describe "
           "the main subject, the setting, the colours, the lighting and the composition in one "

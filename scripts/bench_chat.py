@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
-from edgevlm.testing import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
+from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
 
 SYSTEM = ("A chat between a curious human and an artificial intelligence assistant. "
           "The assistant gives helpful, detailed, and polite answers to the human's questions.")
@@ -97,8 +97,8 @@ class EdgeSide:
                                     type_k="f16", type_v="f16", image_max_tokens=None)
         if "kv" in inspect.signature(edgevlm.load).parameters:  # the planning load()
             opts["kv"] = "f16"
-        self.engine = edgevlm.load(model, mmproj, n_ctx=n_ctx, n_threads=n_threads, system=SYSTEM,
-                                   **opts)
+        self.engine = edgevlm.load(model, mmproj, n_ctx=n_ctx, n_threads=n_threads,
+                                   options=edgevlm.EngineOptions(system=SYSTEM), **opts)
         self.stops = list(self.engine.default_stops)
         be = self.engine.backend
         self.info = {"n_ctx": be.n_ctx, "n_batch": be.n_batch, "n_threads": be.n_threads,

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     import edgevlm
-    from edgevlm.testing import cached_model_pair
+    from edgevlm_testkit import cached_model_pair
 
     img = picture()
     rows = []

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from edgevlm.testing import FAMILIES, cached_model_pair  # noqa: E402
-from edgevlm.testing.measure import Config, components_dict, measure, naive_estimate  # noqa: E402
+from edgevlm_testkit import FAMILIES, cached_model_pair  # noqa: E402
+from edgevlm_testkit.measure import Config, components_dict, measure, naive_estimate  # noqa: E402
 
 MIB = 2**20
 

@@ -2,7 +2,7 @@
 """Answer quality of the demo VLM under edgevlm's memory levers, side by side in one run.
 
 The demo model (``models/edgevlm-demo.gguf``, trained by ``scripts/train_demo.py`` on the
-synthetic world of ``edgevlm.testing.world``) is asked about a held-out set of scenes drawn with
+synthetic world of ``edgevlm_testkit.world``) is asked about a held-out set of scenes drawn with
 other seeds than training used, through edgevlm and real llama.cpp (greedy), under:
 
 - full resolution (one view, no budget);
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgevlm.testing import world
+from edgevlm_testkit import world
 
 TYPES = world.QUESTION_TYPES
 MERGES = ["off", "threshold:0.9", "ratio:0.5", "ratio:0.25"]

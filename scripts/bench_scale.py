@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from edgevlm.testing import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
+from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
 
 SIZES = [(640, 480), (800, 600), (512, 512), (480, 640)]
 RAY_TARGET = 0.9  # ray 1 actor images/s ÷ plain images/s, at least

@@ -51,7 +51,7 @@ import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
-from edgevlm.testing import cached_model_pair  # noqa: E402
+from edgevlm_testkit import cached_model_pair  # noqa: E402
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the pinned version whose vendored llama.cpp llama-server is built from
 SERVERS = ("edgevlm", "llama-server", "llama-cpp-python")
@@ -167,7 +167,11 @@ def ask(http: httpx.Client, url: str, messages: list[dict], max_tokens: int, cli
     body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     try:
-        with http.stream("POST", url + "/v1/chat/completions", json=body, timeout=timeout) as resp:
+        # a connection per request (Connection: close): llama-server's HTTP layer closes kept-alive
+        # connections while a client is about to reuse them ("Server disconnected without sending a
+        # response" on a POST, which httpx must not retry); every server gets the same treatment
+        with http.stream("POST", url + "/v1/chat/completions", json=body, timeout=timeout,
+                         headers={"Connection": "close"}) as resp:
             if resp.status_code != 200:
                 resp.read()
                 r.error = f"HTTP {resp.status_code}: {resp.text[:160]}"
@@ -343,6 +347,7 @@ def main() -> None:
                     finally:
                         srv.stop()
                     results["chats"].append(row)
+                    Path(args.json).write_text(json.dumps(results, indent=2))  # kept if the run is cut short
                     print(json.dumps(row), file=sys.stderr)
     for s in [int(x) for x in args.decode_streams.split(",") if x]:
         for name in servers:
@@ -356,6 +361,7 @@ def main() -> None:
             finally:
                 srv.stop()
             results["decode"].append(row)
+            Path(args.json).write_text(json.dumps(results, indent=2))
             print(json.dumps(row), file=sys.stderr)
     Path(args.json).write_text(json.dumps(results, indent=2))
     report(results, servers)

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from edgevlm.testing import cached_model_pair
+    from edgevlm_testkit import cached_model_pair
 
     pair = cached_model_pair("llava15", args.preset)
     images = make_images(len(IMAGES_AT))

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from edgevlm.testing import cached_model_pair  # noqa: E402
+from edgevlm_testkit import cached_model_pair  # noqa: E402
 
 UBATCHES = (512, 256, 128, 64)
 TEXT_TOKENS = 1024

@@ -23,7 +23,7 @@ from demo_model import PAD_COLOUR
 from edgevlm.caption.text import DEFAULT_PROMPT as CAPTION_PROMPT
 from edgevlm.runtime.chat_format import PromptFormatter
 from edgevlm.runtime.session import DEFAULT_SUMMARY_PROMPT
-from edgevlm.testing import world
+from edgevlm_testkit import world
 from edgevlm.vision.budget import choose_tiles, tile_boxes
 from edgevlm.vision.detail import score_boxes
 

@@ -19,10 +19,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edgevlm.testing.llava import CLIP_MEAN, CLIP_STD, clip_mlp_header, llama_keys
-from edgevlm.testing.shapes import TextShape, VisionShape
-from edgevlm.testing.vocab import BYTE, CONTROL, NORMAL, UNKNOWN, Vocab, write_vocab
-from edgevlm.testing.writer import add_tensor, finish, write_text_header
+from edgevlm_testkit.llava import CLIP_MEAN, CLIP_STD, clip_mlp_header, llama_keys
+from edgevlm_testkit.shapes import TextShape, VisionShape
+from edgevlm_testkit.vocab import BYTE, CONTROL, NORMAL, UNKNOWN, Vocab, write_vocab
+from edgevlm_testkit.writer import add_tensor, finish, write_text_header
 
 PAD_COLOUR = (122, 116, 104)  # mtmd's pad colour for LLaVA-1.5 projectors
 

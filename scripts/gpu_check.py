@@ -6,14 +6,14 @@ per device, and what the GPU loses outside those logs (CUDA context, cuBLAS, the
     python scripts/gpu_check.py --wheel llama_cpp_python-0.3.36-...whl   # use a CUDA wheel instead
     python scripts/gpu_check.py --cpu                # the same measurements on the CPU (checks the script)
 
-Steps: (1) a virtualenv ``.venv-gpucheck`` with edgevlm and llama-cpp-python 0.3.36 built with
-``-DGGML_CUDA=on`` for this GPU's architecture only (about 5 minutes on 16 cores; skipped when the
-venv already has a CUDA build, or with ``--wheel``); (2) in it, generated LLaVA-1.5-7B and
-Qwen2-VL-2B layer-shape pairs are loaded with every layer and the vision encoder on GPU 0 at a
-few contexts, KV types and micro-batches, the largest admitted picture is encoded, and each
-buffer llama.cpp logs is set against the planner's prediction for that device; the device's
-free memory before and after load and after the first picture gives what no log line shows.
-Prints the table and writes JSON (``--out``). Runs within ten minutes on one GPU.
+Steps: (1) a virtualenv ``.venv-gpucheck`` with edgevlm, its ``testkit/`` and llama-cpp-python
+0.3.36 built with ``-DGGML_CUDA=on`` for this GPU's architecture only (about 5 minutes on 16
+cores; skipped when the venv already has a CUDA build, or with ``--wheel``); (2) in it, generated
+LLaVA-1.5-7B and Qwen2-VL-2B layer-shape pairs are loaded with every layer and the vision encoder
+on GPU 0 at a few contexts, KV types and micro-batches, the largest admitted picture is encoded,
+and each buffer llama.cpp logs is set against the planner's prediction for that device; the
+device's free memory before and after load and after the first picture gives what no log line
+shows. Prints the table and writes JSON (``--out``). Runs within ten minutes on one GPU.
 """
 
 from __future__ import annotations
@@ -57,14 +57,15 @@ def prepare_venv(wheel: str | None) -> Path:
                        CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 8), FORCE_CMAKE="1")
             run([str(py), "-m", "pip", "install", "--no-cache-dir", "--no-binary", "llama-cpp-python",
                  "--force-reinstall", "--no-deps", "llama-cpp-python==0.3.36"], env=env)
-    run([str(py), "-m", "pip", "install", "-q", "-e", str(ROOT)])  # edgevlm and the rest (llama_cpp kept)
+    # edgevlm, its test kit (the generated pairs, the measuring harness) and the rest (llama_cpp kept)
+    run([str(py), "-m", "pip", "install", "-q", "-e", str(ROOT / "testkit"), "-e", str(ROOT)])
     return py
 
 
 def measure(gpu: bool, out: Path) -> int:
     sys.path.insert(0, str(ROOT))
-    from edgevlm.testing import cached_model_pair
-    from edgevlm.testing.gpu_measure import measure_on_device
+    from edgevlm_testkit import cached_model_pair
+    from edgevlm_testkit.gpu_measure import measure_on_device
 
     rows, t0 = [], time.perf_counter()
     for family, n_ctx, kv, ub, img in CONFIGS:

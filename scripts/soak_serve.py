@@ -228,7 +228,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     if args.model:
         model, mmproj = args.model, args.mmproj
     else:
-        from edgevlm.testing import cached_model_pair
+        from edgevlm_testkit import cached_model_pair
 
         pair = cached_model_pair(args.family, "tiny", 0)
         model, mmproj = str(pair.model), str(pair.mmproj)

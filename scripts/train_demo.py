@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train the demo VLM on the synthetic world (``edgevlm.testing.world``) and write its GGUF pair.
+"""Train the demo VLM on the synthetic world (``edgevlm_testkit.world``) and write its GGUF pair.
 
     pip install -e '.[train]'          # JAX + optax; not needed to run the model
     python scripts/train_demo.py --minutes 60 --out models/
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_model as dm
 from demo_data import AUX_NAMES, DRILLS, N_AUX, N_GROUPS, SampleMaker, Tokens, drill_view
 
-from edgevlm.testing.world import LETTERS
+from edgevlm_testkit.world import LETTERS
 
 MODEL_NAME = "edgevlm-demo.gguf"
 MMPROJ_NAME = "mmproj-edgevlm-demo.gguf"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edgevlm.testing import FAMILIES, cached_model_pair
+from edgevlm_testkit import FAMILIES, cached_model_pair
 
 ALL_FAMILIES = list(FAMILIES)  # every generated family: each runs the family-wide tests
 

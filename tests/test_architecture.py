@@ -18,8 +18,9 @@ import pytest
 PKG = Path(__file__).resolve().parent.parent / "edgevlm"
 MAX_LINES = 600
 # Lower layers never import higher ones; peers in one tuple may import each other (cluster runs
-# edgevlm.load in its actors). Outside the layers: errors, the package root and the testing kit
-# (GGUF writers any layer may ask for a demo pair, a measuring harness, a stand-in hub).
+# edgevlm.load in its actors). Outside the layers: errors and the package root. The test kit
+# (generated GGUF pairs, measuring harnesses, a stand-in hub) is another distribution, testkit/,
+# that edgevlm never imports: ``demo:FAMILY`` finds it by entry point.
 LAYERS = ["model", "backend", "vision", "plan", "runtime", ("caption", "hub", "serve"), ("api", "cluster"), "cli"]
 
 
@@ -143,6 +144,56 @@ def test_no_private_name_is_used_across_modules():
     assert not bad, bad
 
 
+def test_the_package_never_imports_the_test_kit():
+    """edgevlm_testkit (testkit/) imports edgevlm's public names, never the other way: the kit is
+    not installed with edgevlm, and ``demo:FAMILY`` reaches it through the
+    ``edgevlm.generated_pairs`` entry point group (hub.demo), not an import."""
+    bad = []
+    for m, p in modules().items():
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+                [n.module or ""] if isinstance(n, ast.ImportFrom) and not n.level else []
+            bad += [f"{m}:{n.lineno} imports {x}" for x in names if x.split(".")[0] == "edgevlm_testkit"]
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and \
+                    n.value.split(".")[0] == "edgevlm_testkit":
+                bad.append(f"{m}:{n.lineno} names {n.value!r}")  # importlib.import_module("edgevlm_testkit")
+    assert not list((PKG / "testing").glob("*.py")), "edgevlm/testing moved to testkit/edgevlm_testkit"
+    assert not bad, bad
+
+
+def test_the_test_kit_imports_only_public_names_of_edgevlm():
+    """What testkit/edgevlm_testkit takes from edgevlm is in the ``__all__`` of the module it comes
+    from (or is a public module): the kit is a client of the package, not a part of it."""
+    import importlib
+
+    def is_module(name: str) -> bool:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return False
+        return True
+
+    kit = PKG.parent / "testkit" / "edgevlm_testkit"
+    files = sorted(kit.rglob("*.py"))
+    assert len(files) > 10, kit
+    bad = []
+    for p in files:
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.Import):
+                bad += [f"{p.name}:{n.lineno} imports {a.name}" for a in n.names
+                        if a.name.split(".")[0] == "edgevlm" and any(x.startswith("_") for x in a.name.split("."))]
+            elif isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "edgevlm":
+                if any(x.startswith("_") for x in n.module.split(".")):
+                    bad.append(f"{p.name}:{n.lineno} imports from {n.module}")
+                    continue
+                mod = importlib.import_module(n.module)
+                public = set(getattr(mod, "__all__", ()))
+                for a in n.names:
+                    if a.name.startswith("_") or (a.name not in public and not is_module(f"{n.module}.{a.name}")):
+                        bad.append(f"{p.name}:{n.lineno} imports {a.name} from {n.module} (not in its __all__)")
+    assert not bad, bad
+
+
 def test_llama_cpp_is_imported_only_by_the_backend():
     bad = []
     for m, p in modules().items():
@@ -162,7 +213,7 @@ def test_modules_stay_small_and_public_ones_say_what_they_export():
         if n > MAX_LINES:
             too_long.append(f"{m}: {n} lines")
         leaf = m.rsplit(".", 1)[-1]
-        if p.name != "__init__.py" and not leaf.startswith("_") and ".testing" not in m:
+        if p.name != "__init__.py" and not leaf.startswith("_"):
             tree = ast.parse(p.read_text(encoding="utf-8"))
             if not any(isinstance(t, ast.Name) and t.id == "__all__"
                        for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))

@@ -91,7 +91,7 @@ def textured(w, h, patch, pos, kind, background, seed):
 
 def selection_hit_rate(scorer: str, trials: int = 24) -> float:
     """Share of images whose most detailed tile (by ground truth) is among the selected ones."""
-    from edgevlm.testing import cached_model_pair
+    from edgevlm_testkit import cached_model_pair
 
     proj = load_projector(cached_model_pair("llava15").mmproj)
     rng = np.random.default_rng(42)

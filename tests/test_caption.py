@@ -411,7 +411,8 @@ def test_caption_images_leaves_the_engine_as_it_found_it(model_pair, folder):
     from edgevlm.caption import caption_images
 
     pair = model_pair("llava15")
-    with edgevlm.load(pair.model, pair.mmproj, system="You are terse.", n_seq_max=2, n_threads=2) as vlm:
+    with edgevlm.load(pair.model, pair.mmproj, options=edgevlm.EngineOptions(system="You are terse."), n_seq_max=2,
+                      n_threads=2) as vlm:
         first = vlm.chat("Describe it.", [folder["good"][0]], max_tokens=3, temperature=0.0)
         options, history = vlm.options, [(m.role, m.text) for m in vlm.messages]
         recs = list(caption_images(vlm, [str(p) for p in folder["good"]], max_tokens=3, system="Captions only.",

@@ -114,8 +114,8 @@ def test_bad_image_one_line_exit_2(model_pair, bad_images, case, needle):
 
 
 def test_mmproj_that_does_not_fit(model_pair, tmp_path):
-    from edgevlm.testing.llava import write_clip_mlp
-    from edgevlm.testing.shapes import LLAVA_PRESETS
+    from edgevlm_testkit.llava import write_clip_mlp
+    from edgevlm_testkit.shapes import LLAVA_PRESETS
 
     pair = model_pair("llava15")
     wrong = write_clip_mlp(tmp_path / "wide.gguf", LLAVA_PRESETS["tiny"][1], 96, 1, "wide")

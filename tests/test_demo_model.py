@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edgevlm.testing import world
+from edgevlm_testkit import world
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"

@@ -70,8 +70,8 @@ def test_model_passed_as_mmproj(model_pair):
 @pytest.fixture(scope="module")
 def mismatched_mmproj(tmp_path_factory):
     """An mmproj whose output width (96) differs from the tiny text model's n_embd (128)."""
-    from edgevlm.testing.llava import write_clip_mlp
-    from edgevlm.testing.shapes import LLAVA_PRESETS
+    from edgevlm_testkit.llava import write_clip_mlp
+    from edgevlm_testkit.shapes import LLAVA_PRESETS
 
     out = tmp_path_factory.mktemp("mismatch") / "mmproj.gguf"
     return write_clip_mlp(out, LLAVA_PRESETS["tiny"][1], 96, 5, "mismatch")
@@ -98,8 +98,8 @@ def test_mismatched_pair_json(model_pair, mismatched_mmproj):
 def unknown_mmproj(tmp_path_factory):
     """A projector that says it is ``cogvlm``: a type whose token counts edgevlm does not know
     (mtmd would count it once loaded; unloaded, nothing can)."""
-    from edgevlm.testing.llava import write_clip_mlp
-    from edgevlm.testing.shapes import LLAVA_PRESETS
+    from edgevlm_testkit.llava import write_clip_mlp
+    from edgevlm_testkit.shapes import LLAVA_PRESETS
 
     out = tmp_path_factory.mktemp("cogvlm") / "mmproj.gguf"
     return write_clip_mlp(out, LLAVA_PRESETS["tiny"][1], 128, 5, "cogvlm-labelled", projector_type="cogvlm")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from edgevlm.backend.system import cpu_repacks
-from edgevlm.testing.measure import Config, measure
+from edgevlm_testkit.measure import Config, measure
 
 from .conftest import ALL_FAMILIES
 
@@ -47,8 +47,8 @@ def test_tied_embeddings_are_counted_as_llama_cpp_loads_them(tmp_path):
     time for the output layer — on the CPU repacked beside the mapped input copy."""
     from dataclasses import replace
 
-    from edgevlm.testing.qwen import write_qwen
-    from edgevlm.testing.shapes import QWEN_PRESETS
+    from edgevlm_testkit.qwen import write_qwen
+    from edgevlm_testkit.shapes import QWEN_PRESETS
 
     text, vision = QWEN_PRESETS["tiny"]
     model, mmproj = write_qwen(tmp_path, replace(text, tied=True, n_vocab=4096), vision, 0, "qwen2vl")

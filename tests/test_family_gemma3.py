@@ -23,8 +23,8 @@ from edgevlm.model.projectors import (
     largest_image_tokens,
 )
 from edgevlm.plan.estimate import clip_compute_bytes, kv_bytes
-from edgevlm.testing import make_model_pair
-from edgevlm.testing.measure import Config, buffer_lines, measure
+from edgevlm_testkit import make_model_pair
+from edgevlm_testkit.measure import Config, buffer_lines, measure
 
 from .conftest import run_cli
 

@@ -20,7 +20,7 @@ from edgevlm.model.projectors import (
     largest_image_tokens,
 )
 from edgevlm.plan.estimate import clip_compute_bytes
-from edgevlm.testing.measure import Config, measure
+from edgevlm_testkit.measure import Config, measure
 
 from .conftest import run_cli
 
@@ -65,7 +65,7 @@ def test_tokens_equal_mtmd(model_pair, preset):
 
 def test_tokens_equal_mtmd_without_preproc_size(model_pair, tmp_path):
     """Older SmolVLM GGUFs have no clip.vision.preproc_image_size: mtmd rounds each side to tiles."""
-    from edgevlm.testing.idefics3 import IDEFICS3_PRESETS, write_siglip_idefics3
+    from edgevlm_testkit.idefics3 import IDEFICS3_PRESETS, write_siglip_idefics3
 
     pair = model_pair(FAMILY)
     text, vision = IDEFICS3_PRESETS["tiny"]

@@ -13,7 +13,7 @@ from edgevlm.backend.counting import ImageCounter
 from edgevlm.model.families.internvl import candidates, tile_grid
 from edgevlm.model.gguf_info import load_projector, load_text_model, read_gguf
 from edgevlm.model.projectors import facts, image_tokens
-from edgevlm.testing.measure import MIB, Config, measure
+from edgevlm_testkit.measure import MIB, Config, measure
 
 from .conftest import run_cli
 

@@ -17,9 +17,9 @@ from edgevlm.model.families.pixtral import grid
 from edgevlm.model.gguf_info import load_projector
 from edgevlm.model.projectors import encoder_patches, facts, image_tokens
 from edgevlm.plan.encoders.pixtral import compute_bytes, grid_bytes
-from edgevlm.testing import make_model_pair
-from edgevlm.testing.measure import MIB, buffer_lines
-from edgevlm.testing.pixtral import (
+from edgevlm_testkit import make_model_pair
+from edgevlm_testkit.measure import MIB, buffer_lines
+from edgevlm_testkit.pixtral import (
     PRESETS,
     PixtralVision,
     write_mistral_text,

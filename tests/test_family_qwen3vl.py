@@ -17,9 +17,10 @@ from edgevlm.backend.counting import ImageCounter
 from edgevlm.backend.llama import Backend
 from edgevlm.model.gguf_info import load_projector, load_text_model, read_gguf
 from edgevlm.model.projectors import facts, image_tokens
-from edgevlm.plan.encoders.qwen3vl_merger import deepstack_layers, text_compute_bytes
+from edgevlm.plan.compute import text_compute_bytes
+from edgevlm.plan.encoders.qwen3vl_merger import deepstack_layers
 from edgevlm.plan.estimate import clip_compute_bytes
-from edgevlm.testing.measure import MIB, Config, measure
+from edgevlm_testkit.measure import MIB, Config, measure
 
 from .conftest import run_cli
 
@@ -132,8 +133,8 @@ def test_text_graph_replay_equals_llama_cpp(model_pair, preset, flash_attn):
     t = load_text_model(pair.model)
     n_ds = int(read_gguf(pair.model).metadata["qwen3vl.n_deepstack_layers"])
     c = _measure(pair, preset, flash_attn)["compute"]
-    mine = text_compute_bytes(t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab, 1024,
-                              512, 512, flash_attn, "f16", "f16", t.n_layer, n_ds)
+    mine = text_compute_bytes("qwen3vl", t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab, 1024,
+                              512, 512, flash_attn, "f16", "f16", t.n_layer, n_deepstack=n_ds)
     assert abs(mine - c.measured) <= EXACT, (c.measured / MIB, mine / MIB)
 
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 from edgevlm.backend.llama import Backend
 from edgevlm.model.gguf_info import load_projector, load_text_model
-from edgevlm.testing import make_model_pair
+from edgevlm_testkit import make_model_pair
 
 from .conftest import ALL_FAMILIES
 

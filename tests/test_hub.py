@@ -1,5 +1,5 @@
 """Models by name: registry, resolution, pull (resume, sha256), header-only plans, offline mode,
-models/rm — all against a local stand-in for the hub (edgevlm.testing.hub_server), no internet."""
+models/rm — all against a local stand-in for the hub (edgevlm_testkit.hub_server), no internet."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from edgevlm.errors import InputError, ModelFileError
-from edgevlm.testing import cached_model_pair
-from edgevlm.testing.hub_server import FakeHub, serve_registry_names
+from edgevlm_testkit import cached_model_pair
+from edgevlm_testkit.hub_server import FakeHub, serve_registry_names
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAVA_REPO, QWEN_REPO, OTHER_REPO = "test-org/llava-tiny-GGUF", "test-org/qwen-tiny-GGUF", "someone/other-GGUF"
@@ -124,7 +124,7 @@ def without_paths(plan) -> dict:
 def test_registry_lists_the_issue_models():
     from edgevlm.hub.registry import load_registry
 
-    reg = load_registry(ROOT / "models" / "registry.json")
+    reg = load_registry(ROOT / "edgevlm" / "data" / "registry.json")
     for name in ("llava-1.5-7b", "llava-1.6-mistral-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b", "gemma-3-4b",
                  "smolvlm-500m", "minicpm-v-2.6", "moondream2"):
         e = reg.get(name)
@@ -137,12 +137,15 @@ def test_registry_lists_the_issue_models():
             assert e.default_quant == "q4_k_m"
 
 
-def test_packaged_registry_is_the_canonical_one():
-    canonical = ROOT / "models" / "registry.json"
-    packaged = ROOT / "edgevlm" / "data" / "registry.json"
-    assert packaged.read_bytes() == canonical.read_bytes(), (
-        "edgevlm/data/registry.json (shipped in the wheel) differs from models/registry.json: "
-        "cp models/registry.json edgevlm/data/registry.json")
+def test_one_registry_file():
+    """The registry lives once, as package data (no second copy to keep equal)."""
+    from edgevlm.hub.registry import registry_path
+
+    found = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("registry.json")
+                   if not {".venv", ".git", "build"} & set(p.relative_to(ROOT).parts))
+    assert found == ["edgevlm/data/registry.json"], found
+    if "EDGEVLM_REGISTRY" not in os.environ:
+        assert registry_path() == ROOT / "edgevlm" / "data" / "registry.json"
 
 
 def test_registry_errors_are_one_line(tmp_path):
@@ -184,15 +187,15 @@ def test_unknown_name_suggests_close_names(env):
 def test_real_registry_suggestions():
     from edgevlm.hub.registry import load_registry, unknown_name_message
 
-    reg = load_registry(ROOT / "models" / "registry.json")
+    reg = load_registry(ROOT / "edgevlm" / "data" / "registry.json")
     assert "llava-1.5-7b" in unknown_name_message("llava-1.5-7", reg)
     assert "qwen2.5-vl-3b" in unknown_name_message("qwen", reg)
 
 
 def test_resolve_local_path_finds_mmproj_next_to_it(tmp_path, pairs):
     from edgevlm.hub.registry import resolve
-    from edgevlm.testing.llava import write_clip_mlp
-    from edgevlm.testing.shapes import LLAVA_PRESETS
+    from edgevlm_testkit.llava import write_clip_mlp
+    from edgevlm_testkit.shapes import LLAVA_PRESETS
 
     p = pairs["llava15"]
     r = resolve(str(p.model))
@@ -241,6 +244,27 @@ def test_demo_without_the_trained_pair_falls_back_to_random_weights(monkeypatch,
     monkeypatch.setattr(demo, "trained_demo_dirs", lambda: [tmp_path])
     r = resolve("demo")
     assert any("RANDOM weights" in n for n in r.notes)
+
+
+def test_generated_pairs_come_from_the_entry_point_and_are_named_when_missing(monkeypatch, tmp_path):
+    """demo:FAMILY asks the edgevlm.generated_pairs entry point group (the test kit declares it);
+    without a provider it is one clear InputError, and the trained ``demo`` still resolves."""
+    import edgevlm_testkit
+    from edgevlm.hub import demo
+    from edgevlm.hub.registry import resolve
+
+    assert demo.generated_pairs() is edgevlm_testkit.generated_pairs
+    assert set(demo.generated_pairs().FAMILIES) == set(edgevlm_testkit.FAMILIES)
+    monkeypatch.setattr(demo, "entry_points", lambda group: [])
+    assert demo.generated_pairs() is None
+    with pytest.raises(InputError, match=r"^'demo:qwen2vl': generated pairs come from the edgevlm-testkit "
+                                         r"package \(pip install -e \./testkit"):
+        resolve("demo:qwen2vl")
+    if demo.trained_demo_pair() is not None:
+        assert resolve("demo").model.local == str(demo.trained_demo_pair()[0])
+    monkeypatch.setattr(demo, "trained_demo_dirs", lambda: [tmp_path])
+    with pytest.raises(InputError, match="edgevlm-testkit"):
+        resolve("demo")
 
 
 # --- pull ------------------------------------------------------------------------------------

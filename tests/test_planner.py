@@ -190,7 +190,7 @@ def test_guard_shrinks_a_dynamic_image_when_memory_drops(model_pair):
 def test_guard_refuses_fixed_size_image_without_memory(model_pair, images):
     pair = model_pair("llava15")
     meter = Meter(16 * GiB)
-    eng = edgevlm.load(pair.model, pair.mmproj, device="cpu", n_threads=2, measure=meter)
+    eng = edgevlm.load(pair.model, pair.mmproj, n_threads=2, measure=meter)
     meter.free = 0
     with pytest.raises(InputError, match="more memory but only"):
         eng.chat("hi", [images["square"]], max_tokens=2)
@@ -204,7 +204,7 @@ def test_guard_refuses_fixed_size_image_without_memory(model_pair, images):
 
 def whole_model(pair, n_layer, n_vision_layer):
     """The generated real-shape pair's headers with all of the real model's layers (planner only)."""
-    from edgevlm.testing.headers import with_layers
+    from edgevlm_testkit.headers import with_layers
 
     return with_layers(read_gguf(pair.model), n_layer), with_layers(read_gguf(pair.mmproj), n_vision_layer)
 
@@ -271,7 +271,7 @@ def test_qwen2vl_fits_1gib_by_the_micro_batch_and_llama_cpp_agrees(model_pair):
     weights, the tied output's repacked copy takes ~130 MiB more and the micro-batch goes to 128;
     on an AMX build, loaded without repacking, 256 is enough.)"""
     from edgevlm.backend.system import cpu_repacks
-    from edgevlm.testing.measure import Config, measure
+    from edgevlm_testkit.measure import Config, measure
 
     pair = model_pair("qwen2vl", "real")
     p = plan_for(pair, [host(1 * GiB)])

@@ -1,10 +1,10 @@
-"""The synthetic world the demo VLM is trained and scored on (edgevlm.testing.world)."""
+"""The synthetic world the demo VLM is trained and scored on (edgevlm_testkit.world)."""
 
 from __future__ import annotations
 
 import random
 
-from edgevlm.testing import world
+from edgevlm_testkit import world
 
 
 def test_scenes_follow_the_spec_and_are_reproducible():

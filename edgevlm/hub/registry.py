@@ -10,11 +10,12 @@ A model spec is one of
   (the repo's file of that quantisation, Q4_K_M by default); ``owner/repo@revision`` pins one;
 * ``demo``: the toy VLM trained on edgevlm's synthetic world (``models/edgevlm-demo.gguf``,
   see ``hub.demo``); ``demo:qwen25vl`` (any generated family): the generated tiny pair, built
-  once into the edgevlm cache, with random weights: it shows the pipeline, not a model.
+  once into the edgevlm cache, with random weights: it shows the pipeline, not a model (the
+  generator is the ``edgevlm-testkit`` distribution, found by entry point: ``hub.demo``).
 
-The registry data is ``models/registry.json`` in a source checkout; the wheel ships an identical
-copy as ``edgevlm/data/registry.json`` (package data). ``EDGEVLM_REGISTRY=/path/file.json``
-replaces both (a private registry, or the tests' one).
+The registry data is ``edgevlm/data/registry.json`` (package data: the one copy, in a checkout
+and in the wheel). ``EDGEVLM_REGISTRY=/path/file.json`` replaces it (a private registry, or the
+tests' one).
 
 Resolution downloads nothing: a remote file is described (repo, file, revision) and, when the
 Hugging Face cache already holds it, its local path is filled in (only ``hf:`` specs ask the hub
@@ -196,15 +197,11 @@ def parse_registry(data: Any, source: str) -> Registry:
 
 
 def registry_path() -> Path:
-    """``$EDGEVLM_REGISTRY``, else the checkout's ``models/registry.json``, else the packaged copy."""
+    """``$EDGEVLM_REGISTRY``, else the packaged ``edgevlm/data/registry.json``."""
     env = os.environ.get("EDGEVLM_REGISTRY")
     if env:
         return Path(env)
-    package = Path(__file__).resolve().parent.parent  # edgevlm/
-    checkout = package.parent / "models" / "registry.json"
-    if checkout.is_file():
-        return checkout
-    return package / "data" / "registry.json"
+    return Path(__file__).resolve().parent.parent / "data" / "registry.json"
 
 
 @functools.lru_cache(maxsize=8)
@@ -480,8 +477,8 @@ def find_mmproj_next_to(model_path: str, required: bool = True) -> tuple[str | N
 
 
 def _resolve_demo(spec: str) -> ResolvedModel:
-    from ..testing import FAMILIES, cached_model_pair
-    from .demo import TRAINED_NOTE, trained_demo_pair
+    from .demo import DEMO_MODEL, NO_GENERATED_PAIRS, TRAINED_NOTE, generated_pairs, trained_demo_dirs, \
+        trained_demo_pair
 
     family = spec.partition(":")[2]
     if not family:
@@ -491,9 +488,15 @@ def _resolve_demo(spec: str) -> ResolvedModel:
                                  FileRef(local=str(trained[0])), FileRef(local=str(trained[1])),
                                  notes=(TRAINED_NOTE,))
         family = "llava15"
-    if family not in FAMILIES:
-        raise InputError(f"'{spec}': no demo family '{family}' (choose from {', '.join(FAMILIES)})")
-    pair = cached_model_pair(family, "tiny")
+    pairs = generated_pairs()
+    if pairs is None:
+        if spec == "demo":
+            raise InputError(f"'demo': the trained pair ({DEMO_MODEL}) is in none of "
+                             f"{', '.join(map(str, trained_demo_dirs()))}, and {NO_GENERATED_PAIRS}")
+        raise InputError(f"'{spec}': {NO_GENERATED_PAIRS}")
+    if family not in pairs.FAMILIES:
+        raise InputError(f"'{spec}': no demo family '{family}' (choose from {', '.join(pairs.FAMILIES)})")
+    pair = pairs.cached_model_pair(family, "tiny")
     return ResolvedModel(spec, "demo", f"demo ({family}, random weights)", FileRef(local=str(pair.model)),
                          FileRef(local=str(pair.mmproj)), notes=(DEMO_NOTE.format(family=family),))
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import logs
-from ..backend.llama import Backend
-from ..backend.system import ggml_devices
-from ..model.gguf_info import read_gguf
-from ..plan.devices import Device, Probe
-from ..plan.footprint import Config as PlanConfig
-from ..plan.footprint import Footprint, Wishes
+from edgevlm.backend import logs
+from edgevlm.backend.llama import Backend
+from edgevlm.backend.system import ggml_devices
+from edgevlm.model.gguf_info import read_gguf
+from edgevlm.plan.devices import Device, Probe
+from edgevlm.plan.footprint import Config as PlanConfig
+from edgevlm.plan.footprint import Footprint, Wishes
 from .measure import MIB, buffer_lines, largest_image
 
 __all__ = ["DeviceRow", "measure_on_device"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from ..model.gguf_info import GGUFFile, TensorInfo
+from edgevlm.model.gguf_info import GGUFFile, TensorInfo
 
 __all__ = ["with_layers"]
 

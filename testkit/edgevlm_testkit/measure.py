@@ -11,12 +11,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..backend import logs
-from ..backend.llama import Backend
-from ..backend.system import cpu_repacks
-from ..model.gguf_info import projector_info, read_gguf, text_model_info
-from ..model.projectors import encoder_patches, facts, image_tokens
-from ..plan.estimate import TextTensors, clip_compute_bytes, kv_bytes, layer_devices, text_compute_bytes, weight_bytes
+from edgevlm.backend import logs
+from edgevlm.backend.llama import Backend
+from edgevlm.backend.system import cpu_repacks
+from edgevlm.model.gguf_info import projector_info, read_gguf, text_model_info
+from edgevlm.model.projectors import encoder_patches, facts, image_tokens
+from edgevlm.plan.estimate import TextTensors, clip_compute_bytes, kv_bytes, layer_devices, text_compute_bytes, weight_bytes
 
 MIB = 2**20
 _LINE = re.compile(r"^(\w+):\s+(\S+)\s+(.*?)\s*=\s*([0-9.]+) MiB")

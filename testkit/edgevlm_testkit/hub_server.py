@@ -18,7 +18,7 @@ next full download of that file; ``corrupt(repo, file)`` serves different bytes 
 it announces. Every request is logged in ``requests`` (method, path, Range, Authorization,
 Host). Start with ``FakeHub().start()``; point ``HF_ENDPOINT`` at ``hub.endpoint``.
 
-``python -m edgevlm.testing.hub_server`` serves generated pairs under the real registry's repo
+``python -m edgevlm_testkit.hub_server`` serves generated pairs under the real registry's repo
 and file names, for trying ``pull``/``plan``/``models`` without a network.
 """
 
@@ -342,7 +342,7 @@ def serve_registry_names(hub: FakeHub, names: list[str] | None = None, preset: s
     Only entries whose family edgevlm can generate are served (by name for LLaVA, else by
     projector type); returns {name: (repo, model file, mmproj file)}.
     """
-    from ..hub.registry import load_registry
+    from edgevlm.hub.registry import load_registry
     from . import cached_model_pair
 
     reg = registry or load_registry()
