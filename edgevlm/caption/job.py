@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import InputError, OutputError
@@ -214,7 +214,7 @@ class CaptionJob:
         t0 = time.perf_counter()
         try:
             for res in results:
-                self.accept(res)
+                res = self.accept(res) or res
                 s.elapsed_s = time.perf_counter() - t0
                 if on_result is not None:
                     on_result(res, s)
@@ -229,16 +229,18 @@ class CaptionJob:
             s.interrupted = True
         return s
 
-    def accept(self, res: CaptionResult) -> bool:
-        """Write an image's outcome (from this process or a remote actor) and count it; False
-        when its record is already in the log (a retried batch's duplicate: nothing written)."""
+    def accept(self, res: CaptionResult) -> CaptionResult | None:
+        """Write an image's outcome (from this process or a remote actor) and count it: the
+        outcome as written (a deliverable that could not be written turns it into a failure), or
+        None when its record is already in the log (a retried batch's duplicate: nothing written)."""
         if res.record is not None:
             if res.record.custom_id in self.written:
-                return False
-            self._write(res)
+                return None
+            res = self._write(res)
+            assert res.record is not None
             self.written.add(res.record.custom_id)
         self._account(res)
-        return True
+        return res
 
     def _account(self, res: CaptionResult) -> None:
         s = self.summary
@@ -262,7 +264,7 @@ class CaptionJob:
         s.cached_tokens += st.get("cached_n", 0)
         s.engine_ms += st.get("prompt_ms", 0.0) + st.get("predicted_ms", 0.0)
 
-    def _write(self, res: CaptionResult) -> None:
+    def _write(self, res: CaptionResult) -> CaptionResult:
         """Stage the deliverable (a failure there fails this image), append the record, then
         complete the deliverable."""
         rec = res.record
@@ -272,9 +274,9 @@ class CaptionJob:
         try:
             commit = self.deliverable.stage(rec)
         except OSError as exc:  # e.g. the image's folder is read-only
-            rec.caption, rec.text = None, None
-            rec.error, rec.error_kind = f"cannot write {rec.target} ({exc.strerror or exc})", "io"
-            res.status = "failed"
+            rec = rec.with_(caption=None, text=None, error=f"cannot write {rec.target} ({exc.strerror or exc})",
+                            error_kind="io")
+            res = replace(res, status="failed", record=rec)
         try:
             self.log.append(rec)
             if commit is not None:
@@ -282,6 +284,7 @@ class CaptionJob:
         except OSError as exc:
             raise OutputError(f"{self.out}: cannot write ({exc.strerror or exc})") from None
         self.summary.write_ms += (time.perf_counter() - t0) * 1000
+        return res
 
     def _finish(self) -> None:
         try:

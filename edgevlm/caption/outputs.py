@@ -16,7 +16,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from filelock import FileLock, Timeout
@@ -46,7 +46,7 @@ CAPTION_RECORDS = LogKind(b'{"custom_id"', ("custom_id", "path"), "caption file"
 BATCH_LINES = LogKind(b'{"id"', ("id", "custom_id"), "batch output file", "edgevlm batch run")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CaptionRecord:
     """One image's outcome: a caption, or an error (``caption`` None, ``error`` set)."""
 
@@ -67,7 +67,7 @@ class CaptionRecord:
     mtime_ns: int | None = None
     raw_caption: str | None = None  # the model's words, when --clean/--prefix/--suffix changed them
     json: Any = None  # --json-schema: the object the answer holds
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
     target: str | None = None  # sidecar path or metadata file_name (txt / metadata formats)
     existing: str | None = None  # the caption that was there before (txt / metadata formats)
     text: str | None = None  # what was written there (existing caption combined per --existing)
@@ -76,6 +76,10 @@ class CaptionRecord:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    def with_(self, **changes: Any) -> "CaptionRecord":
+        """This record with ``changes`` (records are frozen: what is written is what was made)."""
+        return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {

@@ -43,13 +43,17 @@ __all__ = ["CaptionResult", "Captioner", "caption_images"]
 FAILS_IN_A_ROW = 3  # runtime failures in a row that stop the run (llama.cpp is broken, not the image)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CaptionResult:
     status: str  # "done" | "failed" | "skipped"
     item: InputItem
     record: CaptionRecord | None = None  # done / failed: the new record
     reason: str | None = None  # skipped: "done" (earlier run) or an --existing reason
     previous: dict[str, Any] | None = None  # skipped as done: the earlier record
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "path": self.item.path, "reason": self.reason,
+                "record": self.record.to_dict() if self.record else None, "previous": self.previous}
 
 
 def _now() -> str:
@@ -111,7 +115,7 @@ class Captioner:
         fields: dict[str, Any] = dict(
             custom_id=self.preparer.custom_id(p.item.path, p.sha256), path=p.item.path,
             sha256=p.sha256, caption=None, model=self.model_name, prompt=None, settings=self.digest,
-            width=p.width, height=p.height, bytes=p.bytes, mtime_ns=p.mtime_ns, notes=p.notes,
+            width=p.width, height=p.height, bytes=p.bytes, mtime_ns=p.mtime_ns, notes=tuple(p.notes),
             target=self.out.target(p.item), existing=p.existing, created=_now())
         return CaptionRecord(**{**fields, **kw})
 
@@ -222,9 +226,9 @@ class Captioner:
               "total_ms": round((time.perf_counter() - job.t0) * 1000, 2)}
         rec = self._record(p, caption=caption, prompt=job.prompt, image_tokens=stats.image_tokens, stats=st,
                            raw_caption=raw if raw != caption else None, json=parsed)
-        rec.notes = rec.notes + [n for n in job.notices if n not in rec.notes]
+        rec = rec.with_(notes=rec.notes + tuple(n for n in job.notices if n not in rec.notes))
         if rec.target is not None:
-            rec.text = compose(p.existing, caption, self.out.policy, self.out.separator)
+            rec = rec.with_(text=compose(p.existing, caption, self.out.policy, self.out.separator))
         return CaptionResult("done", p.item, rec)
 
     def _failed(self, p: Prepared, prompt: str, kind: str, msg: str) -> CaptionResult:
