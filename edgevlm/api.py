@@ -16,21 +16,22 @@ from .plan.planner import Plan, Wishes, make_plan
 from .runtime.engine import EngineOptions
 from .runtime.model import LoadedModel
 from .runtime.scheduler import Scheduler, SchedulerOptions
-from .vision.merge import MergeSpec
 
 __all__ = ["load"]
+
+_WISH_DEFAULTS = dict(n_ctx=None, n_gpu_layers=None, kv="auto", image_tokens=None, images=1,
+                      reply_tokens=DEFAULT_REPLY_TOKENS)
 
 
 def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
          n_ctx: int | None = None, n_gpu_layers: int | None = None, kv: str = "auto",
          image_tokens: int | None = None, images: int = 1, reply_tokens: int = DEFAULT_REPLY_TOKENS,
-         device: str | None = None, free_memory: list[str] | None = None,
-         gpu_overhead: int | None = None, measure: Callable[[], Probe] | None = None,
-         plan: Plan | None = None, merge: str | MergeSpec = "off",
-         n_threads: int | None = None, system: str | None = None,
+         wishes: Wishes | None = None, plan: Plan | None = None,
+         device: str | None = None, free_memory: list[str] | None = None, gpu_overhead: int | None = None,
+         measure: Callable[[], Probe] | None = None,
          options: EngineOptions | None = None, scheduler_options: SchedulerOptions = SchedulerOptions(),
          n_seq_max: int | Callable[[Plan], int] = 1, parallel: int | Callable[[Plan], int] | None = None,
-         wishes: Wishes | None = None, verbose: bool = False, **backend_options: Any) -> LoadedModel:
+         n_threads: int | None = None, verbose: bool = False, **backend_options: Any) -> LoadedModel:
     """Plan memory, load a model pair once, and return the ``LoadedModel`` (its own
     conversation answers ``chat``/``stream``; ``conversation()`` makes more).
 
@@ -39,32 +40,43 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
     >>> for r in vlm.stream("And the colours?"):
     ...     print(r.text, end="")
 
-    ``n_ctx``, ``n_gpu_layers``, ``kv`` and ``image_tokens`` are wishes the planner keeps
-    (None / "auto": the planner chooses); it raises ``DoesNotFit`` if nothing fits.
-    ``reply_tokens``: the reply the plan keeps room for when it counts the images a context
-    holds. ``wishes``: all of the planner's wishes at once (instead of the arguments above). ``measure``: what reads free memory (default: the device probe with ``device``,
-    ``free_memory`` and ``gpu_overhead``); the plan and the per-request guard both use it. ``options``: how the conversation runs (system prompt, tiles, merging, what happens
-    when the context is full); ``system``, ``merge`` and ``image_tokens`` fill them in when not
-    given there. ``backend_options`` override the plan's ``Backend`` arguments
-    (``flash_attn``, ``n_batch``, ``progress_callback`` ...). ``n_seq_max``: sequence ids the
-    context keeps (conversations), or a function of the plan that says how many; ``parallel``:
-    how many of them generate at once (default: all). Idle conversations moved out of the
-    context go to a host cache of the plan's ``cache_ram`` bytes (``scheduler_options`` can
-    set it instead).
+    Each option has one way in:
+
+    - **what to plan for**: the common wishes as keywords (``n_ctx``, ``n_gpu_layers``, ``kv``,
+      ``image_tokens``, ``images``, ``reply_tokens``; None / "auto": the planner chooses), *or*
+      all of them as ``wishes`` (a ``Wishes``), *or* a finished ``plan`` — never two of these.
+      It raises ``DoesNotFit`` if nothing fits. The conversation's per-picture budget is the
+      ``image_tokens`` keyword, else the plan's, unless ``options`` names its own.
+    - **what memory is free**: ``device`` / ``free_memory`` / ``gpu_overhead`` for the device
+      probe, *or* ``measure`` (a function returning a ``Probe``); the plan and the per-request
+      guard both use it.
+    - **how the conversation runs**: ``options`` (an ``EngineOptions``: system prompt, tiles,
+      merging, what happens when the context is full).
+    - **the context's sequences**: ``n_seq_max`` sequence ids (conversations kept), or a function
+      of the plan; ``parallel``: how many of them generate at once (default: all); idle
+      conversations moved out of the context go to a host cache of the plan's ``cache_ram``
+      bytes (``scheduler_options``: the scheduler's other settings).
+    - ``backend_options`` override the plan's ``Backend`` arguments (``flash_attn``, ``n_batch``,
+      ``progress_callback`` ...).
     """
-    spec = merge if isinstance(merge, MergeSpec) else MergeSpec.parse(merge)
+    keywords = dict(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, kv=kv, image_tokens=image_tokens, images=images,
+                    reply_tokens=reply_tokens)
+    given = {k for k, v in keywords.items() if v != _WISH_DEFAULTS[k]}
+    if sum((bool(given), wishes is not None, plan is not None)) > 1:
+        raise TypeError("load(): give the wishes as keywords, as wishes=, or a finished plan= — one of them "
+                        f"(got {', '.join(sorted(given)) or 'keywords'}"
+                        f"{', wishes' if wishes is not None else ''}{', plan' if plan is not None else ''})")
+    if measure is not None and (device is not None or free_memory or gpu_overhead is not None):
+        raise TypeError("load(): give device/free_memory/gpu_overhead or measure=, not both")
+    if wishes is None:
+        wishes = Wishes(**keywords)
     opts = options or EngineOptions()
-    opts = replace(opts, system=opts.system if opts.system is not None else system,
-                   merge=opts.merge if opts.merge.enabled else spec,
-                   image_tokens=opts.image_tokens if opts.image_tokens is not None else image_tokens)
+    if opts.image_tokens is None and image_tokens is not None:
+        opts = replace(opts, image_tokens=image_tokens)
     if measure is None:
         measure = lambda: probe(device, free_memory, gpu_overhead)  # noqa: E731
     if plan is None:
-        if wishes is None:
-            wishes = Wishes(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, kv=kv, image_tokens=image_tokens,
-                            images=images, reply_tokens=reply_tokens)
-        wishes = replace(wishes, merge=str(opts.merge))
-        plan = make_plan(os.fspath(model), os.fspath(mmproj), measure(), wishes)
+        plan = make_plan(os.fspath(model), os.fspath(mmproj), measure(), replace(wishes, merge=str(opts.merge)))
     if not plan.fits:
         raise DoesNotFit(plan.refusal or "the model does not fit in the memory available")
     seqs = n_seq_max(plan) if callable(n_seq_max) else n_seq_max

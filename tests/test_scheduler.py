@@ -36,7 +36,8 @@ def pictures(tmp_path_factory):
 
 
 def _load(pair, slots, n_ctx=4096):
-    return edgevlm.load(pair.model, pair.mmproj, n_ctx=n_ctx, kv="f16", n_seq_max=slots, system=SYSTEM)
+    return edgevlm.load(pair.model, pair.mmproj, n_ctx=n_ctx, kv="f16", n_seq_max=slots,
+                        options=edgevlm.EngineOptions(system=SYSTEM))
 
 
 def _sequential_logits(eng, img):

@@ -22,12 +22,12 @@ import numpy as np
 
 from ..errors import BackendError, ImageError, InputError, ModelFileError, ModelPairError
 from ..model.gguf_info import check_pair, load_projector, load_text_model
-from ..model.kv_types import KV_TYPES
+from ..model.kv_types import KV_DEFAULT, KV_TYPES, is_quantized
 from ..model.tokens import ImageTokens
 from . import logs
 from .counting import CHUNK_AUDIO, CHUNK_IMAGE, CHUNK_TEXT, Chunk, Chunks, MtmdTokenizer  # noqa: F401
 from .sampling import SamplingParams
-from .system import cpu_extra_buffers, install_log_sink
+from .system import cpu_extra_buffers, default_threads, install_log_sink
 
 __all__ = ["Backend", "Chunk", "Chunks", "SamplingParams"]
 
@@ -101,8 +101,8 @@ class Backend(MtmdTokenizer):
         n_gpu_layers: int = 0,
         n_threads: int | None = None,
         flash_attn: bool = True,
-        type_k: str = "f16",
-        type_v: str = "f16",
+        type_k: str = KV_DEFAULT,
+        type_v: str = KV_DEFAULT,
         offload_kqv: bool = True,
         mmproj_use_gpu: bool = True,
         mmproj_flash_attn: bool | None = None,
@@ -130,12 +130,12 @@ class Backend(MtmdTokenizer):
         for what, kv in (("K", type_k), ("V", type_v)):
             if kv not in KV_TYPES:
                 raise InputError(f"KV cache type {kv!r} for {what}: use one of {', '.join(KV_TYPES)}")
-        if type_v != "f16" and not flash_attn:
+        if is_quantized(type_v) and not flash_attn:
             raise ModelPairError(f"a quantized V cache ({type_v}) needs flash attention")
 
         install_log_sink()
         logs.set_echo(verbose)
-        self.n_threads = n_threads or max(1, min(os.cpu_count() or 1, 8))
+        self.n_threads = n_threads or default_threads()
         self.load_log: list[str] = []
         with logs.capture() as lines:
             try:

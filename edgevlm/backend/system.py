@@ -8,14 +8,27 @@ import ctypes
 import functools
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import psutil
 
 from ..errors import InputError
 from . import logs
 
-__all__ = ["GGMLDevice", "cpu_extra_buffers", "cpu_repacks", "ggml_devices", "install_log_sink", "json_grammar",
-           "template_renderer"]
+__all__ = ["MAX_THREADS", "GGMLDevice", "cpu_extra_buffers", "cpu_repacks", "default_threads", "ggml_devices",
+           "install_log_sink", "json_grammar", "template_renderer"]
+
+MAX_THREADS = 8  # past ~8 threads llama.cpp's CPU kernels wait on memory, not on cores
+
+
+def default_threads() -> int:
+    """llama.cpp's threads when none are asked for: the physical cores (psutil; a hyper-threaded
+    4-core laptop has 8 logical ones, and 8 threads there are usually slower than 4), at most
+    ``MAX_THREADS``."""
+    return max(1, min(psutil.cpu_count(logical=False) or os.cpu_count() or 1, MAX_THREADS))
+
 
 KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 _callbacks: list[object] = []  # keep ctypes callbacks alive for the life of the process

@@ -10,14 +10,15 @@ from dataclasses import asdict, dataclass
 
 from ..backend.sampling import SamplingParams
 from ..errors import InputError
-from ..plan.context import ContextBudget
+from ..plan.context import IN_FLIGHT_MAX, ContextBudget
+from ..plan.footprint import DEFAULT_DYNAMIC_IMAGE_TOKENS
 from ..vision.images import DEFAULT_MAX_PIXELS
 from ..vision.merge import MergeSpec
 from .text import DEFAULT_PROMPT, check_template
 
 __all__ = ["DEFAULT_IN_FLIGHT", "CaptionSettings", "caption_slots", "model_identity"]
 
-DEFAULT_IN_FLIGHT = 4  # beyond ~4 a CPU spends the batch on compute, not on reading weights
+DEFAULT_IN_FLIGHT = IN_FLIGHT_MAX
 _SAMPLING = SamplingParams()
 
 
@@ -30,8 +31,8 @@ class CaptionSettings:
     prefix: str = ""  # added before the caption (trigger words)
     suffix: str = ""
     clean: bool = False  # strip preambles ("The image shows ..."), quotes, line breaks
-    max_tokens: int = 128
-    temperature: float = 0.0  # greedy
+    max_tokens: int = 128  # captions are short
+    temperature: float = _SAMPLING.temperature  # greedy: the same command gives the same captions
     top_k: int = _SAMPLING.top_k
     top_p: float = _SAMPLING.top_p
     min_p: float = _SAMPLING.min_p
@@ -80,7 +81,7 @@ def caption_slots(n_ctx: int, image_tokens: int | None, settings: CaptionSetting
     ``DEFAULT_IN_FLIGHT``), by the context budget's rule: each needs its image tokens
     (``image_tokens``: the plan's budget; after merging, what merging keeps), its instruction
     and its reply; the system prompt is shared."""
-    per_image = settings.image_tokens or image_tokens or 1024
+    per_image = settings.image_tokens or image_tokens or DEFAULT_DYNAMIC_IMAGE_TOKENS
     per_image = MergeSpec.parse(settings.merge).target(per_image) or per_image
     rule = ContextBudget(n_ctx)
     return rule.prompts_in_flight(per_image, settings.max_tokens, rule.shared_prefix(settings.system),

@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from ..plan.context import AUTO_CTX_MAX
+from ..serve.options import DEFAULT_PARALLEL, ServeOptions, serve_layout, serve_sequences
 from .common import (
     AutoInt,
     CLIError,
@@ -15,6 +17,7 @@ from .common import (
     max_pixels_option,
     merge_option,
     plan_options,
+    ray_options,
     threads_option,
     tiles_option,
 )
@@ -36,11 +39,11 @@ status_code or "error") · 2 the file is unusable (unreadable, not a batch file)
               help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
                    "(default: the largest registry model that fits; $EDGEVLM_MODEL).")
 @click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
-@click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(1),
+@click.option("--max-tokens", "-n", default=ServeOptions.max_tokens, show_default=True, type=click.IntRange(1),
               help="Reply length for requests that name no max_tokens.")
 @click.option("--parallel", type=AutoInt(), default="auto", show_default=True,
               help="Requests generated together in one batch (auto: up to 4, as many as the context holds).")
-@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(1),
+@click.option("--timeout", default=ServeOptions.timeout_s, show_default=True, type=click.FloatRange(1),
               help="Seconds one request may take (a 503 line when it does not finish; a rerun asks again).")
 @click.option("--allow-path", multiple=True, type=click.Path(file_okay=False, exists=True),
               help="Another folder whose images lines may name by path (the requests file's folder and the "
@@ -52,19 +55,14 @@ status_code or "error") · 2 the file is unusable (unreadable, not a batch file)
 @plan_options
 @threads_option
 @max_pixels_option("Images with more pixels get a 400 line (decompression-bomb guard).")
-@click.option("--ray", "ray_address", metavar="ADDRESS",
-              help="Answer on Ray: local, auto, HOST:PORT or ray://HOST:PORT (pip install 'edgevlm[ray]').")
-@click.option("--actors", type=AutoInt(), default="auto", show_default=True,
-              help="--ray: actors, each loading the model once (auto: one per GPU, else one per node).")
-@click.option("--ray-batch", default=16, show_default=True, type=click.IntRange(1),
-              help="--ray: lines per actor call (what a killed actor's retry redoes).")
+@ray_options("lines", "Answer")
 @click.option("--progress", type=click.Choice(["auto", "bar", "json", "none"]), default="auto",
               show_default=True, help="auto: a bar when stderr is a terminal; json: one object per line.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary (errors still show).")
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
 def batch(requests, out, model, mmproj, max_tokens, parallel, timeout, allow_path, allow_private_urls, tiles,
-          merge, planning, threads, max_pixels, ray_address, actors, ray_batch, progress, quiet, verbose) -> None:
+          merge, planning, threads, max_pixels, ray, progress, quiet, verbose) -> None:
     """Answer an OpenAI batch file: one output line per custom_id, as `edgevlm serve` answers.
 
     \b
@@ -83,8 +81,6 @@ def batch(requests, out, model, mmproj, max_tokens, parallel, timeout, allow_pat
 
     if parallel is not None and parallel < 1:
         raise CLIError(f"--parallel {parallel}: give 1 or more, or auto", 2)
-    if actors is not None and ray_address is None:
-        raise CLIError("--actors needs --ray", 2)
     data = read_batch_file(requests)
     out = out or os.path.splitext(requests)[0] + "_output.jsonl"
     if os.path.abspath(out) == os.path.abspath(requests):
@@ -92,10 +88,13 @@ def batch(requests, out, model, mmproj, max_tokens, parallel, timeout, allow_pat
     ui = BatchView("none" if quiet else progress, quiet)
     for dup in data.duplicates:
         ui.note(f"note: line {dup.number}: custom_id {dup.custom_id!r} came on an earlier line; not answered")
+    # conversations kept as `serve` keeps them (one KV layout for the same requests: a line is
+    # answered as the server answers it); the output buffer is counted for the most of them
+    most = serve_sequences(planning.wishes.n_ctx or AUTO_CTX_MAX, parallel or DEFAULT_PARALLEL)
     wishes = replace(planning.serving(ServeOptions.host_allowance), images=max(planning.wishes.images, parallel or 1),
-                     merge=str(merge))
+                     merge=str(merge), sequences=most)
     folder = os.path.dirname(os.path.abspath(requests))
-    options = ServeOptions(model_id="edgevlm", queue=parallel or 4, max_tokens=max_tokens, timeout_s=timeout,
+    options = ServeOptions(model_id="edgevlm", queue=parallel or DEFAULT_PARALLEL, max_tokens=max_tokens, timeout_s=timeout,
                            host_allowance=wishes.host_allowance,
                            allow_private_urls=allow_private_urls, path_base=os.getcwd(),
                            allow_paths=tuple(dict.fromkeys([folder, os.getcwd(), *map(os.path.abspath, allow_path)])))
@@ -109,8 +108,8 @@ def batch(requests, out, model, mmproj, max_tokens, parallel, timeout, allow_pat
         ui.start(output, len(todo))
         if not todo:
             pass
-        elif ray_address is not None:
-            _on_ray(output, ray_address, model, mmproj, wishes, planning, threads, parallel, actors, ray_batch,
+        elif ray.address is not None:
+            _on_ray(output, ray.address, model, mmproj, wishes, planning, threads, parallel, ray.actors, ray.batch,
                     verbose, options, engine_options, ui, sig)
         else:
             _here(output, todo, model, mmproj, wishes, planning, threads, parallel, verbose, quiet, options,
@@ -125,7 +124,6 @@ def _here(output, todo, model, mmproj, wishes, planning, threads, parallel, verb
           engine_options, ui, sig) -> None:
     from ..serve.batchfile import error_line
     from ..serve.batchrun import run_lines
-    from ..serve.options import serve_slots
     from .loading import load_engine, model_paths
 
     engine = None
@@ -134,9 +132,10 @@ def _here(output, todo, model, mmproj, wishes, planning, threads, parallel, verb
         try:
             if any(ln.ok for ln in todo):
                 model, mmproj = model_paths(model, mmproj, quiet=quiet, probe_args=planning.probe_args, wishes=wishes)
+                layout = lambda plan: serve_layout(plan.n_ctx, plan.image_max_tokens, options.max_tokens,  # noqa: E731
+                                                   parallel, wishes.sequences)
                 engine = load_engine(model, mmproj, verbose, wishes=wishes, options=engine_options, n_threads=threads,
-                                     n_seq_max=lambda plan: serve_slots(plan.n_ctx, plan.image_max_tokens,
-                                                                        options.max_tokens, parallel),
+                                     n_seq_max=lambda plan: layout(plan)[0], parallel=lambda plan: layout(plan)[1],
                                      **planning.probe_args)
                 options = _named(options, spec, model)
             sig.running = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import click
 
@@ -34,21 +35,37 @@ def budget(image, mmproj, model, image_tokens, tiles, scorer, overlay, max_pixel
     """
     from ..errors import UnsupportedModel
     from ..model.gguf_info import load_projector
-    from ..vision.budget import draw_overlay, plan_image
+    from ..model.projectors import facts
+    from ..plan.planner import image_budget
+    from ..vision.budget import ImageBudget, draw_overlay
     from ..vision.images import load_image
 
     proj = load_projector(mmproj)
     img = load_image(image, max_pixels)
+    # the budget chat, serve and caption give this picture with default options: with the text
+    # model, the plan's (memory may lower a dynamic one; mtmd gets it as its own limit); without,
+    # the projector's default
     if model is not None:
         from ..backend.counting import ImageCounter
+        from ..plan.devices import probe
+        from ..plan.planner import Wishes, make_plan
 
-        with ImageCounter(model, mmproj) as counter:
-            ip = plan_image(img, counter.proj_info, image_tokens, tiles, scorer=scorer)
+        plan = make_plan(model, mmproj, probe(), Wishes(image_tokens=image_tokens))
+        tokens, mtmd_cap = plan.image_max_tokens or None, plan.backend_options()["image_max_tokens"]
+        source = "the plan's, as chat loads this pair"
+        with ImageCounter(model, mmproj, image_max_tokens=mtmd_cap) as counter:
+            ip = ImageBudget(counter.proj_info, tokens, tiles, mtmd_cap, scorer).plan(img)
     else:
         try:
-            ip = plan_image(img, proj, image_tokens, tiles, scorer=scorer)
+            tokens = image_budget(proj, image_tokens)[0]
+            mtmd_cap = tokens if facts(proj).dynamic else None
+            source = "this projector's default"
+            ip = ImageBudget(proj, tokens, tiles, mtmd_cap, scorer).plan(img)
         except UnsupportedModel as exc:
             raise UnsupportedModel(f"{exc}; give the text model (--model) and mtmd counts them") from None
+    if image_tokens is None:
+        ip = replace(ip, notes=(*ip.notes, f"budget {tokens} tokens per image: {source} "
+                                           f"(--image-tokens changes it)"))
     if overlay:
         draw_overlay(img, ip, overlay)
     if as_json:
@@ -59,7 +76,7 @@ def budget(image, mmproj, model, image_tokens, tiles, scorer, overlay, max_pixel
 
     console = Console(highlight=False, soft_wrap=True)
     title = (f"{image} {img.width}x{img.height} · {ip.kind} · total {ip.total_tokens} tokens"
-             + (f" (budget {image_tokens})" if image_tokens else ""))
+             + (f" (budget {tokens})" if tokens else ""))
     t = Table(title=title, title_justify="left", box=None)
     for col in ("view", "box", "sent as", "tokens", "score", "selected"):
         t.add_column(col, justify="right" if col in ("tokens", "score") else "left")

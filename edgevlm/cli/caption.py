@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+from dataclasses import dataclass
 
 import click
 
+from ..caption.inputs import parse_shard
+from ..caption.settings import CaptionSettings
+from ..errors import EdgeVLMError
 from .common import (
     AutoInt,
     CLIError,
@@ -16,6 +21,7 @@ from .common import (
     max_pixels_option,
     merge_option,
     plan_options,
+    ray_options,
     sampling_options,
     threads_option,
     tiles_option,
@@ -29,36 +35,100 @@ Exit codes: 0 every image has a caption · 4 some images failed (their records h
 the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to continue."""
 
 
+class Shard(click.ParamType):
+    """``I/N``: shard I of N (1-based)."""
+
+    name = "I/N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_shard(value)
+        except EdgeVLMError as exc:  # one line, as every bad input (not click's usage text)
+            raise CLIError(str(exc), 2) from None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which files the inputs become (``caption.inputs.discover``'s arguments)."""
+
+    recursive: bool
+    from_list: str | None
+    null: bool
+    include: tuple[str, ...]
+    exclude: tuple[str, ...]
+    shard: tuple[int, int] | None
+
+
+def selection_options(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, recursive, from_list, null, include, exclude, shard, **kwargs):
+        return fn(*args, selection=Selection(recursive, from_list, null, tuple(include), tuple(exclude), shard),
+                  **kwargs)
+
+    for opt in reversed([
+        click.option("--recursive", "-r", is_flag=True, help="Enter subdirectories."),
+        click.option("--from-list", "from_list", metavar="FILE", help="Read input paths from FILE (- = stdin)."),
+        click.option("--null", "-0", is_flag=True, help="The list is NUL-separated (find -print0)."),
+        click.option("--include", multiple=True, metavar="PATTERN", help="Only files matching (repeatable)."),
+        click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip files / folders matching (repeatable)."),
+        click.option("--shard", type=Shard(), help="Caption only shard I of N (1-based; deterministic split)."),
+    ]):
+        wrapper = opt(wrapper)
+    return wrapper
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where the captions go (``CaptionJob``'s output arguments)."""
+
+    out: str | None
+    fmt: str
+    existing: str
+    separator: str
+    root: str | None
+    sidecar_ext: str
+
+
+def output_options(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, out, fmt, existing, separator, root, sidecar_ext, **kwargs):
+        return fn(*args, output=Output(out, fmt, existing, separator, root, sidecar_ext), **kwargs)
+
+    for opt in reversed([
+        click.option("--out", "-o", metavar="PATH",
+                     help="Record file [default: captions.jsonl, captions.csv, captions.parquet/]; "
+                          "{shard} becomes I-of-N with --shard."),
+        click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet", "txt", "metadata"]),
+                     default="jsonl", show_default=True,
+                     help="parquet: a folder of shards (pip install 'edgevlm[parquet]'); txt: "
+                          "<stem>.txt beside each image; metadata: HF imagefolder metadata.jsonl."),
+        click.option("--existing", type=click.Choice(["skip", "overwrite", "append", "prepend"]), default="skip",
+                     show_default=True, help="txt / metadata: what to do with a caption already there."),
+        click.option("--separator", default=" ", show_default=True, help="Joins old and new caption (append/prepend)."),
+        click.option("--root", type=click.Path(file_okay=False),
+                     help="metadata: the dataset folder [default: the folder holding all the images]."),
+        click.option("--sidecar-ext", default=".txt", show_default=True, help="txt: caption file extension."),
+    ]):
+        wrapper = opt(wrapper)
+    return wrapper
+
+
 @click.command(epilog=EXIT_CODES)
 @click.argument("inputs", nargs=-1)
 @click.option("--model", "-m",
               help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
                    "(default: the largest registry model that fits; $EDGEVLM_MODEL).")
 @click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
-@click.option("--recursive", "-r", is_flag=True, help="Enter subdirectories.")
-@click.option("--from-list", "from_list", metavar="FILE", help="Read input paths from FILE (- = stdin).")
-@click.option("--null", "-0", is_flag=True, help="The list is NUL-separated (find -print0).")
-@click.option("--include", multiple=True, metavar="PATTERN", help="Only files matching (repeatable).")
-@click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip files / folders matching (repeatable).")
-@click.option("--shard", metavar="I/N", help="Caption only shard I of N (1-based; deterministic split).")
-@click.option("--out", "-o", metavar="PATH",
-              help="Record file [default: captions.jsonl, captions.csv, captions.parquet/]; "
-                   "{shard} becomes I-of-N with --shard.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet", "txt", "metadata"]), default="jsonl",
-              show_default=True, help="parquet: a folder of shards (pip install 'edgevlm[parquet]'); txt: "
-                                      "<stem>.txt beside each image; metadata: HF imagefolder metadata.jsonl.")
-@click.option("--existing", type=click.Choice(["skip", "overwrite", "append", "prepend"]), default="skip",
-              show_default=True, help="txt / metadata: what to do with a caption already there.")
-@click.option("--separator", default=" ", show_default=True, help="Joins old and new caption (append/prepend).")
-@click.option("--root", type=click.Path(file_okay=False),
-              help="metadata: the dataset folder [default: the folder holding all the images].")
-@click.option("--sidecar-ext", default=".txt", show_default=True, help="txt: caption file extension.")
+@selection_options
+@output_options
 @click.option("--prompt", "-p", default=None, help="Instruction; may use {name} {filename} {path} {existing}.")
 @click.option("--system", help="System prompt (evaluated once, reused for every image).")
 @click.option("--prefix", default="", help="Text put before every caption (trigger words).")
 @click.option("--suffix", default="", help="Text put after every caption.")
 @click.option("--clean", is_flag=True, help='Strip preambles ("The image shows ..."), quotes, line breaks.')
-@sampling_options(max_tokens=128, temp=0.0)
+@sampling_options(CaptionSettings.max_tokens, CaptionSettings().sampling())
 @tiles_option
 @merge_option
 @json_schema_option("each caption (the parsed object goes into the record as \"json\")")
@@ -77,20 +147,12 @@ the run · 130 interrupted (Ctrl-C, SIGTERM): run the same command again to cont
               show_default=True, help="auto: a bar when stderr is a terminal; json: one object per line.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary (errors still show).")
 @click.option("--dry-run", is_flag=True, help="List the images this run would work on, and stop.")
-@click.option("--ray", "ray_address", metavar="ADDRESS",
-              help="Caption on Ray: local (a Ray instance started here), auto, HOST:PORT or ray://HOST:PORT "
-                   "(pip install 'edgevlm[ray]').")
-@click.option("--actors", type=AutoInt(), default="auto", show_default=True,
-              help="--ray: captioning actors, each loading the model once (auto: one per GPU, else one per node).")
-@click.option("--ray-batch", default=16, show_default=True, type=click.IntRange(1),
-              help="--ray: images per actor call (what a killed actor's retry redoes).")
+@ray_options("images", "Caption")
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
-def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude, shard, out, fmt,
-            existing, separator, root, sidecar_ext, prompt, system, prefix, suffix, clean, max_tokens,
-            temp, top_k, top_p, min_p, seed, stop, tiles, merge, json_schema, planning, threads, max_pixels,
-            max_file_size, retry_errors,
-            parallel, prefetch, progress, quiet, dry_run, ray_address, actors, ray_batch, verbose) -> None:
+def caption(inputs, model, mmproj, selection, output, prompt, system, prefix, suffix, clean, reply, tiles, merge,
+            json_schema, planning, threads, max_pixels, max_file_size, retry_errors, parallel, prefetch, progress,
+            quiet, dry_run, ray, verbose) -> None:
     """Caption images in bulk: files, folders, globs or a list; resumable.
 
     \b
@@ -106,38 +168,40 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
     from ..caption import (
         DEFAULT_PROMPT,
         CaptionJob,
-        CaptionSettings,
         StopToken,
         caption_slots,
     )
-    from ..caption.inputs import discover, parse_shard
+    from ..caption.inputs import discover
 
-    if not inputs and from_list is None:
+    sel, dest = selection, output
+    out = dest.out
+    if not inputs and sel.from_list is None:
         raise CLIError("give images, folders or globs to caption, or --from-list FILE", 2)
     if parallel is not None and parallel < 1:
         raise CLIError(f"--parallel {parallel}: give 1 or more images in flight, or auto", 2)
-    if from_list == "-" and "-" in inputs:
+    if sel.from_list == "-" and "-" in inputs:
         raise CLIError("'-' is not an input; use --from-list - to read paths from stdin", 2)
     settings = CaptionSettings(
         prompt=prompt if prompt is not None else DEFAULT_PROMPT, system=system, prefix=prefix,
-        suffix=suffix, clean=clean, max_tokens=max_tokens, temperature=temp, top_k=top_k,
-        top_p=top_p, min_p=min_p, seed=seed, stop=tuple(stop), image_tokens=planning.wishes.image_tokens,
+        suffix=suffix, clean=clean, max_tokens=reply.max_tokens, temperature=reply.sampling.temperature,
+        top_k=reply.sampling.top_k, top_p=reply.sampling.top_p, min_p=reply.sampling.min_p, seed=reply.sampling.seed,
+        stop=reply.stop, image_tokens=planning.wishes.image_tokens,
         tiles=tiles, merge=str(merge), max_pixels=max_pixels, max_file_bytes=max_file_size,
         json_schema=json.dumps(json_schema, sort_keys=True) if json_schema else None)
     settings.validate()
-    shard_ix = parse_shard(shard) if shard else None
+    shard_ix = sel.shard
     if out and "{shard}" in out:
         if shard_ix is None:
             raise CLIError(f"--out {out}: {{shard}} needs --shard I/N", 2)
         out = out.replace("{shard}", f"{shard_ix[0]}-of-{shard_ix[1]}")
-    found = discover(inputs, recursive=recursive, from_list=from_list, null=null, include=include,
-                     exclude=exclude, shard=shard_ix)
+    found = discover(inputs, recursive=sel.recursive, from_list=sel.from_list, null=sel.null, include=sel.include,
+                     exclude=sel.exclude, shard=shard_ix)
     ui = ProgressView("none" if quiet else progress, quiet)
     for pattern in found.unmatched:
         ui.note(f"note: {pattern}: no match")
     if not found.items:
         if found.sharded_out:
-            ui.note(f"shard {shard}: no images in this shard ({found.sharded_out} in others)")
+            ui.note(f"shard {shard_ix[0]}/{shard_ix[1]}: no images in this shard ({found.sharded_out} in others)")
             return
         hints = []
         if found.ignored:
@@ -147,20 +211,18 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
         raise CLIError("no images found" + (f": {'; '.join(hints)}" if hints else ""), 2)
 
     identity = None
-    if ray_address is not None:
+    if ray.address is not None:
         from .ray_run import ray_preflight
 
-        identity, model, mmproj = ray_preflight(model, mmproj, fmt, dry_run)
-    elif actors is not None:
-        raise CLIError("--actors needs --ray", 2)
+        identity, model, mmproj = ray_preflight(model, mmproj, dest.fmt, dry_run)
     elif not dry_run:  # a dry run downloads nothing
         from .loading import model_paths
 
         model, mmproj = model_paths(model, mmproj, quiet=quiet, probe_args=planning.probe_args,
                                     wishes=planning.wishes)
-    job = CaptionJob(found.items, settings, model=model or "(auto)", mmproj=mmproj, out=out, fmt=fmt,
-                     existing=existing, separator=separator, root=root or found.root,
-                     sidecar_ext=sidecar_ext, retry_errors=retry_errors, identity=identity)
+    job = CaptionJob(found.items, settings, model=model or "(auto)", mmproj=mmproj, out=out, fmt=dest.fmt,
+                     existing=dest.existing, separator=dest.separator, root=dest.root or found.root,
+                     sidecar_ext=dest.sidecar_ext, retry_errors=retry_errors, identity=identity)
     if dry_run:
         have = job.recorded_paths()
         for it in found.items:
@@ -171,12 +233,12 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
     job.open()
     token = StopToken()
     sig = StopSignals(token, ui)
-    if ray_address is not None:
+    if ray.address is not None:
         from .ray_run import caption_with_ray
 
         try:
-            summary = caption_with_ray(job, ray_address, model, mmproj, planning, threads, parallel, actors,
-                                       ray_batch, verbose, ui, sig)
+            summary = caption_with_ray(job, ray.address, model, mmproj, planning, threads, parallel, ray.actors,
+                                       ray.batch, verbose, ui, sig)
         finally:
             job.close()
         sys.exit(summary.exit_code)
@@ -188,9 +250,10 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
                     ui.note(f"note: {job.out} also holds {job.index.other_settings} record(s) made with "
                             "other settings (prompt, model, ...): they are kept, new ones are added beside them")
                 if job.needs_model():
+                    from ..runtime.engine import EngineOptions
                     from .loading import load_engine
 
-                    engine = load_engine(model, mmproj, verbose, system=settings.system, merge=merge,
+                    engine = load_engine(model, mmproj, verbose, options=EngineOptions(system=settings.system, merge=merge),
                                          wishes=planning.wishes, n_threads=threads, **planning.probe_args,
                                          n_seq_max=lambda plan: caption_slots(
                                              plan.n_ctx, plan.image_max_tokens, settings, parallel))
@@ -200,7 +263,7 @@ def caption(inputs, model, mmproj, recursive, from_list, null, include, exclude,
                     if parallel and engine.scheduler.max_running < parallel:
                         ui.note(f"note: --parallel {parallel}: the context ({engine.n_ctx} tokens) holds "
                                 f"{engine.scheduler.max_running} image(s) in flight; use a larger --ctx for more")
-                ui.start(job, fmt)
+                ui.start(job, dest.fmt)
                 sig.running = True
                 summary = job.run(engine, stop=token, prefetch=prefetch, on_result=ui.update)
             except KeyboardInterrupt:  # stopped while the model was loading

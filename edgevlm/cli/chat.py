@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from ..backend.sampling import CHAT_REPLY
 from .common import (
     echo_err,
     handle_errors,
@@ -32,7 +33,7 @@ __all__ = ["chat"]
 @click.option("--image", "-i", "images", multiple=True, type=click.Path(dir_okay=False),
               help="Image for the first message (repeatable).")
 @click.option("--system", help="System prompt.")
-@sampling_options(max_tokens=512, temp=0.2)
+@sampling_options(CHAT_REPLY.max_tokens, CHAT_REPLY.sampling)
 @tiles_option
 @click.option("--evict", type=click.Choice(["summary", "off"]), default="summary", show_default=True,
               help="When the context is full: replace old images by their summary, or fail.")
@@ -47,8 +48,7 @@ __all__ = ["chat"]
               help="One-shot: print one JSON object {text, stats} ({text, json, stats} with --json-schema).")
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
-def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, min_p, seed, stop,
-         tiles, evict, summary_prompt, merge, planning, threads, max_pixels, json_schema, show_stats,
+def chat(prompt, model, mmproj, images, system, reply, tiles, evict, summary_prompt, merge, planning, threads, max_pixels, json_schema, show_stats,
          as_json, verbose) -> None:
     """Chat with a vision-language model about images.
 
@@ -71,8 +71,9 @@ def chat(prompt, model, mmproj, images, system, max_tokens, temp, top_k, top_p, 
         session = SessionOptions(enabled=session.enabled, summary_prompt=summary_prompt)
     options = EngineOptions(system=system, image_tokens=planning.wishes.image_tokens, tiles=tiles, merge=merge,
                             max_image_pixels=max_pixels, session=session)
-    gen = dict(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-               seed=seed, stop=list(stop), grammar=json_grammar(json_schema) if json_schema else None)
+    s = reply.sampling
+    gen = dict(max_tokens=reply.max_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+               seed=s.seed, stop=list(reply.stop), grammar=json_grammar(json_schema) if json_schema else None)
     vlm = load_engine(model, mmproj, verbose, options=options, wishes=planning.wishes,
                       n_threads=threads, **planning.probe_args)
     if merge.enabled and not vlm.merging:

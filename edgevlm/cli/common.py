@@ -11,7 +11,9 @@ from dataclasses import dataclass, replace
 import click
 
 from ..backend.sampling import SamplingParams
+from ..cluster.connect import DEFAULT_BATCH
 from ..errors import EdgeVLMError
+from ..backend.system import MAX_THREADS
 from ..model.kv_types import KV_CHOICES
 from ..plan.devices import Probe, format_size, parse_size, probe
 from ..plan.footprint import HOST_RESERVE
@@ -22,7 +24,7 @@ from ..vision.merge import MergeSpec
 
 __all__ = ["AutoInt", "CLIError", "ImageSize", "JsonSchemaFile", "Merge", "Size", "Tiles", "echo_err",
            "handle_errors", "json_schema_option", "max_pixels_option", "merge_option", "plan_options",
-           "Planning", "sampling_options", "threads_option", "tiles_option"]
+           "Planning", "RayRun", "Reply", "ray_options", "sampling_options", "threads_option", "tiles_option"]
 
 
 class CLIError(click.ClickException):
@@ -175,23 +177,70 @@ def plan_options(fn):
     return wrapper
 
 
-def sampling_options(max_tokens: int, temp: float):
-    """-n/--max-tokens, --temp, --top-k, --top-p, --min-p, --seed, --stop: the library's sampling
-    defaults, with a per-command reply length and temperature."""
-    d = SamplingParams()
+@dataclass(frozen=True)
+class Reply:
+    """What the sampling options say: a reply's length, its sampler and its stop strings."""
+
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+
+
+def sampling_options(max_tokens: int, d: SamplingParams):
+    """-n/--max-tokens, --temp, --top-k, --top-p, --min-p, --seed, --stop, their defaults from
+    the command's own options (``ReplyDefaults``, ``CaptionSettings``); the command gets them as
+    one ``reply`` argument (a ``Reply``)."""
 
     def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, max_tokens, temp, top_k, top_p, min_p, seed, stop, **kwargs):
+            sampling = SamplingParams(temp, top_k, top_p, min_p, seed)
+            return fn(*args, reply=Reply(max_tokens, sampling, tuple(stop)), **kwargs)
+
         for opt in reversed([
             click.option("--max-tokens", "-n", default=max_tokens, show_default=True, type=click.IntRange(1)),
-            click.option("--temp", default=temp, show_default=True, type=click.FloatRange(0), help="0 = greedy."),
+            click.option("--temp", default=d.temperature, show_default=True, type=click.FloatRange(0), help="0 = greedy."),
             click.option("--top-k", default=d.top_k, show_default=True, type=click.IntRange(0)),
             click.option("--top-p", default=d.top_p, show_default=True, type=click.FloatRange(0, 1)),
             click.option("--min-p", default=d.min_p, show_default=True, type=click.FloatRange(0, 1)),
             click.option("--seed", type=int, help="Seed for sampling (reproducible with --temp > 0)."),
             click.option("--stop", multiple=True, help="Stop string (repeatable)."),
         ]):
-            fn = opt(fn)
-        return fn
+            wrapper = opt(wrapper)
+        return wrapper
+    return deco
+
+
+@dataclass(frozen=True)
+class RayRun:
+    """What --ray, --actors and --ray-batch say (``address`` None: not on Ray)."""
+
+    address: str | None
+    actors: int | None
+    batch: int
+
+
+def ray_options(what: str, action: str):
+    """--ray, --actors, --ray-batch (``what`` goes to an actor per call); one ``ray`` argument."""
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, ray_address, actors, ray_batch, **kwargs):
+            if actors is not None and ray_address is None:
+                raise CLIError("--actors needs --ray", 2)
+            return fn(*args, ray=RayRun(ray_address, actors, ray_batch), **kwargs)
+
+        for opt in reversed([
+            click.option("--ray", "ray_address", metavar="ADDRESS",
+                         help=f"{action} on Ray: local (a Ray instance started here), auto, HOST:PORT or "
+                              "ray://HOST:PORT (pip install 'edgevlm[ray]')."),
+            click.option("--actors", type=AutoInt(), default="auto", show_default=True,
+                         help="--ray: actors, each loading the model once (auto: one per GPU, else one per node)."),
+            click.option("--ray-batch", default=DEFAULT_BATCH, show_default=True, type=click.IntRange(1),
+                         help=f"--ray: {what} per actor call (what a killed actor's retry redoes)."),
+        ]):
+            wrapper = opt(wrapper)
+        return wrapper
     return deco
 
 
@@ -206,7 +255,7 @@ def merge_option(fn):
 
 
 def threads_option(fn):
-    return click.option("--threads", type=click.IntRange(1), help="CPU threads (default: physical cores, ≤ 8).")(fn)
+    return click.option("--threads", type=click.IntRange(1), help=f"CPU threads (default: physical cores, ≤ {MAX_THREADS}).")(fn)
 
 
 def max_pixels_option(help_text: str):

@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import click
 
+from ..plan.devices import format_size
+from ..serve.options import ServeOptions
 from .common import (
     AutoInt,
     Size,
@@ -33,17 +35,18 @@ __all__ = ["serve"]
               help="Port (0: any free one, printed at start).")
 @click.option("--parallel", type=AutoInt(), default="auto", show_default=True,
               help="Requests generated together in one batch (auto: up to 4, as many as the context holds).")
-@click.option("--queue", default=16, show_default=True, type=click.IntRange(0),
+@click.option("--queue", default=ServeOptions.queue, show_default=True, type=click.IntRange(0),
               help="Requests that may wait for a free sequence; more get 503 with Retry-After.")
 @click.option("--cache-ram", type=Size(), default=None,
               help="Host RAM for idle conversations moved out of the KV cache, copied back when they "
-                   "return (planned) [default: 1GiB]; 0: drop them.")
+                   f"return (planned) [default: {format_size(ServeOptions.cache_ram)}]; 0: drop them.")
 @click.option("--api-key", envvar="EDGEVLM_API_KEY", help="Bearer token every /v1 route asks for ($EDGEVLM_API_KEY).")
-@click.option("--max-body", type=Size(), default="32MiB", show_default=True,
-              help="Largest request body (images inline); larger gets 413.")
-@click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(1),
+@click.option("--max-body", type=Size(), default=ServeOptions.max_body_bytes,
+              help=f"Largest request body (images inline); larger gets 413 [default: "
+                   f"{format_size(ServeOptions.max_body_bytes)}].")
+@click.option("--max-tokens", "-n", default=ServeOptions.max_tokens, show_default=True, type=click.IntRange(1),
               help="Reply length for requests that name no max_tokens.")
-@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(1),
+@click.option("--timeout", default=ServeOptions.timeout_s, show_default=True, type=click.FloatRange(1),
               help="Seconds a request may take, waiting included.")
 @click.option("--allow-private-urls", is_flag=True,
               help="Fetch image URLs that resolve to loopback, private or link-local addresses.")
@@ -74,7 +77,7 @@ def serve(model, mmproj, host, port, parallel, queue, cache_ram, api_key, max_bo
     from ..plan.planner import make_plan
     from ..runtime.engine import EngineOptions
     from ..serve.app import create_app
-    from ..serve.options import DEFAULT_PARALLEL, ServeOptions, serve_sequences, serve_slots
+    from ..serve.options import DEFAULT_PARALLEL, serve_layout, serve_sequences
     from .common import CLIError
     from .loading import model_paths
     from .render import render_plan
@@ -93,8 +96,7 @@ def serve(model, mmproj, host, port, parallel, queue, cache_ram, api_key, max_bo
     render_plan(plan, file=sys.stderr)
     if not plan.fits:
         raise CLIError(plan.refusal or "does not fit", 1)
-    slots = serve_slots(plan.n_ctx, plan.image_max_tokens, max_tokens, parallel)
-    sequences = min(most, serve_sequences(plan.n_ctx, slots))
+    sequences, slots = serve_layout(plan.n_ctx, plan.image_max_tokens, max_tokens, parallel, most)
     name = spec if spec and not os.path.isfile(spec) else os.path.splitext(os.path.basename(model))[0]
     options = ServeOptions(model_id=model_id or name, api_key=api_key,
                            queue=queue, max_body_bytes=max_body, max_tokens=max_tokens, timeout_s=timeout,

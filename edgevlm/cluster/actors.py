@@ -30,7 +30,8 @@ from ..runtime.engine import EngineOptions
 from ..runtime.model import LoadedModel
 from ..serve.batchfile import BatchLine
 from ..serve.batchrun import answer_lines
-from ..serve.options import ServeOptions, serve_slots
+from ..serve.options import ServeOptions, serve_layout
+from ..vision.merge import MergeSpec
 from ..serve.service import ChatService
 
 __all__ = ["ActorSpec", "BatchActor", "CaptionActor", "decode_result", "encode_result"]
@@ -72,7 +73,7 @@ class CaptionActor:
 
     def __init__(self, spec: ActorSpec, settings: CaptionSettings, model_name: str, digest: str,
                  previous: list[dict[str, Any]] | None = None):
-        self.engine = _load(spec, system=settings.system, merge=settings.merge,
+        self.engine = _load(spec, options=EngineOptions(system=settings.system, merge=MergeSpec.parse(settings.merge)),
                             n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens, settings,
                                                                  spec.parallel))
         self.settings = settings
@@ -100,9 +101,10 @@ class BatchActor:
 
     def __init__(self, spec: ActorSpec, options: ServeOptions, engine_options: EngineOptions):
         wishes = replace(spec.wishes, images=max(spec.wishes.images, spec.parallel or 1))
+        layout = lambda plan: serve_layout(plan.n_ctx, plan.image_max_tokens, options.max_tokens,  # noqa: E731
+                                           spec.parallel, wishes.sequences)
         self.engine = _load(replace(spec, wishes=wishes), options=engine_options,
-                            n_seq_max=lambda plan: serve_slots(plan.n_ctx, plan.image_max_tokens,
-                                                               options.max_tokens, spec.parallel))
+                            n_seq_max=lambda plan: layout(plan)[0], parallel=lambda plan: layout(plan)[1])
         self.service = ChatService(self.engine, options)
         self.service.start()
 

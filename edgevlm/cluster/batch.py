@@ -14,11 +14,10 @@ from ..serve.batchfile import BatchLine, BatchOutput, BatchSummary, error_line
 from ..serve.options import ServeOptions
 from .actors import ActorSpec, BatchActor
 from .caption import ray_failure
-from .connect import ActorLayout, ray_module
+from .connect import DEFAULT_BATCH, ActorLayout, ray_module
 
 __all__ = ["answer_on_ray"]
 
-DEFAULT_BATCH = 16  # lines per actor call
 
 
 def answer_on_ray(out: BatchOutput, spec: ActorSpec, lay: ActorLayout, options: ServeOptions,

@@ -37,11 +37,10 @@ from ..caption.runner import CaptionResult, Captioner
 from ..caption.settings import CaptionSettings, model_identity
 from ..errors import ClusterError, EdgeVLMError
 from .actors import ActorSpec, CaptionActor, decode_result
-from .connect import READ_CPUS, ActorLayout, ray_module
+from .connect import DEFAULT_BATCH, READ_CPUS, ActorLayout, ray_module
 
 __all__ = ["caption_dataset", "caption_on_ray", "ray_failure"]
 
-DEFAULT_BATCH = 16  # images per actor call: its in-flight slots stay full (a killed actor redoes one)
 
 
 def _remote(path: str) -> bool:
@@ -133,7 +132,7 @@ def _result(job: CaptionJob, item: InputItem, d: dict[str, Any]) -> CaptionResul
     if d["record"] is None:  # skipped in the actor: unchanged bytes, the earlier record stands
         prev = job.index.get(item.path)
         return CaptionResult("skipped", item, reason=d["reason"], previous=prev.data if prev else None)
-    rec = CaptionRecord(**d["record"])
+    rec = CaptionRecord(**{**d["record"], "notes": tuple(d["record"].get("notes") or ())})
     prev = job.index.get(item.path)
     if prev is not None and prev.data.get("custom_id") != rec.custom_id:
         job.index.supersede(prev)  # the file changed: its old record goes at the end

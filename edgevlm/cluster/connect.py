@@ -19,7 +19,11 @@ from typing import Any
 
 from ..errors import ClusterError, InputError
 
-__all__ = ["ActorLayout", "Cluster", "READ_CPUS", "connect", "layout", "ray_module"]
+__all__ = ["ActorLayout", "Cluster", "DEFAULT_BATCH", "READ_CPUS", "connect", "layout", "ray_module"]
+
+# items (images, batch lines) per actor call: its in-flight slots stay full, and a killed actor redoes
+# one batch
+DEFAULT_BATCH = 16
 
 READ_CPUS = 0.25  # what a Ray Data read task asks for: reading never waits for a whole CPU
 

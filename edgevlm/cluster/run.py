@@ -27,7 +27,8 @@ from ..serve.batchfile import BatchOutput, BatchSummary, read_batch_file
 from ..serve.options import ServeOptions
 from .actors import ActorSpec
 from .batch import answer_on_ray
-from .caption import DEFAULT_BATCH, caption_on_ray
+from .caption import caption_on_ray
+from .connect import DEFAULT_BATCH
 from .connect import connect, layout
 
 __all__ = ["answer_batch_file", "caption_files"]

@@ -14,24 +14,28 @@ graphs must be re-checked against the real ones (the test suite compares with ll
 
 from __future__ import annotations
 
-from ..errors import InputError, UnsupportedModel
-from .graphalloc import ALIGN, F16, F32, FLAG_INPUT, FLAG_OUTPUT, I32, I64, QUANT, Graph, pad, replay  # noqa: F401
+from dataclasses import dataclass
 
-__all__ = ["attn_output", "clip_compute_bytes", "hadamard", "kv_rotation", "result_head", "store_and_attend",
-           "swiglu_block", "text_compute_bytes", "text_effective", "vit_attention"]
+from ..errors import InputError, UnsupportedModel
+from ..model.kv_types import KV_DEFAULT, is_quantized
+from .graphalloc import ALIGN, F16, F32, FLAG_INPUT, FLAG_OUTPUT, I32, I64, Graph, pad, replay  # noqa: F401
+
+__all__ = ["TextGraph", "attn_output", "clip_compute_bytes", "hadamard", "kv_rotation", "result_head",
+           "store_and_attend", "swa_kv_cells", "swiglu_block", "text_compute_bytes", "text_effective",
+           "vit_attention"]
 
 
 # ------------------------------------------------------------------------------------------------
 # (a) text model: llama / qwen2vl decoder reserve graph (src/models/llama.cpp, qwen2vl.cpp,
 #     src/llama-graph.cpp build_attn / build_attn_mha / build_ffn)
 # ------------------------------------------------------------------------------------------------
-# Blocks every decoder graph shares (llama, qwen2vl here; gemma3 in compute_gemma3, qwen3vl in
-# encoders/qwen3vl_merger): the same nodes in the same order as llama-graph.cpp builds them.
+# Blocks of the one decoder graph (llama, qwen2vl, qwen3vl, gemma3: ``TextGraph``): the same nodes
+# in the same order as llama-graph.cpp builds them.
 
 def kv_rotation(type_k: str, type_v: str, head_dim: int) -> tuple[bool, bool, int, int]:
     """Hadamard rotations of quantized K / V caches: (rot_k, rot_v, n_rot_k, n_rot_v)."""
-    rot_k = QUANT.get(type_k, False) and head_dim % 64 == 0
-    rot_v = QUANT.get(type_v, False) and head_dim % 64 == 0
+    rot_k = is_quantized(type_k) and head_dim % 64 == 0
+    rot_v = is_quantized(type_v) and head_dim % 64 == 0
     nrot_k = 0
     if rot_k:
         nrot_k = 64
@@ -87,17 +91,22 @@ def attn_output(g: Graph, cur, inpL, il: int, E: int, U: int, last: bool, n_outp
     return cur, res, n_outputs
 
 
-def swiglu_block(g: Graph, cur, res, il: int, E: int, F: int, T: int):
-    """Residual add, RMS norm, SwiGLU FFN, residual add: the layer's output (E, T)."""
+def swiglu_block(g: Graph, cur, res, il: int, E: int, F: int, T: int, post_norms: bool = False):
+    """Residual add, RMS norm, gated FFN (SwiGLU; Gemma's GeGLU has the same nodes), residual add:
+    the layer's output (E, T). ``post_norms`` (Gemma 3): an RMS norm on the attention's output
+    before the add and on the FFN's output before the second add."""
     W = g.EXT
-    ffn_inp = g.op("ADD", F32, (E, T), cur, res)
-    norm = g.op("RMS_NORM", F32, (E, T), ffn_inp)
-    ffn_norm = g.op("MUL", F32, (E, T), norm, W)
+
+    def rms(x):
+        return g.op("MUL", F32, (E, T), g.op("RMS_NORM", F32, (E, T), x), W)
+
+    ffn_inp = g.op("ADD", F32, (E, T), rms(cur) if post_norms else cur, res)
+    ffn_norm = rms(ffn_inp)
     gate = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_gate-{il}")
     up = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_up-{il}")
-    glu = g.op("GLU", F32, (F, T), gate, up, name=f"ffn_swiglu-{il}")
+    glu = g.op("GLU", F32, (F, T), gate, up, name=f"ffn_glu-{il}")
     down = g.op("MUL_MAT", F32, (E, T), W, glu, name=f"ffn_out-{il}")
-    return g.op("ADD", F32, (E, T), down, ffn_inp)
+    return g.op("ADD", F32, (E, T), rms(down) if post_norms else down, ffn_inp)
 
 
 def vit_attention(g: Graph, q, k, v, il: int, D: int, H: int, N: int, E: int, flash_attn: bool,
@@ -131,56 +140,123 @@ def result_head(g: Graph, inpL, E: int, V: int, n_outputs: int) -> None:
     g.op("MUL_MAT", F32, (V, n_outputs), g.EXT, rn, flags=FLAG_OUTPUT, name="result_output")
 
 
-def _text_graph(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_tokens,
-                n_outputs, flash_attn, type_k, type_v, n_layer):
+@dataclass(frozen=True)
+class TextGraph:
+    """What one decoder family's reserve graph adds to llama's (``src/models/*.cpp``), as flags
+    of the one builder below:
+
+    - ``qwen2vl``: Q/K/V bias adds, 4 positions per token (M-RoPE);
+    - ``qwen3vl``: Q/K RMS norms, 4 positions, the token embeddings padded to
+      n_embd × (1 + n_deepstack) (``build_inp_embd``: GET_ROWS → PAD, then a view) and one
+      deepstack ADD after each of the first ``n_deepstack`` layers;
+    - ``gemma3``: the embedding scale, Q/K norms, Q scaled after RoPE, Q → K → V order,
+      post-attention and post-FFN norms, and the iSWA cache: per layer kind (sliding-window or
+      global) its own index sets and mask, made at its first layer (``layers``: True = SWA)."""
+
+    bias: bool = False
+    n_pos: int = 1
+    qk_norm: bool = False
+    n_deepstack: int = 0
+    embed_scale: bool = False
+    q_scale: bool = False
+    qkv_order: str = "qvk"
+    post_norms: bool = False
+    layers: tuple[bool, ...] | None = None  # per replayed layer, True = sliding window; None: all global
+
+    @classmethod
+    def for_arch(cls, arch: str, n_deepstack: int = 0, swa_layers: tuple[bool, ...] | None = None) -> "TextGraph":
+        if arch == "qwen2vl":
+            return cls(bias=True, n_pos=4)
+        if arch == "qwen3vl":
+            return cls(n_pos=4, qk_norm=True, n_deepstack=n_deepstack)
+        if arch == "gemma3":
+            return cls(qk_norm=True, embed_scale=True, q_scale=True, qkv_order="qkv", post_norms=True,
+                       layers=tuple(swa_layers) if swa_layers else None)
+        return cls()  # llama, and the estimate for architectures without a graph of their own
+
+
+def _text_graph(f: TextGraph, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_tokens,
+                n_outputs, flash_attn, type_k, type_v, n_layer, n_kv_swa=None):
     g = Graph()
     E, H, Hkv, D, F, V, U = n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_tokens
-    Eq, Ekv = H * D, Hkv * D
+    Ekv = Hkv * D
+    Ein = E * (1 + f.n_deepstack)
     rot_k, rot_v, nrot_k, nrot_v = kv_rotation(type_k, type_v, D)
     W = g.EXT  # any weight / cache tensor
+    layers = f.layers if f.layers is not None else (False,) * n_layer
 
-    # leafs (order as in the reserve graph)
+    # leafs, in the order the graph reaches them: the tokens, the vector-embedding input
+    # (allocated, never used → never freed), then per cache kind at its first layer: k_rot
+    # (hadamard on Q), inp_pos (first layer only), v_rot, k_idxs, v_idxs, kq_mask; out_ids last
     inp_tokens = g.input("inp_tokens", I32, (U,))
-    g.input("inp_embd", F32, (E, U))  # vector-embedding path: allocated, never used → never freed
-    k_rot = g.input("attn_inp_k_rot", F32, (nrot_k, nrot_k)) if rot_k else None
-    inp_pos = g.input("inp_pos", I32, (U * (4 if arch == "qwen2vl" else 1),))
-    v_rot = g.input("attn_inp_v_rot", F32, (nrot_v, nrot_v)) if rot_v else None
-    k_idxs = g.input("k_idxs", I64, (U,))
-    v_idxs = g.input("v_idxs", I64, (U if flash_attn else U * Ekv,))
-    kq_mask = g.input("kq_mask", F16 if flash_attn else F32, (n_kv, U))
+    g.input("inp_embd", F32, (Ein, U))
+    ins: dict[bool, dict] = {}
+    inp_pos = None
+    for swa in layers:
+        if swa in ins:
+            continue
+        d = {"k_rot": g.input("attn_inp_k_rot", F32, (nrot_k, nrot_k)) if rot_k else None}
+        if inp_pos is None:
+            inp_pos = g.input("inp_pos", I32, (U * f.n_pos,))
+        d["v_rot"] = g.input("attn_inp_v_rot", F32, (nrot_v, nrot_v)) if rot_v else None
+        d["k_idxs"] = g.input("k_idxs", I64, (U,))
+        d["v_idxs"] = g.input("v_idxs", I64, (U if flash_attn else U * Ekv,))
+        d["mask"] = g.input("kq_mask", F16 if flash_attn else F32, ((n_kv_swa if swa else n_kv), U))
+        ins[swa] = d
     out_ids = g.input("out_ids", I32, (n_outputs,))
 
+    def rms(x, ne, name=""):
+        x = g.op("RMS_NORM", F32, ne, x, name=name)
+        return g.op("MUL", F32, ne, x, W)
+
+    def proj(x, rows, heads, name, il):
+        y = g.op("MUL_MAT", F32, (rows, U), W, x, name=f"{name}cur-{il}")
+        if f.bias:
+            y = g.op("ADD", F32, (rows, U), y, W)
+        return g.view(y, (D, heads, U), op="RESHAPE")
+
     inpL = g.op("GET_ROWS", F32, (E, U), W, inp_tokens, name="embd")
-    for il in range(n_layer):
-        norm = g.op("RMS_NORM", F32, (E, U), inpL, name=f"norm-{il}")
-        attn_norm = g.op("MUL", F32, (E, U), norm, W)
-        # Q
-        q = g.op("MUL_MAT", F32, (Eq, U), W, attn_norm, name=f"Qcur-{il}")
-        if arch == "qwen2vl":
-            q = g.op("ADD", F32, (Eq, U), q, W)
-        q = g.view(q, (D, H, U), op="RESHAPE")
-        q = g.op("ROPE", F32, (D, H, U), q, inp_pos, name=f"Qrope-{il}")
-        if rot_k:
-            q = hadamard(g, q, k_rot, nrot_k, (D, H, U))
-        # V
-        v = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Vcur-{il}")
-        if arch == "qwen2vl":
-            v = g.op("ADD", F32, (Ekv, U), v, W)
-        v = g.view(v, (D, Hkv, U), op="RESHAPE")
-        if rot_v:
-            v = hadamard(g, v, v_rot, nrot_v, (D, Hkv, U))
-        # K
-        k = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Kcur-{il}")
-        if arch == "qwen2vl":
-            k = g.op("ADD", F32, (Ekv, U), k, W)
-        k = g.view(k, (D, Hkv, U), op="RESHAPE")
-        k = g.op("ROPE", F32, (D, Hkv, U), k, inp_pos, name=f"Krope-{il}")
-        if rot_k:
-            k = hadamard(g, k, k_rot, nrot_k, (D, Hkv, U))
-        cur = store_and_attend(g, q, k, v, il, H, Hkv, D, U, n_kv, flash_attn, k_idxs, v_idxs, kq_mask,
-                               v_rot, nrot_v)
-        cur, res, T = attn_output(g, cur, inpL, il, E, U, il == n_layer - 1, n_outputs, out_ids)
-        inpL = swiglu_block(g, cur, res, il, E, F, T)
+    if f.embed_scale:
+        inpL = g.op("SCALE", F32, (E, U), inpL, name="inp_scaled")  # * sqrt(n_embd)
+    inp_embd = inpL
+    if f.n_deepstack:
+        padded = g.op("PAD", F32, (Ein, U), inpL)  # the token path padded to n_embd_inp
+        inpL = inp_embd = g.view(padded, (E, U), nb=(4, 4 * Ein, 4 * Ein * U, 4 * Ein * U))
+    for il, swa in enumerate(layers):
+        d = ins[swa]
+        cur = rms(inpL, (E, U), name=f"norm-{il}")
+        qkv = {}
+        for which in f.qkv_order:
+            if which == "q":
+                q = proj(cur, H * D, H, "Q", il)
+                if f.qk_norm:
+                    q = rms(q, (D, H, U))
+                q = g.op("ROPE", F32, (D, H, U), q, inp_pos, name=f"Qrope-{il}")
+                if f.q_scale:
+                    q = g.op("SCALE", F32, (D, H, U), q)
+                if rot_k:
+                    q = hadamard(g, q, d["k_rot"], nrot_k, (D, H, U))
+                qkv["q"] = q
+            elif which == "k":
+                k = proj(cur, Ekv, Hkv, "K", il)
+                if f.qk_norm:
+                    k = rms(k, (D, Hkv, U))
+                k = g.op("ROPE", F32, (D, Hkv, U), k, inp_pos, name=f"Krope-{il}")
+                if rot_k:
+                    k = hadamard(g, k, d["k_rot"], nrot_k, (D, Hkv, U))
+                qkv["k"] = k
+            else:
+                v = proj(cur, Ekv, Hkv, "V", il)
+                if rot_v:
+                    v = hadamard(g, v, d["v_rot"], nrot_v, (D, Hkv, U))
+                qkv["v"] = v
+        cur = store_and_attend(g, qkv["q"], qkv["k"], qkv["v"], il, H, Hkv, D, U, n_kv_swa if swa else n_kv,
+                               flash_attn, d["k_idxs"], d["v_idxs"], d["mask"], d["v_rot"], nrot_v)
+        cur, res, T = attn_output(g, cur, inpL, il, E, U, il == len(layers) - 1, n_outputs, out_ids)
+        inpL = swiglu_block(g, cur, res, il, E, F, T, post_norms=f.post_norms)
+        if il < f.n_deepstack:  # deepstack_out: + feature il of the wide input embedding
+            ds = g.view(inp_embd, (E, U), nb=(4, 4 * Ein, 4 * Ein * U, 4 * Ein * U))
+            inpL = g.op("ADD", F32, (E, T), inpL, ds, name=f"deepstack_out-{il}")
     result_head(g, inpL, E, V, n_outputs)
     return g
 
@@ -203,26 +279,45 @@ def text_effective(n_ctx: int, n_ubatch: int, n_batch: int, n_outputs_max: int =
 
 def text_compute_bytes(arch: str, n_embd: int, n_head: int, n_head_kv: int, head_dim: int,
                        n_ff: int, n_vocab: int, n_ctx: int, n_ubatch: int = 512,
-                       n_batch: int = 512, flash_attn: bool = False, type_k: str = "f16",
-                       type_v: str = "f16", n_layer: int = 2, n_outputs_max: int = 0) -> int:
+                       n_batch: int = 512, flash_attn: bool = False, type_k: str = KV_DEFAULT,
+                       type_v: str = KV_DEFAULT, n_layer: int = 2, n_outputs_max: int = 0, *,
+                       n_deepstack: int = 0, swa_layers: tuple[bool, ...] | None = None, n_swa: int = 1024,
+                       swa_full: bool = True) -> int:
     """Predicted ``sched_reserve: CPU compute buffer size`` in bytes (exact allocator replay).
 
-    arch: "llama" or "qwen2vl" (qwen2vl adds Q/K/V bias adds and a 4×n_tokens position input).
-    n_layer: the buffer does not depend on it once n_layer >= 2 (layers reuse the same space);
+    arch: "llama", "qwen2vl", "qwen3vl" (``n_deepstack``: the GGUF's
+    ``qwen3vl.n_deepstack_layers``) or "gemma3" (``swa_layers``: per layer, True = sliding window,
+    every layer replayed; ``n_swa``, ``swa_full``: the iSWA cache) — see ``TextGraph``; any other
+    name gets llama's graph. n_layer: the buffer does not depend on it once n_layer >= 2 (layers
+    reuse the same space; qwen3vl: once every deepstack layer and one more are in);
     n_layer = 1 differs slightly (the out_ids row-gather happens in layer 0).
     n_outputs_max: llama_context_params.n_outputs_max (0 = n_batch, the default; llama_cpp.Llama
     never sets it).  The reserve graph computes logits for min(n_ubatch, n_outputs_max) rows.
     Reserve builds the pp graph (n_tokens = n_ubatch, n_outputs = n_ubatch, n_kv = n_ctx) and the tg
     graph (1 token, 1 output); the buffer only grows, so the result is the max of both.
     """
-    if QUANT.get(type_v, False) and not flash_attn:
+    if is_quantized(type_v) and not flash_attn:
         raise InputError("a quantized V cache requires flash attention")
+    flags = TextGraph.for_arch(arch, n_deepstack, swa_layers if arch == "gemma3" else None)
+    if arch == "qwen3vl":
+        n_layer = min(n_layer, max(2, n_deepstack + 1))
     n_kv, n_tokens, n_outputs = text_effective(n_ctx, n_ubatch, n_batch, n_outputs_max)
-    pp = replay(_text_graph(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv,
-                            n_tokens, n_outputs, flash_attn, type_k, type_v, n_layer))
-    tg = replay(_text_graph(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv,
-                            1, 1, flash_attn, type_k, type_v, n_layer))
+    n_kv_swa = None
+    if flags.layers is not None:
+        _, n_kv_swa = swa_kv_cells(n_ctx, n_swa, min(min(n_ctx, n_batch), n_ubatch), swa_full)
+    dims = (n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv)
+    pp = replay(_text_graph(flags, *dims, n_tokens, n_outputs, flash_attn, type_k, type_v, n_layer, n_kv_swa))
+    tg = replay(_text_graph(flags, *dims, 1, 1, flash_attn, type_k, type_v, n_layer, n_kv_swa))
     return max(pp, tg)
+
+
+def swa_kv_cells(n_ctx: int, n_swa: int, n_ubatch: int, swa_full: bool = True, n_seq_max: int = 1,
+                 kv_unified: bool = False) -> tuple[int, int]:
+    """(base cells, SWA cells) of llama_kv_cache_iswa (llama-kv-cache-iswa.cpp)."""
+    base = pad(max(n_ctx, 1), 256)
+    if swa_full:
+        return base, base
+    return base, pad(min(base, n_swa * (n_seq_max if kv_unified else 1) + n_ubatch), 256)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,11 +20,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AUTO_CTX_MAX", "ContextBudget", "DEFAULT_REPLY_TOKENS", "PROMPT_TEXT", "TEXT_ROOM_MAX", "TEXT_ROOM_MIN"]
+from ..backend.sampling import LIBRARY_REPLY
+
+__all__ = ["AUTO_CTX_MAX", "ContextBudget", "DEFAULT_REPLY_TOKENS", "IN_FLIGHT_MAX", "PROMPT_TEXT", "TEXT_ROOM_MAX",
+           "TEXT_ROOM_MIN"]
 
 TEXT_ROOM_MIN, TEXT_ROOM_MAX = 64, 512
 PROMPT_TEXT = 64  # a one-turn prompt's text around its picture (template + instruction)
-DEFAULT_REPLY_TOKENS = 512
+DEFAULT_REPLY_TOKENS = LIBRARY_REPLY.max_tokens  # the reply a plan counts its pictures with
+# prompts generated together when the context holds them (serve --parallel auto, caption images in
+# flight): beyond ~4 a CPU spends the batch on compute, not on reading weights
+IN_FLIGHT_MAX = 4
 MIN_PLANNED_CTX = 2048
 AUTO_CTX_MAX = 8192  # the largest context --ctx auto plans (less when the model was trained on less)
 

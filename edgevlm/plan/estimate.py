@@ -14,10 +14,10 @@ import platform
 import re
 from dataclasses import dataclass
 
-from . import compute, compute_gemma3, graphalloc
+from . import compute, graphalloc
 
 from ..model.gguf_info import GGUFFile
-from ..model.kv_types import KV_TYPES
+from ..model.kv_types import KV_DEFAULT, KV_TYPES
 from ..model.projectors import facts
 
 __all__ = ["CTX_PAD", "clip_compute_bytes", "HostWeights", "kv_bytes", "kv_bytes_per_layer",
@@ -188,38 +188,27 @@ def kv_bytes(n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int, type_k: st
 
 
 @functools.lru_cache(maxsize=4096)
-def _text_compute(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx, n_ubatch,
-                  n_batch, flash_attn, type_k, type_v, n_layer) -> int:
-    return compute.text_compute_bytes(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab,
-                                      n_ctx, n_ubatch, n_batch, flash_attn, type_k, type_v, n_layer)
+def _text_compute(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx, n_ubatch, n_batch, flash_attn,
+                  type_k, type_v, n_layer, n_deepstack, swa_layers, n_swa) -> int:
+    return compute.text_compute_bytes(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx, n_ubatch,
+                                      n_batch, flash_attn, type_k, type_v, n_layer, n_deepstack=n_deepstack,
+                                      swa_layers=swa_layers, n_swa=n_swa)
 
 
 def text_compute_bytes(t, n_ctx: int, n_ubatch: int, n_batch: int, flash_attn: bool,
-                       type_k: str = "f16", type_v: str = "f16") -> int:
+                       type_k: str = KV_DEFAULT, type_v: str = KV_DEFAULT) -> int:
     """Text compute buffer (``sched_reserve``) for a context of ``n_ctx`` tokens (unpadded:
-    llama.cpp clamps the batch to it before padding). Exact for ``llama`` and ``qwen2vl``
-    graphs, Gemma 3's (``compute_gemma3``: its sliding-window layers) and Qwen3-VL's (its deepstack
-    input, in ``encoders.qwen3vl_merger``); other architectures are
-    planned with the ``llama`` graph of the same shapes."""
-    if t.arch == "qwen3vl":
-        from .encoders.qwen3vl_merger import text_compute_bytes as qwen3vl_text
-
-        return qwen3vl_text(t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab, n_ctx, n_ubatch,
-                            n_batch, flash_attn, type_k, type_v, t.n_layer, t.n_deepstack)
-    if t.arch == "gemma3" and t.swa_layers:
-        return _gemma3_compute(t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab, n_ctx,
-                               n_ubatch, n_batch, flash_attn, type_k, type_v, t.swa_layers, t.n_swa)
-    arch = "qwen2vl" if t.arch == "qwen2vl" else "llama"
-    # the buffer does not depend on the depth once there are two layers: replay two
-    return _text_compute(arch, t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab,
-                         n_ctx, n_ubatch, n_batch, flash_attn, type_k, type_v, min(t.n_layer, 2))
-
-
-@functools.lru_cache(maxsize=1024)
-def _gemma3_compute(*args) -> int:
-    n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx, n_ubatch, n_batch, fa, tk, tv, swa, n_swa = args
-    return compute_gemma3.gemma3_text_compute_bytes(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx,
-                                                    n_ubatch, n_batch, fa, tk, tv, swa_layers=swa, n_swa=n_swa)
+    llama.cpp clamps the batch to it before padding). Exact for the ``llama``, ``qwen2vl``,
+    ``qwen3vl`` (its deepstack input) and ``gemma3`` (its sliding-window layers) graphs of
+    ``plan.compute``; other architectures are planned with the ``llama`` graph of the same shapes."""
+    arch = t.arch if t.arch in ("qwen2vl", "qwen3vl") or (t.arch == "gemma3" and t.swa_layers) else "llama"
+    swa = tuple(t.swa_layers) if arch == "gemma3" else None
+    # the buffer does not depend on the depth once there are two layers (gemma3: every layer is
+    # replayed, for its pattern; qwen3vl: compute trims to its deepstack layers + 1)
+    n_layer = t.n_layer if arch in ("gemma3", "qwen3vl") else min(t.n_layer, 2)
+    return _text_compute(arch, t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab, n_ctx, n_ubatch,
+                         n_batch, flash_attn, type_k, type_v, n_layer, t.n_deepstack if arch == "qwen3vl" else 0,
+                         swa, t.n_swa if arch == "gemma3" else 1024)
 
 
 BUILTIN_GRAPHS = ("mlp", "qwen2vl_merger", "qwen2.5vl_merger")  # in plan.compute

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..backend.system import cpu_repacks
 from ..errors import InputError
-from ..model.kv_types import KV_CHOICES
+from ..model.kv_types import KV_CHOICES, is_quantized
 from ..model.gguf_info import GGUFFile, ProjectorInfo, TextModelInfo, projector_info, text_model_info
 from ..model.projectors import encoder_patches
 from ..vision.merge import MergeSpec
@@ -46,7 +46,7 @@ class Wishes:
     min_ctx: int | None = None
     image_tokens: int | None = None  # per image
     images: int = 1  # images kept in context at once
-    kv: str = "auto"  # auto | f16 | q8_0 | q4_0
+    kv: str = "auto"  # auto, or one of KV_CHOICES
     n_gpu_layers: int | None = None
     flash_attn: bool | None = None
     mmproj_on_gpu: bool | None = None
@@ -271,7 +271,7 @@ class Footprint:
         return out
 
     def shortfall(self, c: Config) -> int:
-        if c.type_v != "f16" and not c.flash_attn:
+        if is_quantized(c.type_v) and not c.flash_attn:
             return 0  # not a memory question: refused before (quantized V needs FA)
         return max(0, max(b.total - budget for b, budget in zip(self.predict(c), self.budgets)))
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ALIGN", "INPLACE_OPS", "QUANT", "TYPE_SIZE", "Graph", "pad", "replay", "Tensor"]
+__all__ = ["ALIGN", "INPLACE_OPS", "TYPE_SIZE", "Graph", "pad", "replay", "Tensor"]
 
 
 ALIGN = 32  # TENSOR_ALIGNMENT of the CPU buffer type
 F32, F16, I32, I64 = "f32", "f16", "i32", "i64"
 TYPE_SIZE = {F32: 4, F16: 2, I32: 4, I64: 8}
-QUANT = {"f16": False, "f32": False, "bf16": False, "q8_0": True, "q4_0": True, "q4_1": True,
-         "q5_0": True, "q5_1": True, "iq4_nl": True}
 
 INPLACE_OPS = {"FILL", "SCALE", "DIAG_MASK_ZERO", "DIAG_MASK_INF", "ADD", "ADD_ID", "ADD1", "SUB",
                "MUL", "DIV", "SQR", "SQRT", "LOG", "UNARY", "ROPE", "ROPE_BACK", "SILU_BACK",

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..model.gguf_info import read_gguf
+from ..model.gguf_info import ProjectorInfo, read_gguf
+from ..model.kv_types import KV_CHOICES, KV_DEFAULT, KV_Q4, KV_Q8, is_quantized
 from ..model.projectors import facts, largest_image_tokens, view_tokens
 from ..vision.merge import MergeSpec
 from .context import AUTO_CTX_MAX, ContextBudget
@@ -44,9 +45,9 @@ from .footprint import (
     Wishes,
 )
 
-__all__ = ["DYNAMIC_IMAGE_FLOOR", "LEVERS", "UBATCH_STEPS", "Plan", "Planner", "Wishes", "make_plan"]
+__all__ = ["DYNAMIC_IMAGE_FLOOR", "LEVERS", "UBATCH_STEPS", "Plan", "Planner", "Wishes", "image_budget", "make_plan"]
 
-LEVERS = ("context", "kv q8_0", "micro-batch", "image budget", "gpu layers", "encoder", "kv q4_0")
+LEVERS = ("context", f"kv {KV_Q8}", "micro-batch", "image budget", "gpu layers", "encoder", f"kv {KV_Q4}")
 UBATCH_STEPS = (512, 256, 128, 64)
 DYNAMIC_IMAGE_STEPS = (768, 512, 384, 256)
 DYNAMIC_IMAGE_FLOOR = 256  # the image budget never goes below this on its own
@@ -79,7 +80,7 @@ class Planner(Footprint):
         self._host_budget_reason()
         if not gpu:
             self.reasons.append("no GPU in the plan: the whole model runs from host RAM")
-        if c.type_v != "f16" and not c.flash_attn:
+        if is_quantized(c.type_v) and not c.flash_attn:
             self.reasons.append(f"cannot run: a {c.type_v} V cache needs flash attention, which is off")
             return self._finish(c, fits=False)
         if self.shortfall(c) == 0:
@@ -87,7 +88,7 @@ class Planner(Footprint):
             return self._finish(c)
         levers = [
             lambda c: self._shrink_ctx(c, min_ctx) if w.n_ctx is None else c,
-            lambda c: self._quantize_kv(c, "q8_0") if "q8_0" in kv_choices and c.type_k == "f16" else c,
+            lambda c: self._quantize_kv(c, KV_Q8) if KV_Q8 in kv_choices and c.type_k == KV_DEFAULT else c,
             self._shrink_ubatch,
             self._shrink_image_budget,
         ]
@@ -99,8 +100,8 @@ class Planner(Footprint):
             c = self._place(c)
             if self.shortfall(c) == 0:
                 return self._finish(self._relax(c, min_ctx))
-        if "q4_0" in kv_choices and c.type_k != "q4_0":
-            c = self._quantize_kv(c, "q4_0")
+        if KV_Q4 in kv_choices and c.type_k != KV_Q4:
+            c = self._quantize_kv(c, KV_Q4)
             if self.shortfall(c) == 0:
                 return self._finish(c)
         name, short = self.worst_device(c)
@@ -135,8 +136,8 @@ class Planner(Footprint):
         after = replace(c, type_k=kind, type_v=kind)
         if self.wishes.n_ctx is None:
             after = self._grow_ctx(after, self.want_ctx)
-        why = ("KV cache q8_0 (K and V matched): about half the f16 size" if kind == "q8_0" else
-               "KV cache q4_0: a quarter of f16, some quality loss")
+        why = (f"KV cache {kind} (K and V matched): about half the {KV_DEFAULT} size" if kind == KV_Q8 else
+               f"KV cache {kind}: a quarter of {KV_DEFAULT}, some quality loss")
         return self._pulled(f"kv {kind}", c, after, f"{c.type_k} → {kind}", why)
 
     def _shrink_ubatch(self, c: Config) -> Config:
@@ -218,8 +219,9 @@ class Planner(Footprint):
                     self.reasons.append(f"micro-batch back up to {u}: with layers on the host it fits")
                     c = replace(c, n_ubatch=u)
                     break
-        if w.kv == "auto" and c.type_k != "f16" and self.shortfall(replace(c, type_k="f16", type_v="f16")) == 0:
-            c = replace(c, type_k="f16", type_v="f16")
+        if w.kv == "auto" and c.type_k != KV_DEFAULT and \
+                self.shortfall(replace(c, type_k=KV_DEFAULT, type_v=KV_DEFAULT)) == 0:
+            c = replace(c, type_k=KV_DEFAULT, type_v=KV_DEFAULT)
             self.reasons.append("KV cache back to f16: with layers on the host it fits")
         if self.proj is not None and facts(self.proj).dynamic and not w.image_tokens:
             for b in (DEFAULT_DYNAMIC_IMAGE_TOKENS,) + DYNAMIC_IMAGE_STEPS:
@@ -252,25 +254,8 @@ class Planner(Footprint):
         p, w = self.proj, self.wishes
         if p is None:
             return 0
-        if facts(p).dynamic:
-            n = w.image_tokens or DEFAULT_DYNAMIC_IMAGE_TOKENS
-            self.reasons.append(f"image budget {n} tokens per image "
-                                f"({'as asked' if w.image_tokens else 'default for dynamic-resolution models'}); "
-                                f"the encoder is counted at that largest image")
-        else:
-            per_view = view_tokens(p)
-            if facts(p).kind == "tiled":
-                n = largest_image_tokens(p, w.image_tokens or 10**6)
-                kind = "tiled: tiles + overview"
-            elif w.image_tokens and w.image_tokens >= 2 * per_view:
-                n = w.image_tokens // per_view * per_view  # AnyRes: global view + tiles
-                kind = f"fixed size: global view + {n // per_view - 1} tile(s) of {per_view}"
-            else:
-                n = per_view
-                kind = "fixed size"
-            if w.image_tokens and w.image_tokens < per_view:
-                self.reasons.append(f"--image-tokens {w.image_tokens} is below this projector's {per_view} per view")
-            self.reasons.append(f"image budget {n} tokens per image ({p.projector_type}, {kind})")
+        n, reasons = image_budget(p, w.image_tokens)
+        self.reasons.extend(reasons)
         kept = self._kv_tokens(n)
         if kept != n:
             self.reasons.append(f"--merge {w.merge}: an image keeps {kept} of its {n} tokens in context "
@@ -280,14 +265,14 @@ class Planner(Footprint):
     def _kv_choices(self, fa: bool) -> list[str]:
         w, t = self.wishes, self.text
         if w.kv != "auto":
-            if w.kv != "f16" and t.head_dim % 32:
+            if is_quantized(w.kv) and t.head_dim % 32:
                 self.reasons.append(f"KV {w.kv} needs head_dim divisible by 32 (this model: {t.head_dim})")
-            if w.kv != "f16" and not fa:
+            if is_quantized(w.kv) and not fa:
                 self.reasons.append(f"KV {w.kv} needs flash attention for V; flash attention is off")
             return [w.kv]
-        out = ["f16"]
+        out = [KV_DEFAULT]
         if t.head_dim % 32 == 0 and fa:
-            out += ["q8_0", "q4_0"]
+            out += [k for k in KV_CHOICES if is_quantized(k)]
         return out
 
     def _host_budget_reason(self) -> None:
@@ -306,8 +291,8 @@ class Planner(Footprint):
 
     def _finish(self, c: Config, fits: bool = True) -> Plan:
         reasons = self.reasons
-        preds = self.predict(c) if (c.type_v == "f16" or c.flash_attn) else \
-            self.predict(replace(c, type_v="f16"))
+        preds = self.predict(c) if (not is_quantized(c.type_v) or c.flash_attn) else \
+            self.predict(replace(c, type_v=KV_DEFAULT))
         devs = []
         for d, b, budget in zip(list(self.gpus) + [self.host], preds, self.budgets):
             devs.append(DevicePlan(d.name, d.kind, d.free_bytes, d.total_bytes, budget, d.free_known, b))
@@ -335,6 +320,35 @@ class Planner(Footprint):
             host_reserve=self.wishes.host_reserve, host_allowance=self.wishes.host_allowance,
             cache_ram=self.wishes.cache_ram, sequences=self.wishes.sequences,
         )
+
+
+def image_budget(p: ProjectorInfo, image_tokens: int | None = None) -> tuple[int, list[str]]:
+    """The largest image a plan counts (tokens per picture) before memory has a say, and why:
+    ``--image-tokens`` as asked (a fixed-size encoder rounds it to whole views), else the
+    projector's default — ``DEFAULT_DYNAMIC_IMAGE_TOKENS`` for dynamic resolution, one view for a
+    fixed-size encoder, the most tiles for a tiled one. ``chat``, ``serve``, ``caption`` and
+    ``budget`` all start from it; the plan may lower a dynamic budget to fit memory."""
+    reasons: list[str] = []
+    if facts(p).dynamic:
+        n = image_tokens or DEFAULT_DYNAMIC_IMAGE_TOKENS
+        reasons.append(f"image budget {n} tokens per image "
+                       f"({'as asked' if image_tokens else 'default for dynamic-resolution models'}); "
+                       f"the encoder is counted at that largest image")
+        return n, reasons
+    per_view = view_tokens(p)
+    if facts(p).kind == "tiled":
+        n = largest_image_tokens(p, image_tokens or 10**6)
+        kind = "tiled: tiles + overview"
+    elif image_tokens and image_tokens >= 2 * per_view:
+        n = image_tokens // per_view * per_view  # AnyRes: global view + tiles
+        kind = f"fixed size: global view + {n // per_view - 1} tile(s) of {per_view}"
+    else:
+        n = per_view
+        kind = "fixed size"
+    if image_tokens and image_tokens < per_view:
+        reasons.append(f"--image-tokens {image_tokens} is below this projector's {per_view} per view")
+    reasons.append(f"image budget {n} tokens per image ({p.projector_type}, {kind})")
+    return n, reasons
 
 
 def make_plan(model: str, mmproj: str | None, probe: Probe, wishes: Wishes | None = None) -> Plan:

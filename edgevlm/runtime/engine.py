@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..backend.llama import Backend
-from ..backend.sampling import SamplingParams
+from ..backend.sampling import LIBRARY_REPLY, SamplingParams
 from ..errors import InputError, MemoryBusy
 from ..plan.guard import Guard
 from ..plan.planner import Plan
@@ -74,11 +74,15 @@ class ModelRuntime(Protocol):
     def admit(self, views: list[LoadedImage], cells_free: int) -> Admitted: ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class ChatResult:
     text: str
     stats: TurnStats
     finish_reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "stats": self.stats.to_dict() if self.stats else None,
+                "finish_reason": self.finish_reason}
 
 
 @dataclass
@@ -213,8 +217,8 @@ class Engine:
         seq = self._submit(Request(prompt, max_tokens, SamplingParams(0.0), tuple(self.default_stops)))
         return "".join(r.text for r in self.scheduler.stream(seq))
 
-    def stream(self, text: str, images: Iterable[Any] = (), *, max_tokens: int = 512,
-               temperature: float = SamplingParams.temperature, top_k: int = SamplingParams.top_k,
+    def stream(self, text: str, images: Iterable[Any] = (), *, max_tokens: int = LIBRARY_REPLY.max_tokens,
+               temperature: float = LIBRARY_REPLY.sampling.temperature, top_k: int = SamplingParams.top_k,
                top_p: float = SamplingParams.top_p, min_p: float = SamplingParams.min_p,
                seed: int | None = None, stop: Iterable[str] = (),
                grammar: str | None = None) -> Iterator[GenerationResponse]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.sampling import SamplingParams
+from ..backend.sampling import LIBRARY_REPLY, SamplingParams
 from .items import Item, Prompt
 from .stats import TurnStats
 from .textstream import TextStream
@@ -37,8 +37,8 @@ class Request:
     """A prompt to evaluate and reply to."""
 
     prompt: Prompt
-    max_tokens: int = 512
-    sampling: SamplingParams = SamplingParams()
+    max_tokens: int = LIBRARY_REPLY.max_tokens
+    sampling: SamplingParams = LIBRARY_REPLY.sampling
     stops: tuple[str, ...] = ()  # besides the model's end-of-generation tokens
     reserve: int | None = None  # KV cells kept for the reply (None: the context budget's rule)
     new_images: frozenset[str] = frozenset()  # image units new in this turn (stats.image_tokens)

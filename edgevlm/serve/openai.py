@@ -20,13 +20,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..backend.sampling import SamplingParams
+from ..backend.sampling import SERVE_REPLY, SamplingParams
 from ..errors import EdgeVLMError, ImageError, InputError, MemoryBusy
 
 __all__ = ["APIError", "ChatMessage", "ChatRequest", "ChunkStream", "ImageRef", "chunk_body", "completion_body",
            "error_body", "error_for", "finish_reason", "new_id", "parse_chat_request", "sse", "usage_body"]
 
-DEFAULT_TEMPERATURE = 0.8  # as llama-server when a request names none (with top-k 40, min-p 0.05)
+DEFAULT_TEMPERATURE = SERVE_REPLY.sampling.temperature  # as llama-server when a request names none
 MAX_STOPS = 16
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan.context import ContextBudget
+from ..backend.sampling import SERVE_REPLY
+from ..plan.context import IN_FLIGHT_MAX, ContextBudget
 
-__all__ = ["ServeOptions", "serve_sequences", "serve_slots"]
+__all__ = ["ServeOptions", "serve_layout", "serve_sequences", "serve_slots"]
 
-DEFAULT_PARALLEL = 4  # requests generated together when the context holds them
+DEFAULT_PARALLEL = IN_FLIGHT_MAX
 MIB = 2**20
 LLAMA_MAX_SEQ = 256  # sequence ids llama.cpp gives one context (src/llama-cparams.h)
 CELLS_PER_CONVERSATION = 256  # a context keeps a conversation per this many cells
@@ -20,7 +21,7 @@ class ServeOptions:
     api_key: str | None = None  # Bearer token every /v1 route asks for (None: open)
     queue: int = 16  # requests that may wait for a free sequence; more get 503 + Retry-After
     max_body_bytes: int = 32 * 2**20  # a larger request body gets 413
-    max_tokens: int = 512  # replies of requests that name no max_tokens
+    max_tokens: int = SERVE_REPLY.max_tokens  # replies of requests that name no max_tokens
     timeout_s: float = 600.0  # a request ends after this long (waiting included)
     retry_after_s: int = 2  # what a 503 tells clients to wait
     allow_private_urls: bool = False  # image URLs resolving to loopback / private / link-local
@@ -33,6 +34,9 @@ class ServeOptions:
     # plan's --host-allowance when serving; a 24-megapixel photo takes ~190 MiB while decoded
     host_allowance: int = 512 * MIB
     host_wait_s: float = 30.0  # a request waits this long for host allowance, then 503
+    # a waiting request starts before longer ones (least prompt to evaluate first) unless one of
+    # them has waited this long
+    fair_wait_s: float = 10.0
     stream_interval_s: float = 0.02  # a streamed reply's text goes out at most this often (tokens joined)
     # host RAM for idle conversations moved out of the KV cache, copied back when they return
     # (the plan's --cache-ram when serving)
@@ -53,3 +57,12 @@ def serve_sequences(n_ctx: int, parallel: int) -> int:
     requests that generate at once — one per ``CELLS_PER_CONVERSATION`` cells of context, at
     least ``parallel``, at most llama.cpp's limit."""
     return max(parallel, min(LLAMA_MAX_SEQ, n_ctx // CELLS_PER_CONVERSATION))
+
+
+def serve_layout(n_ctx: int, image_max_tokens: int | None, max_tokens: int, parallel: int | None = None,
+                 most: int = LLAMA_MAX_SEQ) -> tuple[int, int]:
+    """(sequence ids, requests generating at once) for a server or a batch file on a context of
+    ``n_ctx``: the same layout everywhere, so a request meets the same KV cache however it came
+    (``most``: the sequences the plan counted the output buffer for)."""
+    slots = serve_slots(n_ctx, image_max_tokens, max_tokens, parallel)
+    return min(most, serve_sequences(n_ctx, slots)), slots

@@ -87,6 +87,8 @@ def _plan_dynamic(proj, w, h, budget, max_tokens) -> ImagePlan:
     if (sw, sh) != (w, h):
         notes.append(f"resized {w}x{h} → {sw}x{sh} to fit {budget} tokens")
     t = image_tokens(proj, sw, sh, max_tokens=max_tokens)
+    if max_tokens is not None and (full := image_tokens(proj, sw, sh).n_tokens) > t.n_tokens:
+        notes.append(f"resized by mtmd: {full} → {t.n_tokens} tokens (its image_max_tokens {max_tokens})")
     if budget is not None and t.n_tokens > budget:
         notes.append(f"even the smallest size needs {t.n_tokens} tokens (mtmd's minimum)")
     v = PlannedView("image", (0, 0, w, h), (sw, sh), t.n_tokens)

@@ -14,22 +14,12 @@ Inputs the graph depends on beyond ``n_patches``: the position-embedding table i
 model: a 768×768 image) — the interpolating graph is replayed for every size (it allocates two
 more tensors; on the presets measured both give the same buffer, whose peak lies later).
 
-The module also replays the ``qwen3vl`` *text* model's reserve graph (``text_compute_bytes``),
-which the planner's ``llama`` graph under-estimates (deepstack input, Q/K norms).
+(The ``qwen3vl`` *text* model's reserve graph is ``plan.compute``'s, with ``TextGraph`` flags.)
 """
 
 from __future__ import annotations
 
 from ...model.gguf_info import ProjectorInfo
-from ..compute import (
-    attn_output,
-    hadamard,
-    kv_rotation,
-    result_head,
-    store_and_attend,
-    swiglu_block,
-    text_effective,
-)
 from ..graphalloc import (
     F16,
     F32,
@@ -42,7 +32,7 @@ from ..graphalloc import (
     replay,
 )
 
-__all__ = ["compute_bytes", "deepstack_layers", "text_compute_bytes"]
+__all__ = ["compute_bytes", "deepstack_layers"]
 
 # deepstack_visual_indexes of Qwen3-VL-2B (24 blocks), the fallback when the header has none
 _DEFAULT_DEEPSTACK = (5, 11, 17)
@@ -231,89 +221,3 @@ def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool,
     n_head = proj.n_head or 1
     return replay(_graph(n_patches, proj.patch_size, proj.n_embd, n_head, proj.n_ff, proj.n_layer,
                          proj.n_mmproj_embd, deepstack_layers(proj), merge, flash_attn))
-
-
-# ------------------------------------------------------------------------------------------------
-# the text side: llama.cpp's ``qwen3vl`` decoder reserve graph (src/models/qwen3vl.cpp). Not an
-# encoder, but it belongs to this family: the planner's ``llama`` graph misses the deepstack
-# input (build_inp_embd pads the token embeddings to n_embd × (1 + n_deepstack_layers) and that
-# tensor stays alive until the last deepstack add) and the Q/K RMS norms, and under-estimates.
-# ------------------------------------------------------------------------------------------------
-def _text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_tokens, n_outputs,
-                flash_attn, type_k, type_v, n_layer, n_deepstack):
-    """``plan.compute._text_graph`` (llama) with qwen3vl's differences: Q/K RMS norms, no biases,
-    4 positions per token (M-RoPE), the token embeddings padded to n_embd × (1 + n_deepstack)
-    (``build_inp_embd``: GET_ROWS → PAD, then a view) and one deepstack ADD after each of the
-    first ``n_deepstack`` layers."""
-    g = Graph()
-    E, H, Hkv, D, F, V, U = n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_tokens
-    Eq, Ekv = H * D, Hkv * D
-    Ein = E * (1 + n_deepstack)
-    rot_k, rot_v, nrot_k, nrot_v = kv_rotation(type_k, type_v, D)
-    W = g.EXT
-    inp_tokens = g.input("inp_tokens", I32, (U,))
-    g.input("inp_embd", F32, (Ein, U))
-    k_rot = g.input("attn_inp_k_rot", F32, (nrot_k, nrot_k)) if rot_k else None
-    inp_pos = g.input("inp_pos", I32, (U * 4,))
-    v_rot = g.input("attn_inp_v_rot", F32, (nrot_v, nrot_v)) if rot_v else None
-    k_idxs = g.input("k_idxs", I64, (U,))
-    v_idxs = g.input("v_idxs", I64, (U if flash_attn else U * Ekv,))
-    kq_mask = g.input("kq_mask", F16 if flash_attn else F32, (n_kv, U))
-    out_ids = g.input("out_ids", I32, (n_outputs,))
-
-    inpL = g.op("GET_ROWS", F32, (E, U), W, inp_tokens, name="embd")
-    inp_embd = inpL
-    if n_deepstack:
-        pad = g.op("PAD", F32, (Ein, U), inpL)          # token path padded to n_embd_inp
-        inp_embd = g.view(pad, (E, U), nb=(4, 4 * Ein, 4 * Ein * U, 4 * Ein * U))
-        inpL = inp_embd
-    for il in range(n_layer):
-        last = il == n_layer - 1
-        norm = g.op("RMS_NORM", F32, (E, U), inpL, name=f"norm-{il}")
-        attn_norm = g.op("MUL", F32, (E, U), norm, W)
-        q = g.op("MUL_MAT", F32, (Eq, U), W, attn_norm, name=f"Qcur-{il}")
-        q = g.view(q, (D, H, U), op="RESHAPE")
-        q = g.op("RMS_NORM", F32, (D, H, U), q)
-        q = g.op("MUL", F32, (D, H, U), q, W)
-        q = g.op("ROPE", F32, (D, H, U), q, inp_pos, name=f"Qrope-{il}")
-        if rot_k:
-            q = hadamard(g, q, k_rot, nrot_k, (D, H, U))
-        v = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Vcur-{il}")
-        v = g.view(v, (D, Hkv, U), op="RESHAPE")
-        if rot_v:
-            v = hadamard(g, v, v_rot, nrot_v, (D, Hkv, U))
-        k = g.op("MUL_MAT", F32, (Ekv, U), W, attn_norm, name=f"Kcur-{il}")
-        k = g.view(k, (D, Hkv, U), op="RESHAPE")
-        k = g.op("RMS_NORM", F32, (D, Hkv, U), k)
-        k = g.op("MUL", F32, (D, Hkv, U), k, W)
-        k = g.op("ROPE", F32, (D, Hkv, U), k, inp_pos, name=f"Krope-{il}")
-        if rot_k:
-            k = hadamard(g, k, k_rot, nrot_k, (D, Hkv, U))
-        cur = store_and_attend(g, q, k, v, il, H, Hkv, D, U, n_kv, flash_attn, k_idxs, v_idxs, kq_mask,
-                               v_rot, nrot_v)
-        cur, res, T = attn_output(g, cur, inpL, il, E, U, last, n_outputs, out_ids)
-        inpL = swiglu_block(g, cur, res, il, E, F, T)
-        if il < n_deepstack:   # deepstack_out: + feature il of the wide input embedding
-            ds = g.view(inp_embd, (E, U), nb=(4, 4 * Ein, 4 * Ein * U, 4 * Ein * U))
-            inpL = g.op("ADD", F32, (E, T), inpL, ds, name=f"deepstack_out-{il}")
-    result_head(g, inpL, E, V, n_outputs)
-    return g
-
-
-def text_compute_bytes(n_embd: int, n_head: int, n_head_kv: int, head_dim: int, n_ff: int,
-                       n_vocab: int, n_ctx: int, n_ubatch: int = 512, n_batch: int = 512,
-                       flash_attn: bool = False, type_k: str = "f16", type_v: str = "f16",
-                       n_layer: int = 2, n_deepstack: int = 0, n_outputs_max: int = 0) -> int:
-    """Predicted ``sched_reserve: CPU compute buffer size`` (bytes) of a ``qwen3vl`` text model
-    (exact allocator replay, like ``plan.compute.text_compute_bytes``).
-
-    n_deepstack: the GGUF's ``qwen3vl.n_deepstack_layers`` (Qwen3-VL: 3). n_layer: the model's
-    depth; the buffer stops depending on it once every deepstack layer and one more are in the
-    graph, so at most max(2, n_deepstack + 1) layers are replayed."""
-    n_layer = min(n_layer, max(2, n_deepstack + 1))
-    n_kv, n_tokens, n_outputs = text_effective(n_ctx, n_ubatch, n_batch, n_outputs_max)
-    pp = replay(_text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_tokens,
-                            n_outputs, flash_attn, type_k, type_v, n_layer, n_deepstack))
-    tg = replay(_text_graph(n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, 1, 1,
-                            flash_attn, type_k, type_v, n_layer, n_deepstack))
-    return max(pp, tg)

@@ -1,0 +1,59 @@
+"""One fact in one place: what a picture costs is the same whichever command says it, and the
+commands' defaults are the options dataclasses' own."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+
+from edgevlm.backend.sampling import CHAT_REPLY, LIBRARY_REPLY, SERVE_REPLY
+from edgevlm.caption.settings import CaptionSettings
+from edgevlm.cli import main
+from edgevlm.cluster.connect import DEFAULT_BATCH
+from edgevlm.plan.context import DEFAULT_REPLY_TOKENS, IN_FLIGHT_MAX
+from edgevlm.serve.options import DEFAULT_PARALLEL, ServeOptions
+
+from .conftest import make_image, run_cli
+
+
+@pytest.fixture(scope="module")
+def photo(tmp_path_factory):
+    return make_image(tmp_path_factory.mktemp("fact") / "photo.png", 1024, 768, seed=5, mode="gradient")
+
+
+def test_budget_says_what_chat_sends(any_pair, photo):
+    """Default options on every generated family: ``budget`` (with the text model, and with the
+    projector alone) counts the tokens ``chat`` then sends."""
+    m, p = str(any_pair.model), str(any_pair.mmproj)
+    chat = run_cli("chat", "-m", m, "--mmproj", p, "-i", str(photo), "-n", "1", "--json", "What is it?")
+    assert chat.returncode == 0, chat.stderr
+    sent = json.loads(chat.stdout)["stats"]["image_tokens"]
+    for extra in (["--model", m], []):
+        r = run_cli("budget", str(photo), "--mmproj", p, *extra, "--json")
+        assert r.returncode == 0, r.stderr
+        plan = json.loads(r.stdout)
+        assert plan["total_tokens"] == sent, (extra, plan["total_tokens"], sent)
+        assert any("--image-tokens changes it" in n for n in plan["notes"]), plan["notes"]
+
+
+def _default(command: str, option: str):
+    cmd = main.commands[command]
+    param = next(p for p in cmd.params if isinstance(p, click.Option) and option in p.opts)
+    return param.default
+
+
+def test_command_defaults_are_the_dataclasses():
+    assert _default("chat", "--max-tokens") == CHAT_REPLY.max_tokens
+    assert _default("chat", "--temp") == CHAT_REPLY.sampling.temperature
+    assert _default("chat", "--top-k") == CHAT_REPLY.sampling.top_k
+    assert _default("caption", "--max-tokens") == CaptionSettings.max_tokens
+    assert _default("caption", "--temp") == CaptionSettings.temperature
+    for command in ("serve", "batch"):
+        assert _default(command, "--max-tokens") == ServeOptions.max_tokens == SERVE_REPLY.max_tokens
+        assert _default(command, "--timeout") == ServeOptions.timeout_s
+    assert _default("serve", "--queue") == ServeOptions.queue
+    assert _default("serve", "--max-body") == ServeOptions.max_body_bytes
+    assert _default("caption", "--ray-batch") == _default("batch", "--ray-batch") == DEFAULT_BATCH
+    assert DEFAULT_PARALLEL == IN_FLIGHT_MAX and DEFAULT_REPLY_TOKENS == LIBRARY_REPLY.max_tokens
