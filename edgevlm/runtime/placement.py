@@ -21,9 +21,14 @@ from .items import Item
 from .kvcells import KVCells, Slot
 from .requests import Request, Sequence
 
-__all__ = ["Placer", "RESTORE_MIN", "SAVE_MIN"]
+__all__ = ["Placer", "RESTORE_MIN", "SAVE_MIN", "SHORT_LANE", "SHORT_PROMPT"]
 
 RESTORE_MIN = 32  # copy a conversation back from the host cache when it saves evaluating this many cells
+# Beyond max_running requests, a request whose prompt evaluates at most SHORT_PROMPT cells past
+# what the caches hold (a follow-up turn) still starts, up to SHORT_LANE × max_running in all: it
+# would otherwise wait for a running request's whole picture and reply for a few rows of its own.
+SHORT_PROMPT = 256
+SHORT_LANE = 2
 SAVE_MIN = 16  # conversations smaller than this are dropped, not saved to the host cache
 
 
@@ -35,15 +40,30 @@ class Placer:
         self.host_cache = host_cache
         self.backend = backend
         self.n_ctx = n_ctx
+        self.evicted = 0  # idle conversations moved out of the KV cache (saved or dropped)
+        self.evicted_cells = 0
+
+    def new_cells(self, items: tuple[Item, ...]) -> int:
+        """Cells a prompt of ``items`` would evaluate now: those past the longest prefix the KV
+        cache or the host cache holds."""
+        cap = len(items) - 1
+        k = max((min(s.lcp(items), cap) for s in self.kv.slots if s.kv), default=0)
+        _, hk = self.host_cache.best(items)
+        return sum(it.n_tokens for it in items[max(k, min(hk, cap)):])
 
     def place(self, request: Request, reserve: int, max_running: int) -> Slot | None:
         """A sequence set up to hold the longest prefix of the request anything holds, with
         room made for the rest and the reply (None: not until requests in flight finish)."""
         items = request.prompt.items
-        if self.kv.running() >= max_running:
+        running = self.kv.running()
+        if running >= max_running * SHORT_LANE:
             return None
         cap = len(items) - 1  # the last prompt token is always evaluated (its logits)
         lcp = {s.id: min(s.lcp(items), cap) for s in self.kv.slots}
+        if running >= max_running:  # the short lane: only a follow-up whose history is cached
+            _, hk = self.host_cache.best(items)
+            if sum(it.n_tokens for it in items[max(max(lcp.values()), min(hk, cap)):]) > SHORT_PROMPT:
+                return None
         # continue in place only where the whole history is a prefix of the request
         whole = [s for s in self.kv.slots if s.idle and lcp[s.id] == len(s.kv)]
         if whole:
@@ -58,8 +78,11 @@ class Placer:
             free = [s for s in self.kv.slots if s.free]
             if free:
                 own = free[0]
-            else:  # every sequence holds a conversation: the least recently used one goes
-                victim = min((s for s in self.kv.slots if s.idle), key=lambda s: s.last_used)
+            else:  # every sequence holds a conversation: the least recently used idle one goes
+                idle = [s for s in self.kv.slots if s.idle]
+                if not idle:  # all of them run (the short lane past max_running): wait
+                    return None
+                victim = min(idle, key=lambda s: s.last_used)
                 if victim is src and not restore:  # ... but what it shares with the request stays
                     self.save(victim)
                     self.kv.truncate(victim, k)
@@ -92,6 +115,8 @@ class Placer:
     def evict(self, slot: Slot) -> Slot:
         """An idle conversation out of the KV cache: copied into the host cache when it has
         room for it, then its cells dropped. Returns the slot, now free."""
+        self.evicted += 1
+        self.evicted_cells += self.kv.cells_of(slot)
         self.save(slot)
         self.kv.truncate(slot, 0)
         slot.owner = None

@@ -15,10 +15,13 @@ cache of idle conversations (``cache_ram``), and the step loop.
   (``llama_state_seq_get_data``) when it has room, else dropped. A request that fits only once
   others finish gets ``WAIT``; one that can never fit, a ``ContextExceeded``.
 - ``step()`` gives every generating request its next token first, then fills the rest of the
-  batch with prompt work in arrival order — text slices and picture embedding rows, a bounded
-  slice per step (chunked prefill: about as much work as the generation itself, so running
-  streams slow down at most about twofold while a new picture is evaluated) — samples, and
-  returns the requests that finished. Pictures are encoded by the encoder thread meanwhile.
+  batch with prompt work — text slices and picture embedding rows, a bounded slice per step
+  (chunked prefill: about as much work as the generation itself, so running streams slow down
+  at most about twofold while a new picture is evaluated) — samples, and returns the requests
+  that finished. Prompt work goes least remaining first, then in arrival order: a follow-up
+  turn whose history is cached gets its first token before a new picture's hundreds of rows are
+  through (the running set is bounded, so the picture's turn comes). Pictures are encoded by
+  the encoder thread meanwhile.
 - ``stream(seq)`` yields one request's text as it is generated, stepping as needed.
 
 Every KV cell is accounted for (``kvcells``), every reply's cells are reserved when its request
@@ -63,6 +66,10 @@ from .stats import build_stats
 __all__ = ["Client", "GenerationResponse", "Request", "Scheduler", "SchedulerOptions", "Sequence", "WAIT"]
 
 MIN_SLICE = 4  # prompt rows a step takes at least beside running streams
+# a step of prompt work alone takes about this long (fewer rows than the batch holds on a slow
+# device): a request that arrives meanwhile — a follow-up's few rows — waits at most this for its
+# turn; on a GPU the whole batch fits in it
+PROMPT_STEP_MS = 1500.0
 
 
 @dataclass(frozen=True)
@@ -109,8 +116,12 @@ class Scheduler:
         self.lock = threading.RLock()
         self._clock = itertools.count(1)
         self._arrival = itertools.count()
-        self._gen_ms = 0.0  # what a step of generated tokens takes (moving average)
+        self._gen_ms: dict[int, float] = {}  # streams → what a step of their tokens takes (moving average)
         self._row_ms = 0.0  # what one prompt row takes (moving average)
+        # what the step loop did (``/status``): steps, those with prompt work beside streams,
+        # tokens generated, prompt rows evaluated (text and image), waits for the encoder
+        self.counters = {"steps": 0, "mixed_steps": 0, "generated": 0, "prompt_rows": 0, "image_rows": 0,
+                         "encoder_waits": 0}
 
     # --- facts and capacity ------------------------------------------------------------------
     @property
@@ -206,6 +217,11 @@ class Scheduler:
                     self._ask_encoder(seq, it)
             return seq
 
+    def new_cells(self, prompt: Prompt) -> int:
+        """Cells ``prompt`` would evaluate if it started now (past what the caches hold)."""
+        with self.lock:
+            return self.placer.new_cells(prompt.items)
+
     def _warm(self, request: Request) -> None:
         """A request that waits for cells: its pictures are encoded meanwhile."""
         for it in request.prompt.items:
@@ -226,8 +242,8 @@ class Scheduler:
     # --- one step ------------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         """Give every generating request its next token and the rest of the batch to prompt
-        work in arrival order (module doc); sample; return the requests that finished (every
-        client's: each is also handed to its own client)."""
+        work, least remaining first (module doc); sample; return the requests that finished
+        (every client's: each is also handed to its own client)."""
         with self.lock:
             running = list(self.kv.live)
             if not running:
@@ -237,11 +253,16 @@ class Scheduler:
             room = self.backend.n_batch - len(gen)
             # prompt rows this step: all there is room for when nobody generates, else about as
             # much work as the generated tokens themselves take
-            rows = room if not gen else max(MIN_SLICE, min(room, int(
-                self.options.prefill_share * self._gen_ms / self._row_ms) if self._row_ms > 0 else MIN_SLICE))
+            if not gen:  # prompt only: steps of about PROMPT_STEP_MS, so a request that arrives joins soon
+                rows = room if self._row_ms <= 0 else max(MIN_SLICE, min(room, int(PROMPT_STEP_MS / self._row_ms)))
+            else:
+                rows = max(MIN_SLICE, min(room, int(
+                    self.options.prefill_share * self._gen_cost(len(gen)) / self._row_ms) if self._row_ms > 0 else MIN_SLICE))
             groups = [(s, 1) for s in gen]
             picture: tuple[Slot, int] | None = None
-            for s in (s for s in running if not s.seq.generating):  # (in arrival order)
+            prompts = sorted((s for s in running if not s.seq.generating),  # (running: in arrival order)
+                             key=lambda s: s.seq.pending_cells)
+            for s in prompts:
                 if rows <= 0:
                     break
                 if self.placer.catch_up(s):
@@ -259,23 +280,46 @@ class Scheduler:
                 groups.append((s, n))
                 rows -= n
             t0 = time.perf_counter()
+            text_rows = sum(n for _, n in groups[len(gen):])
             if groups:
                 self._run(groups, done)
                 dt = (time.perf_counter() - t0) * 1000
-                if gen and len(groups) == len(gen):  # a generation-only step: what it costs
-                    self._gen_ms = dt if not self._gen_ms else 0.8 * self._gen_ms + 0.2 * dt
+                if gen and not text_rows:  # generation only: what a step of len(gen) tokens costs
+                    self._measure_gen(len(gen), dt)
+                elif not gen:  # prompt only: what a row costs
+                    self._measure_rows(text_rows, dt)
+                elif self._row_ms > 0:  # both: the generation's part is what the rows did not take
+                    self._measure_gen(len(gen), max(0.0, dt - text_rows * self._row_ms))
             if picture is not None:
                 t1 = time.perf_counter()
                 self._feed_rows(*picture, done)
                 self._measure_rows(picture[1], (time.perf_counter() - t1) * 1000)
-            elif len(groups) > len(gen):
-                prompt_rows = sum(n for s, n in groups[len(gen):])
-                self._measure_rows(prompt_rows, max(0.0, (time.perf_counter() - t0) * 1000 - self._gen_ms))
             self.llama_ms += (time.perf_counter() - t0) * 1000
             idle = not groups and picture is None and not done
+            c = self.counters
+            c["steps"] += 1
+            c["mixed_steps"] += bool(gen and (text_rows or picture is not None))
+            c["generated"] += len(gen)
+            c["prompt_rows"] += text_rows
+            c["image_rows"] += picture[1] if picture is not None else 0
+            c["encoder_waits"] += idle
         if idle:  # every request waits for a picture the encoder is on: wait with it
             self.encoder.wait(0.05)
         return done
+
+    def _measure_gen(self, n: int, ms: float) -> None:
+        old = self._gen_ms.get(n)
+        self._gen_ms[n] = ms if old is None else 0.8 * old + 0.2 * ms
+
+    def _gen_cost(self, n: int) -> float:
+        """What a step of ``n`` streams' tokens takes: measured at n, else scaled from the
+        nearest count measured, else (nothing measured yet) n prompt rows."""
+        if n in self._gen_ms:
+            return self._gen_ms[n]
+        if self._gen_ms:
+            k = min(self._gen_ms, key=lambda m: abs(m - n))
+            return self._gen_ms[k] * n / k
+        return n * self._row_ms
 
     def _measure_rows(self, n: int, ms: float) -> None:
         if n > 0 and ms > 0:
@@ -546,4 +590,8 @@ class Scheduler:
         """What runs and what is kept, for ``/status``."""
         return {"running": self.busy, "max_running": self.max_running, "sequences": self.n_slots,
                 "conversations": self.conversations, "cells_used": self.cells_used(), "n_ctx": self.n_ctx,
-                "host_cache": self.host_cache.to_dict(), "encoding": self.encoder.pending}
+                "host_cache": self.host_cache.to_dict(), "encoding": self.encoder.pending,
+                "evicted": {"conversations": self.placer.evicted, "cells": self.placer.evicted_cells},
+                "steps": dict(self.counters), "llama_ms": round(self.llama_ms, 1),
+                "step_ms": {"rows": round(self._row_ms, 2),
+                            "streams": {n: round(ms, 2) for n, ms in sorted(self._gen_ms.items())}}}

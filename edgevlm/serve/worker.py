@@ -35,6 +35,7 @@ from ..plan.host import Lease
 from ..runtime.conversation import Conversation, Message
 from ..runtime.items import Prompt
 from ..runtime.model import LoadedModel
+from ..runtime.placement import SHORT_PROMPT
 from ..runtime.scheduler import WAIT, Client, GenerationResponse, Request, Sequence
 from ..runtime.session import Footprint, SessionOptions, Summaries, make_room
 from .openai import APIError, new_id
@@ -103,6 +104,8 @@ class Job:
     ended: bool = False  # its final event ("done" or "error") was sent
     prompt: Prompt | None = None
     seq: Sequence | None = None
+    new_cells: int = 0  # what its prompt evaluates past the caches (when it was queued)
+    queued_at: float = 0.0
 
     def emit(self, kind: str, value: Any = None) -> None:
         if self.ended:
@@ -316,6 +319,7 @@ class Worker:
                            400, "messages", "context_length_exceeded",
                            headers={"x-should-retry": "false"})
         job.emit("accepted")
+        job.new_cells, job.queued_at = self.sched.new_cells(job.prompt), time.monotonic()
         self._waiting.append(job)
 
     def _render(self, job: Job, messages: list[Message]) -> Prompt:
@@ -357,18 +361,29 @@ class Worker:
             self._forward_all()
         return "".join(r.text for r in self.sched.stream(seq))
 
+    def _in_order(self, now: float) -> list[Job]:
+        """Who starts first: requests that have waited ``fair_wait_s`` (oldest first), then the
+        others by the least prompt to evaluate — a follow-up turn whose history is cached goes
+        before a new picture, and no request waits behind shorter ones for long."""
+        fair = self.options.fair_wait_s
+        return sorted(self._waiting, key=lambda j: (0, j.queued_at, 0) if now - j.queued_at >= fair
+                      else (1, j.new_cells, j.queued_at))
+
     def _admit(self) -> None:
-        """Start waiting requests in arrival order while the scheduler takes them."""
+        """Start waiting requests while the scheduler takes them (``_in_order``); once one must
+        wait, only short ones (the scheduler's short lane: a follow-up's few rows) are tried."""
         now = time.monotonic()
-        while self._waiting:
-            job = self._waiting[0]
+        blocked = False
+        for job in self._in_order(now):
+            if blocked and job.new_cells > SHORT_PROMPT:
+                continue
             if job.cancelled:
-                self._waiting.popleft()
+                self._waiting.remove(job)
                 self._drop(job)
                 job.emit("error", APIError("the client went away", 499, code="cancelled"))
                 continue
             if now > job.deadline:
-                self._waiting.popleft()
+                self._waiting.remove(job)
                 self._drop(job)
                 self._fail(job, APIError(f"the request waited {self.options.timeout_s:g} s without a free "
                                          f"sequence", 503, code="timeout", type_="server_error",
@@ -378,13 +393,14 @@ class Worker:
                 seq = self.sched.submit(Request(job.prompt, job.max_tokens, job.sampling, job.stops,
                                                 new_images=frozenset(job.prompt.units)), self.client)
             except Exception as exc:
-                self._waiting.popleft()
+                self._waiting.remove(job)
                 self._drop(job)
                 self._fail(job, exc)
                 continue
             if seq == WAIT:
-                return
-            self._waiting.popleft()
+                blocked = True
+                continue
+            self._waiting.remove(job)
             job.seq = seq
             self._running[id(job)] = job
             self.counters.peak_running = max(self.counters.peak_running, len(self._running))
