@@ -19,19 +19,35 @@ from .runtime.scheduler import Scheduler, SchedulerOptions
 
 __all__ = ["load"]
 
-_WISH_DEFAULTS = dict(n_ctx=None, n_gpu_layers=None, kv="auto", image_tokens=None, images=1,
-                      reply_tokens=DEFAULT_REPLY_TOKENS)
+_WISH_DEFAULTS = dict(
+    n_ctx=None, n_gpu_layers=None, kv="auto", image_tokens=None, images=1, reply_tokens=DEFAULT_REPLY_TOKENS
+)
 
 
-def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
-         n_ctx: int | None = None, n_gpu_layers: int | None = None, kv: str = "auto",
-         image_tokens: int | None = None, images: int = 1, reply_tokens: int = DEFAULT_REPLY_TOKENS,
-         wishes: Wishes | None = None, plan: Plan | None = None,
-         device: str | None = None, free_memory: list[str] | None = None, gpu_overhead: int | None = None,
-         measure: Callable[[], Probe] | None = None,
-         options: EngineOptions | None = None, scheduler_options: SchedulerOptions = SchedulerOptions(),
-         n_seq_max: int | Callable[[Plan], int] = 1, parallel: int | Callable[[Plan], int] | None = None,
-         n_threads: int | None = None, verbose: bool = False, **backend_options: Any) -> LoadedModel:
+def load(
+    model: str | os.PathLike[str],
+    mmproj: str | os.PathLike[str],
+    *,
+    n_ctx: int | None = None,
+    n_gpu_layers: int | None = None,
+    kv: str = "auto",
+    image_tokens: int | None = None,
+    images: int = 1,
+    reply_tokens: int = DEFAULT_REPLY_TOKENS,
+    wishes: Wishes | None = None,
+    plan: Plan | None = None,
+    device: str | None = None,
+    free_memory: list[str] | None = None,
+    gpu_overhead: int | None = None,
+    measure: Callable[[], Probe] | None = None,
+    options: EngineOptions | None = None,
+    scheduler_options: SchedulerOptions = SchedulerOptions(),
+    n_seq_max: int | Callable[[Plan], int] = 1,
+    parallel: int | Callable[[Plan], int] | None = None,
+    n_threads: int | None = None,
+    verbose: bool = False,
+    **backend_options: Any,
+) -> LoadedModel:
     """Plan memory, load a model pair once, and return the ``LoadedModel`` (its own
     conversation answers ``chat``/``stream``; ``conversation()`` makes more).
 
@@ -59,13 +75,21 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
     - ``backend_options`` override the plan's ``Backend`` arguments (``flash_attn``, ``n_batch``,
       ``progress_callback`` ...).
     """
-    keywords = dict(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, kv=kv, image_tokens=image_tokens, images=images,
-                    reply_tokens=reply_tokens)
+    keywords = dict(
+        n_ctx=n_ctx,
+        n_gpu_layers=n_gpu_layers,
+        kv=kv,
+        image_tokens=image_tokens,
+        images=images,
+        reply_tokens=reply_tokens,
+    )
     given = {k for k, v in keywords.items() if v != _WISH_DEFAULTS[k]}
     if sum((bool(given), wishes is not None, plan is not None)) > 1:
-        raise TypeError("load(): give the wishes as keywords, as wishes=, or a finished plan= — one of them "
-                        f"(got {', '.join(sorted(given)) or 'keywords'}"
-                        f"{', wishes' if wishes is not None else ''}{', plan' if plan is not None else ''})")
+        raise TypeError(
+            "load(): give the wishes as keywords, as wishes=, or a finished plan= — one of them "
+            f"(got {', '.join(sorted(given)) or 'keywords'}"
+            f"{', wishes' if wishes is not None else ''}{', plan' if plan is not None else ''})"
+        )
     if measure is not None and (device is not None or free_memory or gpu_overhead is not None):
         raise TypeError("load(): give device/free_memory/gpu_overhead or measure=, not both")
     if wishes is None:
@@ -81,10 +105,19 @@ def load(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], *,
         raise DoesNotFit(plan.refusal or "the model does not fit in the memory available")
     seqs = n_seq_max(plan) if callable(n_seq_max) else n_seq_max
     running = parallel(plan) if callable(parallel) else parallel
-    sched_opts = replace(scheduler_options, max_running=running or scheduler_options.max_running,
-                         cache_ram=scheduler_options.cache_ram or plan.cache_ram)
-    backend = Backend(model, mmproj, n_threads=n_threads, verbose=verbose, n_seq_max=max(seqs, running or 1),
-                      **{**plan.backend_options(), **backend_options})
+    sched_opts = replace(
+        scheduler_options,
+        max_running=running or scheduler_options.max_running,
+        cache_ram=scheduler_options.cache_ram or plan.cache_ram,
+    )
+    backend = Backend(
+        model,
+        mmproj,
+        n_threads=n_threads,
+        verbose=verbose,
+        n_seq_max=max(seqs, running or 1),
+        **{**plan.backend_options(), **backend_options},
+    )
     try:
         guard = Guard(plan, backend.proj_info, measure)
         return LoadedModel(Scheduler(backend, sched_opts), opts, plan=plan, guard=guard)

@@ -48,9 +48,11 @@ from PIL import Image, ImageDraw  # noqa: E402
 
 from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
 
-SYSTEM = ("You are an image captioning assistant for a text-to-image training dataset. Describe "
-          "the main subject, the setting, the colours, the lighting and the composition in one "
-          "factual sentence. Do not start with 'The image shows' and do not mention the camera.")
+SYSTEM = (
+    "You are an image captioning assistant for a text-to-image training dataset. Describe "
+    "the main subject, the setting, the colours, the lighting and the composition in one "
+    "factual sentence. Do not start with 'The image shows' and do not mention the camera."
+)
 # A detailed captioning guide in the system prompt, as dataset-captioning setups often have.
 LONG_SYSTEM = SYSTEM + (
     " Guidelines: name the subject first, then what it is doing, then where it is. Give the number of"
@@ -61,7 +63,8 @@ LONG_SYSTEM = SYSTEM + (
     " Describe the composition: close-up, wide shot, from above, centred, rule of thirds. Do not"
     " guess names of people, brands or places unless the text in the picture states them; quote"
     " visible text exactly. Do not judge (beautiful, stunning, amazing) and do not speculate about"
-    " feelings or stories. Use plain present tense, no lists, no line breaks, at most 40 words.")
+    " feelings or stories. Use plain present tense, no lists, no line breaks, at most 40 words."
+)
 PROMPT = "Write a one-sentence caption for this image."
 SPEED_TARGET = 1.2  # edgevlm images/s ÷ library images/s, at least
 SHARE_TARGET = 0.95  # share of edgevlm's wall time inside encode + prefill + decode, at least
@@ -76,8 +79,9 @@ def make_images(outdir: Path, n: int, seed: int = 100) -> list[Path]:
         rng = np.random.default_rng(seed + i)
         y, x = np.mgrid[0:h, 0:w]
         c = rng.integers(0, 255, 3)
-        arr = np.stack([(x * 255 // w + c[0]) % 256, (y * 255 // h + c[1]) % 256,
-                        np.full_like(x, c[2])], axis=-1).astype(np.uint8)
+        arr = np.stack(
+            [(x * 255 // w + c[0]) % 256, (y * 255 // h + c[1]) % 256, np.full_like(x, c[2])], axis=-1
+        ).astype(np.uint8)
         img = Image.fromarray(arr)
         draw = ImageDraw.Draw(img)
         for _ in range(6):
@@ -100,8 +104,11 @@ class CpuMeter:
 
     def __exit__(self, *exc):
         b1, o1, wall = _busy(), _own(), time.perf_counter() - self.t0
-        self.others = None if self.b0 is None or b1 is None or wall <= 0 else round(
-            max(0.0, (b1 - self.b0) - (o1 - self.o0)) / (wall * (os.cpu_count() or 1)), 3)
+        self.others = (
+            None
+            if self.b0 is None or b1 is None or wall <= 0
+            else round(max(0.0, (b1 - self.b0) - (o1 - self.o0)) / (wall * (os.cpu_count() or 1)), 3)
+        )
 
 
 def _busy() -> float | None:
@@ -131,11 +138,20 @@ class EdgeSide:
 
         want = None if args.parallel == "auto" else int(args.parallel)
         settings = CaptionSettings(prompt=PROMPT, system=self.system, max_tokens=max(args.lengths))
-        self.engine = edgevlm.load(model, mmproj, n_ctx=args.n_ctx, n_threads=args.threads, kv="f16",
-                                   flash_attn=True, n_batch=args.n_batch, n_ubatch=args.n_batch,
-                                   type_k="f16", type_v="f16", image_max_tokens=None,
-                                   n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens,
-                                                                        settings, want))
+        self.engine = edgevlm.load(
+            model,
+            mmproj,
+            n_ctx=args.n_ctx,
+            n_threads=args.threads,
+            kv="f16",
+            flash_attn=True,
+            n_batch=args.n_batch,
+            n_ubatch=args.n_batch,
+            type_k="f16",
+            type_v="f16",
+            image_max_tokens=None,
+            n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens, settings, want),
+        )
         self.slots = self.engine.scheduler.n_slots
         self.stops = list(self.engine.default_stops)
 
@@ -152,11 +168,18 @@ class EdgeSide:
         wall = time.perf_counter() - t0
         recs = [json.loads(ln) for ln in out.read_text().splitlines()]
         assert s.done == len(images) and all(r["error"] is None for r in recs), recs
-        return {"wall_s": wall, "captions": {Path(r["path"]).name: r["caption"] for r in recs},
-                "generated": s.generated_tokens, "prompt_evaluated": s.prompt_tokens,
-                "cached_per_image": s.cached_per_image, "engine_ms": s.engine_ms,
-                "engine_share": s.engine_ms / (wall * 1000), "wait_ms": s.wait_ms,
-                "write_ms": s.write_ms, "load_ms_background": s.load_ms}
+        return {
+            "wall_s": wall,
+            "captions": {Path(r["path"]).name: r["caption"] for r in recs},
+            "generated": s.generated_tokens,
+            "prompt_evaluated": s.prompt_tokens,
+            "cached_per_image": s.cached_per_image,
+            "engine_ms": s.engine_ms,
+            "engine_share": s.engine_ms / (wall * 1000),
+            "wait_ms": s.wait_ms,
+            "write_ms": s.write_ms,
+            "load_ms_background": s.load_ms,
+        }
 
     def close(self):
         self.engine.close()
@@ -174,11 +197,17 @@ class LibrarySide:
         else:  # the generated Qwen pairs carry a chat template: the generic mtmd handler uses it
             cls = lcf.MTMDChatHandler
         self.handler_name = cls.__name__
-        self.llm = llama_cpp.Llama(str(model), n_ctx=args.n_ctx, n_batch=args.n_batch,
-                                   n_ubatch=args.n_batch, n_threads=args.threads,
-                                   n_threads_batch=args.threads, flash_attn=True,
-                                   chat_handler=cls(clip_model_path=str(mmproj), verbose=False),
-                                   verbose=False)
+        self.llm = llama_cpp.Llama(
+            str(model),
+            n_ctx=args.n_ctx,
+            n_batch=args.n_batch,
+            n_ubatch=args.n_batch,
+            n_threads=args.threads,
+            n_threads_batch=args.threads,
+            flash_attn=True,
+            chat_handler=cls(clip_model_path=str(mmproj), verbose=False),
+            verbose=False,
+        )
         self.args, self.stops = args, stops
         self.system = LONG_SYSTEM if args.long_system else SYSTEM
 
@@ -188,20 +217,33 @@ class LibrarySide:
         with out.open("w") as fh:
             for p in images:
                 r = self.llm.create_chat_completion(
-                    messages=[{"role": "system", "content": self.system},
-                              {"role": "user", "content": [
-                                  {"type": "image_url", "image_url": {"url": p.resolve().as_uri()}},
-                                  {"type": "text", "text": PROMPT}]}],
-                    max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0,
-                    stop=list(self.stops))
+                    messages=[
+                        {"role": "system", "content": self.system},
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "image_url", "image_url": {"url": p.resolve().as_uri()}},
+                                {"type": "text", "text": PROMPT},
+                            ],
+                        },
+                    ],
+                    max_tokens=max_tokens,
+                    temperature=0.0,
+                    repeat_penalty=1.0,
+                    stop=list(self.stops),
+                )
                 text = r["choices"][0]["message"]["content"].strip()
                 generated += r["usage"]["completion_tokens"]
                 prompt += r["usage"]["prompt_tokens"]
                 captions[p.name] = text
                 fh.write(json.dumps({"path": str(p), "caption": text}) + "\n")
                 fh.flush()
-        return {"wall_s": time.perf_counter() - t0, "captions": captions, "generated": generated,
-                "prompt_evaluated": prompt}
+        return {
+            "wall_s": time.perf_counter() - t0,
+            "captions": captions,
+            "generated": generated,
+            "prompt_evaluated": prompt,
+        }
 
     def close(self):
         self.llm.close()
@@ -212,10 +254,37 @@ def shell_loop(model: Path, mmproj: Path, images: list[Path], args, system: str)
     t0 = time.perf_counter()
     generated = 0
     for p in images:
-        r = subprocess.run([sys.executable, "-m", "edgevlm", "chat", "-m", str(model), "--mmproj",
-                            str(mmproj), "-i", str(p), "--system", system, "-n", str(args.lengths[0]),
-                            "--temp", "0", "--ctx", str(args.n_ctx), "--threads", str(args.threads),
-                            "--kv", "f16", "--json", PROMPT], capture_output=True, text=True, check=True)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "edgevlm",
+                "chat",
+                "-m",
+                str(model),
+                "--mmproj",
+                str(mmproj),
+                "-i",
+                str(p),
+                "--system",
+                system,
+                "-n",
+                str(args.lengths[0]),
+                "--temp",
+                "0",
+                "--ctx",
+                str(args.n_ctx),
+                "--threads",
+                str(args.threads),
+                "--kv",
+                "f16",
+                "--json",
+                PROMPT,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         generated += json.loads(r.stdout)["stats"]["predicted_n"]
     return {"wall_s": time.perf_counter() - t0, "generated": generated, "images": len(images)}
 
@@ -226,16 +295,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="real", choices=list(PRESETS))
     ap.add_argument("--images", type=int, default=8)
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--max-tokens", default="16,48",
-                    help="caption lengths in tokens, comma-separated: each is timed on both sides")
+    ap.add_argument(
+        "--max-tokens", default="16,48", help="caption lengths in tokens, comma-separated: each is timed on both sides"
+    )
     ap.add_argument("--threads", type=int, default=max(1, min(os.cpu_count() or 1, 8)))
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--parallel", default="auto", help="edgevlm's images in flight (auto = what caption uses)")
     ap.add_argument("--n-batch", type=int, default=512)
-    ap.add_argument("--long-system", action="store_true",
-                    help="a detailed captioning guide (~300 tokens) as the system prompt")
-    ap.add_argument("--shell-loop", type=int, default=0, metavar="K",
-                    help="also time a process per image (model reloaded) on K images")
+    ap.add_argument(
+        "--long-system", action="store_true", help="a detailed captioning guide (~300 tokens) as the system prompt"
+    )
+    ap.add_argument(
+        "--shell-loop",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also time a process per image (model reloaded) on K images",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench_caption.json"))
     args = ap.parse_args(argv)
     args.lengths = [int(x) for x in str(args.max_tokens).split(",") if x.strip()]
@@ -258,23 +334,27 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         edge = EdgeSide(pair.model, pair.mmproj, args)
         lib = LibrarySide(args.family, pair.model, pair.mmproj, args, edge.stops)
-        con.print(f"[dim]{args.family}/{args.preset}: both sides loaded in {time.perf_counter() - t0:.1f} s "
-                  f"({lib.handler_name}); {args.images} images, {args.lengths} tokens each, "
-                  f"{args.threads} threads, edgevlm {edge.slots} image(s) in flight[/dim]")
+        con.print(
+            f"[dim]{args.family}/{args.preset}: both sides loaded in {time.perf_counter() - t0:.1f} s "
+            f"({lib.handler_name}); {args.images} images, {args.lengths} tokens each, "
+            f"{args.threads} threads, edgevlm {edge.slots} image(s) in flight[/dim]"
+        )
         sides = [edge, lib]
         for s in sides:  # warm-up, not timed
             s.run(warm, d / f"warm-{s.name}.jsonl", args.lengths[0])
         for r in range(args.runs):
             for li, n in enumerate(args.lengths):
-                for s in (sides if (r + li) % 2 == 0 else sides[::-1]):  # alternate who goes first
+                for s in sides if (r + li) % 2 == 0 else sides[::-1]:  # alternate who goes first
                     out = d / f"{s.name}-{n}-{r}.jsonl"
                     with CpuMeter() as m:
                         res = s.run(images, out, n)
                     res["busy_others"] = m.others
                     captions[n][s.name] = res.pop("captions")
                     runs[n][s.name].append(res)
-                    con.print(f"[dim]run {r + 1}, {n} tokens: {s.name} {res['wall_s']:.1f} s "
-                              f"(others used {(m.others or 0):.0%} of the CPUs)[/dim]")
+                    con.print(
+                        f"[dim]run {r + 1}, {n} tokens: {s.name} {res['wall_s']:.1f} s "
+                        f"(others used {(m.others or 0):.0%} of the CPUs)[/dim]"
+                    )
         for s in sides:
             s.close()
         if args.shell_loop:
@@ -295,61 +375,113 @@ def main(argv: list[str] | None = None) -> int:
         paired = [round(lb["wall_s"] / ed["wall_s"], 3) for ed, lb in zip(rn["edgevlm"], rn["library"], strict=True)]
         same = sum(captions[n]["edgevlm"].get(k) == v for k, v in captions[n]["library"].items())
         per_length[n] = {
-            "edgevlm": rn["edgevlm"], "library": rn["library"],
-            "ratio_images_per_s": round(l_wall / e_wall, 3), "paired_ratios": paired,
+            "edgevlm": rn["edgevlm"],
+            "library": rn["library"],
+            "ratio_images_per_s": round(l_wall / e_wall, 3),
+            "paired_ratios": paired,
             "ratio_median_of_pairs": round(statistics.median(paired), 3),
-            "edgevlm_engine_share": round(med("edgevlm", "engine_share"), 4), "same_captions": same,
-            "edgevlm_images_per_s": round(nimg / e_wall, 4), "library_images_per_s": round(nimg / l_wall, 4),
+            "edgevlm_engine_share": round(med("edgevlm", "engine_share"), 4),
+            "same_captions": same,
+            "edgevlm_images_per_s": round(nimg / e_wall, 4),
+            "library_images_per_s": round(nimg / l_wall, 4),
         }
     result: dict[str, Any] = {
-        "config": {"family": args.family, "preset": args.preset, "images": nimg, "runs": args.runs,
-                   "max_tokens": args.lengths, "threads": args.threads, "n_ctx": args.n_ctx,
-                   "n_batch": args.n_batch, "edgevlm_slots": edge.slots, "system": edge.system,
-                   "prompt": PROMPT, "library_handler": lib.handler_name,
-                   "llama_cpp_python": llama_cpp.__version__,
-                   "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()}},
-        "by_max_tokens": {str(n): v for n, v in per_length.items()}, "shell_loop": shell,
-        "targets": {str(n): {"speed_ge_1.2": v["ratio_median_of_pairs"] >= SPEED_TARGET,
-                             "engine_share_ge_0.95": v["edgevlm_engine_share"] >= SHARE_TARGET}
-                    for n, v in per_length.items()},
+        "config": {
+            "family": args.family,
+            "preset": args.preset,
+            "images": nimg,
+            "runs": args.runs,
+            "max_tokens": args.lengths,
+            "threads": args.threads,
+            "n_ctx": args.n_ctx,
+            "n_batch": args.n_batch,
+            "edgevlm_slots": edge.slots,
+            "system": edge.system,
+            "prompt": PROMPT,
+            "library_handler": lib.handler_name,
+            "llama_cpp_python": llama_cpp.__version__,
+            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        },
+        "by_max_tokens": {str(n): v for n, v in per_length.items()},
+        "shell_loop": shell,
+        "targets": {
+            str(n): {
+                "speed_ge_1.2": v["ratio_median_of_pairs"] >= SPEED_TARGET,
+                "engine_share_ge_0.95": v["edgevlm_engine_share"] >= SHARE_TARGET,
+            }
+            for n, v in per_length.items()
+        },
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
-    t = Table(title=f"captioning {nimg} images ({args.family}/{args.preset}, {'long ' if args.long_system else ''}"
-                    f"system prompt; edgevlm {edge.slots} in flight; library: {lib.handler_name} loop; "
-                    f"median of {args.runs} run(s))")
-    for col in ("caption tokens", "side", "wall s", "images/s", "tok/s", "prompt tok evaluated/img",
-                "vs library (pairs)", "in llama.cpp", "others' CPU"):
+    t = Table(
+        title=f"captioning {nimg} images ({args.family}/{args.preset}, {'long ' if args.long_system else ''}"
+        f"system prompt; edgevlm {edge.slots} in flight; library: {lib.handler_name} loop; "
+        f"median of {args.runs} run(s))"
+    )
+    for col in (
+        "caption tokens",
+        "side",
+        "wall s",
+        "images/s",
+        "tok/s",
+        "prompt tok evaluated/img",
+        "vs library (pairs)",
+        "in llama.cpp",
+        "others' CPU",
+    ):
         t.add_column(col, justify="left" if col == "side" else "right")
     for n, v in per_length.items():
         for name, label in (("edgevlm", "edgevlm caption"), ("library", "library loop")):
             rows = v[name]
             wall = statistics.median(x["wall_s"] for x in rows)
             gen = statistics.median(x["generated"] for x in rows)
-            vs = (f"{v['ratio_median_of_pairs']:.2f}x ({', '.join(f'{x:.2f}' for x in v['paired_ratios'])})"
-                  if name == "edgevlm" else "1.00x")
+            vs = (
+                f"{v['ratio_median_of_pairs']:.2f}x ({', '.join(f'{x:.2f}' for x in v['paired_ratios'])})"
+                if name == "edgevlm"
+                else "1.00x"
+            )
             share = f"{v['edgevlm_engine_share']:.1%}" if name == "edgevlm" else "-"
-            t.add_row(str(n), label, f"{wall:.2f}", f"{nimg / wall:.3f}", f"{gen / wall:.1f}",
-                      f"{statistics.median(x['prompt_evaluated'] for x in rows) / nimg:.0f}", vs, share,
-                      ", ".join(f"{(x['busy_others'] or 0):.0%}" for x in rows))
+            t.add_row(
+                str(n),
+                label,
+                f"{wall:.2f}",
+                f"{nimg / wall:.3f}",
+                f"{gen / wall:.1f}",
+                f"{statistics.median(x['prompt_evaluated'] for x in rows) / nimg:.0f}",
+                vs,
+                share,
+                ", ".join(f"{(x['busy_others'] or 0):.0%}" for x in rows),
+            )
     if shell:
         kk = shell["images"]
         per = shell["wall_s"] / kk
-        t.add_row(str(args.lengths[0]), f"shell loop, model per image ({kk} img)", f"{per * nimg:.2f}*",
-                  f"{1 / per:.3f}", f"{shell['generated'] / shell['wall_s']:.1f}", "-", "-", "-",
-                  f"{(shell['busy_others'] or 0):.0%}")
+        t.add_row(
+            str(args.lengths[0]),
+            f"shell loop, model per image ({kk} img)",
+            f"{per * nimg:.2f}*",
+            f"{1 / per:.3f}",
+            f"{shell['generated'] / shell['wall_s']:.1f}",
+            "-",
+            "-",
+            "-",
+            f"{(shell['busy_others'] or 0):.0%}",
+        )
     verdicts = []
     for n, v in per_length.items():
         ok = v["ratio_median_of_pairs"] >= SPEED_TARGET
         ok2 = v["edgevlm_engine_share"] >= SHARE_TARGET
-        verdicts.append(f"{n} tokens: {'[green]meets' if ok else '[red]misses'} ≥ {SPEED_TARGET}x[/], "
-                        f"{'[green]meets' if ok2 else '[red]misses'} ≥ {SHARE_TARGET:.0%} in llama.cpp[/], "
-                        f"same captions {v['same_captions']}/{nimg}")
+        verdicts.append(
+            f"{n} tokens: {'[green]meets' if ok else '[red]misses'} ≥ {SPEED_TARGET}x[/], "
+            f"{'[green]meets' if ok2 else '[red]misses'} ≥ {SHARE_TARGET:.0%} in llama.cpp[/], "
+            f"same captions {v['same_captions']}/{nimg}"
+        )
     e = per_length[args.lengths[0]]["edgevlm"][0]
-    t.caption = ("; ".join(verdicts) + f". edgevlm waited for images {e['wait_ms']:.0f} ms, wrote records "
-                 f"{e['write_ms']:.0f} ms, decoded images in the background {e['load_ms_background']:.0f} ms; "
-                 f"KV prefix reused {e['cached_per_image']:g} tok/image"
-                 + (" (* = extrapolated to N)" if shell else ""))
+    t.caption = (
+        "; ".join(verdicts) + f". edgevlm waited for images {e['wait_ms']:.0f} ms, wrote records "
+        f"{e['write_ms']:.0f} ms, decoded images in the background {e['load_ms_background']:.0f} ms; "
+        f"KV prefix reused {e['cached_per_image']:g} tok/image" + (" (* = extrapolated to N)" if shell else "")
+    )
     con.print(t)
     con.print(f"[dim]wrote {args.out}[/dim]")
     return 0

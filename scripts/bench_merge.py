@@ -32,7 +32,9 @@ def picture():
     from PIL import Image, ImageDraw, ImageFont
 
     rng = np.random.default_rng(5)
-    img = Image.fromarray((rng.random((12, 16, 3)) * 255).astype(np.uint8)).resize((1024, 768), Image.Resampling.BICUBIC)
+    img = Image.fromarray((rng.random((12, 16, 3)) * 255).astype(np.uint8)).resize(
+        (1024, 768), Image.Resampling.BICUBIC
+    )
     d = ImageDraw.Draw(img)
     d.rectangle([0, 0, 1024, 250], fill=(150, 190, 235))  # sky: flat
     font = ImageFont.load_default(size=28)
@@ -63,11 +65,15 @@ def measure(eng, img, spec: str, runs: int, image_tokens: int | None = None) -> 
         out = r.stats
         unit = cache.get(view.messages[0].images[0])
         fid = [res.fidelity for res in unit.merged.values()] or [1.0]
-    return {"spec": spec + (f" (budget {image_tokens})" if image_tokens else ""),
-            "tokens": out.image_tokens_out or out.image_tokens, "tokens_in": out.image_tokens_in,
-            "prefill_ms": statistics.median(prefill), "ttft_ms": statistics.median(ttft),
-            "kv_bytes": (out.image_tokens_out or out.image_tokens) * kv_per_token(eng),
-            "fidelity": float(statistics.mean(fid))}
+    return {
+        "spec": spec + (f" (budget {image_tokens})" if image_tokens else ""),
+        "tokens": out.image_tokens_out or out.image_tokens,
+        "tokens_in": out.image_tokens_in,
+        "prefill_ms": statistics.median(prefill),
+        "ttft_ms": statistics.median(ttft),
+        "kv_bytes": (out.image_tokens_out or out.image_tokens) * kv_per_token(eng),
+        "fidelity": float(statistics.mean(fid)),
+    }
 
 
 def main(argv=None) -> int:
@@ -88,8 +94,14 @@ def main(argv=None) -> int:
     rows = []
     for fam in ("llava15", "qwen2vl"):
         pair = cached_model_pair(fam, args.preset)
-        eng = edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=args.threads, device="cpu",
-                           image_tokens=1024 if fam == "qwen2vl" else None)
+        eng = edgevlm.load(
+            pair.model,
+            pair.mmproj,
+            n_ctx=4096,
+            n_threads=args.threads,
+            device="cpu",
+            image_tokens=1024 if fam == "qwen2vl" else None,
+        )
         fam_rows = [measure(eng, img, s, args.runs) for s in SPECS]
         n_in = fam_rows[0]["tokens"]
         for target in (n_in // 2, n_in // 4):
@@ -109,11 +121,21 @@ def main(argv=None) -> int:
         method = r["spec"].replace("stride:", "uniform prune ") if r["spec"].startswith("stride") else r["spec"]
         if "budget" in method:
             method = f"downscale to {r['tokens']}"
-        t.add_row(r["family"], method, str(r["tokens"]), f"{r['prefill_ms']:.0f}", f"{r['ttft_ms']:.0f}",
-                  f"{r['ttft_speedup']:.2f}x", f"{r['kv_bytes'] / 2**20:.1f}", f"{r['fidelity']:.3f}")
+        t.add_row(
+            r["family"],
+            method,
+            str(r["tokens"]),
+            f"{r['prefill_ms']:.0f}",
+            f"{r['ttft_ms']:.0f}",
+            f"{r['ttft_speedup']:.2f}x",
+            f"{r['kv_bytes'] / 2**20:.1f}",
+            f"{r['fidelity']:.3f}",
+        )
     Console(width=140).print(t)
-    print("fidelity = mean cosine of each original token to its representative (1.0 = nothing lost); "
-          "answer quality needs real weights (see the docstring).")
+    print(
+        "fidelity = mean cosine of each original token to its representative (1.0 = nothing lost); "
+        "answer quality needs real weights (see the docstring)."
+    )
     Path(args.out).write_text(json.dumps(rows, indent=2))
     return 0
 

@@ -45,10 +45,22 @@ def matrix(presets: list[str], families: list[str]) -> list[tuple[str, Config]]:
             dyn = fam in DYNAMIC
             for ctx in ctxs:
                 for kv, fa in (("f16", False), ("f16", True), ("q8_0", True), ("q4_0", True)):
-                    for ub in ((512,) if preset == "real" else (128, 512)):
+                    for ub in (512,) if preset == "real" else (128, 512):
                         img = (256 if ctx <= 1024 else 1024) if dyn else None
-                        out.append((preset, Config(fam, n_ctx=ctx, type_k=kv, type_v=kv,
-                                                   flash_attn=fa, n_ubatch=ub, image_max_tokens=img)))
+                        out.append(
+                            (
+                                preset,
+                                Config(
+                                    fam,
+                                    n_ctx=ctx,
+                                    type_k=kv,
+                                    type_v=kv,
+                                    flash_attn=fa,
+                                    n_ubatch=ub,
+                                    image_max_tokens=img,
+                                ),
+                            )
+                        )
     return out
 
 
@@ -69,24 +81,44 @@ def main(argv: list[str] | None = None) -> int:
         measured_total = sum(c.measured for c in comps)
         predicted_total = sum(c.predicted for c in comps)
         naive = naive_estimate(str(pair.model), str(pair.mmproj), cfg)
-        rows.append({
-            "preset": preset, "config": cfg.label, "components": components_dict(comps),
-            "measured_total": measured_total, "predicted_total": predicted_total, "naive_total": naive,
-            "predicted_error": (predicted_total - measured_total) / measured_total,
-            "naive_error": (naive - measured_total) / measured_total,
-        })
+        rows.append(
+            {
+                "preset": preset,
+                "config": cfg.label,
+                "components": components_dict(comps),
+                "measured_total": measured_total,
+                "predicted_total": predicted_total,
+                "naive_total": naive,
+                "predicted_error": (predicted_total - measured_total) / measured_total,
+                "naive_error": (naive - measured_total) / measured_total,
+            }
+        )
     elapsed = time.perf_counter() - t0
 
     table = Table(title=f"estimate vs llama.cpp ({len(rows)} configurations, CPU)")
-    for col in ("preset", "config", "measured MiB", "edgevlm MiB", "edgevlm err", "naive MiB",
-                "naive err", "worst component"):
+    for col in (
+        "preset",
+        "config",
+        "measured MiB",
+        "edgevlm MiB",
+        "edgevlm err",
+        "naive MiB",
+        "naive err",
+        "worst component",
+    ):
         table.add_column(col, justify="left" if col in ("preset", "config", "worst component") else "right")
     for r in rows:
         worst = max(r["components"].values(), key=lambda c: abs(c["error"]))
-        table.add_row(r["preset"], r["config"], f"{r['measured_total'] / MIB:.1f}",
-                      f"{r['predicted_total'] / MIB:.1f}", f"{r['predicted_error']:+.1%}",
-                      f"{r['naive_total'] / MIB:.1f}", f"{r['naive_error']:+.1%}",
-                      f"{worst['name']} {worst['error']:+.1%}")
+        table.add_row(
+            r["preset"],
+            r["config"],
+            f"{r['measured_total'] / MIB:.1f}",
+            f"{r['predicted_total'] / MIB:.1f}",
+            f"{r['predicted_error']:+.1%}",
+            f"{r['naive_total'] / MIB:.1f}",
+            f"{r['naive_error']:+.1%}",
+            f"{worst['name']} {worst['error']:+.1%}",
+        )
     console.print(table)
 
     # llama.cpp logs MiB with 2 decimals: a 0.12 MiB buffer is ±4 % by rounding alone, so the
@@ -106,19 +138,31 @@ def main(argv: list[str] | None = None) -> int:
     stats = {}
     for name, vals in per.items():
         big = [e for e, _, m in vals if m >= MIB] or [0.0]
-        stats[name] = {"max_abs_error": max(abs(e) for e in big), "min_error": min(big),
-                       "max_abs_error_mib": max(abs(d) for _, d, _ in vals), "n": len(vals)}
-        summary.add_row(name, f"{stats[name]['max_abs_error']:.2%}", f"{min(0.0, stats[name]['min_error']):+.2%}",
-                        f"{stats[name]['max_abs_error_mib']:.3f}", str(len(vals)))
+        stats[name] = {
+            "max_abs_error": max(abs(e) for e in big),
+            "min_error": min(big),
+            "max_abs_error_mib": max(abs(d) for _, d, _ in vals),
+            "n": len(vals),
+        }
+        summary.add_row(
+            name,
+            f"{stats[name]['max_abs_error']:.2%}",
+            f"{min(0.0, stats[name]['min_error']):+.2%}",
+            f"{stats[name]['max_abs_error_mib']:.3f}",
+            str(len(vals)),
+        )
     tot_ours = max(abs(r["predicted_error"]) for r in rows)
     tot_naive = max(abs(r["naive_error"]) for r in rows)
     summary.add_row("total (edgevlm)", f"{tot_ours:.2%}", "")
     summary.add_row("total (naive file + f16 KV)", f"{tot_naive:.2%}", "")
     console.print(summary)
     console.print(f"{len(rows)} configurations in {elapsed:.0f} s")
-    Path(args.out).write_text(json.dumps({"rows": rows, "per_component": stats,
-                                          "total_max_abs_error": tot_ours,
-                                          "naive_max_abs_error": tot_naive}, indent=2))
+    Path(args.out).write_text(
+        json.dumps(
+            {"rows": rows, "per_component": stats, "total_max_abs_error": tot_ours, "naive_max_abs_error": tot_naive},
+            indent=2,
+        )
+    )
     console.print(f"wrote {args.out}")
     return 0
 

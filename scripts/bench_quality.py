@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgevlm_testkit import world
+from edgevlm_testkit import world  # noqa: E402  (after the path above)
 
 TYPES = world.QUESTION_TYPES
 MERGES = ["off", "threshold:0.9", "ratio:0.5", "ratio:0.25"]
@@ -77,8 +77,13 @@ class Tally:
         return round(100.0 * self.right[kind] / self.total[kind], 1) if self.total[kind] else None
 
     def row(self, name: str, **extra) -> dict:
-        return {"condition": name, **{t: self.acc(t) for t in TYPES}, "n": dict(self.total), **extra,
-                "examples": self.examples}
+        return {
+            "condition": name,
+            **{t: self.acc(t) for t in TYPES},
+            "n": dict(self.total),
+            **extra,
+            "examples": self.examples,
+        }
 
 
 def ask(eng, text: str, image: str | None, kind: str) -> str:
@@ -115,10 +120,14 @@ def summary_chats(model, mmproj, seed: int, n: int, folder: Path) -> list[dict]:
     for i in range(n):
         r = random.Random(seed + i)
         # busy pictures (3-4 shapes): the tile AnyRes picks is never skipped as flat
-        scenes = [world.make_scene(r, "plain", size=(r.randint(600, 1600), r.randint(450, 1200)), letter_p=0.5,
-                                   n_shapes=r.randint(3, 4)) for _ in range(2)]
+        scenes = [
+            world.make_scene(
+                r, "plain", size=(r.randint(600, 1600), r.randint(450, 1200)), letter_p=0.5, n_shapes=r.randint(3, 4)
+            )
+            for _ in range(2)
+        ]
         paths = [folder / f"chat-{seed + i}-{j}.png" for j in range(2)]
-        for s, p in zip(scenes, paths):
+        for s, p in zip(scenes, paths, strict=True):
             world.render(s).save(p)
         pairs.append((scenes, [str(p) for p in paths]))
     eng = edgevlm.load(model, mmproj, n_ctx=256, image_tokens=128)
@@ -137,16 +146,27 @@ def summary_chats(model, mmproj, seed: int, n: int, folder: Path) -> list[dict]:
             summary = next((p.summary for p in eng.pictures if p.number == 1), None)
             for kind, q, a in pick(s1, rng, ("colour", "shape", "count", "letter")):
                 question = q[:-1] + " in image 1?"
-                t.add(kind, eng.complete(question, 6), a, image=Path(p1).name, question=question,
-                      summary=summary, summary_right=world.grade(summary or "", world.describe(s1)))
+                t.add(
+                    kind,
+                    eng.complete(question, 6),
+                    a,
+                    image=Path(p1).name,
+                    question=question,
+                    summary=summary,
+                    summary_right=world.grade(summary or "", world.describe(s1)),
+                )
                 asked.append((kind, question, a, p1, s1))
         for kind, question, a, p1, s1 in asked:
             note = f"[image 1 ({Path(p1).name}): {world.describe(s1)}]"
-            right_note.add(kind, ask(eng, note + "\n" + question, None, kind), a, image=Path(p1).name, question=question)
+            right_note.add(
+                kind, ask(eng, note + "\n" + question, None, kind), a, image=Path(p1).name, question=question
+            )
     finally:
         eng.close()
-    return [t.row("summarised picture (asked after)", conversations=n, summarised=summarised),
-            right_note.row("same questions, a right note (text only)")]
+    return [
+        t.row("summarised picture (asked after)", conversations=n, summarised=summarised),
+        right_note.row("same questions, a right note (text only)"),
+    ]
 
 
 def captions(eng, plain) -> dict:
@@ -172,8 +192,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=900_000, help="first held-out seed (training uses others)")
     ap.add_argument("--chats", type=int, default=30, help="conversations whose first picture gets summarised")
     ap.add_argument("--budgets", default="128,320,576")
-    ap.add_argument("--detail-budgets", default="576,2304",
-                    help="image-token budgets for the detail scenes (tiles off and auto get the same)")
+    ap.add_argument(
+        "--detail-budgets",
+        default="576,2304",
+        help="image-token budgets for the detail scenes (tiles off and auto get the same)",
+    )
     ap.add_argument("--out", default="bench_quality.json")
     args = ap.parse_args(argv)
 
@@ -194,13 +217,18 @@ def main(argv=None) -> int:
             for b in [int(x) for x in args.detail_budgets.split(",") if x]:
                 for tiles in ("off", "auto"):
                     view = eng.with_options(image_tokens=b, tiles=tiles)
-                    rows.append(run_questions(view, detail, args.seed + 1, ("letter",)).row(
-                        f"detail scenes, budget {b}, tiles {tiles}"))
+                    rows.append(
+                        run_questions(view, detail, args.seed + 1, ("letter",)).row(
+                            f"detail scenes, budget {b}, tiles {tiles}"
+                        )
+                    )
             from edgevlm.vision.merge import MergeSpec
 
             for m in MERGES:
                 view = eng.with_options(merge=MergeSpec.parse(m))
-                rows.append(run_questions(view, plain, args.seed, ("colour", "shape", "count", "letter")).row(f"merge {m}"))
+                rows.append(
+                    run_questions(view, plain, args.seed, ("colour", "shape", "count", "letter")).row(f"merge {m}")
+                )
             rows.append(captions(eng, plain))
         finally:
             eng.close()
@@ -217,8 +245,15 @@ def main(argv=None) -> int:
     for r in rows:
         tab.add_row(r["condition"], *[fmt(r[t]) for t in TYPES], str(sum(r["n"].values())))
     Console(width=140).print(tab)
-    result = {"model": args.model, "mmproj": args.mmproj, "seed": args.seed, "scenes": args.scenes,
-              "detail": args.detail, "seconds": round(time.time() - t0, 1), "rows": rows}
+    result = {
+        "model": args.model,
+        "mmproj": args.mmproj,
+        "seed": args.seed,
+        "scenes": args.scenes,
+        "detail": args.detail,
+        "seconds": round(time.time() - t0, 1),
+        "rows": rows,
+    }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"{time.time() - t0:.0f} s; JSON: {args.out}")
     return 0

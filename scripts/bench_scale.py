@@ -49,8 +49,9 @@ def make_images(outdir: Path, n: int) -> None:
         rng = np.random.default_rng(200 + i)
         y, x = np.mgrid[0:h, 0:w]
         c = rng.integers(0, 255, 3)
-        arr = np.stack([(x * 255 // w + c[0]) % 256, (y * 255 // h + c[1]) % 256,
-                        np.full_like(x, c[2])], axis=-1).astype(np.uint8)
+        arr = np.stack(
+            [(x * 255 // w + c[0]) % 256, (y * 255 // h + c[1]) % 256, np.full_like(x, c[2])], axis=-1
+        ).astype(np.uint8)
         Image.fromarray(arr).save(outdir / f"pic{i:03d}.png")
 
 
@@ -89,9 +90,15 @@ def run_side(name: str, cmd: list[str], n: int, steady: bool = True) -> dict[str
     # one source of records: their arrival rate after the first is the steady rate (with two
     # actors, their first batches land at different times and the rate says nothing)
     steady = (n - k1) / (arrivals[-1] - first) if steady and arrivals[-1] > first and n > k1 else None
-    return {"side": name, "wall_s": round(wall, 2), "images_per_s": round(n / wall, 4),
-            "steady_images_per_s": round(steady, 4) if steady else None,
-            "first_record_s": round(first, 2), "tokens": summary.get("generated_tokens"), "notes": notes[-3:]}
+    return {
+        "side": name,
+        "wall_s": round(wall, 2),
+        "images_per_s": round(n / wall, 4),
+        "steady_images_per_s": round(steady, 4) if steady else None,
+        "first_record_s": round(first, 2),
+        "tokens": summary.get("generated_tokens"),
+        "notes": notes[-3:],
+    }
 
 
 def main() -> None:
@@ -109,11 +116,27 @@ def main() -> None:
     pics = work / "pics"
     pics.mkdir()
     make_images(pics, args.images)
-    base = [sys.executable, "-m", "edgevlm", "caption", str(pics), "-m", str(pair.model), "--mmproj",
-            str(pair.mmproj), "-n", str(args.max_tokens), "--progress", "json"]
+    base = [
+        sys.executable,
+        "-m",
+        "edgevlm",
+        "caption",
+        str(pics),
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "-n",
+        str(args.max_tokens),
+        "--progress",
+        "json",
+    ]
     ray = ["--ray", "local", "--ray-batch", str(args.ray_batch)]
-    sides = [("plain", base, True), ("ray 1 actor", base + ray + ["--actors", "1"], True),
-             ("ray 2 actors", base + ray + ["--actors", "2"], False)]
+    sides = [
+        ("plain", base, True),
+        ("ray 1 actor", base + ray + ["--actors", "1"], True),
+        ("ray 2 actors", base + ray + ["--actors", "2"], False),
+    ]
     rows = []
     for name, cmd, steady in sides:
         out = work / f"{name.replace(' ', '-')}.jsonl"
@@ -124,21 +147,36 @@ def main() -> None:
         r["ratio"] = round(r["images_per_s"] / plain["images_per_s"], 3)
         if r["steady_images_per_s"] and plain["steady_images_per_s"]:
             r["steady_ratio"] = round(r["steady_images_per_s"] / plain["steady_images_per_s"], 3)
-    print(f"\n{args.family}/{args.preset}, {args.images} images, {args.max_tokens} tokens, "
-          f"{os.cpu_count()} CPUs, ray batch {args.ray_batch}")
+    print(
+        f"\n{args.family}/{args.preset}, {args.images} images, {args.max_tokens} tokens, "
+        f"{os.cpu_count()} CPUs, ray batch {args.ray_batch}"
+    )
     print("| side | wall | images/s | ÷ plain | steady images/s | ÷ plain | first record |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         steady = f"{r['steady_images_per_s']:.3f}" if r["steady_images_per_s"] else "-"
         sr = f"{r['steady_ratio']:.2f}×" if "steady_ratio" in r else "-"
-        print(f"| {r['side']} | {r['wall_s']:.1f} s | {r['images_per_s']:.3f} | {r['ratio']:.2f}× | {steady} | "
-              f"{sr} | {r['first_record_s']:.1f} s |")
+        print(
+            f"| {r['side']} | {r['wall_s']:.1f} s | {r['images_per_s']:.3f} | {r['ratio']:.2f}× | {steady} | "
+            f"{sr} | {r['first_record_s']:.1f} s |"
+        )
     verdict = rows[1]["ratio"] >= RAY_TARGET
-    print(f"\nray 1 actor ÷ plain = {rows[1]['ratio']:.2f}× (target ≥ {RAY_TARGET}: "
-          f"{'met' if verdict else 'NOT met'}); steady {rows[1].get('steady_ratio', float('nan')):.2f}×")
-    result = {"family": args.family, "preset": args.preset, "images": args.images, "max_tokens": args.max_tokens,
-              "ray_batch": args.ray_batch, "cpus": os.cpu_count(), "machine": platform.platform(),
-              "sides": rows, "target": RAY_TARGET, "target_met": verdict}
+    print(
+        f"\nray 1 actor ÷ plain = {rows[1]['ratio']:.2f}× (target ≥ {RAY_TARGET}: "
+        f"{'met' if verdict else 'NOT met'}); steady {rows[1].get('steady_ratio', float('nan')):.2f}×"
+    )
+    result = {
+        "family": args.family,
+        "preset": args.preset,
+        "images": args.images,
+        "max_tokens": args.max_tokens,
+        "ray_batch": args.ray_batch,
+        "cpus": os.cpu_count(),
+        "machine": platform.platform(),
+        "sides": rows,
+        "target": RAY_TARGET,
+        "target_met": verdict,
+    }
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"results: {args.json}")
 

@@ -72,18 +72,52 @@ def build_llama_server(cache: Path) -> Path:
     if exe.exists():
         return exe
     src = Path(tempfile.mkdtemp(prefix="llama-src-"))
-    print(f"building llama-server from llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist into {build} (once; ~20 min "
-          f"on 2 cores)", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(src),
-                    f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], check=True)
+    print(
+        f"building llama-server from llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist into {build} (once; ~20 min "
+        f"on 2 cores)",
+        file=sys.stderr,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            str(src),
+            f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+        ],
+        check=True,
+    )
     tar = next(src.glob("llama_cpp_python-*.tar.gz"))
     shutil.unpack_archive(tar, src)
     root = next(p for p in src.glob("llama_cpp_python-*") if p.is_dir()) / "vendor" / "llama.cpp"
-    subprocess.run(["cmake", "-S", str(root), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
-                    "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(root),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DBUILD_SHARED_LIBS=OFF",
+            "-DLLAMA_BUILD_SERVER=ON",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    subprocess.run(
+        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     shutil.rmtree(src, ignore_errors=True)
     return exe
 
@@ -104,28 +138,94 @@ class Server:
             self.proc.wait()
 
 
-def start(name: str, model: Path, mmproj: Path, args, parallel: int, ctx: int, logdir: Path,
-          llama_server: Path | None) -> Server | str:
+def start(
+    name: str, model: Path, mmproj: Path, args, parallel: int, ctx: int, logdir: Path, llama_server: Path | None
+) -> Server | str:
     """A server on a free port of 127.0.0.1, ready (/health) — or why it could not start."""
     port = free_port()
     t = str(args.threads)
     if name == "edgevlm":
-        cmd = [sys.executable, "-m", "edgevlm", "serve", "-m", str(model), "--mmproj", str(mmproj), "--host",
-               "127.0.0.1", "--port", str(port), "--ctx", str(ctx), "--parallel", str(parallel), "--threads", t,
-               "--kv", "f16", "--queue", "64", "--max-tokens", str(args.tokens)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "edgevlm",
+            "serve",
+            "-m",
+            str(model),
+            "--mmproj",
+            str(mmproj),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--ctx",
+            str(ctx),
+            "--parallel",
+            str(parallel),
+            "--threads",
+            t,
+            "--kv",
+            "f16",
+            "--queue",
+            "64",
+            "--max-tokens",
+            str(args.tokens),
+        ]
     elif name == "llama-server":
         if llama_server is None:
             return "no llama-server binary"
-        cmd = [str(llama_server), "-m", str(model), "--mmproj", str(mmproj), "--host", "127.0.0.1", "--port", str(port),
-               "-np", str(parallel), "-c", str(ctx), "-t", t, "-tb", t, "-fa", "on", "--no-webui"]
+        cmd = [
+            str(llama_server),
+            "-m",
+            str(model),
+            "--mmproj",
+            str(mmproj),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-np",
+            str(parallel),
+            "-c",
+            str(ctx),
+            "-t",
+            t,
+            "-tb",
+            t,
+            "-fa",
+            "on",
+            "--no-webui",
+        ]
     else:
         try:
             import llama_cpp.server  # noqa: F401
         except ImportError:
             return "llama_cpp.server is not installed (pip install -e '.[bench]')"
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--clip_model_path", str(mmproj),
-               "--chat_format", "llava-1-5", "--n_ctx", str(ctx), "--n_threads", t, "--n_threads_batch", t,
-               "--host", "127.0.0.1", "--port", str(port), "--interrupt_requests", "False", "--flash_attn", "True"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model),
+            "--clip_model_path",
+            str(mmproj),
+            "--chat_format",
+            "llava-1-5",
+            "--n_ctx",
+            str(ctx),
+            "--n_threads",
+            t,
+            "--n_threads_batch",
+            t,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--interrupt_requests",
+            "False",
+            "--flash_attn",
+            "True",
+        ]
     log = logdir / f"{name}-{port}.log"
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     url = f"http://127.0.0.1:{port}"
@@ -161,17 +261,25 @@ class Reply:
         return None if self.first is None else self.first - self.sent
 
 
-def ask(http: httpx.Client, url: str, messages: list[dict], max_tokens: int, client: int, turn: int,
-        timeout: float) -> Reply:
+def ask(
+    http: httpx.Client, url: str, messages: list[dict], max_tokens: int, client: int, turn: int, timeout: float
+) -> Reply:
     r = Reply(client, turn, time.monotonic())
-    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "m",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     try:
         # a connection per request (Connection: close): llama-server's HTTP layer closes kept-alive
         # connections while a client is about to reuse them ("Server disconnected without sending a
         # response" on a POST, which httpx must not retry); every server gets the same treatment
-        with http.stream("POST", url + "/v1/chat/completions", json=body, timeout=timeout,
-                         headers={"Connection": "close"}) as resp:
+        with http.stream(
+            "POST", url + "/v1/chat/completions", json=body, timeout=timeout, headers={"Connection": "close"}
+        ) as resp:
             if resp.status_code != 200:
                 resp.read()
                 r.error = f"HTTP {resp.status_code}: {resp.text[:160]}"
@@ -200,13 +308,17 @@ def photo(seed: int, w: int = 640, h: int = 488) -> str:
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:h, 0:w]
     c = rng.integers(0, 255, 3)
-    arr = np.stack([(x * 255 // w + c[0]) % 256, (y * 255 // h + c[1]) % 256, np.full_like(x, c[2])], -1).astype(np.uint8)
+    arr = np.stack([(x * 255 // w + c[0]) % 256, (y * 255 // h + c[1]) % 256, np.full_like(x, c[2])], -1).astype(
+        np.uint8
+    )
     img = Image.fromarray(arr)
     draw = ImageDraw.Draw(img)
     for _ in range(6):
         x0, y0 = int(rng.integers(0, w - 60)), int(rng.integers(0, h - 60))
-        draw.ellipse([x0, y0, x0 + int(rng.integers(30, w // 3)), y0 + int(rng.integers(30, h // 3))],
-                     fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
+        draw.ellipse(
+            [x0, y0, x0 + int(rng.integers(30, w // 3)), y0 + int(rng.integers(30, h // 3))],
+            fill=tuple(int(v) for v in rng.integers(0, 255, 3)),
+        )
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=90)
     import base64
@@ -222,8 +334,12 @@ def chats(url: str, clients: int, args, shared: bool) -> dict[str, Any]:
 
     def one(i: int) -> None:
         pic = photo(0 if shared else 100 + i)
-        history = [{"role": "user", "content": [{"type": "text", "text": PROMPTS[0]},
-                                                 {"type": "image_url", "image_url": {"url": pic}}]}]
+        history = [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": PROMPTS[0]}, {"type": "image_url", "image_url": {"url": pic}}],
+            }
+        ]
         with httpx.Client() as http:
             for turn in range(args.turns):
                 if time.monotonic() > stop_at:
@@ -233,8 +349,10 @@ def chats(url: str, clients: int, args, shared: bool) -> dict[str, Any]:
                     replies.append(r)
                 if r.error:
                     return
-                history += [{"role": "assistant", "content": r.text},
-                            {"role": "user", "content": PROMPTS[(turn + 1) % len(PROMPTS)]}]
+                history += [
+                    {"role": "assistant", "content": r.text},
+                    {"role": "user", "content": PROMPTS[(turn + 1) % len(PROMPTS)]},
+                ]
 
     t0 = time.monotonic()
     threads = [threading.Thread(target=one, args=(i,)) for i in range(clients)]
@@ -245,9 +363,14 @@ def chats(url: str, clients: int, args, shared: bool) -> dict[str, Any]:
         t.join(args.max_seconds + args.request_timeout)
     wall = time.monotonic() - t0
     ok = [r for r in replies if not r.error]
-    out: dict[str, Any] = {"clients": clients, "requests": len(ok), "errors": len(replies) - len(ok),
-                           "wall_s": round(wall, 2), "req_per_s": round(len(ok) / wall, 3) if wall else 0.0,
-                           "error_examples": [r.error for r in replies if r.error][:3]}
+    out: dict[str, Any] = {
+        "clients": clients,
+        "requests": len(ok),
+        "errors": len(replies) - len(ok),
+        "wall_s": round(wall, 2),
+        "req_per_s": round(len(ok) / wall, 3) if wall else 0.0,
+        "error_examples": [r.error for r in replies if r.error][:3],
+    }
     for turn in range(1, args.turns + 1):
         tt = sorted(r.ttft for r in ok if r.turn == turn and r.ttft is not None)
         out[f"ttft_p50_turn{turn}"] = round(statistics.median(tt), 3) if tt else None
@@ -256,8 +379,8 @@ def chats(url: str, clients: int, args, shared: bool) -> dict[str, Any]:
     admitting = [(r.sent, r.first or r.sent) for r in ok if r.turn == 1]
     during, outside = [], []
     for r in ok:
-        for a, b in zip(r.times, r.times[1:]):
-            busy = any(s < b and f > a for s, f in admitting if not (s == r.sent))
+        for a, b in zip(r.times, r.times[1:], strict=False):
+            busy = any(s < b and f > a for s, f in admitting if s != r.sent)
             (during if busy else outside).append(b - a)
     out["itl_p95_admitting_ms"] = round(float(np.percentile(during, 95)) * 1000, 1) if during else None
     out["itl_p95_ms"] = round(float(np.percentile(outside, 95)) * 1000, 1) if outside else None
@@ -270,8 +393,15 @@ def decode(url: str, streams: int, args) -> dict[str, Any]:
 
     def one(i: int) -> None:
         with httpx.Client() as http:
-            r = ask(http, url, [{"role": "user", "content": f"Stream {i}: write a long story about the sea."}],
-                    args.decode_tokens, i, 1, args.request_timeout)
+            r = ask(
+                http,
+                url,
+                [{"role": "user", "content": f"Stream {i}: write a long story about the sea."}],
+                args.decode_tokens,
+                i,
+                1,
+                args.request_timeout,
+            )
             with lock:
                 replies.append(r)
 
@@ -288,8 +418,14 @@ def decode(url: str, streams: int, args) -> dict[str, Any]:
     starts = [r.first for r in ok if r.first]
     ends = [r.times[-1] for r in ok if r.times]
     span = (max(ends) - min(starts)) if starts and ends else wall
-    return {"streams": streams, "tokens": gen, "mean_tokens": round(gen / max(1, len(ok)), 1), "errors": len(replies) - len(ok),
-            "wall_s": round(wall, 2), "tok_per_s": round(gen / span, 1) if span > 0 else 0.0}
+    return {
+        "streams": streams,
+        "tokens": gen,
+        "mean_tokens": round(gen / max(1, len(ok)), 1),
+        "errors": len(replies) - len(ok),
+        "wall_s": round(wall, 2),
+        "tok_per_s": round(gen / span, 1) if span > 0 else 0.0,
+    }
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -312,8 +448,11 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--decode-ctx", type=int, default=16384)
     ap.add_argument("--llama-server", type=Path, help="a llama-server binary (else built from the sdist)")
-    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("EDGEVLM_CACHE", Path.home() / ".cache" / "edgevlm"))
-                    / "llama-server")
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(os.environ.get("EDGEVLM_CACHE", Path.home() / ".cache" / "edgevlm")) / "llama-server",
+    )
     ap.add_argument("--max-seconds", type=float, default=600, help="bound of one run (one server, one count)")
     ap.add_argument("--request-timeout", type=float, default=300)
     ap.add_argument("--json", default="bench-serve.json")
@@ -324,7 +463,12 @@ def main() -> None:
     if "llama-server" in servers and llama_server is None:
         llama_server = build_llama_server(args.cache)
     logdir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "chats": [], "decode": [], "notes": []}
+    results: dict[str, Any] = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "chats": [],
+        "decode": [],
+        "notes": [],
+    }
     if args.model:
         chat_pair = (Path(args.model), Path(args.mmproj))
     else:
@@ -377,8 +521,10 @@ def report(results: dict[str, Any], servers: list[str]) -> None:
         rows = [r for r in results["chats"] if r["shared_picture"] == shared]
         if not rows:
             continue
-        t = Table(title=f"3-turn chats, {'one picture for all' if shared else 'a picture per conversation'}: "
-                        f"req/s, turn-3 TTFT p50, ITL p95 (beside a new picture / without)")
+        t = Table(
+            title=f"3-turn chats, {'one picture for all' if shared else 'a picture per conversation'}: "
+            f"req/s, turn-3 TTFT p50, ITL p95 (beside a new picture / without)"
+        )
         t.add_column("clients", justify="right")
         for s in servers:
             t.add_column(f"{s} req/s", justify="right")
@@ -391,9 +537,18 @@ def report(results: dict[str, Any], servers: list[str]) -> None:
             e, ls = by.get(("edgevlm", n)), by.get(("llama-server", n))
             ratio = f"{e['req_per_s'] / ls['req_per_s']:.2f}×" if e and ls and ls["req_per_s"] else "—"
             itl = f"{e['itl_p95_admitting_ms']} / {e['itl_p95_ms']}" if e else "—"
-            t.add_row(str(n), *[f"{by[(s, n)]['req_per_s']:.2f}" if (s, n) in by else "—" for s in servers], ratio,
-                      *[f"{by[(s, n)]['ttft_p50_turn3']:.2f} s" if (s, n) in by and by[(s, n)].get("ttft_p50_turn3")
-                        is not None else "—" for s in servers], itl)
+            t.add_row(
+                str(n),
+                *[f"{by[(s, n)]['req_per_s']:.2f}" if (s, n) in by else "—" for s in servers],
+                ratio,
+                *[
+                    f"{by[(s, n)]['ttft_p50_turn3']:.2f} s"
+                    if (s, n) in by and by[(s, n)].get("ttft_p50_turn3") is not None
+                    else "—"
+                    for s in servers
+                ],
+                itl,
+            )
         console.print(t)
     if results["decode"]:
         t = Table(title="tiny pair, text only: generated tokens/s")
@@ -404,8 +559,11 @@ def report(results: dict[str, Any], servers: list[str]) -> None:
         by = {(r["server"], r["streams"]): r for r in results["decode"]}
         for n in sorted({r["streams"] for r in results["decode"]}):
             e, ls = by.get(("edgevlm", n)), by.get(("llama-server", n))
-            t.add_row(str(n), *[f"{by[(s, n)]['tok_per_s']:,.0f}" if (s, n) in by else "—" for s in servers],
-                      f"{e['tok_per_s'] / ls['tok_per_s']:.2f}×" if e and ls and ls["tok_per_s"] else "—")
+            t.add_row(
+                str(n),
+                *[f"{by[(s, n)]['tok_per_s']:,.0f}" if (s, n) in by else "—" for s in servers],
+                f"{e['tok_per_s'] / ls['tok_per_s']:.2f}×" if e and ls and ls["tok_per_s"] else "—",
+            )
         console.print(t)
     for n in results["notes"]:
         console.print(f"note: {n}")

@@ -44,8 +44,10 @@ def make_images(n: int):
 
 
 def script():
-    return [(f"Turn {t + 1}: what do you see?" if t in IMAGES_AT else f"Turn {t + 1}: tell me more.",
-             t in IMAGES_AT) for t in range(TURNS)]
+    return [
+        (f"Turn {t + 1}: what do you see?" if t in IMAGES_AT else f"Turn {t + 1}: tell me more.", t in IMAGES_AT)
+        for t in range(TURNS)
+    ]
 
 
 def rss() -> int:
@@ -59,8 +61,14 @@ def run_edgevlm(pair, images, n_ctx, max_tokens, threads, reprefill: bool):
     import edgevlm
     from edgevlm.vision.images import from_rgb
 
-    eng = edgevlm.load(pair.model, pair.mmproj, n_ctx=n_ctx, n_threads=threads, device="cpu",
-                       options=edgevlm.EngineOptions(session=edgevlm.SessionOptions(enabled=not reprefill)))
+    eng = edgevlm.load(
+        pair.model,
+        pair.mmproj,
+        n_ctx=n_ctx,
+        n_threads=threads,
+        device="cpu",
+        options=edgevlm.EngineOptions(session=edgevlm.SessionOptions(enabled=not reprefill)),
+    )
     pics = [from_rgb(__import__("numpy").asarray(im), f"img{i + 1}.png") for i, im in enumerate(images)]
     rows, k = [], 0
     for t, (text, has_image) in enumerate(script()):
@@ -72,9 +80,17 @@ def run_edgevlm(pair, images, n_ctx, max_tokens, threads, reprefill: bool):
         t0 = time.perf_counter()
         try:
             r = eng.chat(text, imgs, max_tokens=max_tokens, temperature=0.0)
-            rows.append({"turn": t + 1, "ok": True, "ms": (time.perf_counter() - t0) * 1000,
-                         "prompt_n": r.stats.prompt_n, "n_ctx_used": r.stats.n_ctx_used,
-                         "summarized": r.stats.summarized_images, "rss": rss()})
+            rows.append(
+                {
+                    "turn": t + 1,
+                    "ok": True,
+                    "ms": (time.perf_counter() - t0) * 1000,
+                    "prompt_n": r.stats.prompt_n,
+                    "n_ctx_used": r.stats.n_ctx_used,
+                    "summarized": r.stats.summarized_images,
+                    "rss": rss(),
+                }
+            )
         except Exception as exc:  # a failed turn is a result here, not a crash of the benchmark
             rows.append({"turn": t + 1, "ok": False, "error": str(exc).splitlines()[0][:100], "rss": rss()})
     eng.close()
@@ -85,8 +101,14 @@ def run_library(pair, images, n_ctx, max_tokens, threads):
     import llama_cpp
     from llama_cpp.llama_chat_format import Llava15ChatHandler
 
-    llm = llama_cpp.Llama(str(pair.model), n_ctx=n_ctx, n_threads=threads, flash_attn=True, verbose=False,
-                          chat_handler=Llava15ChatHandler(clip_model_path=str(pair.mmproj), verbose=False))
+    llm = llama_cpp.Llama(
+        str(pair.model),
+        n_ctx=n_ctx,
+        n_threads=threads,
+        flash_attn=True,
+        verbose=False,
+        chat_handler=Llava15ChatHandler(clip_model_path=str(pair.mmproj), verbose=False),
+    )
     uris = []
     for im in images:
         buf = io.BytesIO()
@@ -142,22 +164,27 @@ def main(argv: list[str] | None = None) -> int:
         def ms(r):
             return f"{r['ms']:.0f}" if r["ok"] else "FAIL"
 
-        def ratio(r):
+        def ratio(r, a=a):
             return f"{r['ms'] / a['ms']:.1f}x" if (r["ok"] and a["ok"]) else "-"
 
-        note = (f"{a['summarized']} summarised, ctx {a['n_ctx_used']}" if a["ok"] else a["error"][:40])
+        note = f"{a['summarized']} summarised, ctx {a['n_ctx_used']}" if a["ok"] else a["error"][:40]
         t.add_row(str(i + 1), ms(a), ms(b), ratio(b), ms(c), ratio(c), note)
     Console(width=140).print(t)
     summary = {}
     for k, rows in runs.items():
         ok = [r for r in rows if r["ok"]]
         first_fail = next((r for r in rows if not r["ok"]), None)
-        summary[k] = {"turns_ok": len(ok), "median_ms": statistics.median([r["ms"] for r in ok]) if ok else None,
-                      "max_rss_mib": max(r["rss"] for r in rows) / 2**20,
-                      "first_error": first_fail and {"turn": first_fail["turn"], "error": first_fail["error"]}}
-        print(f"{k:17s} turns completed {len(ok)}/{TURNS}, median {summary[k]['median_ms'] or 0:.0f} ms/turn, "
-              f"max RSS {summary[k]['max_rss_mib']:.0f} MiB"
-              + (f", first error at turn {first_fail['turn']}: {first_fail['error']}" if first_fail else ""))
+        summary[k] = {
+            "turns_ok": len(ok),
+            "median_ms": statistics.median([r["ms"] for r in ok]) if ok else None,
+            "max_rss_mib": max(r["rss"] for r in rows) / 2**20,
+            "first_error": first_fail and {"turn": first_fail["turn"], "error": first_fail["error"]},
+        }
+        print(
+            f"{k:17s} turns completed {len(ok)}/{TURNS}, median {summary[k]['median_ms'] or 0:.0f} ms/turn, "
+            f"max RSS {summary[k]['max_rss_mib']:.0f} MiB"
+            + (f", first error at turn {first_fail['turn']}: {first_fail['error']}" if first_fail else "")
+        )
     Path(args.out).write_text(json.dumps({"runs": runs, "summary": summary, "config": vars(args)}, indent=2))
     return 0
 

@@ -46,8 +46,16 @@ def measure(family: str, preset: str, runs: int, threads: int) -> list[dict]:
     rgb = (rng.random((side, side, 3)) * 255).astype(np.uint8)
     rows = []
     for ub in UBATCHES:
-        be = Backend(pair.model, pair.mmproj, n_ctx=4096, n_batch=ub, n_ubatch=ub, n_threads=threads,
-                     flash_attn=True, image_max_tokens=1024 if family.startswith("qwen") else None)
+        be = Backend(
+            pair.model,
+            pair.mmproj,
+            n_ctx=4096,
+            n_batch=ub,
+            n_ubatch=ub,
+            n_threads=threads,
+            flash_attn=True,
+            image_max_tokens=1024 if family.startswith("qwen") else None,
+        )
         try:
             tokens = [int(t) for t in rng.integers(100, text.n_vocab - 1, TEXT_TOKENS)]
             bm = be.bitmap_from_rgb(rgb)
@@ -69,12 +77,23 @@ def measure(family: str, preset: str, runs: int, threads: int) -> list[dict]:
         finally:
             be.close()
         compute = text_compute_bytes(text, 4096, ub, ub, True, "f16", "f16")
-        rows.append({"family": family, "preset": preset, "n_ubatch": ub,
-                     "text_tok_s": round(TEXT_TOKENS / statistics.median(text_s), 1),
-                     "image_tok_s": round(chunk.n_tokens / statistics.median(image_s), 1),
-                     "image_tokens": chunk.n_tokens, "text_compute_mib": round(compute / 2**20, 1)})
-        print(f"{family} n_ubatch {ub}: text {rows[-1]['text_tok_s']} tok/s, image {rows[-1]['image_tok_s']} tok/s,"
-              f" text compute {rows[-1]['text_compute_mib']} MiB", file=sys.stderr, flush=True)
+        rows.append(
+            {
+                "family": family,
+                "preset": preset,
+                "n_ubatch": ub,
+                "text_tok_s": round(TEXT_TOKENS / statistics.median(text_s), 1),
+                "image_tok_s": round(chunk.n_tokens / statistics.median(image_s), 1),
+                "image_tokens": chunk.n_tokens,
+                "text_compute_mib": round(compute / 2**20, 1),
+            }
+        )
+        print(
+            f"{family} n_ubatch {ub}: text {rows[-1]['text_tok_s']} tok/s, image {rows[-1]['image_tok_s']} tok/s,"
+            f" text compute {rows[-1]['text_compute_mib']} MiB",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
 
 
@@ -92,17 +111,36 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"prefill speed and text compute buffer by micro-batch ({args.preset} shapes, "
-                    f"{args.threads} threads, median of {args.runs})", title_justify="left")
+    t = Table(
+        title=f"prefill speed and text compute buffer by micro-batch ({args.preset} shapes, "
+        f"{args.threads} threads, median of {args.runs})",
+        title_justify="left",
+    )
     for col in ("model", "n_ubatch", "text tok/s", "vs 512", "image tok/s", "vs 512", "text compute MiB"):
         t.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
         base = next(x for x in rows if x["family"] == r["family"] and x["n_ubatch"] == UBATCHES[0])
-        t.add_row(r["family"], str(r["n_ubatch"]), f"{r['text_tok_s']:.0f}", f"{r['text_tok_s'] / base['text_tok_s']:.2f}",
-                  f"{r['image_tok_s']:.0f}", f"{r['image_tok_s'] / base['image_tok_s']:.2f}", f"{r['text_compute_mib']:.1f}")
+        t.add_row(
+            r["family"],
+            str(r["n_ubatch"]),
+            f"{r['text_tok_s']:.0f}",
+            f"{r['text_tok_s'] / base['text_tok_s']:.2f}",
+            f"{r['image_tok_s']:.0f}",
+            f"{r['image_tok_s'] / base['image_tok_s']:.2f}",
+            f"{r['text_compute_mib']:.1f}",
+        )
     Console().print(t)
-    args.out.write_text(json.dumps({"rows": rows, "machine": platform.processor() or platform.machine(),
-                                    "threads": args.threads, "runs": args.runs}, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "machine": platform.processor() or platform.machine(),
+                "threads": args.threads,
+                "runs": args.runs,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
     return 0
 

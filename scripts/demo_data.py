@@ -23,9 +23,9 @@ from demo_model import PAD_COLOUR
 from edgevlm.caption.text import DEFAULT_PROMPT as CAPTION_PROMPT
 from edgevlm.runtime.chat_format import PromptFormatter
 from edgevlm.runtime.session import DEFAULT_SUMMARY_PROMPT
-from edgevlm_testkit import world
 from edgevlm.vision.budget import choose_tiles, tile_boxes
 from edgevlm.vision.detail import score_boxes
+from edgevlm_testkit import world
 
 MARKER = "<__media__>"
 NAMES = ("scene", "picture", "image", "photo", "img")
@@ -36,7 +36,7 @@ def summary_question(n: int, name: str) -> str:
 
 
 def about_image(question: str, n: int) -> str:
-    """"What colour is the circle?" → "What colour is the circle in image 1?" (the form the
+    """ "What colour is the circle?" → "What colour is the circle in image 1?" (the form the
     quality bench asks about a picture that may have been summarised)."""
     return question[:-1] + f" in image {n}?" if question.endswith("?") else question
 
@@ -123,8 +123,12 @@ def letter_ink(lt: world.Letter, origin, offset, scale, size: int, grid: int) ->
     x0, y0 = math.floor(at[0]) - margin, math.floor(at[1]) - margin
     side = 3 * margin
     crop = Image.new("RGB", (side, side))
-    world.draw_letter(ImageDraw.Draw(crop), world.Letter(lt.char, "white", lt.x, lt.y, lt.height),
-                      (at[0] - x0, at[1] - y0), scale[1] * k)
+    world.draw_letter(
+        ImageDraw.Draw(crop),
+        world.Letter(lt.char, "white", lt.x, lt.y, lt.height),
+        (at[0] - x0, at[1] - y0),
+        scale[1] * k,
+    )
     ink = np.asarray(crop)[..., 0].astype(np.float64) / 255.0
     edges = np.round(np.arange(grid + 1) * size * k / grid).astype(int)
     rows, row_starts, row_patches = _runs(y0, side, edges)
@@ -321,16 +325,16 @@ QUESTION_WEIGHTS = {"colour": 1.0, "shape": 1.0, "count": 1.0, "letter": 1.2, "d
 
 
 class SampleMaker:
-    def __init__(self, tok: Tokens, size: int, n_patches: int, seed: int,
-                 question_weights: dict[str, float] | None = None):
+    def __init__(
+        self, tok: Tokens, size: int, n_patches: int, seed: int, question_weights: dict[str, float] | None = None
+    ):
         self.question_weights = {**QUESTION_WEIGHTS, **(question_weights or {})}
         self.tok = tok
         self.size = size
         self.n_patches = n_patches
-        self.grid = int(round(n_patches ** 0.5))
+        self.grid = int(round(n_patches**0.5))
         self.rng = random.Random(seed)
-        self.fmt = PromptFormatter(None, "llama", "mlp", MARKER, bos_token="<s>", eos_token="</s>",
-                                   strip_bos=True)
+        self.fmt = PromptFormatter(None, "llama", "mlp", MARKER, bos_token="<s>", eos_token="</s>", strip_bos=True)
 
     # --- question choice -----------------------------------------------------------------
     def pick_question(self, scene: world.Scene, letter_bias: float = 0.0) -> tuple[str, str, str]:
@@ -349,8 +353,9 @@ class SampleMaker:
         return q
 
     # --- assembling ------------------------------------------------------------------------
-    def assemble(self, msgs: list[tuple[str, str, list]], views: list[np.ndarray],
-                 answers: list[str], final: str) -> Sample:
+    def assemble(
+        self, msgs: list[tuple[str, str, list]], views: list[np.ndarray], answers: list[str], final: str
+    ) -> Sample:
         """``msgs`` as PromptFormatter takes them (assistant texts are the history answers)."""
         ids: list[int] = [1]
         slots: list[int] = [-1]
@@ -466,8 +471,10 @@ class SampleMaker:
         with pictures."""
         rng = self.rng
         n_notes = rng.choice((1, 1, 2, 2, 3))
-        scenes = [world.make_scene(rng, "plain", letter_p=0.5, n_shapes=rng.choice((1, 2, 2, 3, 3, 4, 4)))
-                  for _ in range(n_notes)]
+        scenes = [
+            world.make_scene(rng, "plain", letter_p=0.5, n_shapes=rng.choice((1, 2, 2, 3, 3, 4, 4)))
+            for _ in range(n_notes)
+        ]
         notes = [f"[image {i + 1} ({self.name()}): {world.describe(s)}]" for i, s in enumerate(scenes)]
         n = rng.randint(1, n_notes)
         asked: list[tuple[str, str]] = []

@@ -48,11 +48,77 @@ class DemoConfig:
 
     @property
     def n_patches(self) -> int:
-        return self.grid ** 2
+        return self.grid**2
 
 
 # --- vocabulary ----------------------------------------------------------------------------
-WORDS = ["What", "colour", "is", "the", "shape", "How", "many", "are", "there", "letter", "in", "image", "Describe", "describe", "red", "green", "blue", "yellow", "white", "black", "circle", "circles", "square", "squares", "triangle", "triangles", "a", "two", "three", "four", "and", "USER", "ASSISTANT", "global", "view", "tile", "row", "col", "In", "one", "or", "two", "short", "sentences", "from", "earlier", "this", "conversation", "with", "any", "text", "numbers", "it", "shows", "Write", "sentence", "caption", "for", "of", "png", "jpg", "scene", "picture", "no", "description"]
+WORDS = [
+    "What",
+    "colour",
+    "is",
+    "the",
+    "shape",
+    "How",
+    "many",
+    "are",
+    "there",
+    "letter",
+    "in",
+    "image",
+    "Describe",
+    "describe",
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "white",
+    "black",
+    "circle",
+    "circles",
+    "square",
+    "squares",
+    "triangle",
+    "triangles",
+    "a",
+    "two",
+    "three",
+    "four",
+    "and",
+    "USER",
+    "ASSISTANT",
+    "global",
+    "view",
+    "tile",
+    "row",
+    "col",
+    "In",
+    "one",
+    "or",
+    "two",
+    "short",
+    "sentences",
+    "from",
+    "earlier",
+    "this",
+    "conversation",
+    "with",
+    "any",
+    "text",
+    "numbers",
+    "it",
+    "shows",
+    "Write",
+    "sentence",
+    "caption",
+    "for",
+    "of",
+    "png",
+    "jpg",
+    "scene",
+    "picture",
+    "no",
+    "description",
+]
 
 
 def demo_vocab() -> Vocab:
@@ -85,39 +151,65 @@ def init_params(cfg: DemoConfig, seed: int, n_vocab: int) -> dict:
 
     E, F = cfg.v_embd, cfg.v_ff
     v = {
-        "patch": lin(E, 3 * cfg.patch_size ** 2),
+        "patch": lin(E, 3 * cfg.patch_size**2),
         "cls": (rng.standard_normal(E) * 0.02).astype(np.float32),
         "pos": (rng.standard_normal((cfg.n_patches + 1, E)) * 0.02).astype(np.float32),
-        "pre_w": np.ones(E, np.float32), "pre_b": np.zeros(E, np.float32),
-        "post_w": np.ones(E, np.float32), "post_b": np.zeros(E, np.float32),
+        "pre_w": np.ones(E, np.float32),
+        "pre_b": np.zeros(E, np.float32),
+        "post_w": np.ones(E, np.float32),
+        "post_b": np.zeros(E, np.float32),
         "layers": [],
     }
     for _ in range(cfg.v_layers):
-        v["layers"].append({
-            "ln1_w": np.ones(E, np.float32), "ln1_b": np.zeros(E, np.float32),
-            "q": lin(E, E), "q_b": np.zeros(E, np.float32), "k": lin(E, E), "k_b": np.zeros(E, np.float32),
-            "v": lin(E, E), "v_b": np.zeros(E, np.float32),
-            "o": lin(E, E, 0.5), "o_b": np.zeros(E, np.float32),
-            "ln2_w": np.ones(E, np.float32), "ln2_b": np.zeros(E, np.float32),
-            "up": lin(F, E), "up_b": np.zeros(F, np.float32), "down": lin(E, F, 0.5), "down_b": np.zeros(E, np.float32),
-        })
+        v["layers"].append(
+            {
+                "ln1_w": np.ones(E, np.float32),
+                "ln1_b": np.zeros(E, np.float32),
+                "q": lin(E, E),
+                "q_b": np.zeros(E, np.float32),
+                "k": lin(E, E),
+                "k_b": np.zeros(E, np.float32),
+                "v": lin(E, E),
+                "v_b": np.zeros(E, np.float32),
+                "o": lin(E, E, 0.5),
+                "o_b": np.zeros(E, np.float32),
+                "ln2_w": np.ones(E, np.float32),
+                "ln2_b": np.zeros(E, np.float32),
+                "up": lin(F, E),
+                "up_b": np.zeros(F, np.float32),
+                "down": lin(E, F, 0.5),
+                "down_b": np.zeros(E, np.float32),
+            }
+        )
     T, TF = cfg.t_embd, cfg.t_ff
     v["mm0"], v["mm0_b"] = lin(T, E), np.zeros(T, np.float32)
     v["mm2"], v["mm2_b"] = lin(T, T), np.zeros(T, np.float32)
-    t = {"embd": (rng.standard_normal((n_vocab, T)) / np.sqrt(T)).astype(np.float32),
-         "out_norm": np.ones(T, np.float32), "layers": []}
+    t = {
+        "embd": (rng.standard_normal((n_vocab, T)) / np.sqrt(T)).astype(np.float32),
+        "out_norm": np.ones(T, np.float32),
+        "layers": [],
+    }
     for _ in range(cfg.t_layers):
-        t["layers"].append({
-            "attn_norm": np.ones(T, np.float32), "q": lin(T, T), "k": lin(T, T), "v": lin(T, T),
-            "o": lin(T, T, 0.5), "ffn_norm": np.ones(T, np.float32),
-            "gate": lin(TF, T), "up": lin(TF, T), "down": lin(T, TF, 0.5),
-        })
+        t["layers"].append(
+            {
+                "attn_norm": np.ones(T, np.float32),
+                "q": lin(T, T),
+                "k": lin(T, T),
+                "v": lin(T, T),
+                "o": lin(T, T, 0.5),
+                "ffn_norm": np.ones(T, np.float32),
+                "gate": lin(TF, T),
+                "up": lin(TF, T),
+                "down": lin(T, TF, 0.5),
+            }
+        )
     return {"vision": v, "text": t}
 
 
 # --- forward (JAX) -------------------------------------------------------------------------
 def _jnp():
     import jax.numpy as jnp
+
     return jnp
 
 
@@ -135,12 +227,13 @@ def rms_norm(x, w, eps=1e-5):
 
 def gelu_tanh(x):
     jnp = _jnp()
-    return 0.5 * x * (1.0 + jnp.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + jnp.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
 
 
 def vision_forward(cfg: DemoConfig, v: dict, pixels):
     """pixels: [B, S, S, 3] normalised → image embeddings [B, n_patches, t_embd]."""
     import jax
+
     jnp = _jnp()
     B = pixels.shape[0]
     G, P = cfg.grid, cfg.patch_size
@@ -182,6 +275,7 @@ def rope(x, pos, theta):
 def text_forward(cfg: DemoConfig, t: dict, emb, pos, valid):
     """emb: [B, T, E] input embeddings, pos: [B, T], valid: [B, T] bool → logits [B, T, V]."""
     import jax
+
     jnp = _jnp()
     B, T, _ = emb.shape
     H, D = cfg.t_heads, cfg.t_embd // cfg.t_heads
@@ -202,7 +296,7 @@ def text_forward(cfg: DemoConfig, t: dict, emb, pos, valid):
 
 
 def normalise_pixels(u8: np.ndarray) -> np.ndarray:
-    return ((u8.astype(np.float32) / 255.0 - np.array(CLIP_MEAN, np.float32)) / np.array(CLIP_STD, np.float32))
+    return (u8.astype(np.float32) / 255.0 - np.array(CLIP_MEAN, np.float32)) / np.array(CLIP_STD, np.float32)
 
 
 # --- export --------------------------------------------------------------------------------
@@ -214,12 +308,28 @@ def _write(w, path: Path) -> Path:
     return finish(w, Path(str(path) + ".part"), path)
 
 
-def export_text(cfg: DemoConfig, t: dict, vocab: Vocab, path: Path, qtype: str = "q8_0",
-                name: str = "edgevlm demo (trained on the synthetic world)") -> Path:
+def export_text(
+    cfg: DemoConfig,
+    t: dict,
+    vocab: Vocab,
+    path: Path,
+    qtype: str = "q8_0",
+    name: str = "edgevlm demo (trained on the synthetic world)",
+) -> Path:
     import gguf
+
     w = gguf.GGUFWriter(str(path) + ".part", "llama")
-    t_shape = TextShape(len(vocab.tokens), cfg.t_embd, cfg.t_layers, cfg.t_heads, cfg.t_heads, cfg.t_ff,
-                        cfg.n_ctx_train, cfg.rope_theta, tied=True)
+    t_shape = TextShape(
+        len(vocab.tokens),
+        cfg.t_embd,
+        cfg.t_layers,
+        cfg.t_heads,
+        cfg.t_heads,
+        cfg.t_ff,
+        cfg.n_ctx_train,
+        cfg.rope_theta,
+        tied=True,
+    )
     write_text_header(w, t_shape, name, qtype)
     llama_keys(w, t_shape)
     write_vocab(w, vocab)
@@ -227,17 +337,26 @@ def export_text(cfg: DemoConfig, t: dict, vocab: Vocab, path: Path, qtype: str =
     for i, ly in enumerate(t["layers"]):
         p = f"blk.{i}"
         _add(w, f"{p}.attn_norm.weight", ly["attn_norm"], "f32")
-        for k, n in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output"),
-                     ("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
+        for k, n in (
+            ("q", "attn_q"),
+            ("k", "attn_k"),
+            ("v", "attn_v"),
+            ("o", "attn_output"),
+            ("gate", "ffn_gate"),
+            ("up", "ffn_up"),
+            ("down", "ffn_down"),
+        ):
             _add(w, f"{p}.{n}.weight", ly[k], qtype)
         _add(w, f"{p}.ffn_norm.weight", ly["ffn_norm"], "f32")
     _add(w, "output_norm.weight", t["out_norm"], "f32")
     return _write(w, path)
 
 
-def export_mmproj(cfg: DemoConfig, v: dict, path: Path,
-                  name: str = "edgevlm demo CLIP (trained on the synthetic world)") -> Path:
+def export_mmproj(
+    cfg: DemoConfig, v: dict, path: Path, name: str = "edgevlm demo CLIP (trained on the synthetic world)"
+) -> Path:
     import gguf
+
     w = gguf.GGUFWriter(str(path) + ".part", "clip")
     # one block more than used: mtmd's LLaVA graph skips the last one
     v_shape = VisionShape(cfg.image_size, cfg.patch_size, cfg.v_embd, cfg.v_layers + 1, cfg.v_heads, cfg.v_ff)
@@ -255,8 +374,14 @@ def export_mmproj(cfg: DemoConfig, v: dict, path: Path,
         p = f"v.blk.{i}"
         _add(w, f"{p}.ln1.weight", ly["ln1_w"], "f32")
         _add(w, f"{p}.ln1.bias", ly["ln1_b"], "f32")
-        for k, n in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_out"),
-                     ("up", "ffn_up"), ("down", "ffn_down")):
+        for k, n in (
+            ("q", "attn_q"),
+            ("k", "attn_k"),
+            ("v", "attn_v"),
+            ("o", "attn_out"),
+            ("up", "ffn_up"),
+            ("down", "ffn_down"),
+        ):
             _add(w, f"{p}.{n}.weight", ly[k], "f16")
             _add(w, f"{p}.{n}.bias", ly[k + "_b"], "f32")
         _add(w, f"{p}.ln2.weight", ly["ln2_w"], "f32")
@@ -295,21 +420,47 @@ def load_pair(cfg: DemoConfig, model: Path, mmproj: Path) -> dict:
     for i in range(cfg.t_layers):
         p = f"blk.{i}"
         ly = {"attn_norm": t[f"{p}.attn_norm.weight"], "ffn_norm": t[f"{p}.ffn_norm.weight"]}
-        for k, n in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output"),
-                     ("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
+        for k, n in (
+            ("q", "attn_q"),
+            ("k", "attn_k"),
+            ("v", "attn_v"),
+            ("o", "attn_output"),
+            ("gate", "ffn_gate"),
+            ("up", "ffn_up"),
+            ("down", "ffn_down"),
+        ):
             ly[k] = t[f"{p}.{n}.weight"]
         text["layers"].append(ly)
-    vision = {"cls": v["v.class_embd"], "patch": v["v.patch_embd.weight"].reshape(E, 3 * P * P),
-              "pos": v["v.position_embd.weight"], "pre_w": v["v.pre_ln.weight"], "pre_b": v["v.pre_ln.bias"],
-              "post_w": v["v.post_ln.weight"], "post_b": v["v.post_ln.bias"],
-              "mm0": v["mm.0.weight"], "mm0_b": v["mm.0.bias"], "mm2": v["mm.2.weight"], "mm2_b": v["mm.2.bias"],
-              "layers": []}
+    vision = {
+        "cls": v["v.class_embd"],
+        "patch": v["v.patch_embd.weight"].reshape(E, 3 * P * P),
+        "pos": v["v.position_embd.weight"],
+        "pre_w": v["v.pre_ln.weight"],
+        "pre_b": v["v.pre_ln.bias"],
+        "post_w": v["v.post_ln.weight"],
+        "post_b": v["v.post_ln.bias"],
+        "mm0": v["mm.0.weight"],
+        "mm0_b": v["mm.0.bias"],
+        "mm2": v["mm.2.weight"],
+        "mm2_b": v["mm.2.bias"],
+        "layers": [],
+    }
     for i in range(cfg.v_layers):  # the written extra block is the one mtmd skips
         p = f"v.blk.{i}"
-        ly = {"ln1_w": v[f"{p}.ln1.weight"], "ln1_b": v[f"{p}.ln1.bias"],
-              "ln2_w": v[f"{p}.ln2.weight"], "ln2_b": v[f"{p}.ln2.bias"]}
-        for k, n in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_out"),
-                     ("up", "ffn_up"), ("down", "ffn_down")):
+        ly = {
+            "ln1_w": v[f"{p}.ln1.weight"],
+            "ln1_b": v[f"{p}.ln1.bias"],
+            "ln2_w": v[f"{p}.ln2.weight"],
+            "ln2_b": v[f"{p}.ln2.bias"],
+        }
+        for k, n in (
+            ("q", "attn_q"),
+            ("k", "attn_k"),
+            ("v", "attn_v"),
+            ("o", "attn_out"),
+            ("up", "ffn_up"),
+            ("down", "ffn_down"),
+        ):
             ly[k], ly[k + "_b"] = v[f"{p}.{n}.weight"], v[f"{p}.{n}.bias"]
         vision["layers"].append(ly)
     return {"vision": vision, "text": text}

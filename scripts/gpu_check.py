@@ -53,10 +53,27 @@ def prepare_venv(wheel: str | None) -> Path:
         if wheel:
             run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", wheel])
         else:
-            env = dict(os.environ, CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=native",
-                       CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 8), FORCE_CMAKE="1")
-            run([str(py), "-m", "pip", "install", "--no-cache-dir", "--no-binary", "llama-cpp-python",
-                 "--force-reinstall", "--no-deps", "llama-cpp-python==0.3.36"], env=env)
+            env = dict(
+                os.environ,
+                CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=native",
+                CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 8),
+                FORCE_CMAKE="1",
+            )
+            run(
+                [
+                    str(py),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--no-cache-dir",
+                    "--no-binary",
+                    "llama-cpp-python",
+                    "--force-reinstall",
+                    "--no-deps",
+                    "llama-cpp-python==0.3.36",
+                ],
+                env=env,
+            )
     # edgevlm, its test kit (the generated pairs, the measuring harness) and the rest (llama_cpp kept)
     run([str(py), "-m", "pip", "install", "-q", "-e", str(ROOT / "testkit"), "-e", str(ROOT)])
     return py
@@ -76,14 +93,21 @@ def measure(gpu: bool, out: Path) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"planner vs llama.cpp on {'GPU 0' if gpu else 'the CPU'} "
-                    f"({time.perf_counter() - t0:.0f} s)", title_justify="left")
+    t = Table(
+        title=f"planner vs llama.cpp on {'GPU 0' if gpu else 'the CPU'} ({time.perf_counter() - t0:.0f} s)",
+        title_justify="left",
+    )
     for col in ("configuration", "buffer", "predicted MiB", "logged MiB", "error"):
         t.add_column(col, justify="left" if col in ("configuration", "buffer") else "right")
     for r in rows:
         outside = r.component.startswith("outside")
-        t.add_row(r.label, r.component, "" if outside else f"{r.predicted / 2**20:,.2f}",
-                  f"{r.logged / 2**20:,.2f}", "" if outside or not r.logged else f"{r.error:+.2%}")
+        t.add_row(
+            r.label,
+            r.component,
+            "" if outside else f"{r.predicted / 2**20:,.2f}",
+            f"{r.logged / 2**20:,.2f}",
+            "" if outside or not r.logged else f"{r.error:+.2%}",
+        )
     Console(width=140).print(t)
     out.write_text(json.dumps([dict(vars(r), error=r.error) for r in rows], indent=2))
     print(f"wrote {out}")

@@ -63,14 +63,17 @@ def picture(w: int, h: int, seed: int, fmt: str) -> bytes:
     sw, sh = max(2, w // 8), max(2, h // 8)  # draw small, scale up: cheap even at 24 MP
     y, x = np.mgrid[0:sh, 0:sw]
     c = rng.integers(0, 255, 3)
-    arr = np.stack([(x * 255 // sw + c[0]) % 256, (y * 255 // sh + c[1]) % 256,
-                    np.full_like(x, c[2])], axis=-1).astype(np.uint8)
+    arr = np.stack([(x * 255 // sw + c[0]) % 256, (y * 255 // sh + c[1]) % 256, np.full_like(x, c[2])], axis=-1).astype(
+        np.uint8
+    )
     img = Image.fromarray(arr)
     draw = ImageDraw.Draw(img)
     for _ in range(5):
         x0, y0 = int(rng.integers(0, sw)), int(rng.integers(0, sh))
         box = [x0, y0, x0 + int(rng.integers(1, sw // 2 + 2)), y0 + int(rng.integers(1, sh // 2 + 2))]
-        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(
+            box, fill=tuple(int(v) for v in rng.integers(0, 255, 3))
+        )
     img = img.resize((w, h), Image.Resampling.BILINEAR)
     noise = rng.integers(-6, 7, (h, w, 1), dtype=np.int16)
     img = Image.fromarray(np.clip(np.asarray(img, np.int16) + noise, 0, 255).astype(np.uint8))
@@ -103,8 +106,10 @@ def picture_pool(n: int, seed: int) -> dict[str, list[str]]:
 
 # --- requests --------------------------------------------------------------------------------
 def user(text: str, urls: list[str]) -> dict:
-    return {"role": "user", "content": [{"type": "text", "text": text}] +
-            [{"type": "image_url", "image_url": {"url": u}} for u in urls]}
+    return {
+        "role": "user",
+        "content": [{"type": "text", "text": text}] + [{"type": "image_url", "image_url": {"url": u}} for u in urls],
+    }
 
 
 def malformed(rng: random.Random, pool: dict[str, list[str]]) -> tuple[str, bytes]:
@@ -116,8 +121,14 @@ def malformed(rng: random.Random, pool: dict[str, list[str]]) -> tuple[str, byte
         ("temperature 9", json.dumps({**ok, "temperature": 9}).encode()),
         ("bad base64", json.dumps({**ok, "messages": [user("x", ["data:image/png;base64,@@@@"])]}).encode()),
         ("not an image", json.dumps({**ok, "messages": [user("x", ["data:text/plain;base64,aGVsbG8="])]}).encode()),
-        ("truncated image", json.dumps({**ok, "messages": [user("x", [pool["any"][0][: len(pool["any"][0]) // 2 // 4 * 4]])]}).encode()),
-        ("tools", json.dumps({**ok, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}).encode()),
+        (
+            "truncated image",
+            json.dumps({**ok, "messages": [user("x", [pool["any"][0][: len(pool["any"][0]) // 2 // 4 * 4]])]}).encode(),
+        ),
+        (
+            "tools",
+            json.dumps({**ok, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}).encode(),
+        ),
         ("role tool", json.dumps({**ok, "messages": [{"role": "tool", "content": "x"}]}).encode()),
         ("max_tokens 0", json.dumps({**ok, "max_tokens": 0}).encode()),
     ]
@@ -142,11 +153,11 @@ class Tally:
             self.outcomes.append(o)
 
 
-def one_request(http: httpx.Client, url: str, kind: str, rng: random.Random, pool: dict[str, list[str]],
-                timeout: float) -> Outcome:
+def one_request(
+    http: httpx.Client, url: str, kind: str, rng: random.Random, pool: dict[str, list[str]], timeout: float
+) -> Outcome:
     t0 = time.monotonic()
-    body: dict[str, Any] = {"model": "m", "max_tokens": rng.randint(1, 96),
-                            "temperature": rng.choice([0, 0.7, 1.0])}
+    body: dict[str, Any] = {"model": "m", "max_tokens": rng.randint(1, 96), "temperature": rng.choice([0, 0.7, 1.0])}
     if kind == "huge":
         pics = [rng.choice(pool["huge"])]
     elif kind == "tiny":
@@ -188,7 +199,7 @@ def one_request(http: httpx.Client, url: str, kind: str, rng: random.Random, poo
 
 def client_loop(i: int, args, url: str, pool, tally: Tally, stop_at: float) -> None:
     rng = random.Random(args.seed * 1000 + i)
-    kinds, weights = zip(*KINDS.items())
+    kinds, weights = zip(*KINDS.items(), strict=True)
     with httpx.Client() as http:
         for _ in range(args.requests):
             if time.monotonic() > stop_at:
@@ -233,9 +244,27 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
         pair = cached_model_pair(args.family, "tiny", 0)
         model, mmproj = str(pair.model), str(pair.mmproj)
     port = free_port()
-    cmd = [sys.executable, "-m", "edgevlm", "serve", "-m", model, "--mmproj", mmproj, "--host", "127.0.0.1",
-           "--port", str(port), "--threads", str(args.threads), "--ctx", str(args.ctx),
-           "--timeout", str(args.server_timeout), *args.server_arg]
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgevlm",
+        "serve",
+        "-m",
+        model,
+        "--mmproj",
+        mmproj,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--threads",
+        str(args.threads),
+        "--ctx",
+        str(args.ctx),
+        "--timeout",
+        str(args.server_timeout),
+        *args.server_arg,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(args.server_log, "w"), text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
@@ -258,9 +287,13 @@ def host_limit(status: dict) -> dict[str, Any]:
     mem = status.get("memory", {})
     host = mem.get("host")
     if host:
-        return {"buffers": host["buffers_bytes"], "image_cache": host["image_cache_bytes"],
-                "process": host["process_reserve_bytes"], "allowance": host["allowance_bytes"],
-                "limit": host["limit_bytes"]}
+        return {
+            "buffers": host["buffers_bytes"],
+            "image_cache": host["image_cache_bytes"],
+            "process": host["process_reserve_bytes"],
+            "allowance": host["allowance_bytes"],
+            "limit": host["limit_bytes"],
+        }
     predicted = mem.get("predicted", {})
     cpu = next((v for k, v in predicted.items() if k.lower().startswith("cpu")), 0)
     return {"buffers": cpu, "image_cache": None, "process": None, "allowance": None, "limit": None}
@@ -295,8 +328,10 @@ def main() -> None:
     status0 = httpx.get(url + "/status", timeout=10).json()
     rss_ready = psutil.Process(proc.pid).memory_info().rss
     stop_at = time.monotonic() + args.max_seconds
-    threads = [threading.Thread(target=client_loop, args=(i, args, url + "/v1/chat/completions", pool, tally, stop_at))
-               for i in range(args.clients)]
+    threads = [
+        threading.Thread(target=client_loop, args=(i, args, url + "/v1/chat/completions", pool, tally, stop_at))
+        for i in range(args.clients)
+    ]
     t1 = time.monotonic()
     for t in threads:
         t.start()
@@ -337,8 +372,10 @@ def main() -> None:
         by_kind[o.kind][str(o.status)] += 1
         secs[o.kind].append(o.seconds)
     statuses = sorted({str(o.status) for o in tally.outcomes})
-    table = Table(title=f"edgevlm serve soak: {args.clients} clients × {args.requests} requests, "
-                        f"{args.family if not args.model else Path(args.model).name}, ctx {args.ctx}")
+    table = Table(
+        title=f"edgevlm serve soak: {args.clients} clients × {args.requests} requests, "
+        f"{args.family if not args.model else Path(args.model).name}, ctx {args.ctx}"
+    )
     table.add_column("kind")
     for s in statuses:
         table.add_column(s, justify="right")
@@ -348,8 +385,12 @@ def main() -> None:
         if kind not in by_kind:
             continue
         ss = sorted(secs[kind])
-        table.add_row(kind, *[str(by_kind[kind].get(s, 0)) for s in statuses],
-                      f"{statistics.median(ss):.2f}", f"{ss[min(len(ss) - 1, int(len(ss) * 0.95))]:.2f}")
+        table.add_row(
+            kind,
+            *[str(by_kind[kind].get(s, 0)) for s in statuses],
+            f"{statistics.median(ss):.2f}",
+            f"{ss[min(len(ss) - 1, int(len(ss) * 0.95))]:.2f}",
+        )
     total = Counter(str(o.status) for o in tally.outcomes)
     table.add_row("all", *[str(total.get(s, 0)) for s in statuses], "", "")
     console = Console(width=110)
@@ -359,41 +400,69 @@ def main() -> None:
     hangs = [o for o in tally.outcomes if o.status == "hang"]
     conn = [o for o in tally.outcomes if o.status == "conn-error"]
     # a broken body is a 4xx — or a 503 when the server is too busy to read it
-    wrong4xx = [o for o in tally.outcomes if o.kind == "malformed"
-                and not (isinstance(o.status, int) and (400 <= o.status < 500 or o.status == 503))]
+    wrong4xx = [
+        o
+        for o in tally.outcomes
+        if o.kind == "malformed" and not (isinstance(o.status, int) and (400 <= o.status < 500 or o.status == 503))
+    ]
     host = host_limit(status0)
     limit = host["limit"]
     mib = 2**20
-    console.print(f"peak RSS {sampler.peak / mib:,.1f} MiB ({sampler.samples} samples; {rss_ready / mib:,.1f} MiB when ready)")
+    console.print(
+        f"peak RSS {sampler.peak / mib:,.1f} MiB ({sampler.samples} samples; {rss_ready / mib:,.1f} MiB when ready)"
+    )
     if limit:
-        console.print(f"planned for the host: buffers {host['buffers'] / mib:,.1f} MiB + image cache "
-                      f"{host['image_cache'] / mib:,.1f} MiB + process {host['process'] / mib:,.1f} MiB + allowance for "
-                      f"requests {host['allowance'] / mib:,.1f} MiB = {limit / mib:,.1f} MiB; "
-                      f"peak / planned = {sampler.peak / limit:.2f}")
+        console.print(
+            f"planned for the host: buffers {host['buffers'] / mib:,.1f} MiB + image cache "
+            f"{host['image_cache'] / mib:,.1f} MiB + process {host['process'] / mib:,.1f} MiB + allowance for "
+            f"requests {host['allowance'] / mib:,.1f} MiB = {limit / mib:,.1f} MiB; "
+            f"peak / planned = {sampler.peak / limit:.2f}"
+        )
     else:
-        console.print(f"planned for the host: buffers {host['buffers'] / mib:,.1f} MiB (the server states no "
-                      f"allowance for requests); peak / planned = {sampler.peak / max(host['buffers'], 1):.1f}")
+        console.print(
+            f"planned for the host: buffers {host['buffers'] / mib:,.1f} MiB (the server states no "
+            f"allowance for requests); peak / planned = {sampler.peak / max(host['buffers'], 1):.1f}"
+        )
     held = status1.get("memory", {}).get("host", {}) if status1 else {}
     if held:
-        console.print(f"requests held at most {held['peak_in_use_bytes'] / mib:,.1f} MiB of the allowance "
-                      f"({held['waits']} waited for it, {held['refused']} refused with 503); "
-                      f"RSS after the run {held['rss_bytes'] / mib:,.1f} MiB")
+        console.print(
+            f"requests held at most {held['peak_in_use_bytes'] / mib:,.1f} MiB of the allowance "
+            f"({held['waits']} waited for it, {held['refused']} refused with 503); "
+            f"RSS after the run {held['rss_bytes'] / mib:,.1f} MiB"
+        )
     over_rss = limit is None or sampler.peak > limit * (1 + RSS_SLACK)
-    console.print(f"{len(tally.outcomes)} requests in {wall:.0f} s (pictures made in {made:.0f} s); "
-                  f"5xx other than 503: {len(bad5xx)}; hangs: {len(hangs)}; connection errors: {len(conn)}; "
-                  f"malformed not 4xx/503: {len(wrong4xx)}; server alive: {alive}; slots/queue left taken: {leaked}")
+    console.print(
+        f"{len(tally.outcomes)} requests in {wall:.0f} s (pictures made in {made:.0f} s); "
+        f"5xx other than 503: {len(bad5xx)}; hangs: {len(hangs)}; connection errors: {len(conn)}; "
+        f"malformed not 4xx/503: {len(wrong4xx)}; server alive: {alive}; slots/queue left taken: {leaked}"
+    )
     for o in (bad5xx + hangs + conn + wrong4xx)[:10]:
         console.print(f"  {o.kind} {o.status} after {o.seconds:.1f} s: {o.detail}")
     failed = bool(bad5xx or hangs or conn or wrong4xx or not alive or leaked or over_rss)
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "args": vars(args), "wall_s": round(wall, 1), "counts": {k: dict(v) for k, v in by_kind.items()},
-            "total": dict(total), "bad_5xx": len(bad5xx), "hangs": len(hangs), "connection_errors": len(conn),
-            "malformed_not_4xx": len(wrong4xx), "alive": alive, "leaked": leaked,
-            "peak_rss_bytes": sampler.peak, "rss_ready_bytes": rss_ready, "host_plan": host,
-            "rss_within_plan": not over_rss, "failed": failed,
-            "examples": [vars(o) for o in (bad5xx + hangs + conn + wrong4xx)[:20]],
-        }, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "wall_s": round(wall, 1),
+                    "counts": {k: dict(v) for k, v in by_kind.items()},
+                    "total": dict(total),
+                    "bad_5xx": len(bad5xx),
+                    "hangs": len(hangs),
+                    "connection_errors": len(conn),
+                    "malformed_not_4xx": len(wrong4xx),
+                    "alive": alive,
+                    "leaked": leaked,
+                    "peak_rss_bytes": sampler.peak,
+                    "rss_ready_bytes": rss_ready,
+                    "host_plan": host,
+                    "rss_within_plan": not over_rss,
+                    "failed": failed,
+                    "examples": [vars(o) for o in (bad5xx + hangs + conn + wrong4xx)[:20]],
+                },
+                indent=2,
+            )
+        )
     console.print("FAIL" if failed else "PASS")
     sys.exit(1 if failed else 0)
 

@@ -89,7 +89,7 @@ def make_batch(maker: SampleMaker, kind: str, cfg: dm.DemoConfig, pictures_only:
         slots[b, :n] = np.where(sl >= 0, sl + nv * NP, -1)
         # the loss at position p predicts token p+1; each answer weighs the same however long
         # it is (a description is ~12 tokens, a colour one), and so does each sample
-        loss[b, :n - 1] = answer_weights(s.loss)[1:]
+        loss[b, : n - 1] = answer_weights(s.loss)[1:]
         valid[b, :n] = True
         nv += len(s.views)
         b += 1
@@ -122,8 +122,7 @@ def aux_ce(logits, lab, none: int):
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(lab, 0))
     pos = ((lab >= 0) & (lab != none)).astype(jnp.float32)
     neg = (lab == none).astype(jnp.float32)
-    return ((ce * pos).sum() / jnp.maximum(pos.sum(), 1.0)
-            + NEG_WEIGHT * (ce * neg).sum() / jnp.maximum(neg.sum(), 1.0))
+    return (ce * pos).sum() / jnp.maximum(pos.sum(), 1.0) + NEG_WEIGHT * (ce * neg).sum() / jnp.maximum(neg.sum(), 1.0)
 
 
 def aux_losses(params, img, labels, scene_labels, target_weights: dict[str, float] | None = None):
@@ -138,15 +137,17 @@ def aux_losses(params, img, labels, scene_labels, target_weights: dict[str, floa
     aux_loss = 0.0
     o = 0
     tw = target_weights or {}
-    for i, (name, n) in enumerate(zip(AUX_NAMES, N_AUX)):
-        aux_loss = aux_loss + tw.get(name, 1.0) * aux_ce(aux[..., o:o + n], labels[..., i], n - 1)
+    for i, (name, n) in enumerate(zip(AUX_NAMES, N_AUX, strict=True)):
+        aux_loss = aux_loss + tw.get(name, 1.0) * aux_ce(aux[..., o : o + n], labels[..., i], n - 1)
         o += n
     cls = img[:, -1] @ params["aux_cls"].T
-    counts = cls[:, :N_GROUPS * 5].reshape(-1, N_GROUPS, 5)
+    counts = cls[:, : N_GROUPS * 5].reshape(-1, N_GROUPS, 5)
     m = (scene_labels[:, :1] >= 0).astype(jnp.float32)
     ce = optax.softmax_cross_entropy_with_integer_labels(counts, jnp.maximum(scene_labels[:, :N_GROUPS], 0))
     aux_loss = aux_loss + (ce.mean(-1) * m[:, 0]).sum() / jnp.maximum(m.sum(), 1.0)
-    ce = optax.softmax_cross_entropy_with_integer_labels(cls[:, N_GROUPS * 5:], jnp.maximum(scene_labels[:, N_GROUPS], 0))
+    ce = optax.softmax_cross_entropy_with_integer_labels(
+        cls[:, N_GROUPS * 5 :], jnp.maximum(scene_labels[:, N_GROUPS], 0)
+    )
     aux_loss = aux_loss + (ce * m[:, 0]).sum() / jnp.maximum(m.sum(), 1.0)
     return aux_loss
 
@@ -196,8 +197,13 @@ def letter_alignment(img, embd, letter_ids, labels):
     return (ce * m).sum() / jnp.maximum(m.sum(), 1.0)
 
 
-def build_step(cfg: dm.DemoConfig, optimizer, target_weights: dict[str, float] | None = None,
-               letter_ids=None, letter_weight: float = 0.0):
+def build_step(
+    cfg: dm.DemoConfig,
+    optimizer,
+    target_weights: dict[str, float] | None = None,
+    letter_ids=None,
+    letter_weight: float = 0.0,
+):
     import jax
     import jax.numpy as jnp
     import optax
@@ -223,16 +229,25 @@ def build_step(cfg: dm.DemoConfig, optimizer, target_weights: dict[str, float] |
     @jax.jit
     def step(params, opt_state, pix, ids, slots, loss_mask, valid, labels, scene_labels):
         (_, (loss, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, pix, ids, slots, loss_mask, valid, labels, scene_labels)
+            params, pix, ids, slots, loss_mask, valid, labels, scene_labels
+        )
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss, aux
 
     return step
 
 
-def vision_phase(cfg: dm.DemoConfig, params: dict, maker: SampleMaker, budget_s: float, peak_lr: float,
-                 seed: int, work: Path, mix: dict[str, float] = VISION_WEIGHTS,
-                 target_weights: dict[str, float] | None = None):
+def vision_phase(
+    cfg: dm.DemoConfig,
+    params: dict,
+    maker: SampleMaker,
+    budget_s: float,
+    peak_lr: float,
+    seed: int,
+    work: Path,
+    mix: dict[str, float] = VISION_WEIGHTS,
+    target_weights: dict[str, float] | None = None,
+):
     """Train the encoder (and the training-only heads) on the auxiliary targets alone: what each
     patch shows and what each view holds. A ViT learns shapes slowly from scratch (no
     convolutions: it must find edges and how they run from patches); without the text model a
@@ -270,7 +285,9 @@ def vision_phase(cfg: dm.DemoConfig, params: dict, maker: SampleMaker, budget_s:
             if pending is not None:
                 ema = float(pending) if ema is None else 0.98 * ema + 0.02 * float(pending)
             opt_state[1].hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
-            sub, opt_state, pending = step(sub, opt_state, jnp.asarray(pix), jnp.asarray(labels), jnp.asarray(scene_labels))
+            sub, opt_state, pending = step(
+                sub, opt_state, jnp.asarray(pix), jnp.asarray(labels), jnp.asarray(scene_labels)
+            )
             n += 1
             if n % 25 == 0 and ema is not None:
                 msg = f"vision step {n} t={(time.time() - t0) / 60:.1f}m lr={lr:.2e} aux={ema:.3f}"
@@ -309,15 +326,15 @@ def encoder_accuracy(cfg: dm.DemoConfig, params: dict, views) -> dict:
     img = np.asarray(encode(cfg, params["vision"], jnp.asarray(pix)))
     aux = img @ np.asarray(params["aux"]).T
     out, o = {}, 0
-    for i, (name, n) in enumerate(zip(AUX_NAMES, N_AUX)):
+    for i, (name, n) in enumerate(zip(AUX_NAMES, N_AUX, strict=True)):
         m = (lab[..., i] >= 0) & (lab[..., i] != n - 1)
-        out[name] = float((aux[..., o:o + n].argmax(-1) == lab[..., i])[m].mean()) if m.any() else 0.0
+        out[name] = float((aux[..., o : o + n].argmax(-1) == lab[..., i])[m].mean()) if m.any() else 0.0
         o += n
     cls = img[:, -1] @ np.asarray(params["aux_cls"]).T
-    counts = cls[:, :N_GROUPS * 5].reshape(-1, N_GROUPS, 5).argmax(-1)
+    counts = cls[:, : N_GROUPS * 5].reshape(-1, N_GROUPS, 5).argmax(-1)
     out["view_counts"] = float((counts == sl[:, :N_GROUPS]).all(-1).mean())
     m = sl[:, N_GROUPS] != N_AUX[2] - 1
-    out["view_letter"] = float((cls[:, N_GROUPS * 5:].argmax(-1) == sl[:, N_GROUPS])[m].mean()) if m.any() else 0.0
+    out["view_letter"] = float((cls[:, N_GROUPS * 5 :].argmax(-1) == sl[:, N_GROUPS])[m].mean()) if m.any() else 0.0
     return {k: round(v, 3) for k, v in out.items()}
 
 
@@ -329,8 +346,17 @@ def save_checkpoint(ckpt: Path, params, opt_state, step: int, spent: float, visi
 
     tmp = ckpt.with_suffix(".part")
     with open(tmp, "wb") as f:
-        pickle.dump({"params": jax.tree.map(np.asarray, params), "opt_state": jax.tree.map(np.asarray, opt_state),
-                     "step": step, "spent": spent, "vision_steps": vision_steps, "vision_s": vision_s}, f)
+        pickle.dump(
+            {
+                "params": jax.tree.map(np.asarray, params),
+                "opt_state": jax.tree.map(np.asarray, opt_state),
+                "step": step,
+                "spent": spent,
+                "vision_steps": vision_steps,
+                "vision_s": vision_s,
+            },
+            f,
+        )
     os.replace(tmp, ckpt)
 
 
@@ -343,7 +369,7 @@ def sha256(path: Path) -> str:
 
 
 def parse_shares(text: str, normalise: bool = False) -> dict[str, float]:
-    """"single:0.6,conv:0.4" → {"single": 0.6, "conv": 0.4} (scaled to sum 1 with ``normalise``)."""
+    """ "single:0.6,conv:0.4" → {"single": 0.6, "conv": 0.4} (scaled to sum 1 with ``normalise``)."""
     out = {k.strip(): float(v) for k, v in (part.split(":") for part in text.split(",") if part.strip())}
     if normalise:
         total = sum(out.values())
@@ -356,33 +382,62 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes", type=float, default=60.0, help="training time budget")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--lr", type=float, default=1.5e-3)
-    ap.add_argument("--mix", default=",".join(f"{k}:{v}" for k, v in WEIGHTS.items()),
-                    help="batch kinds and their shares (single, conv, tiled, and note: text-only "
-                         "questions answered from summary notes)")
+    ap.add_argument(
+        "--mix",
+        default=",".join(f"{k}:{v}" for k, v in WEIGHTS.items()),
+        help="batch kinds and their shares (single, conv, tiled, and note: text-only "
+        "questions answered from summary notes)",
+    )
     ap.add_argument("--out", default="models")
     ap.add_argument("--work", default="test-artifacts/train-demo", help="checkpoints and the log")
     ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    ap.add_argument("--vision-minutes", type=float, default=0.0,
-                    help="first train the vision encoder alone on what each patch and view shows "
-                         "(no text model: ~2.5x the pictures per second), then --minutes end to end")
+    ap.add_argument(
+        "--vision-minutes",
+        type=float,
+        default=0.0,
+        help="first train the vision encoder alone on what each patch and view shows "
+        "(no text model: ~2.5x the pictures per second), then --minutes end to end",
+    )
     ap.add_argument("--vision-lr", type=float, default=1e-3)
-    ap.add_argument("--vision-mix", default=",".join(f"{k}:{v}" for k, v in VISION_WEIGHTS.items()),
-                    help="the vision phase's picture kinds and their shares (single, tiled, and the "
-                         "drills: " + ", ".join(DRILLS) + ")")
-    ap.add_argument("--letter-embed", type=float, default=0.0, metavar="WEIGHT",
-                    help="align each letter-labelled image token with the text embedding of its letter "
-                         "(an extra auxiliary loss of this weight in the end-to-end phase)")
-    ap.add_argument("--aux-weights", default="",
-                    help="per-patch targets weighed other than 1, e.g. letter:3 (of " + ", ".join(AUX_NAMES) + ")")
-    ap.add_argument("--question-weights", default="",
-                    help="question kinds asked more or less often than by default, e.g. letter:2.5")
-    ap.add_argument("--init", metavar="DIR",
-                    help="start from the GGUF pair (and its record) in DIR instead of random weights: "
-                         "a further training stage")
-    ap.add_argument("--init-checkpoint", metavar="FILE",
-                    help="with --init: the training-only heads from that stage's checkpoint.npz")
-    ap.add_argument("--export-only", action="store_true",
-                    help="write the GGUF pair from the last checkpoint and stop (to score a run in progress)")
+    ap.add_argument(
+        "--vision-mix",
+        default=",".join(f"{k}:{v}" for k, v in VISION_WEIGHTS.items()),
+        help="the vision phase's picture kinds and their shares (single, tiled, and the "
+        "drills: " + ", ".join(DRILLS) + ")",
+    )
+    ap.add_argument(
+        "--letter-embed",
+        type=float,
+        default=0.0,
+        metavar="WEIGHT",
+        help="align each letter-labelled image token with the text embedding of its letter "
+        "(an extra auxiliary loss of this weight in the end-to-end phase)",
+    )
+    ap.add_argument(
+        "--aux-weights",
+        default="",
+        help="per-patch targets weighed other than 1, e.g. letter:3 (of " + ", ".join(AUX_NAMES) + ")",
+    )
+    ap.add_argument(
+        "--question-weights",
+        default="",
+        help="question kinds asked more or less often than by default, e.g. letter:2.5",
+    )
+    ap.add_argument(
+        "--init",
+        metavar="DIR",
+        help="start from the GGUF pair (and its record) in DIR instead of random weights: a further training stage",
+    )
+    ap.add_argument(
+        "--init-checkpoint",
+        metavar="FILE",
+        help="with --init: the training-only heads from that stage's checkpoint.npz",
+    )
+    ap.add_argument(
+        "--export-only",
+        action="store_true",
+        help="write the GGUF pair from the last checkpoint and stop (to score a run in progress)",
+    )
     args = ap.parse_args(argv)
 
     import jax
@@ -408,13 +463,16 @@ def main(argv=None) -> int:
         params = dm.load_pair(cfg, src / MODEL_NAME, src / MMPROJ_NAME)
         if args.init_checkpoint:  # the same stage's checkpoint: its training-only heads too
             import pickle
+
             with open(args.init_checkpoint, "rb") as f:
                 prev_params = pickle.load(f)["params"]
             heads = {k: np.asarray(prev_params[k]) for k in ("aux", "aux_cls")}
         rec_file = src / "edgevlm-demo.json"
         if rec_file.exists():
             prev = json.loads(rec_file.read_text())
-            stages = prev.get("stages") or [{k: prev[k] for k in ("seed", "steps", "minutes", "final_loss", "mix", "lr") if k in prev}]
+            stages = prev.get("stages") or [
+                {k: prev[k] for k in ("seed", "steps", "minutes", "final_loss", "mix", "lr") if k in prev}
+            ]
     vocab_file = dm.export_text(cfg, params["text"], vocab, work / "vocab.gguf")
     maker = SampleMaker(Tokens(str(vocab_file)), cfg.image_size, cfg.n_patches, args.seed, question_weights)
     params["aux"] = np.zeros((sum(N_AUX), cfg.t_embd), np.float32)
@@ -436,12 +494,14 @@ def main(argv=None) -> int:
     vision_steps, vision_s = 0, 0.0
     resumed = (args.resume or args.export_only) and ckpt.exists()
     if args.vision_minutes > 0 and not resumed:
-        params, vision_steps, vision_s = vision_phase(cfg, params, maker, args.vision_minutes * 60.0,
-                                                      args.vision_lr, args.seed, work, vision_mix, aux_weights)
+        params, vision_steps, vision_s = vision_phase(
+            cfg, params, maker, args.vision_minutes * 60.0, args.vision_lr, args.seed, work, vision_mix, aux_weights
+        )
         opt_state = optimizer.init(params)
         save_checkpoint(ckpt, params, opt_state, 0, 0.0, vision_steps, vision_s)
     if resumed:
         import pickle
+
         with open(ckpt, "rb") as f:
             st = pickle.load(f)
         params, opt_state = jax.tree.map(jnp.asarray, st["params"]), st["opt_state"]
@@ -481,8 +541,9 @@ def main(argv=None) -> int:
             print(msg, flush=True)
             log.write(msg + "\n")
         if step % 25 == 0 and ema is not None:
-            msg = (f"step {step} t={elapsed / 60:.1f}m lr={lr:.2e} loss={ema:.3f} aux={aux_ema:.3f} "
-                   + " ".join(f"{k}={v:.3f}" for k, v in sorted(losses_by_kind.items())))
+            msg = f"step {step} t={elapsed / 60:.1f}m lr={lr:.2e} loss={ema:.3f} aux={aux_ema:.3f} " + " ".join(
+                f"{k}={v:.3f}" for k, v in sorted(losses_by_kind.items())
+            )
             print(msg, flush=True)
             log.write(msg + "\n")
             log.flush()
@@ -494,20 +555,31 @@ def main(argv=None) -> int:
     model = dm.export_text(cfg, final["text"], vocab, out / MODEL_NAME)
     mmproj = dm.export_mmproj(cfg, final["vision"], out / MMPROJ_NAME)
     record = {
-        "model": MODEL_NAME, "mmproj": MMPROJ_NAME,
+        "model": MODEL_NAME,
+        "mmproj": MMPROJ_NAME,
         "sha256": {MODEL_NAME: sha256(model), MMPROJ_NAME: sha256(mmproj)},
         "bytes": {MODEL_NAME: model.stat().st_size, MMPROJ_NAME: mmproj.stat().st_size},
-        "seed": args.seed, "steps": step, "minutes": round((time.time() - t0) / 60, 1),
-        "final_loss": round(float(ema), 4) if ema is not None else None, "loss_by_kind": {k: round(v, 4) for k, v in losses_by_kind.items()},
-        "config": dm.config_dict(cfg), "buckets": BUCKETS, "mix": mix, "lr": args.lr,
+        "seed": args.seed,
+        "steps": step,
+        "minutes": round((time.time() - t0) / 60, 1),
+        "final_loss": round(float(ema), 4) if ema is not None else None,
+        "loss_by_kind": {k: round(v, 4) for k, v in losses_by_kind.items()},
+        "config": dm.config_dict(cfg),
+        "buckets": BUCKETS,
+        "mix": mix,
+        "lr": args.lr,
         "machine": f"{os.cpu_count()} CPU cores, JAX {jax.__version__}",
     }
     stage = {k: record[k] for k in ("seed", "final_loss", "mix", "lr")}
     stage["steps"] = step + vision_steps
     stage["minutes"] = round(record["minutes"] + vision_s / 60, 1)
     if vision_steps:
-        stage["vision_only"] = {"steps": vision_steps, "minutes": round(vision_s / 60, 1), "lr": args.vision_lr,
-                                "mix": vision_mix}
+        stage["vision_only"] = {
+            "steps": vision_steps,
+            "minutes": round(vision_s / 60, 1),
+            "lr": args.vision_lr,
+            "mix": vision_mix,
+        }
     stage["aux"] = {"weight": AUX_WEIGHT, "empty_patches": NEG_WEIGHT}
     if aux_weights:
         stage["aux"]["targets"] = aux_weights

@@ -19,8 +19,10 @@ ALL_FAMILIES = list(FAMILIES)  # every generated family: each runs the family-wi
 @pytest.fixture(scope="session")
 def model_pair():
     """``model_pair(family, preset="tiny", seed=0)`` → ModelPair, generated once per cache."""
+
     def get(family: str = "llava15", preset: str = "tiny", seed: int = 0):
         return cached_model_pair(family, preset, seed)
+
     return get
 
 
@@ -35,9 +37,10 @@ def make_image(path: Path, width: int, height: int, seed: int = 0, mode: str = "
         arr = (rng.random((height, width, 3)) * 255).astype(np.uint8)
     else:  # a gradient with a coloured square: structured content
         y, x = np.mgrid[0:height, 0:width]
-        arr = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1),
-                        np.full_like(x, 128)], axis=-1).astype(np.uint8)
-        arr[height // 4: height // 2, width // 4: width // 2] = rng.integers(0, 255, 3)
+        arr = np.stack(
+            [x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), np.full_like(x, 128)], axis=-1
+        ).astype(np.uint8)
+        arr[height // 4 : height // 2, width // 4 : width // 2] = rng.integers(0, 255, 3)
     Image.fromarray(arr).save(path)
     return path
 
@@ -56,6 +59,10 @@ def run_cli(*args: str, input: str | None = None, timeout: float = 300) -> subpr
     """Run the real ``edgevlm`` console entry point in a subprocess."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     return subprocess.run(
-        [sys.executable, "-m", "edgevlm", *args], input=input, capture_output=True, text=True,
-        timeout=timeout, env=env,
+        [sys.executable, "-m", "edgevlm", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )

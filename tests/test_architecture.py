@@ -58,7 +58,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(v)
         for w in sorted(graph[v]):
             if state.get(w) == 1:
-                return stack[stack.index(w):] + [w]
+                return stack[stack.index(w) :] + [w]
             if w not in state and (c := visit(w)):
                 return c
         stack.pop()
@@ -134,8 +134,11 @@ def test_no_private_name_is_used_across_modules():
                 defined.add(n.id)
         for n in ast.walk(tree):
             if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("edgevlm")):
-                bad += [f"{m}:{n.lineno} imports {a.name}" for a in n.names
-                        if a.name.startswith("_") and not a.name.startswith("__")]
+                bad += [
+                    f"{m}:{n.lineno} imports {a.name}"
+                    for a in n.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
             elif isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__"):
                 if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
                     continue
@@ -151,11 +154,15 @@ def test_the_package_never_imports_the_test_kit():
     bad = []
     for m, p in modules().items():
         for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-            names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
-                [n.module or ""] if isinstance(n, ast.ImportFrom) and not n.level else []
+            names = (
+                [a.name for a in n.names]
+                if isinstance(n, ast.Import)
+                else [n.module or ""]
+                if isinstance(n, ast.ImportFrom) and not n.level
+                else []
+            )
             bad += [f"{m}:{n.lineno} imports {x}" for x in names if x.split(".")[0] == "edgevlm_testkit"]
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and \
-                    n.value.split(".")[0] == "edgevlm_testkit":
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.split(".")[0] == "edgevlm_testkit":
                 bad.append(f"{m}:{n.lineno} names {n.value!r}")  # importlib.import_module("edgevlm_testkit")
     assert not list((PKG / "testing").glob("*.py")), "edgevlm/testing moved to testkit/edgevlm_testkit"
     assert not bad, bad
@@ -180,8 +187,11 @@ def test_the_test_kit_imports_only_public_names_of_edgevlm():
     for p in files:
         for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
             if isinstance(n, ast.Import):
-                bad += [f"{p.name}:{n.lineno} imports {a.name}" for a in n.names
-                        if a.name.split(".")[0] == "edgevlm" and any(x.startswith("_") for x in a.name.split("."))]
+                bad += [
+                    f"{p.name}:{n.lineno} imports {a.name}"
+                    for a in n.names
+                    if a.name.split(".")[0] == "edgevlm" and any(x.startswith("_") for x in a.name.split("."))
+                ]
             elif isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "edgevlm":
                 if any(x.startswith("_") for x in n.module.split(".")):
                     bad.append(f"{p.name}:{n.lineno} imports from {n.module}")
@@ -200,8 +210,13 @@ def test_llama_cpp_is_imported_only_by_the_backend():
         if m.startswith("edgevlm.backend"):
             continue
         for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-            names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
-                [n.module or ""] if isinstance(n, ast.ImportFrom) and not n.level else []
+            names = (
+                [a.name for a in n.names]
+                if isinstance(n, ast.Import)
+                else [n.module or ""]
+                if isinstance(n, ast.ImportFrom) and not n.level
+                else []
+            )
             bad += [f"{m}:{n.lineno}" for x in names if x.split(".")[0] == "llama_cpp"]
     assert not bad, bad
 
@@ -215,9 +230,12 @@ def test_modules_stay_small_and_public_ones_say_what_they_export():
         leaf = m.rsplit(".", 1)[-1]
         if p.name != "__init__.py" and not leaf.startswith("_"):
             tree = ast.parse(p.read_text(encoding="utf-8"))
-            if not any(isinstance(t, ast.Name) and t.id == "__all__"
-                       for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
-                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target])):
+            if not any(
+                isinstance(t, ast.Name) and t.id == "__all__"
+                for n in tree.body
+                if isinstance(n, (ast.Assign, ast.AnnAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            ):
                 no_all.append(m)
     assert not too_long, too_long
     assert not no_all, no_all
@@ -290,16 +308,26 @@ def test_no_module_imports_a_posix_only_module_at_import_time():
     bad = []
     for m, p in modules().items():
         for n in ast.parse(p.read_text(encoding="utf-8")).body:  # module level only
-            names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
-                [n.module or ""] if isinstance(n, ast.ImportFrom) else []
+            names = (
+                [a.name for a in n.names]
+                if isinstance(n, ast.Import)
+                else [n.module or ""]
+                if isinstance(n, ast.ImportFrom)
+                else []
+            )
             bad += [f"{m}:{n.lineno} imports {x}" for x in names if x.split(".")[0] in posix]
     assert not bad, bad
 
 
 def test_the_package_and_the_caption_log_work_without_posix_modules(tmp_path):
     out = tmp_path / "captions.jsonl"
-    r = subprocess.run([sys.executable, "-c", NO_POSIX, str(out), str(tmp_path)], capture_output=True,
-                       text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", NO_POSIX, str(out), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
     lines = out.read_text().splitlines()
     assert len(lines) == 1 and '"b.png"' in lines[0]

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from edgevlm.serve.batchfile import read_batch_file
 from edgevlm.errors import InputError
+from edgevlm.serve.batchfile import read_batch_file
 from tests.conftest import run_cli
 from tests.test_serve import Served, data_uri, png, user
 
@@ -44,8 +44,9 @@ def pair(model_pair):
 
 
 def cli_batch(pair, *args, timeout=300):
-    return run_cli("batch", *args, "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--threads", "2",
-                   timeout=timeout)
+    return run_cli(
+        "batch", *args, "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--threads", "2", timeout=timeout
+    )
 
 
 def test_a_batch_file_is_answered_as_the_server_answers(pair, tmp_path):
@@ -126,12 +127,22 @@ def test_server_errors_are_asked_again_and_a_torn_line_is_repaired(pair, tmp_pat
     req = tmp_path / "r.jsonl"
     write_lines(req, [line(f"q{i}", body(f"Count to {i}.", max_tokens=4)) for i in range(4)])
     out = tmp_path / "o.jsonl"
-    busy = {"id": "batch_req_x", "custom_id": "q1", "error": None,
-            "response": {"status_code": 503, "request_id": "req_x",
-                         "body": {"error": {"message": "busy", "type": "server_error", "param": None,
-                                            "code": "memory_busy"}}}}
-    ok = {"id": "batch_req_y", "custom_id": "q0", "error": None,
-          "response": {"status_code": 200, "request_id": "req_y", "body": {"choices": [], "usage": {}}}}
+    busy = {
+        "id": "batch_req_x",
+        "custom_id": "q1",
+        "error": None,
+        "response": {
+            "status_code": 503,
+            "request_id": "req_x",
+            "body": {"error": {"message": "busy", "type": "server_error", "param": None, "code": "memory_busy"}},
+        },
+    }
+    ok = {
+        "id": "batch_req_y",
+        "custom_id": "q0",
+        "error": None,
+        "response": {"status_code": 200, "request_id": "req_y", "body": {"choices": [], "usage": {}}},
+    }
     out.write_text(json.dumps(ok) + "\n" + json.dumps(busy) + "\n" + '{"id": "batch_req_z", "custom_id": "q2", "resp')
     r = cli_batch(pair, str(req), "--out", str(out))
     assert r.returncode == 0, r.stderr
@@ -143,10 +154,12 @@ def test_server_errors_are_asked_again_and_a_torn_line_is_repaired(pair, tmp_pat
 
 
 def test_unusable_files_are_one_line_and_exit_2(pair, tmp_path):
-    for name, content, why in [("missing.jsonl", None, "cannot read"),
-                               ("empty.jsonl", "\n\n", "holds no request lines"),
-                               ("notes.txt", "hello\nworld\n", "not a batch file"),
-                               ("binary.jsonl", b"\xff\xfe\x00bin", "not UTF-8")]:
+    for name, content, why in [
+        ("missing.jsonl", None, "cannot read"),
+        ("empty.jsonl", "\n\n", "holds no request lines"),
+        ("notes.txt", "hello\nworld\n", "not a batch file"),
+        ("binary.jsonl", b"\xff\xfe\x00bin", "not UTF-8"),
+    ]:
         p = tmp_path / name
         if isinstance(content, str):
             p.write_text(content)
@@ -168,11 +181,27 @@ def test_unusable_files_are_one_line_and_exit_2(pair, tmp_path):
 
 def test_a_killed_run_resumes_without_duplicates(pair, tmp_path):
     req = tmp_path / "r.jsonl"
-    write_lines(req, [line(f"k{i}", body(f"Story {i}:", data_uri(png(64, 64, seed=i)), max_tokens=48))
-                      for i in range(12)])
+    write_lines(
+        req, [line(f"k{i}", body(f"Story {i}:", data_uri(png(64, 64, seed=i)), max_tokens=48)) for i in range(12)]
+    )
     out = tmp_path / "o.jsonl"
-    cmd = [sys.executable, "-m", "edgevlm", "batch", str(req), "--out", str(out), "-m", str(pair.model),
-           "--mmproj", str(pair.mmproj), "--threads", "2", "--parallel", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgevlm",
+        "batch",
+        str(req),
+        "--out",
+        str(out),
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "--threads",
+        "2",
+        "--parallel",
+        "2",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (out.exists() and len(read_out(out)) >= 3):

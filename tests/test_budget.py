@@ -10,15 +10,27 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from edgevlm.backend.llama import Backend
+from edgevlm.model.gguf_info import load_projector
 from edgevlm.vision.budget import plan_image, render_views
 from edgevlm.vision.detail import SCORERS
-from edgevlm.model.gguf_info import load_projector
 from edgevlm.vision.images import from_rgb
 
 from .conftest import run_cli
 
-SIZES = [(64, 48), (336, 336), (337, 200), (640, 480), (1280, 720), (1920, 1080), (4000, 3000),
-         (3840, 2160), (7680, 4320), (8000, 600), (600, 8000), (1000, 1000)]
+SIZES = [
+    (64, 48),
+    (336, 336),
+    (337, 200),
+    (640, 480),
+    (1280, 720),
+    (1920, 1080),
+    (4000, 3000),
+    (3840, 2160),
+    (7680, 4320),
+    (8000, 600),
+    (600, 8000),
+    (1000, 1000),
+]
 
 
 def flat(w, h, value=180):
@@ -36,11 +48,14 @@ def backends(model_pair):
         be.close()
 
 
-@pytest.mark.parametrize("family,budgets", [
-    ("qwen2vl", [16, 64, 256, 1024, 2304, 4096]),
-    ("llava16", [576, 1728, 2304, 2880]),
-    ("llava15", [576, 1152, 2304, 2880]),
-])
+@pytest.mark.parametrize(
+    "family,budgets",
+    [
+        ("qwen2vl", [16, 64, 256, 1024, 2304, 4096]),
+        ("llava16", [576, 1728, 2304, 2880]),
+        ("llava15", [576, 1152, 2304, 2880]),
+    ],
+)
 def test_never_over_budget_and_equal_to_mtmd(backends, family, budgets):
     be = backends[family]
     proj = be.proj_info
@@ -75,7 +90,7 @@ def textured(w, h, patch, pos, kind, background, seed):
     pw, ph = patch
     x0, y0 = pos
     if kind == "noise":
-        arr[y0:y0 + ph, x0:x0 + pw] = (rng.random((ph, pw, 3)) * 255).astype(np.uint8)
+        arr[y0 : y0 + ph, x0 : x0 + pw] = (rng.random((ph, pw, 3)) * 255).astype(np.uint8)
         return arr
     img = Image.fromarray(arr)
     d = ImageDraw.Draw(img)
@@ -139,8 +154,9 @@ def test_4k_photo_becomes_global_view_plus_three_tiles_in_budget_json(tmp_path, 
     photo.save(path, quality=92)
     pair = model_pair("llava15")
     overlay = tmp_path / "ov.png"
-    r = run_cli("budget", str(path), "--mmproj", str(pair.mmproj), "--image-tokens", "2304", "--json",
-                "--overlay", str(overlay))
+    r = run_cli(
+        "budget", str(path), "--mmproj", str(pair.mmproj), "--image-tokens", "2304", "--json", "--overlay", str(overlay)
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     chosen = [v for v in d["views"] if v["selected"]]
@@ -165,7 +181,7 @@ def test_chat_sends_labelled_views(model_pair, tmp_path):
     rng = np.random.default_rng(5)
     arr = np.full((1500, 2000, 3), 200, np.uint8)
     for x0, y0 in ((100, 100), (1300, 200), (200, 1000)):
-        arr[y0:y0 + 400, x0:x0 + 500] = (rng.random((400, 500, 3)) * 255).astype(np.uint8)
+        arr[y0 : y0 + 400, x0 : x0 + 500] = (rng.random((400, 500, 3)) * 255).astype(np.uint8)
     path = tmp_path / "shot.png"
     Image.fromarray(arr).save(path)
     with edgevlm.load(pair.model, pair.mmproj, image_tokens=2304, n_threads=2) as eng:

@@ -38,11 +38,14 @@ def cap_args(pair, *extra):
 
 def png_bomb(path: Path, w: int = 40000, h: int = 40000) -> Path:
     """A valid PNG header announcing w×h pixels in a few bytes (a decompression bomb)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
     ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -57,11 +60,19 @@ def folder(tmp_path):
     """Good pictures (one without an extension) and every kind of bad file."""
     d = tmp_path / "photos"
     (d / "sub").mkdir(parents=True)
-    good = [picture(d / "a.png", 1), picture(d / "b.jpg", 2), picture(d / "noext", 3, fmt="PNG"),
-            picture(d / "sub" / "c.png", 4)]
+    good = [
+        picture(d / "a.png", 1),
+        picture(d / "b.jpg", 2),
+        picture(d / "noext", 3, fmt="PNG"),
+        picture(d / "sub" / "c.png", 4),
+    ]
     data = good[0].read_bytes()
-    bad = {"corrupt": d / "corrupt.png", "empty": d / "empty.png", "notimage": d / "notes.jpg",
-           "huge": png_bomb(d / "huge.png")}
+    bad = {
+        "corrupt": d / "corrupt.png",
+        "empty": d / "empty.png",
+        "notimage": d / "notes.jpg",
+        "huge": png_bomb(d / "huge.png"),
+    }
     bad["corrupt"].write_bytes(data[: len(data) // 3])
     bad["empty"].write_bytes(b"")
     bad["notimage"].write_text("a shopping list, not a JPEG")
@@ -90,8 +101,13 @@ def test_discovery_by_content_stable_order_and_patterns(folder, tmp_path):
     assert f.ignored == 1 and f.dirs_not_entered == 1
     rec = discover([str(d)], recursive=True)
     assert [i.key for i in rec.items][-1] == "sub/c.png" and len(rec.items) == 8
-    assert [i.key for i in discover([str(d)], recursive=True, include=["*.PNG"]).items] == \
-        ["a.png", "corrupt.png", "empty.png", "huge.png", "sub/c.png"]
+    assert [i.key for i in discover([str(d)], recursive=True, include=["*.PNG"]).items] == [
+        "a.png",
+        "corrupt.png",
+        "empty.png",
+        "huge.png",
+        "sub/c.png",
+    ]
     assert "sub/c.png" not in [i.key for i in discover([str(d)], recursive=True, exclude=["sub"]).items]
     # a file named twice (argument, glob, directory) is captioned once, first place kept
     twice = discover([str(d / "b.jpg"), str(d / "*.png"), str(d)])
@@ -118,8 +134,10 @@ def test_shards_cover_every_image_once(folder):
 
 def test_prompts_cleanup_and_composition():
     item = InputItem("photos/red_car.jpg", "red_car.jpg")
-    assert render_prompt("Caption {name} ({filename}); was: {existing}", item, " old ") == \
-        "Caption red_car (red_car.jpg); was: old"
+    assert (
+        render_prompt("Caption {name} ({filename}); was: {existing}", item, " old ")
+        == "Caption red_car (red_car.jpg); was: old"
+    )
     check_template("literal {{braces}} and {name}")
     for bad in ("{nam}", "{name.x}", "{"):
         with pytest.raises(InputError, match="--prompt"):
@@ -143,8 +161,10 @@ def test_record_log_cuts_a_torn_tail(tmp_path, fmt):
     path = tmp_path / f"log.{fmt}"
 
     def rec(i, caption):
-        return CaptionRecord(f"img-{i}", f"p/{i}.png", "ab" * 32, caption, "m.gguf", "Describe", "s1",
-                             created="2025-01-01T00:00:00Z")
+        return CaptionRecord(
+            f"img-{i}", f"p/{i}.png", "ab" * 32, caption, "m.gguf", "Describe", "s1", created="2025-01-01T00:00:00Z"
+        )
+
     log = RecordLog(str(path), fmt).open()
     log.append(rec(1, "first"))
     log.append(rec(2, 'a caption with "quotes",\nand a line break'))
@@ -174,7 +194,8 @@ def test_folder_with_bad_files_jsonl_and_resume(model_pair, folder, tmp_path):
     assert r.stdout == "" and "Traceback" not in r.stderr
     recs = records(out)
     assert Counter(Path(x["path"]).name for x in recs) == Counter(
-        ["a.png", "b.jpg", "noext", "c.png", "corrupt.png", "empty.png", "notes.jpg", "huge.png"])
+        ["a.png", "b.jpg", "noext", "c.png", "corrupt.png", "empty.png", "notes.jpg", "huge.png"]
+    )
     by = {Path(x["path"]).name: x for x in recs}
     for name in ("a.png", "b.jpg", "noext", "c.png"):
         x = by[name]
@@ -202,8 +223,9 @@ def test_folder_with_bad_files_jsonl_and_resume(model_pair, folder, tmp_path):
 
 def _popen(args):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.Popen([sys.executable, "-m", "edgevlm", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "edgevlm", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def _run_until(args, n_images: int, sig: int) -> int:
@@ -236,7 +258,8 @@ def test_sigkill_anywhere_then_resume_exactly_one_record_each(model_pair, folder
     assert r.returncode == 4, r.stderr
     recs = records(out)
     assert sorted(Path(x["path"]).name for x in recs) == sorted(
-        ["a.png", "b.jpg", "noext", "c.png", "corrupt.png", "empty.png", "notes.jpg", "huge.png"])
+        ["a.png", "b.jpg", "noext", "c.png", "corrupt.png", "empty.png", "notes.jpg", "huge.png"]
+    )
     assert sum(1 for x in recs if x["error"]) == 4
     assert json.loads(r.stderr.splitlines()[-1])["event"] == "summary"
 
@@ -249,8 +272,7 @@ def test_ctrl_c_finishes_the_images_in_progress_and_prints_the_summary(model_pai
     for i in range(8):
         picture(d / f"{i}.png", 10 + i)
     out = tmp_path / "c.jsonl"
-    p = _popen(cap_args(pair, str(d), "--out", str(out), "--progress", "json", "-n", "12",
-                        "--parallel", parallel))
+    p = _popen(cap_args(pair, str(d), "--out", str(out), "--progress", "json", "-n", "12", "--parallel", parallel))
     events = []
     assert p.stderr is not None
     for line in p.stderr:
@@ -280,15 +302,31 @@ def test_txt_sidecars_existing_policies(model_pair, tmp_path, policy):
     picture(d / "two.jpg", 2)
     (d / "two.txt").write_text("tag_a, tag_b")
     log = tmp_path / "log.jsonl"
-    args = cap_args(pair, str(d), "--format", "txt", "--existing", policy, "--separator", ", ",
-                    "--prefix", "ohwx, ", "--out", str(log))
+    args = cap_args(
+        pair,
+        str(d),
+        "--format",
+        "txt",
+        "--existing",
+        policy,
+        "--separator",
+        ", ",
+        "--prefix",
+        "ohwx, ",
+        "--out",
+        str(log),
+    )
     r = run_cli(*args)
     assert r.returncode == 0, r.stderr
     new = {Path(x["path"]).name: x["caption"] for x in records(log)}
     assert (d / "one.txt").read_text() == new["one.png"] and new["one.png"].startswith("ohwx, ")
     two = (d / "two.txt").read_text()
-    expected = {"skip": "tag_a, tag_b", "overwrite": new.get("two.jpg"),
-                "append": f"tag_a, tag_b, {new.get('two.jpg')}", "prepend": f"{new.get('two.jpg')}, tag_a, tag_b"}
+    expected = {
+        "skip": "tag_a, tag_b",
+        "overwrite": new.get("two.jpg"),
+        "append": f"tag_a, tag_b, {new.get('two.jpg')}",
+        "prepend": f"{new.get('two.jpg')}, tag_a, tag_b",
+    }
     assert two == expected[policy]
     assert ("two.jpg" in new) == (policy != "skip")
     # rerun: nothing captioned, append/prepend not applied twice
@@ -328,8 +366,7 @@ def test_metadata_jsonl_for_imagefolder(model_pair, folder, tmp_path):
     assert set(rows) == {"a.png", "b.jpg", "noext", "sub/c.png"}
     assert rows["a.png"] == {"file_name": "a.png", "text": "kept", "label": 3}  # --existing skip
     assert all(rows[k]["text"] for k in rows)
-    r = run_cli(*cap_args(pair, str(root), "-r", "--format", "metadata", "--out", str(log),
-                          "--existing", "overwrite"))
+    r = run_cli(*cap_args(pair, str(root), "-r", "--format", "metadata", "--out", str(log), "--existing", "overwrite"))
     rows = {x["file_name"]: x for x in records(meta)}
     assert rows["a.png"]["label"] == 3 and rows["a.png"]["text"] != "kept"
 
@@ -340,8 +377,17 @@ def test_csv_output_and_resume(model_pair, folder, tmp_path):
     args = cap_args(pair, str(folder["dir"]), "--format", "csv", "--out", str(out), "--clean")
     assert run_cli(*args).returncode == 4
     rows = list(csv.DictReader(out.open(newline="")))
-    assert len(rows) == 7 and rows[0].keys() >= {"custom_id", "path", "sha256", "caption", "error",
-                                                  "model", "prompt", "image_tokens", "cached_n"}
+    assert len(rows) == 7 and rows[0].keys() >= {
+        "custom_id",
+        "path",
+        "sha256",
+        "caption",
+        "error",
+        "model",
+        "prompt",
+        "image_tokens",
+        "cached_n",
+    }
     assert sum(1 for x in rows if x["error"]) == 4
     assert run_cli(*args).returncode == 4
     assert list(csv.DictReader(out.open(newline=""))) == rows
@@ -351,8 +397,9 @@ def test_shards_from_the_command_line(model_pair, folder, tmp_path):
     pair = model_pair("llava15")
     paths = []
     for i in (1, 2):
-        r = run_cli(*cap_args(pair, str(folder["dir"]), "-r", "--shard", f"{i}/2", "--out",
-                              str(tmp_path / "part{shard}.jsonl")))
+        r = run_cli(
+            *cap_args(pair, str(folder["dir"]), "-r", "--shard", f"{i}/2", "--out", str(tmp_path / "part{shard}.jsonl"))
+        )
         assert r.returncode in (0, 4), r.stderr
         out = tmp_path / f"part{i}-of-2.jsonl"
         paths += [x["path"] for x in records(out)] if out.exists() else []
@@ -365,8 +412,18 @@ def test_list_from_stdin_with_a_missing_file(model_pair, folder, tmp_path):
     out = tmp_path / "c.jsonl"
     good = [str(p) for p in folder["good"][:2]]
     listing = "\n".join(good + [str(tmp_path / "gone.png")]) + "\n"
-    r = run_cli(*cap_args(pair, "--from-list", "-", "--out", str(out), "--system",
-                          "You write short, factual captions for a photo dataset."), input=listing)
+    r = run_cli(
+        *cap_args(
+            pair,
+            "--from-list",
+            "-",
+            "--out",
+            str(out),
+            "--system",
+            "You write short, factual captions for a photo dataset.",
+        ),
+        input=listing,
+    )
     assert r.returncode == 4, r.stderr
     # with images in flight, records are written as images finish: the missing file's first
     by = {x["path"]: x for x in records(out)}
@@ -397,8 +454,14 @@ def test_caption_images_python_api(model_pair, folder):
 
     pair = model_pair("qwen2vl")
     with edgevlm.load(pair.model, pair.mmproj) as vlm:
-        recs = list(caption_images(vlm, [str(p) for p in folder["good"]] + [str(folder["bad"]["corrupt"])],
-                                   max_tokens=4, prompt="Describe {name}."))
+        recs = list(
+            caption_images(
+                vlm,
+                [str(p) for p in folder["good"]] + [str(folder["bad"]["corrupt"])],
+                max_tokens=4,
+                prompt="Describe {name}.",
+            )
+        )
     assert [r.ok for r in recs] == [True, True, True, True, False]
     assert recs[0].prompt == "Describe a." and recs[1].stats["cached_n"] > 0
     proj = edgevlm.load_projector(pair.mmproj)
@@ -411,12 +474,21 @@ def test_caption_images_leaves_the_engine_as_it_found_it(model_pair, folder):
     from edgevlm.caption import caption_images
 
     pair = model_pair("llava15")
-    with edgevlm.load(pair.model, pair.mmproj, options=edgevlm.EngineOptions(system="You are terse."), n_seq_max=2,
-                      n_threads=2) as vlm:
+    with edgevlm.load(
+        pair.model, pair.mmproj, options=edgevlm.EngineOptions(system="You are terse."), n_seq_max=2, n_threads=2
+    ) as vlm:
         first = vlm.chat("Describe it.", [folder["good"][0]], max_tokens=3, temperature=0.0)
         options, history = vlm.options, [(m.role, m.text) for m in vlm.messages]
-        recs = list(caption_images(vlm, [str(p) for p in folder["good"]], max_tokens=3, system="Captions only.",
-                                   image_tokens=576, tiles="off"))
+        recs = list(
+            caption_images(
+                vlm,
+                [str(p) for p in folder["good"]],
+                max_tokens=3,
+                system="Captions only.",
+                image_tokens=576,
+                tiles="off",
+            )
+        )
         assert all(r.ok for r in recs) and len(recs) == len(folder["good"])
         assert vlm.options is options and vlm.options.system == "You are terse."
         assert [(m.role, m.text) for m in vlm.messages] == history
@@ -451,11 +523,20 @@ def test_changed_or_retried_images_keep_one_record_each(model_pair, tmp_path):
 def test_json_schema_puts_the_parsed_object_in_each_record(model_pair, folder, tmp_path):
     pair = model_pair("llava15")
     schema = tmp_path / "tags.json"
-    schema.write_text(json.dumps({"type": "object", "additionalProperties": False, "required": ["tag"],
-                                  "properties": {"tag": {"enum": ["cat", "dog", "car", "tree"]}}}))
+    schema.write_text(
+        json.dumps(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["tag"],
+                "properties": {"tag": {"enum": ["cat", "dog", "car", "tree"]}},
+            }
+        )
+    )
     out = tmp_path / "tags.jsonl"
-    r = run_cli(*cap_args(pair, *[str(p) for p in folder["good"]], "--out", str(out), "-n", "32",
-                          "--json-schema", str(schema)))
+    r = run_cli(
+        *cap_args(pair, *[str(p) for p in folder["good"]], "--out", str(out), "-n", "32", "--json-schema", str(schema))
+    )
     assert r.returncode == 0, r.stderr
     recs = records(out)
     assert len(recs) == len(folder["good"])
@@ -467,5 +548,7 @@ def test_json_schema_puts_the_parsed_object_in_each_record(model_pair, folder, t
     assert r.returncode == 4
     rec = records(short)[0]
     assert rec["error_kind"] == "output" and "not complete JSON" in rec["error"] and "json" not in rec
-    again = run_cli(*cap_args(pair, str(folder["good"][0]), "--out", str(short), "-n", "2", "--json-schema", str(schema)))
+    again = run_cli(
+        *cap_args(pair, str(folder["good"][0]), "--out", str(short), "-n", "2", "--json-schema", str(schema))
+    )
     assert again.returncode == 4 and len(records(short)) == 1

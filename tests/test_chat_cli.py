@@ -28,41 +28,63 @@ def test_one_shot_streams_text(model_pair, images):
 
 def test_one_shot_json(model_pair, images):
     pair = model_pair("qwen2vl")
-    r = run_cli(*chat_args(pair, "-i", str(images["gradient"]), "-i", str(images["noise"]),
-                           "-n", "5", "--json", "Compare"))
+    r = run_cli(
+        *chat_args(pair, "-i", str(images["gradient"]), "-i", str(images["noise"]), "-n", "5", "--json", "Compare")
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)  # one JSON object and nothing else on stdout
     assert set(out) == {"text", "stats"}
     st = out["stats"]
-    for key in ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
-                "predicted_per_second", "ttft_ms", "itl_ms_mean", "image_tokens", "image_encode_ms",
-                "cached_n", "n_ctx_used", "n_ctx", "peak_rss_bytes"):
+    for key in (
+        "prompt_n",
+        "prompt_ms",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_second",
+        "ttft_ms",
+        "itl_ms_mean",
+        "image_tokens",
+        "image_encode_ms",
+        "cached_n",
+        "n_ctx_used",
+        "n_ctx",
+        "peak_rss_bytes",
+    ):
         assert key in st, key
     assert st["images_encoded"] == 2 and st["image_tokens"] == 23 * 14 + 11 * 9
     # the same run twice gives the same greedy text
-    again = json.loads(run_cli(*chat_args(pair, "-i", str(images["gradient"]), "-i",
-                                          str(images["noise"]), "-n", "5", "--json", "Compare")).stdout)
+    again = json.loads(
+        run_cli(
+            *chat_args(pair, "-i", str(images["gradient"]), "-i", str(images["noise"]), "-n", "5", "--json", "Compare")
+        ).stdout
+    )
     assert again["text"] == out["text"]
 
 
 def test_repl_over_piped_stdin(model_pair, images):
     pair = model_pair("llava15")
-    script = "\n".join([
-        f"/image {images['gradient']}",
-        "What is it?",
-        f"compare with {images['noise']} please",
-        '"""',
-        "a message",
-        "on two lines",
-        '"""',
-        "/image /no/such/file.png",
-        "/history",
-        "/stats",
-        "/reset",
-        "fresh start",
-        "/quit",
-        "never sent",
-    ]) + "\n"
+    script = (
+        "\n".join(
+            [
+                f"/image {images['gradient']}",
+                "What is it?",
+                f"compare with {images['noise']} please",
+                '"""',
+                "a message",
+                "on two lines",
+                '"""',
+                "/image /no/such/file.png",
+                "/history",
+                "/stats",
+                "/reset",
+                "fresh start",
+                "/quit",
+                "never sent",
+            ]
+        )
+        + "\n"
+    )
     r = run_cli(*chat_args(pair, "-n", "4"), input=script)
     assert r.returncode == 0, r.stderr
     replies = [ln for ln in r.stdout.splitlines() if ln.strip()]
@@ -101,12 +123,15 @@ def bad_images(tmp_path, images):
     return files
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("missing", "no such file"),
-    ("truncated", "corrupt or truncated"),
-    ("notimage", "not an image"),
-    ("empty", "empty file"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("missing", "no such file"),
+        ("truncated", "corrupt or truncated"),
+        ("notimage", "not an image"),
+        ("empty", "empty file"),
+    ],
+)
 def test_bad_image_one_line_exit_2(model_pair, bad_images, case, needle):
     pair = model_pair("llava15")
     path = str(bad_images[case])
@@ -133,28 +158,49 @@ def test_prompt_longer_than_context(model_pair, images):
 
 def test_chat_help_lists_options():
     r = run_cli("chat", "--help")
-    for opt in ("--image", "--max-tokens", "--temp", "--seed", "--system", "--ctx", "--ngl",
-                "--threads", "--verbose", "--stats", "--json"):
+    for opt in (
+        "--image",
+        "--max-tokens",
+        "--temp",
+        "--seed",
+        "--system",
+        "--ctx",
+        "--ngl",
+        "--threads",
+        "--verbose",
+        "--stats",
+        "--json",
+    ):
         assert opt in r.stdout, opt
 
 
-TAGS = {"type": "object", "additionalProperties": False, "required": ["kind", "people"],
-        "properties": {"kind": {"enum": ["photo", "drawing", "screenshot"]},
-                       "people": {"type": "integer", "minimum": 0, "maximum": 20}}}
+TAGS = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["kind", "people"],
+    "properties": {
+        "kind": {"enum": ["photo", "drawing", "screenshot"]},
+        "people": {"type": "integer", "minimum": 0, "maximum": 20},
+    },
+}
 
 
 def test_json_schema_constrains_the_answer(model_pair, images, tmp_path):
     pair = model_pair("llava15")
     schema = tmp_path / "tags.json"
     schema.write_text(json.dumps(TAGS))
-    r = run_cli(*chat_args(pair, "-i", str(images["gradient"]), "-n", "64", "--json-schema", str(schema),
-                           "--json", "Tag this picture."))
+    r = run_cli(
+        *chat_args(
+            pair, "-i", str(images["gradient"]), "-n", "64", "--json-schema", str(schema), "--json", "Tag this picture."
+        )
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["json"] == json.loads(out["text"]) and set(out["json"]) == {"kind", "people"}
     assert out["json"]["kind"] in ("photo", "drawing", "screenshot") and 0 <= out["json"]["people"] <= 20
-    plain = run_cli(*chat_args(pair, "-i", str(images["gradient"]), "-n", "64", "--json-schema", str(schema),
-                               "Tag this picture."))
+    plain = run_cli(
+        *chat_args(pair, "-i", str(images["gradient"]), "-n", "64", "--json-schema", str(schema), "Tag this picture.")
+    )
     assert plain.returncode == 0 and json.loads(plain.stdout) == out["json"]
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2")

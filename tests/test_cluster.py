@@ -39,8 +39,23 @@ def forty(tmp_path_factory) -> Path:
 
 
 def caption_cmd(pair, *args) -> list[str]:
-    return [sys.executable, "-m", "edgevlm", "caption", "-m", str(pair.model), "--mmproj", str(pair.mmproj),
-            "-n", "8", "--ray", "local", "--ray-batch", "4", *args]
+    return [
+        sys.executable,
+        "-m",
+        "edgevlm",
+        "caption",
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "-n",
+        "8",
+        "--ray",
+        "local",
+        "--ray-batch",
+        "4",
+        *args,
+    ]
 
 
 def records(path: Path) -> list[dict]:
@@ -61,8 +76,10 @@ def actor_pids(kind: str = "CaptionActor") -> set[int]:
 def ray_gone(timeout: float = 60) -> None:
     """Wait until no Ray process of an earlier run is left (each test starts its own)."""
     deadline = time.monotonic() + timeout
-    while any("raylet" in " ".join(p.info["cmdline"] or []) or "gcs_server" in " ".join(p.info["cmdline"] or [])
-              for p in psutil.process_iter(["cmdline"])):
+    while any(
+        "raylet" in " ".join(p.info["cmdline"] or []) or "gcs_server" in " ".join(p.info["cmdline"] or [])
+        for p in psutil.process_iter(["cmdline"])
+    ):
         assert time.monotonic() < deadline, "Ray processes of an earlier run are still alive"
         time.sleep(0.2)
 
@@ -70,8 +87,9 @@ def ray_gone(timeout: float = 60) -> None:
 def run_watching(cmd: list[str], out: Path, when, action, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``cmd``; the first time ``when(records)`` holds, call ``action(proc)``; return the result."""
     ray_gone()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore")
+    )
     deadline = time.monotonic() + timeout
     fired = False
     while proc.poll() is None:
@@ -97,8 +115,12 @@ def test_forty_images_over_two_actors_match_plain_caption(pair, forty, tmp_path)
     out = tmp_path / "c.jsonl"
     seen: set[int] = set()
     ray_gone()
-    proc = subprocess.Popen(caption_cmd(pair, str(forty), "--actors", "2", "--out", str(out)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        caption_cmd(pair, str(forty), "--actors", "2", "--out", str(out)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while proc.poll() is None:
         seen |= actor_pids()
         time.sleep(0.1)
@@ -109,20 +131,33 @@ def test_forty_images_over_two_actors_match_plain_caption(pair, forty, tmp_path)
     recs = check_one_each(out, forty)
     # The same records as edgevlm caption: a plain run over the same folder finds everything done,
     # and a plain caption of two of the images is word for word the Ray one.
-    plain = run_cli("caption", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-n", "8", str(forty),
-                    "--out", str(out))
+    plain = run_cli(
+        "caption", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-n", "8", str(forty), "--out", str(out)
+    )
     assert plain.returncode == 0 and f"captioned 0 · skipped {N}" in plain.stderr, plain.stderr
     fresh = tmp_path / "plain.jsonl"
     two = sorted(forty.iterdir())[:2]
-    plain = run_cli("caption", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-n", "8", *map(str, two),
-                    "--out", str(fresh))
+    plain = run_cli(
+        "caption", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-n", "8", *map(str, two), "--out", str(fresh)
+    )
     assert plain.returncode == 0, plain.stderr
     by_path = {r["path"]: r for r in recs}
     for r in records(fresh):
         ray_rec = by_path[r["path"]]
         assert set(r) == set(ray_rec)
-        for key in ("custom_id", "sha256", "caption", "settings", "model", "prompt", "width", "height", "bytes",
-                    "mtime_ns", "image_tokens"):
+        for key in (
+            "custom_id",
+            "sha256",
+            "caption",
+            "settings",
+            "model",
+            "prompt",
+            "width",
+            "height",
+            "bytes",
+            "mtime_ns",
+            "image_tokens",
+        ):
             assert r[key] == ray_rec[key], key
 
 
@@ -136,8 +171,12 @@ def test_a_killed_actor_leaves_exactly_one_record_per_image(pair, forty, tmp_pat
         os.kill(pids[0], signal.SIGKILL)  # what ray.kill(actor, no_restart=False) does to its process
         killed.append(pids[0])
 
-    r = run_watching(caption_cmd(pair, str(forty), "--actors", "2", "--out", str(out)), out,
-                     lambda recs: len(recs) >= 4, kill_an_actor)
+    r = run_watching(
+        caption_cmd(pair, str(forty), "--actors", "2", "--out", str(out)),
+        out,
+        lambda recs: len(recs) >= 4,
+        kill_an_actor,
+    )
     assert r.returncode == 0, r.stderr
     assert killed and killed[0] not in actor_pids()
     check_one_each(out, forty)
@@ -155,7 +194,7 @@ def test_a_killed_driver_resumes_without_duplicates(pair, forty, tmp_path):
     assert again.returncode == 0, again.stderr
     assert f"skipped {len(before)}" in again.stderr
     recs = check_one_each(out, forty)
-    assert recs[:len(before)] == before  # what was written stays as it was
+    assert recs[: len(before)] == before  # what was written stays as it was
 
 
 def test_parquet_shards_resume_and_errors_are_records(pair, forty, tmp_path):
@@ -190,8 +229,24 @@ def test_a_batch_file_on_ray(pair, tmp_path):
     req = tmp_path / "r.jsonl"
     write_lines(req, lines)
     ray_gone()
-    r = run_cli("batch", str(req), "--out", str(tmp_path / "ray.jsonl"), "-m", str(pair.model), "--mmproj",
-                str(pair.mmproj), "--ray", "local", "--actors", "2", "--ray-batch", "2", "--parallel", "1")
+    r = run_cli(
+        "batch",
+        str(req),
+        "--out",
+        str(tmp_path / "ray.jsonl"),
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "--ray",
+        "local",
+        "--actors",
+        "2",
+        "--ray-batch",
+        "2",
+        "--parallel",
+        "1",
+    )
     assert r.returncode == 4, r.stderr
     assert "2 actor(s)" in r.stderr
     out = read_out(tmp_path / "ray.jsonl")
@@ -200,14 +255,28 @@ def test_a_batch_file_on_ray(pair, tmp_path):
     assert by_id["bad-image"]["response"]["status_code"] == 400
     assert by_id[None]["error"]["code"] == "invalid_json_line"
     # answered here, one at a time: the same words
-    here = run_cli("batch", str(req), "--out", str(tmp_path / "here.jsonl"), "-m", str(pair.model), "--mmproj",
-                   str(pair.mmproj), "--parallel", "1", "--threads", "1")  # as each actor: 1 thread
+    here = run_cli(
+        "batch",
+        str(req),
+        "--out",
+        str(tmp_path / "here.jsonl"),
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "--parallel",
+        "1",
+        "--threads",
+        "1",
+    )  # as each actor: 1 thread
     assert here.returncode == 4, here.stderr
     mine = {o["custom_id"]: o for o in read_out(tmp_path / "here.jsonl")}
     for k in good:
         assert by_id[k]["response"]["status_code"] == 200
-        assert (by_id[k]["response"]["body"]["choices"][0]["message"]["content"]
-                == mine[k]["response"]["body"]["choices"][0]["message"]["content"])
+        assert (
+            by_id[k]["response"]["body"]["choices"][0]["message"]["content"]
+            == mine[k]["response"]["body"]["choices"][0]["message"]["content"]
+        )
 
 
 def test_the_python_api_on_a_running_ray(pair, forty, tmp_path):
@@ -219,12 +288,19 @@ def test_the_python_api_on_a_running_ray(pair, forty, tmp_path):
     try:
         paths = [str(p) for p in sorted(forty.iterdir())[:5]]
         ds = ray.data.read_binary_files(paths, include_paths=True)
-        rows = caption_dataset(ds, model=str(pair.model), mmproj=str(pair.mmproj),
-                               settings=CaptionSettings(max_tokens=8)).take_all()
+        rows = caption_dataset(
+            ds, model=str(pair.model), mmproj=str(pair.mmproj), settings=CaptionSettings(max_tokens=8)
+        ).take_all()
         assert sorted(r["path"] for r in rows) == paths and all(r["caption"] for r in rows)
         out = tmp_path / "api.jsonl"
-        summary = caption_files(paths[:3], model=str(pair.model), mmproj=str(pair.mmproj), out=str(out),
-                                settings=CaptionSettings(max_tokens=8), actors=1)
+        summary = caption_files(
+            paths[:3],
+            model=str(pair.model),
+            mmproj=str(pair.mmproj),
+            out=str(out),
+            settings=CaptionSettings(max_tokens=8),
+            actors=1,
+        )
         assert summary.done == 3 and summary.exit_code == 0
         by_path = {r["path"]: r for r in rows}
         for rec in records(out):  # the same caption, whether Ray Data or the file API made it
@@ -239,11 +315,27 @@ def test_ray_missing_is_one_line(pair, forty, tmp_path):
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ImportError('No module named ray')\n")
     env = dict(os.environ, PYTHONPATH=str(shim.parent))
-    for args in (["caption", str(forty), "--out", str(tmp_path / "c.jsonl")],
-                 ["batch", str(tmp_path / "r.jsonl")]):
+    for args in (["caption", str(forty), "--out", str(tmp_path / "c.jsonl")], ["batch", str(tmp_path / "r.jsonl")]):
         write_lines(tmp_path / "r.jsonl", [line("a", body("Hi"))])
-        r = subprocess.run([sys.executable, "-m", "edgevlm", *args, "-m", str(pair.model), "--mmproj",
-                            str(pair.mmproj), "--ray", "local"], capture_output=True, text=True, env=env, timeout=120)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "edgevlm",
+                *args,
+                "-m",
+                str(pair.model),
+                "--mmproj",
+                str(pair.mmproj),
+                "--ray",
+                "local",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert r.returncode == 2, r.stderr
-        assert r.stderr.strip().splitlines() == ["Error: --ray needs Ray, an optional extra: "
-                                                 "pip install 'edgevlm[ray]'"]
+        assert r.stderr.strip().splitlines() == [
+            "Error: --ray needs Ray, an optional extra: pip install 'edgevlm[ray]'"
+        ]

@@ -29,7 +29,10 @@ def test_the_rule():
     assert big.images_that_fit(576, 512) == (8192 - 1024) // 576
     assert big.images_that_fit(0, 512) == 0
     assert ContextBudget.min_ctx(5, 576, 512) == 5 * 576 + 512 + 512
-    assert big.images_that_fit(576, 512) >= 5 and ContextBudget(ContextBudget.min_ctx(5, 576, 512)).images_that_fit(576, 512) == 5
+    assert (
+        big.images_that_fit(576, 512) >= 5
+        and ContextBudget(ContextBudget.min_ctx(5, 576, 512)).images_that_fit(576, 512) == 5
+    )
     # captioning: each prompt needs its picture, its instruction and its reply; the system prompt is shared
     assert big.prompts_in_flight(576, 128, 32, 4) == 4 and ContextBudget(1024).prompts_in_flight(576, 128, 32, 4) == 1
     assert caption_slots(2048, 576, CaptionSettings(max_tokens=128)) == 2
@@ -38,8 +41,7 @@ def test_the_rule():
 @pytest.mark.parametrize("n_ctx,reply", [(4096, 16), (2048, 48), (1536, 8)])
 def test_the_plan_image_count_is_what_the_engine_admits(model_pair, n_ctx, reply):
     pair = model_pair("llava15")
-    plan = make_plan(str(pair.model), str(pair.mmproj), probe(device="cpu"),
-                     Wishes(n_ctx=n_ctx, reply_tokens=reply))
+    plan = make_plan(str(pair.model), str(pair.mmproj), probe(device="cpu"), Wishes(n_ctx=n_ctx, reply_tokens=reply))
     k = plan.max_images_in_context
     assert k == ContextBudget(plan.n_ctx).images_that_fit(576, reply) >= 2
     assert f"{k} image(s) of 576 tokens fit" in " ".join(plan.reasons)
@@ -57,7 +59,7 @@ def test_the_plan_image_count_is_what_the_engine_admits(model_pair, n_ctx, reply
         eng.chat("All of them?", pics[:k], max_tokens=reply, temperature=0.0)
         eng.reset()
         with pytest.raises(InputError, match="left in the context"):
-            eng.chat("All of them?", pics[:k + 1], max_tokens=reply, temperature=0.0)
+            eng.chat("All of them?", pics[: k + 1], max_tokens=reply, temperature=0.0)
         # with the session on, a conversation keeps at most k pictures and never fails
         keep = eng.with_options(session=edgevlm.SessionOptions())
         for i, p in enumerate(pics):

@@ -9,10 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from edgevlm.runtime.placement import SHORT_LANE
-
 import edgevlm
 from edgevlm.runtime.conversation import Message
+from edgevlm.runtime.placement import SHORT_LANE
 from edgevlm.runtime.requests import Client
 from edgevlm.runtime.scheduler import WAIT, Request, SchedulerOptions
 from edgevlm.vision.budget import render_views
@@ -27,8 +26,9 @@ LONG = "root ::= [a-z ] root"  # a reply that never ends by itself
 @pytest.fixture(scope="module")
 def pictures(tmp_path_factory):
     d = tmp_path_factory.mktemp("conv")
-    return [load_image(str(make_image(d / f"{i}.png", 180 + 30 * i, 160, seed=300 + i, mode="gradient")))
-            for i in range(4)]
+    return [
+        load_image(str(make_image(d / f"{i}.png", 180 + 30 * i, 160, seed=300 + i, mode="gradient"))) for i in range(4)
+    ]
 
 
 def test_eight_conversations_over_four_running_keep_their_prefixes(model_pair):
@@ -45,16 +45,19 @@ def test_eight_conversations_over_four_running_keep_their_prefixes(model_pair):
             got = []
             for turn in range(3):
                 r = c.chat.completions.create(model="m", messages=history, max_tokens=8, temperature=0)
-                got.append((r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens,
-                            r.usage.completion_tokens))
-                history += [{"role": "assistant", "content": r.choices[0].message.content},
-                            {"role": "user", "content": f"And then? ({turn})"}]
+                got.append(
+                    (r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens, r.usage.completion_tokens)
+                )
+                history += [
+                    {"role": "assistant", "content": r.choices[0].message.content},
+                    {"role": "user", "content": f"And then? ({turn})"},
+                ]
             return got
 
         with ThreadPoolExecutor(8) as pool:
             runs = list(pool.map(chat, range(8)))
         for got in runs:
-            for (p0, _, n0), (p1, cached, _) in zip(got, got[1:]):
+            for (p0, _, n0), (p1, cached, _) in zip(got, got[1:], strict=False):
                 # the previous prompt and its reply (but the last reply token) were cached
                 assert cached >= p0 + n0 - 1, got
                 assert p1 - cached < 40, got
@@ -73,8 +76,9 @@ def test_a_conversation_restored_from_the_host_cache_answers_as_if_never_evicted
         ref.chat("What is it?", [pictures[0]], max_tokens=8, temperature=0)
         want = ref.chat("Tell me more.", max_tokens=12, temperature=0)
         want_tokens = ref.messages[-1].tokens
-    with edgevlm.load(pair.model, pair.mmproj, n_seq_max=2, scheduler_options=SchedulerOptions(cache_ram=64 * 2**20),
-                      **kw) as vlm:
+    with edgevlm.load(
+        pair.model, pair.mmproj, n_seq_max=2, scheduler_options=SchedulerOptions(cache_ram=64 * 2**20), **kw
+    ) as vlm:
         a, b, c = vlm.conversation(), vlm.conversation(), vlm.conversation()
         first = a.chat("What is it?", [pictures[0]], max_tokens=8, temperature=0)
         b.chat("And this?", [pictures[1]], max_tokens=8, temperature=0)
@@ -92,8 +96,9 @@ def test_a_long_prompt_beside_a_running_stream_never_stops_it_for_more_than_a_st
     pair = model_pair("llava15")
     with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=2) as vlm:
         sched, client = vlm.scheduler, Client("t")
-        stream = sched.submit(Request(vlm.render([Message("user", "Talk.")]), 3000,
-                                      edgevlm.SamplingParams(0.0, grammar=LONG)), client)
+        stream = sched.submit(
+            Request(vlm.render([Message("user", "Talk.")]), 3000, edgevlm.SamplingParams(0.0, grammar=LONG)), client
+        )
         while len(stream.tokens) < 5:
             sched.step()
         views = render_views(pictures[3], vlm.plan_image(pictures[3]))
@@ -115,8 +120,9 @@ def test_a_long_prompt_beside_a_running_stream_never_stops_it_for_more_than_a_st
 
 def test_the_slot_choice_never_wipes_an_idle_conversation_while_a_sequence_is_free(model_pair, pictures):
     pair = model_pair("llava15")
-    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=4,
-                      options=edgevlm.EngineOptions(system="Be brief.")) as vlm:
+    with edgevlm.load(
+        pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=4, options=edgevlm.EngineOptions(system="Be brief.")
+    ) as vlm:
         a = vlm.conversation()
         a.chat("What is it?", [pictures[0]], max_tokens=6, temperature=0)
         slot = next(s for s in vlm.scheduler.slots if s.owner is a.client)
@@ -138,8 +144,9 @@ def test_requests_that_share_a_prompt_evaluate_it_once(model_pair, pictures):
     """Four captions of the same picture submitted together: the first evaluates the system
     prompt and the picture, the others share those cells (seq_cp) once they are there."""
     pair = model_pair("llava15")
-    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=4,
-                      options=edgevlm.EngineOptions(system="Caption.")) as vlm:
+    with edgevlm.load(
+        pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=4, options=edgevlm.EngineOptions(system="Caption.")
+    ) as vlm:
         views = render_views(pictures[1], vlm.plan_image(pictures[1]))
         client = Client("t")
         seqs = []
@@ -159,7 +166,8 @@ def test_serve_plans_the_host_kv_cache_and_shows_it(model_pair):
         st = s.status()
         assert st["plan"]["cache_ram"] == 128 * 2**20 and st["plan"]["sequences"] >= st["kv"]["sequences"]
         assert "128.00 MiB for idle conversations (--cache-ram)" in next(
-            r for r in st["plan"]["reasons"] if r.startswith("CPU budget"))
+            r for r in st["plan"]["reasons"] if r.startswith("CPU budget")
+        )
         host = st["memory"]["host"]
         assert host["kv_cache_bytes"] == 128 * 2**20 and st["kv"]["host_cache"]["max_bytes"] == 128 * 2**20
         assert st["slots"]["total"] == 2 and st["kv"]["sequences"] >= 16

@@ -44,7 +44,11 @@ def test_a_loaded_projector_is_counted_by_mtmd(model_pair, images, monkeypatch, 
         for s, it in want.items():
             got = projectors.image_tokens(loaded, *s)
             assert (got.n_tokens, got.n_pos, got.n_chunks, got.text_tokens) == (
-                it.n_tokens, it.n_pos, it.n_chunks, it.text_tokens), s
+                it.n_tokens,
+                it.n_pos,
+                it.n_chunks,
+                it.text_tokens,
+            ), s
         for k, p in images.items():
             assert plan_image(edgevlm.load_image(p), loaded, 1000, max_tokens=cap) == plans[k], k
         r = vlm.chat("Describe.", [images["gradient"]], max_tokens=2, temperature=0)
@@ -65,8 +69,16 @@ def test_budget_with_the_model_counts_as_the_arithmetic(model_pair, images, fami
     pair = model_pair(family)
     for tokens in ([], ["--image-tokens", "700"]):
         a = run_cli("budget", str(images["gradient"]), "--mmproj", str(pair.mmproj), "--json", *tokens)
-        b = run_cli("budget", str(images["gradient"]), "--mmproj", str(pair.mmproj), "--model", str(pair.model),
-                    "--json", *tokens)
+        b = run_cli(
+            "budget",
+            str(images["gradient"]),
+            "--mmproj",
+            str(pair.mmproj),
+            "--model",
+            str(pair.model),
+            "--json",
+            *tokens,
+        )
         assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
         pa, pb = json.loads(a.stdout), json.loads(b.stdout)
         # the notes say where the default budget came from (the projector, or the plan): the rest is equal

@@ -25,6 +25,7 @@ def _record() -> dict:
 
 # --- the trained pair -----------------------------------------------------------------------
 
+
 def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
@@ -99,9 +100,27 @@ def test_chat_cli_with_demo_answers_from_the_picture(tmp_path):
         scene = world.Scene(640, 480, "white", False, (world.Shape("square", colour, 320, 240, 160),))
         path = tmp_path / f"{colour}.png"
         world.render(scene).save(path)
-        out = subprocess.run([sys.executable, "-m", "edgevlm", "chat", "--model", "demo", "--image", str(path),
-                              "--temp", "0", "-n", "6", "What colour is the square?"],
-                             capture_output=True, text=True, timeout=300, check=False)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "edgevlm",
+                "chat",
+                "--model",
+                "demo",
+                "--image",
+                str(path),
+                "--temp",
+                "0",
+                "-n",
+                "6",
+                "What colour is the square?",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert out.returncode == 0, out.stderr
         assert "trained" in out.stderr  # the note says what the demo is
         answers.append(world.normalize(out.stdout))
@@ -125,8 +144,8 @@ def test_a_long_answer_weighs_more_in_all_and_less_per_token():
     answer_weights = _script_module("train_demo").answer_weights
     # a one-token answer, a three-token description, a one-token answer: 1, 1/sqrt(3) each, 1
     w = answer_weights([0, 0, 1, 0, 0, 1, 1, 1, 0, 1])
-    z = 2 + 3 ** 0.5
-    assert w.tolist() == pytest.approx([0, 0, 1 / z, 0, 0] + [3 ** -0.5 / z] * 3 + [0, 1 / z])
+    z = 2 + 3**0.5
+    assert w.tolist() == pytest.approx([0, 0, 1 / z, 0, 0] + [3**-0.5 / z] * 3 + [0, 1 / z])
     assert w.sum() == pytest.approx(1.0)
     assert answer_weights([0, 0]).sum() == 0
 
@@ -153,8 +172,11 @@ def test_rank_target_is_the_place_describe_lists_the_group():
     image." (``world.groups``, left to right by each group's leftmost member)."""
     dd = _script_module("demo_data")
     # two blue circles (one far right, one left of centre) and a red square at the far left
-    shapes = (world.Shape("circle", "blue", 200, 42, 28), world.Shape("square", "red", 14, 42, 28),
-              world.Shape("circle", "blue", 98, 154, 28))
+    shapes = (
+        world.Shape("circle", "blue", 200, 42, 28),
+        world.Shape("square", "red", 14, 42, 28),
+        world.Shape("circle", "blue", 98, 154, 28),
+    )
     scene = world.Scene(224, 224, "white", False, shapes)
     assert world.describe(scene) == "a red square and two blue circles"
     lab = dd.patch_labels(scene, (0, 0, 224, 224), 224, 8)
@@ -180,13 +202,14 @@ def test_letter_drills_label_every_letter_they_draw():
         patches = [j + 1 for j in range(63) if tokens[j] != none]
         for p in patches:
             r, c = divmod(p, 8)
-            assert pix[r * 28:(r + 1) * 28, c * 28:(c + 1) * 28].reshape(-1, 3).std(0).max() > 10
+            assert pix[r * 28 : (r + 1) * 28, c * 28 : (c + 1) * 28].reshape(-1, 3).std(0).max() > 10
 
 
 def test_training_shares_parse_and_normalise():
     parse = _script_module("train_demo").parse_shares
     assert parse("letters:0.45,single:0.3,drill:0.15,tiled:0.1", normalise=True) == pytest.approx(
-        {"letters": 0.45, "single": 0.3, "drill": 0.15, "tiled": 0.1})
+        {"letters": 0.45, "single": 0.3, "drill": 0.15, "tiled": 0.1}
+    )
     assert parse("single:3,conv:1", normalise=True) == {"single": 0.75, "conv": 0.25}
     assert parse("letter:2") == {"letter": 2.0} and parse("") == {}
 
@@ -221,7 +244,7 @@ def test_note_samples_ask_what_their_notes_say_and_encode_no_picture():
                 shape = re.match(r"What colour is the (\w+)", q).group(1)
                 assert f"{a.strip()} {shape}" in desc
         # the loss falls on the answers only: every target token is in an assistant reply
-        targets = tok.llm.detokenize([t for t, m in zip(s.ids, s.loss) if m]).decode()
+        targets = tok.llm.detokenize([t for t, m in zip(s.ids, s.loss, strict=True) if m]).decode()
         assert all(a.strip() in targets for _, a in asked)
     assert {"describe", "letter", "colour"} <= kinds
 

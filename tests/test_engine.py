@@ -116,6 +116,7 @@ def test_same_picture_is_not_re_encoded_after_reset(engine, images, tmp_path):
     engine.reset()
     # Same pixels in another file format: matched by content, not by path.
     from PIL import Image
+
     other = tmp_path / "copy.bmp"
     Image.open(images["gradient"]).save(other)
     r = engine.chat("Describe.", [other], max_tokens=2, **GREEDY)
@@ -126,7 +127,7 @@ def test_stop_string_and_max_tokens(engine, images):
     prompt, image = "Say something long.", images["gradient"]
     full = engine.chat(prompt, [image], max_tokens=24, **GREEDY).text
     assert engine.last_stats.finish_reason == "length" and engine.last_stats.predicted_n == 24
-    cut = full[len(full) // 2: len(full) // 2 + 2]
+    cut = full[len(full) // 2 : len(full) // 2 + 2]
     assert cut.strip(), full
     engine.reset()
     stopped = engine.chat(prompt, [image], max_tokens=24, stop=[cut], **GREEDY)

@@ -37,13 +37,16 @@ def bad_files(tmp_path, model_pair):
     return files
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("missing", "no such file"),
-    ("empty", "empty file"),
-    ("notgguf", "not a GGUF file"),
-    ("trunc_tensors", "truncated"),
-    ("trunc_header", "truncated or corrupt"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("missing", "no such file"),
+        ("empty", "empty file"),
+        ("notgguf", "not a GGUF file"),
+        ("trunc_tensors", "truncated"),
+        ("trunc_header", "truncated or corrupt"),
+    ],
+)
 def test_bad_model_file(bad_files, case, needle):
     path = str(bad_files[case])
     assert_clean_error(run_cli("inspect", path), path, needle)
@@ -93,6 +96,7 @@ def test_mismatched_pair_json(model_pair, mismatched_mmproj):
 
 
 # --- errors from the library's public calls: EdgeVLMError subclasses, never a bare ValueError ----
+
 
 @pytest.fixture(scope="module")
 def unknown_mmproj(tmp_path_factory):

@@ -20,12 +20,34 @@ for fam in ALL_FAMILIES:
     MATRIX += [
         Config(fam, n_ctx=256, flash_attn=True, image_max_tokens=img),
         Config(fam, n_ctx=1000, flash_attn=False, image_max_tokens=img),
-        Config(fam, n_ctx=2048, type_k="q8_0", type_v="q8_0", flash_attn=True, n_ubatch=256,
-               image_max_tokens=64 if img else None),
-        Config(fam, n_ctx=4096, type_k="q4_0", type_v="q4_0", flash_attn=True, n_ubatch=128,
-               n_batch=256, image_max_tokens=1024 if img else None),
-        Config(fam, n_ctx=1024, type_k="q8_0", type_v="f16", flash_attn=False, n_ubatch=512,
-               image_max_tokens=1024 if img else None),
+        Config(
+            fam,
+            n_ctx=2048,
+            type_k="q8_0",
+            type_v="q8_0",
+            flash_attn=True,
+            n_ubatch=256,
+            image_max_tokens=64 if img else None,
+        ),
+        Config(
+            fam,
+            n_ctx=4096,
+            type_k="q4_0",
+            type_v="q4_0",
+            flash_attn=True,
+            n_ubatch=128,
+            n_batch=256,
+            image_max_tokens=1024 if img else None,
+        ),
+        Config(
+            fam,
+            n_ctx=1024,
+            type_k="q8_0",
+            type_v="f16",
+            flash_attn=False,
+            n_ubatch=512,
+            image_max_tokens=1024 if img else None,
+        ),
     ]
 
 

@@ -18,8 +18,7 @@ from .conftest import ALL_FAMILIES, make_image, run_cli
 @pytest.fixture(scope="module")
 def pictures(tmp_path_factory):
     d = tmp_path_factory.mktemp("family-pictures")
-    return [make_image(d / "wide.png", 900, 500, seed=4, mode="gradient"),
-            make_image(d / "tall.png", 300, 700, seed=5)]
+    return [make_image(d / "wide.png", 900, 500, seed=4, mode="gradient"), make_image(d / "tall.png", 300, 700, seed=5)]
 
 
 @pytest.mark.parametrize("family", ALL_FAMILIES)
@@ -40,8 +39,22 @@ def test_budget_chat_caption_and_merge(model_pair, pictures, tmp_path, family):
     assert r.returncode == 0, r.stderr
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(recs) == 2 and all(x["caption"] is not None and x["image_tokens"] > 0 for x in recs)
-    r = run_cli("chat", *m, "-i", str(pictures[0]), "--merge", "ratio:0.5", "--json", "--temp", "0", "-n", "2",
-                "--tiles", "off", "Describe")
+    r = run_cli(
+        "chat",
+        *m,
+        "-i",
+        str(pictures[0]),
+        "--merge",
+        "ratio:0.5",
+        "--json",
+        "--temp",
+        "0",
+        "-n",
+        "2",
+        "--tiles",
+        "off",
+        "Describe",
+    )
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)["stats"]
     if facts(load_projector(pair.mmproj)).grid:

@@ -30,18 +30,45 @@ from .conftest import run_cli
 
 FAMILY = "gemma3"
 MIB = 2**20
-SIZES = [(1, 1), (28, 28), (100, 50), (300, 200), (336, 336), (337, 336), (640, 480), (672, 672),
-         (895, 896), (896, 896), (897, 896), (1000, 200), (200, 1000), (1024, 768), (1920, 1080),
-         (2000, 1), (4000, 3000), (3840, 2160), (7680, 4320), (8192, 8192), (10000, 100),
-         (10000, 1), (1, 10000), (50, 5000), (333, 999)]
+SIZES = [
+    (1, 1),
+    (28, 28),
+    (100, 50),
+    (300, 200),
+    (336, 336),
+    (337, 336),
+    (640, 480),
+    (672, 672),
+    (895, 896),
+    (896, 896),
+    (897, 896),
+    (1000, 200),
+    (200, 1000),
+    (1024, 768),
+    (1920, 1080),
+    (2000, 1),
+    (4000, 3000),
+    (3840, 2160),
+    (7680, 4320),
+    (8192, 8192),
+    (10000, 100),
+    (10000, 1),
+    (1, 10000),
+    (50, 5000),
+    (333, 999),
+]
 SIZES += [tuple(int(v) for v in np.random.default_rng(3).integers(1, 6000, 2)) for _ in range(15)]
 
 
 def mtmd_count(be: Backend, w: int, h: int) -> tuple[int, int, int, int]:
     chunks = be.count_image(w, h)
     imgs = [c for c in chunks if c.kind == "image"]
-    return (sum(c.n_tokens for c in imgs), sum(c.n_pos for c in imgs), len(imgs),
-            sum(c.n_tokens for c in chunks if c.kind == "text"))
+    return (
+        sum(c.n_tokens for c in imgs),
+        sum(c.n_pos for c in imgs),
+        len(imgs),
+        sum(c.n_tokens for c in chunks if c.kind == "text"),
+    )
 
 
 def clip_logged(lines: list[str]) -> int:
@@ -87,17 +114,31 @@ def test_geometry_vocabulary_and_swa_layout(model_pair):
     assert largest_image_tokens(proj, 10**6) == 256
     assert proj.n_mmproj_embd == 2560
     text = load_text_model(pair.model)
-    assert (text.n_embd, text.n_head, text.n_head_kv, text.head_dim, text.n_ff, text.n_vocab,
-            text.n_swa) == (2560, 8, 4, 256, 10240, 262144, 1024)
+    assert (text.n_embd, text.n_head, text.n_head_kv, text.head_dim, text.n_ff, text.n_vocab, text.n_swa) == (
+        2560,
+        8,
+        4,
+        256,
+        10240,
+        262144,
+        1024,
+    )
     with logs.capture() as lines:
         be = Backend(pair.model, pair.mmproj, n_ctx=2048, n_threads=2)
     with be:
         assert be.n_vocab == 262144 and be.add_bos
         assert be.bos_id == 2 and be.eos_id == 1 and be.is_eog(106)
-        ids = {t: be.tokenize_text(t) for t in ("<start_of_turn>", "<end_of_turn>", "<start_of_image>",
-                                                  "<end_of_image>", "<image_soft_token>")}
-        assert ids == {"<start_of_turn>": [105], "<end_of_turn>": [106], "<start_of_image>": [255999],
-                       "<end_of_image>": [256000], "<image_soft_token>": [262143]}
+        ids = {
+            t: be.tokenize_text(t)
+            for t in ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>")
+        }
+        assert ids == {
+            "<start_of_turn>": [105],
+            "<end_of_turn>": [106],
+            "<start_of_image>": [255999],
+            "<end_of_image>": [256000],
+            "<image_soft_token>": [262143],
+        }
         chunks = be.count_image(640, 480)
         assert [c.tokens for c in chunks if c.kind == "text"] == [[255999], [256000]]
     # iSWA: layer 0 sliding-window, layer 1 global; edgevlm keeps llama.cpp's default
@@ -135,8 +176,21 @@ def test_budget_equals_chat(model_pair, images):
     assert r.returncode == 0, r.stderr
     budget = json.loads(r.stdout)
     assert budget["projector_type"] == "gemma3" and budget["kind"] == "fixed"
-    r = run_cli("chat", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-i", img, "--json",
-                "-n", "4", "--temp", "0", "Describe")
+    r = run_cli(
+        "chat",
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "-i",
+        img,
+        "--json",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "Describe",
+    )
     assert r.returncode == 0, r.stderr
     stats = json.loads(r.stdout)["stats"]
     assert budget["total_tokens"] == stats["image_tokens"] == 256

@@ -25,18 +25,47 @@ from edgevlm_testkit.measure import Config, measure
 from .conftest import run_cli
 
 FAMILY = "idefics3"
-SIZES = [(1, 1), (28, 28), (100, 50), (300, 200), (336, 336), (337, 336), (512, 512), (513, 512),
-         (640, 480), (672, 672), (1000, 200), (200, 1000), (1024, 768), (1920, 1080), (2000, 1),
-         (2048, 2049), (2049, 2048), (4000, 3000), (3840, 2160), (7680, 4320), (8192, 8192),
-         (10000, 100), (10000, 1), (1, 10000), (50, 5000), (333, 999), (1025, 4096)]
+SIZES = [
+    (1, 1),
+    (28, 28),
+    (100, 50),
+    (300, 200),
+    (336, 336),
+    (337, 336),
+    (512, 512),
+    (513, 512),
+    (640, 480),
+    (672, 672),
+    (1000, 200),
+    (200, 1000),
+    (1024, 768),
+    (1920, 1080),
+    (2000, 1),
+    (2048, 2049),
+    (2049, 2048),
+    (4000, 3000),
+    (3840, 2160),
+    (7680, 4320),
+    (8192, 8192),
+    (10000, 100),
+    (10000, 1),
+    (1, 10000),
+    (50, 5000),
+    (333, 999),
+    (1025, 4096),
+]
 SIZES += [tuple(int(v) for v in np.random.default_rng(3).integers(1, 6000, 2)) for _ in range(40)]
 
 
 def mtmd_count(be: Backend, w: int, h: int) -> tuple[int, int, int, int]:
     chunks = be.count_image(w, h)
     imgs = [c for c in chunks if c.kind == "image"]
-    return (sum(c.n_tokens for c in imgs), sum(c.n_pos for c in imgs), len(imgs),
-            sum(c.n_tokens for c in chunks if c.kind == "text"))
+    return (
+        sum(c.n_tokens for c in imgs),
+        sum(c.n_pos for c in imgs),
+        len(imgs),
+        sum(c.n_tokens for c in chunks if c.kind == "text"),
+    )
 
 
 def mine(proj, w, h, lo=None, hi=None) -> tuple[int, int, int, int]:
@@ -47,8 +76,7 @@ def mine(proj, w, h, lo=None, hi=None) -> tuple[int, int, int, int]:
 # (min, max) image tokens in mtmd_context_params: the defaults keep mtmd's longest-edge tiling;
 # any custom limit switches it to calc_size_preserved_ratio (the planner passes a max); a large
 # min gives grids beyond SmolVLM's <row_6_col_6> token, so the row/col text is split by BPE
-LIMITS = {"tiny": [(None, None), (None, 1088), (None, 64), (4096, 8192)],
-          "real": [(None, None), (None, 1088)]}
+LIMITS = {"tiny": [(None, None), (None, 1088), (None, 64), (4096, 8192)], "real": [(None, None), (None, 1088)]}
 
 
 @pytest.mark.parametrize("preset", ["tiny", "real"])
@@ -57,8 +85,7 @@ def test_tokens_equal_mtmd(model_pair, preset):
     proj = load_projector(pair.mmproj)
     sizes = SIZES if preset == "tiny" else SIZES[:27]
     for lo, hi in LIMITS[preset]:
-        with Backend(pair.model, pair.mmproj, n_ctx=512, n_threads=2,
-                     image_min_tokens=lo, image_max_tokens=hi) as be:
+        with Backend(pair.model, pair.mmproj, n_ctx=512, n_threads=2, image_min_tokens=lo, image_max_tokens=hi) as be:
             for w, h in sizes:
                 assert mine(proj, w, h, lo, hi) == mtmd_count(be, w, h), (preset, lo, hi, w, h)
 
@@ -90,28 +117,45 @@ def test_geometry_and_vocabulary_are_smolvlm(model_pair):
     assert encoder_patches(proj, 64) == 1024
     with Backend(pair.model, pair.mmproj, n_ctx=512, n_threads=2) as be:
         assert be.n_vocab == 49280 and not be.add_bos
-        ids = {t: be.tokenize_text(t) for t in ("<global-img>", "<row_1_col_1>", "<row_6_col_6>",
-                                                  "<fake_token_around_image>", "<image>",
-                                                  "<end_of_utterance>", "<|im_start|>")}
-        assert ids == {"<global-img>": [49152], "<row_1_col_1>": [49153], "<row_6_col_6>": [49188],
-                       "<fake_token_around_image>": [49189], "<image>": [49190],
-                       "<end_of_utterance>": [49279], "<|im_start|>": [1]}
+        ids = {
+            t: be.tokenize_text(t)
+            for t in (
+                "<global-img>",
+                "<row_1_col_1>",
+                "<row_6_col_6>",
+                "<fake_token_around_image>",
+                "<image>",
+                "<end_of_utterance>",
+                "<|im_start|>",
+            )
+        }
+        assert ids == {
+            "<global-img>": [49152],
+            "<row_1_col_1>": [49153],
+            "<row_6_col_6>": [49188],
+            "<fake_token_around_image>": [49189],
+            "<image>": [49190],
+            "<end_of_utterance>": [49279],
+            "<|im_start|>": [1],
+        }
         assert be.eos_id == 49279 and be.bos_id == 1
         # what mtmd inserts for 1000×2000 (→ 1024×2048: 2 columns × 4 rows): <fake><row_R_col_C>
         # before each tile, "\n" after each row but the last, "\n\n"<fake><global-img> ... <fake>
         text = [c.tokens for c in be.count_image(1000, 2000) if c.kind == "text"]
         nl, nlnl = be.tokenize_text("\n"), be.tokenize_text("\n\n")
         assert len(nl) == 1 and len(nlnl) == 1
-        want = [(nl if r > 1 and c == 1 else []) + [49189, 49153 + 6 * (r - 1) + (c - 1)]
-                for r in range(1, 5) for c in range(1, 3)]
+        want = [
+            (nl if r > 1 and c == 1 else []) + [49189, 49153 + 6 * (r - 1) + (c - 1)]
+            for r in range(1, 5)
+            for c in range(1, 3)
+        ]
         assert text == want + [nlnl + [49189, 49152], [49189]]
 
 
 @pytest.mark.parametrize("preset,fa", [("tiny", True), ("tiny", False), ("real", True), ("real", False)])
 def test_encoder_compute_equals_clip_buffer(model_pair, preset, fa):
     pair = model_pair(FAMILY, preset)
-    comps = {c.name: c for c in measure(str(pair.model), str(pair.mmproj),
-                                        Config(FAMILY, n_ctx=1024, flash_attn=fa))}
+    comps = {c.name: c for c in measure(str(pair.model), str(pair.mmproj), Config(FAMILY, n_ctx=1024, flash_attn=fa))}
     enc = comps["mmproj compute"]
     assert enc.predicted >= enc.measured - 0.006 * 2**20, enc  # never under
     assert enc.within(0.05), enc
@@ -123,17 +167,24 @@ def test_encoder_compute_equals_clip_buffer(model_pair, preset, fa):
 
 def test_encoder_compute_is_one_tile_whatever_the_image(model_pair):
     proj = load_projector(model_pair(FAMILY, "real").mmproj)
-    per_tile = {clip_compute_bytes(proj, encoder_patches(proj, v.n_tokens), True)
-                for w, h in ((1, 1), (1920, 1080), (8192, 8192)) for v in image_tokens(proj, w, h).views}
+    per_tile = {
+        clip_compute_bytes(proj, encoder_patches(proj, v.n_tokens), True)
+        for w, h in ((1, 1), (1920, 1080), (8192, 8192))
+        for v in image_tokens(proj, w, h).views
+    }
     assert per_tile == {21 * 2**20}  # measured: 21.00 MiB with flash attention (60.00 without)
 
 
-@pytest.mark.parametrize("size,tokens", [
-    ((640, 120), 5 * 64),  # → 2048×384: 4×1 tiles + global view
-    # the plan used to hand its image budget to mtmd, which then tiled idefics3 another way (2×4)
-    # than the budget counted (1×4): mtmd gets that limit for dynamic projectors only now
-    ((261, 1043), 5 * 64),
-], ids=["wide", "tall-edge"])
+@pytest.mark.parametrize(
+    "size,tokens",
+    [
+        ((640, 120), 5 * 64),  # → 2048×384: 4×1 tiles + global view
+        # the plan used to hand its image budget to mtmd, which then tiled idefics3 another way (2×4)
+        # than the budget counted (1×4): mtmd gets that limit for dynamic projectors only now
+        ((261, 1043), 5 * 64),
+    ],
+    ids=["wide", "tall-edge"],
+)
 def test_cli_budget_equals_chat_image_tokens(model_pair, tmp_path, size, tokens):
     pair = model_pair(FAMILY)
     w, h = size
@@ -143,8 +194,21 @@ def test_cli_budget_equals_chat_image_tokens(model_pair, tmp_path, size, tokens)
     assert r.returncode == 0, r.stderr
     budget = json.loads(r.stdout)
     assert budget["total_tokens"] == tokens
-    r = run_cli("chat", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-i", str(path), "--json",
-                "-n", "4", "--temp", "0", "Describe")
+    r = run_cli(
+        "chat",
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "-i",
+        str(path),
+        "--json",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "Describe",
+    )
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)["stats"]
     assert st["predicted_n"] == 4

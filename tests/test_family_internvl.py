@@ -18,20 +18,53 @@ from edgevlm_testkit.measure import MIB, Config, measure
 from .conftest import run_cli
 
 FAMILY = "internvl"
-SIZES = [(1, 1), (28, 28), (100, 50), (300, 200), (336, 336), (337, 336), (448, 448), (449, 448),
-         (448, 449), (449, 1), (1, 449), (640, 480), (672, 672), (896, 448), (897, 449),
-         (1000, 200), (200, 1000), (1024, 768), (1920, 1080), (2000, 1), (4000, 3000),
-         (3840, 2160), (7680, 4320), (8192, 8192), (10000, 100), (10000, 1), (50, 5000), (333, 999)]
+SIZES = [
+    (1, 1),
+    (28, 28),
+    (100, 50),
+    (300, 200),
+    (336, 336),
+    (337, 336),
+    (448, 448),
+    (449, 448),
+    (448, 449),
+    (449, 1),
+    (1, 449),
+    (640, 480),
+    (672, 672),
+    (896, 448),
+    (897, 449),
+    (1000, 200),
+    (200, 1000),
+    (1024, 768),
+    (1920, 1080),
+    (2000, 1),
+    (4000, 3000),
+    (3840, 2160),
+    (7680, 4320),
+    (8192, 8192),
+    (10000, 100),
+    (10000, 1),
+    (50, 5000),
+    (333, 999),
+]
 _rng = random.Random(1234)
-SWEEP = SIZES + [(_rng.randint(1, 6000), _rng.randint(1, 6000)) for _ in range(120)] \
+SWEEP = (
+    SIZES
+    + [(_rng.randint(1, 6000), _rng.randint(1, 6000)) for _ in range(120)]
     + [(_rng.randint(300, 1400), _rng.randint(300, 1400)) for _ in range(60)]
+)
 
 
 def mtmd_counts(counter: ImageCounter, w: int, h: int) -> tuple[int, int, int, int]:
     chunks = counter.count_image(w, h)
     imgs = [c for c in chunks if c.kind == "image"]
-    return (sum(c.n_tokens for c in imgs), sum(c.n_pos for c in imgs), len(imgs),
-            sum(c.n_tokens for c in chunks if c.kind == "text"))
+    return (
+        sum(c.n_tokens for c in imgs),
+        sum(c.n_pos for c in imgs),
+        len(imgs),
+        sum(c.n_tokens for c in chunks if c.kind == "text"),
+    )
 
 
 def test_pair_format(model_pair):
@@ -65,8 +98,9 @@ def test_image_tokens_equal_mtmd(model_pair, preset):
 
 
 def _mmproj_compute(pair, flash_attn: bool):
-    comps = {c.name: c for c in measure(str(pair.model), str(pair.mmproj),
-                                        Config(FAMILY, n_ctx=512, flash_attn=flash_attn))}
+    comps = {
+        c.name: c for c in measure(str(pair.model), str(pair.mmproj), Config(FAMILY, n_ctx=512, flash_attn=flash_attn))
+    }
     return comps
 
 
@@ -88,8 +122,21 @@ def test_budget_cli_equals_chat_image_tokens(model_pair, images):
     assert b.returncode == 0, b.stderr
     total = json.loads(b.stdout)["total_tokens"]
     assert total == 3 * 256
-    r = run_cli("chat", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-i", str(img), "--json",
-                "-n", "4", "--temp", "0", "Describe")
+    r = run_cli(
+        "chat",
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "-i",
+        str(img),
+        "--json",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "Describe",
+    )
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)["stats"]
     assert st["image_tokens"] == total and st["images_encoded"] == 3

@@ -28,18 +28,40 @@ from edgevlm_testkit.pixtral import (
 
 from .conftest import make_image, run_cli
 
-SIZES = [(1, 1), (28, 28), (100, 50), (300, 200), (336, 336), (337, 336), (640, 480), (672, 672),
-         (1000, 200), (200, 1000), (1024, 768), (1920, 1080), (2000, 1), (4000, 3000),
-         (3840, 2160), (7680, 4320), (8192, 8192), (10000, 100), (50, 5000), (333, 999),
-         (29540, 28), (28, 30000), (55, 57), (1540, 1540), (800, 801)]
+SIZES = [
+    (1, 1),
+    (28, 28),
+    (100, 50),
+    (300, 200),
+    (336, 336),
+    (337, 336),
+    (640, 480),
+    (672, 672),
+    (1000, 200),
+    (200, 1000),
+    (1024, 768),
+    (1920, 1080),
+    (2000, 1),
+    (4000, 3000),
+    (3840, 2160),
+    (7680, 4320),
+    (8192, 8192),
+    (10000, 100),
+    (50, 5000),
+    (333, 999),
+    (29540, 28),
+    (28, 30000),
+    (55, 57),
+    (1540, 1540),
+    (800, 801),
+]
 
 
 def mtmd_counts(be: Backend, w: int, h: int):
     chunks = be.count_image(w, h)
     imgs = [c for c in chunks if c.kind == "image"]
     texts = [c for c in chunks if c.kind == "text"]
-    return (sum(c.n_tokens for c in imgs), sum(c.n_pos for c in imgs), len(imgs),
-            sum(c.n_tokens for c in texts))
+    return (sum(c.n_tokens for c in imgs), sum(c.n_pos for c in imgs), len(imgs), sum(c.n_tokens for c in texts))
 
 
 def mine(proj, w, h, lo=None, hi=None):
@@ -62,8 +84,7 @@ def test_facts_row():
 def test_tokens_equal_mtmd_tiny(tiny, limits):
     lo, hi = limits
     proj = load_projector(tiny.mmproj)
-    with Backend(tiny.model, tiny.mmproj, n_ctx=512, n_threads=2, image_min_tokens=lo,
-                 image_max_tokens=hi) as be:
+    with Backend(tiny.model, tiny.mmproj, n_ctx=512, n_threads=2, image_min_tokens=lo, image_max_tokens=hi) as be:
         for w, h in SIZES:
             assert mine(proj, w, h, lo, hi) == mtmd_counts(be, w, h), (w, h, limits)
         # the [IMG_END] text mtmd adds is one special token, as in Tekken
@@ -129,8 +150,9 @@ def test_pixtral12b_variant(tmp_path):
     merge 1, same graph without the merger; both equal llama.cpp."""
     text, _ = PRESETS["tiny"]
     model = write_mistral_text(tmp_path / "model.gguf", text, 0, "Pixtral-12B-shaped")
-    mmproj = write_pixtral_vision(tmp_path / "mmproj.gguf", PixtralVision(1024, 16, 64, 2, 4, 128, merge=1),
-                                  text.n_embd, 1, "Pixtral-12B ViT")
+    mmproj = write_pixtral_vision(
+        tmp_path / "mmproj.gguf", PixtralVision(1024, 16, 64, 2, 4, 128, merge=1), text.n_embd, 1, "Pixtral-12B ViT"
+    )
     pair = SimpleNamespace(model=model, mmproj=mmproj)
     proj = load_projector(mmproj)
     assert proj.spatial_merge_size is None and facts(proj).merge == 1
@@ -150,8 +172,19 @@ def test_budget_equals_chat_spend(tiny, tmp_path):
         b = run_cli("budget", str(path), "--mmproj", str(tiny.mmproj), "--json")
         assert b.returncode == 0, b.stderr
         total = json.loads(b.stdout)["total_tokens"]
-        c = run_cli("chat", "-m", str(tiny.model), "--mmproj", str(tiny.mmproj), "-i", str(path),
-                    "--json", "-n", "4", "Describe")
+        c = run_cli(
+            "chat",
+            "-m",
+            str(tiny.model),
+            "--mmproj",
+            str(tiny.mmproj),
+            "-i",
+            str(path),
+            "--json",
+            "-n",
+            "4",
+            "Describe",
+        )
         assert c.returncode == 0, c.stderr
         st = json.loads(c.stdout)["stats"]
         assert st["image_tokens"] == total == image_tokens(load_projector(tiny.mmproj), w, h).n_tokens

@@ -25,13 +25,43 @@ from edgevlm_testkit.measure import MIB, Config, measure
 from .conftest import run_cli
 
 FAMILY = "qwen3vl"
-SIZES = [(1, 1), (28, 28), (31, 33), (32, 32), (33, 31), (48, 48), (100, 50), (300, 200), (336, 336), (337, 336),
-         (640, 480), (672, 672), (768, 768), (1000, 200), (200, 1000), (1024, 768), (1920, 1080),
-         (2000, 1), (2048, 2048), (2049, 2047), (4000, 3000), (3840, 2160), (7680, 4320),
-         (8192, 8192), (10000, 100), (10000, 1), (50, 5000), (333, 999), (16, 5000)]
+SIZES = [
+    (1, 1),
+    (28, 28),
+    (31, 33),
+    (32, 32),
+    (33, 31),
+    (48, 48),
+    (100, 50),
+    (300, 200),
+    (336, 336),
+    (337, 336),
+    (640, 480),
+    (672, 672),
+    (768, 768),
+    (1000, 200),
+    (200, 1000),
+    (1024, 768),
+    (1920, 1080),
+    (2000, 1),
+    (2048, 2048),
+    (2049, 2047),
+    (4000, 3000),
+    (3840, 2160),
+    (7680, 4320),
+    (8192, 8192),
+    (10000, 100),
+    (10000, 1),
+    (50, 5000),
+    (333, 999),
+    (16, 5000),
+]
 _rng = random.Random(3)
-SWEEP = SIZES + [(_rng.randint(1, 6000), _rng.randint(1, 6000)) for _ in range(150)] \
+SWEEP = (
+    SIZES
+    + [(_rng.randint(1, 6000), _rng.randint(1, 6000)) for _ in range(150)]
     + [(_rng.randint(1, 400), _rng.randint(1, 400)) for _ in range(60)]
+)
 # (image_min_tokens, image_max_tokens) given to mtmd; None = its default (8, 4096). (mtmd refuses
 # to load with min > max: "image_max_pixels ... is less than image_min_pixels".)
 LIMITS = [(None, None), (None, 256), (64, None), (1024, 1024), (4, 16)]
@@ -42,8 +72,12 @@ EXACT = 0.005 * MIB + 1  # llama.cpp logs MiB with 2 decimals
 def mtmd_counts(counter: ImageCounter, w: int, h: int) -> tuple[int, int, int, int]:
     chunks = counter.count_image(w, h)
     imgs = [c for c in chunks if c.kind == "image"]
-    return (sum(c.n_tokens for c in imgs), sum(c.n_pos for c in imgs), len(imgs),
-            sum(c.n_tokens for c in chunks if c.kind == "text"))
+    return (
+        sum(c.n_tokens for c in imgs),
+        sum(c.n_pos for c in imgs),
+        len(imgs),
+        sum(c.n_tokens for c in chunks if c.kind == "text"),
+    )
 
 
 def test_pair_format(model_pair):
@@ -61,7 +95,14 @@ def test_pair_format(model_pair):
     assert proj.n_mmproj_embd == text.n_embd  # mm.2 rows; each token carries (1 + n_ds) of them
     row = facts(proj)
     assert (row.kind, row.positions, row.grid, row.family, row.encoder_graph, row.merge, row.non_causal) == (
-        "dynamic", "mrope", True, "qwen3vl", "qwen3vl_merger", 2, False)
+        "dynamic",
+        "mrope",
+        True,
+        "qwen3vl",
+        "qwen3vl_merger",
+        2,
+        False,
+    )
     with Backend(pair.model, pair.mmproj, n_ctx=256, n_threads=2) as be:
         # what mtmd checked at load: the text model takes n_embd × (1 + n_deepstack) per token
         assert llama_cpp.llama_model_n_embd_inp(be.llama.model) == text.n_embd * (1 + n_ds)
@@ -95,8 +136,9 @@ _MEASURED: dict = {}
 def _measure(pair, preset: str, flash_attn: bool):
     key = (preset, flash_attn)
     if key not in _MEASURED:
-        comps = measure(str(pair.model), str(pair.mmproj),
-                        Config(FAMILY, n_ctx=1024, flash_attn=flash_attn, image_max_tokens=256))
+        comps = measure(
+            str(pair.model), str(pair.mmproj), Config(FAMILY, n_ctx=1024, flash_attn=flash_attn, image_max_tokens=256)
+        )
         _MEASURED[key] = {c.name: c for c in comps}
     return _MEASURED[key]
 
@@ -133,8 +175,23 @@ def test_text_graph_replay_equals_llama_cpp(model_pair, preset, flash_attn):
     t = load_text_model(pair.model)
     n_ds = int(read_gguf(pair.model).metadata["qwen3vl.n_deepstack_layers"])
     c = _measure(pair, preset, flash_attn)["compute"]
-    mine = text_compute_bytes("qwen3vl", t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab, 1024,
-                              512, 512, flash_attn, "f16", "f16", t.n_layer, n_deepstack=n_ds)
+    mine = text_compute_bytes(
+        "qwen3vl",
+        t.n_embd,
+        t.n_head,
+        t.n_head_kv,
+        t.head_dim,
+        t.n_ff,
+        t.n_vocab,
+        1024,
+        512,
+        512,
+        flash_attn,
+        "f16",
+        "f16",
+        t.n_layer,
+        n_deepstack=n_ds,
+    )
     assert abs(mine - c.measured) <= EXACT, (c.measured / MIB, mine / MIB)
 
 
@@ -147,6 +204,7 @@ def test_encode_image_returns_the_full_embedding_width(model_pair):
     pair = model_pair(FAMILY)
     with Backend(pair.model, pair.mmproj, n_ctx=512, n_threads=2) as be:
         import numpy as np
+
         bm = be.bitmap_from_rgb(np.zeros((64, 96, 3), np.uint8))
         try:
             with be.tokenize(be.marker, [bm], add_special=False) as chunks:
@@ -164,8 +222,21 @@ def test_budget_cli_equals_chat_image_tokens(model_pair, images):
     assert b.returncode == 0, b.stderr
     total = json.loads(b.stdout)["total_tokens"]
     assert total == image_tokens(load_projector(pair.mmproj), 640, 400).n_tokens == 260
-    r = run_cli("chat", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-i", str(img), "--json",
-                "-n", "4", "--temp", "0", "Describe")
+    r = run_cli(
+        "chat",
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "-i",
+        str(img),
+        "--json",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "Describe",
+    )
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)["stats"]
     assert st["image_tokens"] == total and st["images_encoded"] == 1

@@ -46,8 +46,11 @@ def test_same_arguments_give_identical_bytes(tmp_path, family):
 
 def test_script_writes_pair(tmp_path):
     out = tmp_path / "x"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_vlm.py"), str(out),
-                        "--family", "llava16", "--seed", "3"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_tiny_vlm.py"), str(out), "--family", "llava16", "--seed", "3"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert (out / "model.gguf").stat().st_size > 0 and (out / "mmproj.gguf").stat().st_size > 0
     ref = make_model_pair(tmp_path / "ref", "llava16", "tiny", 3)
@@ -55,17 +58,23 @@ def test_script_writes_pair(tmp_path):
 
 
 def test_script_rejects_unknown_family(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_vlm.py"), str(tmp_path),
-                        "--family", "nope"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_tiny_vlm.py"), str(tmp_path), "--family", "nope"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0 and "invalid choice" in r.stderr
 
 
-@pytest.mark.parametrize("family,arch,ptype,pinpoints", [
-    ("llava15", "llama", "mlp", False),
-    ("llava16", "llama", "mlp", True),
-    ("qwen2vl", "qwen2vl", "qwen2vl_merger", False),
-    ("qwen25vl", "qwen2vl", "qwen2.5vl_merger", False),
-])
+@pytest.mark.parametrize(
+    "family,arch,ptype,pinpoints",
+    [
+        ("llava15", "llama", "mlp", False),
+        ("llava16", "llama", "mlp", True),
+        ("qwen2vl", "qwen2vl", "qwen2vl_merger", False),
+        ("qwen25vl", "qwen2vl", "qwen2.5vl_merger", False),
+    ],
+)
 def test_formats(model_pair, family, arch, ptype, pinpoints):
     pair = model_pair(family)
     text = load_text_model(pair.model)

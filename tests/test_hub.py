@@ -24,20 +24,37 @@ QWEN_Q4, QWEN_PROJ = "qwen-tiny-Q4_0.gguf", "mmproj-qwen-tiny-f16.gguf"
 TEST_REGISTRY = {
     "schema": 1,
     "models": [
-        {"name": "llava-tiny", "aliases": ["llava"], "title": "tiny LLaVA-1.5", "params": "1M",
-         "repo": LLAVA_REPO, "template_family": "llava15", "projector_type": "mlp", "license": "mit",
-         "default_quant": "q4_0",
-         "files": {"q4_0": {"file": LLAVA_Q4, "size": 339136}, "q8_0": {"file": LLAVA_Q8, "size": 339136}},
-         "mmproj": {"file": LLAVA_PROJ, "size": 339776}},
-        {"name": "qwen-tiny", "title": "tiny Qwen2.5-VL", "params": "1M", "repo": QWEN_REPO,
-         "template_family": "chatml", "projector_type": "qwen2.5vl_merger", "license": "apache-2.0",
-         "default_quant": "q4_0", "files": {"q4_0": {"file": QWEN_Q4, "size": 344128}},
-         "mmproj": {"file": QWEN_PROJ, "size": 521408}},
+        {
+            "name": "llava-tiny",
+            "aliases": ["llava"],
+            "title": "tiny LLaVA-1.5",
+            "params": "1M",
+            "repo": LLAVA_REPO,
+            "template_family": "llava15",
+            "projector_type": "mlp",
+            "license": "mit",
+            "default_quant": "q4_0",
+            "files": {"q4_0": {"file": LLAVA_Q4, "size": 339136}, "q8_0": {"file": LLAVA_Q8, "size": 339136}},
+            "mmproj": {"file": LLAVA_PROJ, "size": 339776},
+        },
+        {
+            "name": "qwen-tiny",
+            "title": "tiny Qwen2.5-VL",
+            "params": "1M",
+            "repo": QWEN_REPO,
+            "template_family": "chatml",
+            "projector_type": "qwen2.5vl_merger",
+            "license": "apache-2.0",
+            "default_quant": "q4_0",
+            "files": {"q4_0": {"file": QWEN_Q4, "size": 344128}},
+            "mmproj": {"file": QWEN_PROJ, "size": 521408},
+        },
     ],
 }
 
 
 # --- fixtures ------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def pairs():
@@ -66,11 +83,22 @@ def env(hub, tmp_path, monkeypatch):
     """HF_ENDPOINT at the local hub, a fresh HF_HOME and edgevlm cache, the test registry."""
     reg = tmp_path / "registry.json"
     reg.write_text(json.dumps(TEST_REGISTRY))
-    values = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"),
-              "EDGEVLM_CACHE": str(tmp_path / "edgevlm"), "EDGEVLM_REGISTRY": str(reg),
-              "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN",
-              "EDGEVLM_MODEL"):
+    values = {
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_HOME": str(tmp_path / "hf"),
+        "EDGEVLM_CACHE": str(tmp_path / "edgevlm"),
+        "EDGEVLM_REGISTRY": str(reg),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    }
+    for k in (
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_TOKEN",
+        "EDGEVLM_MODEL",
+    ):
         monkeypatch.delenv(k, raising=False)
     for k, v in values.items():
         monkeypatch.setenv(k, v)
@@ -80,8 +108,9 @@ def env(hub, tmp_path, monkeypatch):
 def cli(*args: str, extra_env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """The commands through the real entry point, in a subprocess."""
     e = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200", **(extra_env or {}))
-    return subprocess.run([sys.executable, "-m", "edgevlm", *args], capture_output=True, text=True,
-                          timeout=timeout, env=e)
+    return subprocess.run(
+        [sys.executable, "-m", "edgevlm", *args], capture_output=True, text=True, timeout=timeout, env=e
+    )
 
 
 def run_here(*args: str):
@@ -121,12 +150,21 @@ def without_paths(plan) -> dict:
 
 # --- the registry ----------------------------------------------------------------------------
 
+
 def test_registry_lists_the_issue_models():
     from edgevlm.hub.registry import load_registry
 
     reg = load_registry(ROOT / "edgevlm" / "data" / "registry.json")
-    for name in ("llava-1.5-7b", "llava-1.6-mistral-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b", "gemma-3-4b",
-                 "smolvlm-500m", "minicpm-v-2.6", "moondream2"):
+    for name in (
+        "llava-1.5-7b",
+        "llava-1.6-mistral-7b",
+        "qwen2.5-vl-3b",
+        "qwen2.5-vl-7b",
+        "gemma-3-4b",
+        "smolvlm-500m",
+        "minicpm-v-2.6",
+        "moondream2",
+    ):
         e = reg.get(name)
         assert e is not None, name
         assert e.repo.count("/") == 1 and e.license and e.template_family and e.projector_type
@@ -141,8 +179,11 @@ def test_one_registry_file():
     """The registry lives once, as package data (no second copy to keep equal)."""
     from edgevlm.hub.registry import registry_path
 
-    found = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("registry.json")
-                   if not {".venv", ".git", "build"} & set(p.relative_to(ROOT).parts))
+    found = sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in ROOT.rglob("registry.json")
+        if not {".venv", ".git", "build"} & set(p.relative_to(ROOT).parts)
+    )
     assert found == ["edgevlm/data/registry.json"], found
     if "EDGEVLM_REGISTRY" not in os.environ:
         assert registry_path() == ROOT / "edgevlm" / "data" / "registry.json"
@@ -161,6 +202,7 @@ def test_registry_errors_are_one_line(tmp_path):
 
 
 # --- resolution ------------------------------------------------------------------------------
+
 
 def test_resolve_names_quants_aliases(env):
     from edgevlm.hub.registry import resolve
@@ -257,8 +299,11 @@ def test_generated_pairs_come_from_the_entry_point_and_are_named_when_missing(mo
     assert set(demo.generated_pairs().FAMILIES) == set(edgevlm_testkit.FAMILIES)
     monkeypatch.setattr(demo, "entry_points", lambda group: [])
     assert demo.generated_pairs() is None
-    with pytest.raises(InputError, match=r"^'demo:qwen2vl': generated pairs come from the edgevlm-testkit "
-                                         r"package \(pip install -e \./testkit"):
+    with pytest.raises(
+        InputError,
+        match=r"^'demo:qwen2vl': generated pairs come from the edgevlm-testkit "
+        r"package \(pip install -e \./testkit",
+    ):
         resolve("demo:qwen2vl")
     if demo.trained_demo_pair() is not None:
         assert resolve("demo").model.local == str(demo.trained_demo_pair()[0])
@@ -268,6 +313,7 @@ def test_generated_pairs_come_from_the_entry_point_and_are_named_when_missing(mo
 
 
 # --- pull ------------------------------------------------------------------------------------
+
 
 def test_pull_downloads_and_verifies(env, hub):
     r = cli("pull", "llava-tiny")
@@ -334,14 +380,15 @@ def test_pull_unknown_file_and_repo_errors(env):
 
 # --- plans from the header alone -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name,family", [("llava-tiny", "llava15"), ("qwen-tiny", "qwen25vl")])
 def test_header_only_plan_equals_full_file_plan(env, hub, pairs, name, family):
-    from edgevlm.plan.devices import probe
-    from edgevlm.model.gguf_info import read_gguf
     from edgevlm.hub.download import pull
-    from edgevlm.hub.remote import fetch_header, gguf_from_json, gguf_to_json, plan_resolved
-    from edgevlm.plan.planner import Wishes, make_plan
     from edgevlm.hub.registry import resolve
+    from edgevlm.hub.remote import fetch_header, gguf_from_json, gguf_to_json, plan_resolved
+    from edgevlm.model.gguf_info import read_gguf
+    from edgevlm.plan.devices import probe
+    from edgevlm.plan.planner import Wishes, make_plan
 
     r = resolve(name)
     hdr = fetch_header(r.model.remote, first_chunk=4096)  # small first read: the ×4 growth path
@@ -371,8 +418,7 @@ def test_plan_by_name_cli_reads_headers_then_works_offline(env, hub):
     assert content_gets(hub) and all(g.range for g in content_gets(hub))
     assert not blobs(env, LLAVA_REPO)  # the model was not downloaded
     hub.clear_log()
-    r2 = cli("plan", "--model", "llava-tiny", "--free-memory", "8GiB", "--json",
-             extra_env={"HF_HUB_OFFLINE": "1"})
+    r2 = cli("plan", "--model", "llava-tiny", "--free-memory", "8GiB", "--json", extra_env={"HF_HUB_OFFLINE": "1"})
     assert r2.returncode == 0, r2.stderr
     assert json.loads(r2.stdout)["n_ctx"] == plan["n_ctx"]
     assert [q for q in hub.requests if not q.path.startswith("/api/agent")] == []
@@ -383,17 +429,22 @@ def test_real_registry_name_plans_against_the_test_server(hub, tmp_path, monkeyp
     serve_registry_names(hub, ["llava-1.5-7b"])
     for k in ("HF_HUB_OFFLINE", "EDGEVLM_REGISTRY", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN"):
         monkeypatch.delenv(k, raising=False)
-    r = cli("plan", "--model", "llava-1.5-7b", "--free-memory", "8GiB",
-            extra_env={"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"),
-                       "EDGEVLM_CACHE": str(tmp_path / "ev")})
+    r = cli(
+        "plan",
+        "--model",
+        "llava-1.5-7b",
+        "--free-memory",
+        "8GiB",
+        extra_env={"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "EDGEVLM_CACHE": str(tmp_path / "ev")},
+    )
     assert r.returncode == 0, r.stderr
     assert "fits" in r.stdout and "yes" in r.stdout
     assert any(q.path.endswith("/resolve/main/llava-v1.5-7b-Q4_K_M.gguf") for q in hub.requests)
 
 
 def test_token_goes_to_the_hub_not_to_the_cdn(env, hub, monkeypatch):
-    from edgevlm.hub.remote import read_remote_header
     from edgevlm.hub.registry import resolve
+    from edgevlm.hub.remote import read_remote_header
 
     monkeypatch.setenv("HF_TOKEN", "hf_testtoken")
     read_remote_header(resolve("llava-tiny").model.remote)
@@ -404,10 +455,11 @@ def test_token_goes_to_the_hub_not_to_the_cdn(env, hub, monkeypatch):
 
 # --- offline ---------------------------------------------------------------------------------
 
+
 def test_offline_mode_uses_the_cache(env, hub, monkeypatch):
+    from edgevlm.cli.loading import model_paths
     from edgevlm.errors import DownloadError
     from edgevlm.hub.download import pull
-    from edgevlm.cli.loading import model_paths
 
     pull("llava-tiny", progress=False)
     hub.clear_log()
@@ -425,6 +477,7 @@ def test_offline_mode_uses_the_cache(env, hub, monkeypatch):
 
 # --- chat/caption plumbing, models, rm -------------------------------------------------------
 
+
 def test_model_paths_pulls_what_is_missing(env, hub, pairs):
     from edgevlm.cli.loading import model_paths
 
@@ -440,8 +493,8 @@ def test_model_paths_pulls_what_is_missing(env, hub, pairs):
 
 
 def test_choose_model_picks_the_largest_that_fits(env, hub, monkeypatch):
-    from edgevlm.plan.devices import probe
     from edgevlm.hub.listing import choose_model
+    from edgevlm.plan.devices import probe
 
     r, why = choose_model(probe(free_memory=["8GiB"]))
     assert r.entry.name == "qwen-tiny" and "largest registry model that fits" in why
@@ -493,13 +546,22 @@ def test_a_cluster_node_fetches_each_file_once_and_the_driver_none(env, hub, pai
     ident = file_identity("qwen-tiny")
     assert content_gets(hub) == []
     code = "from edgevlm.hub.download import local_files; print(repr(local_files('qwen-tiny')))"
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=dict(os.environ)) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
     assert len({o[0] for o in outs}) == 1
     assert sorted(r.path.rsplit("/", 1)[-1] for r in content_gets(hub)) == sorted(
-        [hub.sha256(QWEN_REPO, QWEN_Q4), hub.sha256(QWEN_REPO, QWEN_PROJ)])
+        [hub.sha256(QWEN_REPO, QWEN_Q4), hub.sha256(QWEN_REPO, QWEN_PROJ)]
+    )
     model, mmproj = eval(outs[0][0])
     assert Path(model).read_bytes() == pairs["qwen25vl"].model.read_bytes()
     assert "+".join(ident) == model_identity(model, mmproj)[1]  # the same key before and after the pull
@@ -509,8 +571,9 @@ def test_every_registry_model_of_a_generated_family_plans_from_its_headers(hub, 
     """Each registry entry whose family edgevlm generates resolves and plans from the GGUF
     headers alone (a generated pair served under its repo and file names)."""
     served = serve_registry_names(hub)
-    assert {"qwen3-vl-2b", "gemma-3-4b", "smolvlm-500m", "internvl3-2b", "pixtral-12b",
-            "mistral-small-3.1-24b"} <= set(served)
+    assert {"qwen3-vl-2b", "gemma-3-4b", "smolvlm-500m", "internvl3-2b", "pixtral-12b", "mistral-small-3.1-24b"} <= set(
+        served
+    )
     env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "EDGEVLM_CACHE": str(tmp_path / "ev")}
     for name in served:
         r = cli("plan", "--model", name, "--free-memory", "16GiB", "--json", extra_env=env)

@@ -25,9 +25,15 @@ def test_exif_orientation_is_applied(tmp_path):
 @pytest.mark.parametrize("mode", ["RGBA", "LA", "P", "CMYK", "L", "1", "I;16", "F"])
 def test_modes_become_rgb(tmp_path, mode):
     arr = (np.arange(32 * 24) % 251).reshape(24, 32).astype(np.uint8)
-    img = Image.fromarray(arr).convert(mode) if mode not in ("I;16", "F") else (
-        Image.fromarray(arr.astype(np.uint16) * 257).convert("I;16") if mode == "I;16"
-        else Image.fromarray(arr.astype(np.float32)))
+    img = (
+        Image.fromarray(arr).convert(mode)
+        if mode not in ("I;16", "F")
+        else (
+            Image.fromarray(arr.astype(np.uint16) * 257).convert("I;16")
+            if mode == "I;16"
+            else Image.fromarray(arr.astype(np.float32))
+        )
+    )
     ext = {"CMYK": "jpg", "F": "tiff", "I;16": "png"}.get(mode, "png")
     p = tmp_path / f"img.{ext}"
     img.save(p)
@@ -72,11 +78,14 @@ def test_decompression_bomb_limit(tmp_path):
     assert load_image(p).width == 5000  # under the default limit
 
 
-@pytest.mark.parametrize("content,needle", [
-    (b"", "empty file"),
-    (b"hello world", "not an image"),
-    (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "image"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (b"", "empty file"),
+        (b"hello world", "not an image"),
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "image"),
+    ],
+)
 def test_bad_bytes(tmp_path, content, needle):
     p = tmp_path / "x.png"
     p.write_bytes(content)

@@ -8,14 +8,33 @@ import llama_cpp
 import pytest
 
 from edgevlm.backend.llama import Backend
-from edgevlm.model.projectors import image_tokens
 from edgevlm.model.gguf_info import load_projector, load_text_model
+from edgevlm.model.projectors import image_tokens
 
 from .conftest import ALL_FAMILIES, run_cli
 
-SIZES = [(1, 1), (28, 28), (100, 50), (300, 200), (336, 336), (337, 336), (640, 480), (672, 672),
-         (1000, 200), (200, 1000), (1024, 768), (1920, 1080), (2000, 1), (4000, 3000),
-         (3840, 2160), (7680, 4320), (8192, 8192), (10000, 100), (50, 5000), (333, 999)]
+SIZES = [
+    (1, 1),
+    (28, 28),
+    (100, 50),
+    (300, 200),
+    (336, 336),
+    (337, 336),
+    (640, 480),
+    (672, 672),
+    (1000, 200),
+    (200, 1000),
+    (1024, 768),
+    (1920, 1080),
+    (2000, 1),
+    (4000, 3000),
+    (3840, 2160),
+    (7680, 4320),
+    (8192, 8192),
+    (10000, 100),
+    (50, 5000),
+    (333, 999),
+]
 
 
 @pytest.fixture(scope="module", params=ALL_FAMILIES)
@@ -49,7 +68,10 @@ def test_image_tokens_equal_mtmd(loaded):
         texts = [c for c in chunks if c.kind == "text"]
         mine = image_tokens(proj, w, h)
         assert (mine.n_tokens, mine.n_pos, mine.n_chunks) == (
-            sum(c.n_tokens for c in imgs), sum(c.n_pos for c in imgs), len(imgs)), (w, h)
+            sum(c.n_tokens for c in imgs),
+            sum(c.n_pos for c in imgs),
+            len(imgs),
+        ), (w, h)
         assert mine.text_tokens == sum(c.n_tokens for c in texts), (w, h)
         if be.use_mrope:
             assert (mine.views[0].nx, mine.views[0].ny) == (imgs[0].nx, imgs[0].ny)
@@ -57,14 +79,25 @@ def test_image_tokens_equal_mtmd(loaded):
 
 def test_inspect_json_pair(loaded):
     pair, be = loaded
-    r = run_cli("inspect", str(pair.model), "--mmproj", str(pair.mmproj), "--json",
-                "--image-size", "1024x768")
+    r = run_cli("inspect", str(pair.model), "--mmproj", str(pair.mmproj), "--json", "--image-size", "1024x768")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     m, p = rep["model"], rep["mmproj"]
-    for key in ("arch", "n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab",
-                "n_ctx_train", "file_type", "weight_bytes", "weight_bytes_per_layer",
-                "weight_bytes_outside_layers"):
+    for key in (
+        "arch",
+        "n_layer",
+        "n_embd",
+        "n_head",
+        "n_head_kv",
+        "head_dim",
+        "n_ff",
+        "n_vocab",
+        "n_ctx_train",
+        "file_type",
+        "weight_bytes",
+        "weight_bytes_per_layer",
+        "weight_bytes_outside_layers",
+    ):
         assert key in m, key
     for key in ("projector_type", "image_size", "patch_size", "n_layer", "n_embd", "n_mmproj_embd"):
         assert key in p, key
@@ -78,8 +111,7 @@ def test_inspect_human_table(model_pair):
     pair = model_pair("llava16")
     r = run_cli("inspect", str(pair.model), "--mmproj", str(pair.mmproj))
     assert r.returncode == 0, r.stderr
-    for word in ("n_layer", "n_head / n_head_kv", "pinpoints", "image tokens @ 336x336",
-                 "pair: compatible", "Q4_0"):
+    for word in ("n_layer", "n_head / n_head_kv", "pinpoints", "image tokens @ 336x336", "pair: compatible", "Q4_0"):
         assert word in r.stdout, word
 
 

@@ -29,8 +29,9 @@ LONG = "root ::= [a-z ] root"  # a reply that never ends by itself
 @pytest.fixture(scope="module")
 def pictures(tmp_path_factory):
     d = tmp_path_factory.mktemp("iso")
-    return [load_image(str(make_image(d / f"{i}.png", 200 + 40 * i, 180, seed=200 + i, mode="gradient")))
-            for i in range(4)]
+    return [
+        load_image(str(make_image(d / f"{i}.png", 200 + 40 * i, 180, seed=200 + i, mode="gradient"))) for i in range(4)
+    ]
 
 
 def request(vlm, img, text="Caption this.", max_tokens=8, **kw) -> Request:
@@ -71,7 +72,9 @@ class FailingDecodes:
     def __call__(self, entries):
         hit = self.poison is None or any(
             s.seq is not None and s.seq.request.tag == self.poison and s.id == e[0]
-            for e in entries for s in self.sched.slots)
+            for e in entries
+            for s in self.sched.slots
+        )
         if hit and (self.always or not self.raised):
             self.raised += 1
             raise BackendError("llama_decode failed (code -3): injected")
@@ -140,8 +143,10 @@ def test_a_reply_never_grows_into_another_requests_reserve(model_pair):
         a = sched.submit(long, client)
         while len(a.tokens) < 600:  # past its reserve of 256, into unreserved cells
             sched.step()
-        b = sched.submit(request(vlm, None, "Short.", max_tokens=250, sampling=edgevlm.SamplingParams(
-            0.0, grammar=LONG), tag="b"), client)
+        b = sched.submit(
+            request(vlm, None, "Short.", max_tokens=250, sampling=edgevlm.SamplingParams(0.0, grammar=LONG), tag="b"),
+            client,
+        )
         assert b != WAIT
         while not a.done:
             sched.step()
@@ -159,8 +164,7 @@ def test_queued_prompts_keep_their_image_units_when_the_cache_evicts_them(model_
     those of one request at a time."""
     pair = model_pair("llava15")
     opts = SchedulerOptions(image_cache_units=2)
-    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=1,
-                      scheduler_options=opts) as vlm:
+    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=1, scheduler_options=opts) as vlm:
         alone = {}
         for i, img in enumerate(pictures):
             vlm.scheduler.clear()
@@ -216,8 +220,15 @@ def test_the_repl_survives_a_refused_turn_after_an_identical_earlier_one(model_p
     pair = model_pair("llava15")
     with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2) as vlm:
         eng = vlm.default_conversation
-        lines = iter([f"/image {images['gradient']}", "What is it?", f"/image {images['gradient']}",
-                      "What is it?", "Still there?"])
+        lines = iter(
+            [
+                f"/image {images['gradient']}",
+                "What is it?",
+                f"/image {images['gradient']}",
+                "What is it?",
+                "Still there?",
+            ]
+        )
         real = vlm.scheduler.submit
         calls = []
 
@@ -236,12 +247,17 @@ def test_the_repl_survives_a_refused_turn_after_an_identical_earlier_one(model_p
                 raise EOFError from None
 
         import io
+
         out, err = io.StringIO(), io.StringIO()
         assert ChatLoop(eng, {"max_tokens": 3}, out=out, err=err, read_line=read).run() == 0
         assert "Error: refused for the test" in err.getvalue() and "Traceback" not in err.getvalue()
         # the first and the third turn are answered; the refused one left nothing behind
         assert [(m.role, m.text if m.role == "user" else "") for m in eng.messages] == [
-            ("user", "What is it?"), ("assistant", ""), ("user", "Still there?"), ("assistant", "")]
+            ("user", "What is it?"),
+            ("assistant", ""),
+            ("user", "Still there?"),
+            ("assistant", ""),
+        ]
         assert len(calls) == 3 and eng.last_stats.images_encoded == 0
 
 
@@ -257,7 +273,7 @@ def test_text_and_tokens_agree_when_a_stop_string_begins_inside_a_token(model_pa
         for i, p in enumerate(pieces):
             if not p.isascii():
                 break
-            stop = raw[start + 1: start + 3]
+            stop = raw[start + 1 : start + 3]
             if i >= 1 and len(p.strip()) >= 2 and len(stop) == 2 and stop not in raw[: start + 1]:
                 k = i
                 break
@@ -280,8 +296,12 @@ def test_a_bad_grammar_is_refused_before_any_picture_is_encoded(model_pair, imag
             list(vlm.stream("Tag it.", [images["gradient"]], grammar="root ::= (("))
         assert len(vlm.scheduler.images) == 0 and vlm.messages == [] and vlm.n_ctx_used == 0
         with pytest.raises(InputError, match="grammar"):  # the scheduler too: before its prefill
-            vlm.scheduler.submit(request(vlm, load_image(str(images["noise"])),
-                                         sampling=edgevlm.SamplingParams(0.0, grammar="root ::= ((")), Client("t"))
+            vlm.scheduler.submit(
+                request(
+                    vlm, load_image(str(images["noise"])), sampling=edgevlm.SamplingParams(0.0, grammar="root ::= ((")
+                ),
+                Client("t"),
+            )
         assert vlm.scheduler.images.nbytes == 0 and vlm.n_ctx_used == 0
 
 
@@ -342,7 +362,7 @@ def test_pictures_decoded_in_threads_leave_pillows_limit_as_it_was(tmp_path):
     paths = [make_image(tmp_path / f"{i}.png", 300 + i, 200, seed=i) for i in range(8)]
     with ThreadPoolExecutor(4) as pool:
         imgs = list(pool.map(lambda p: load_image(str(p)), paths * 4))
-    assert Image.MAX_IMAGE_PIXELS == before and len({im.sha256 for im in imgs}) == 8
+    assert before == Image.MAX_IMAGE_PIXELS and len({im.sha256 for im in imgs}) == 8
 
 
 def test_messages_compare_by_identity_and_pictures_by_content():

@@ -93,8 +93,23 @@ def test_merge_map_and_fidelity():
 @pytest.mark.parametrize("family", ["llava15", "qwen2vl"])
 def test_cli_merge_ratio_halves_image_tokens(model_pair, images, family):
     pair = model_pair(family)
-    r = run_cli("chat", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-i", str(images["noise"]),
-                "--merge", "ratio:0.5", "--json", "--temp", "0", "-n", "3", "Describe")
+    r = run_cli(
+        "chat",
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "-i",
+        str(images["noise"]),
+        "--merge",
+        "ratio:0.5",
+        "--json",
+        "--temp",
+        "0",
+        "-n",
+        "3",
+        "Describe",
+    )
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)["stats"]
     assert st["image_tokens_out"] == math.ceil(st["image_tokens_in"] / 2) and st["predicted_n"] >= 1

@@ -56,4 +56,4 @@ def test_command_defaults_are_the_dataclasses():
     assert _default("serve", "--queue") == ServeOptions.queue
     assert _default("serve", "--max-body") == ServeOptions.max_body_bytes
     assert _default("caption", "--ray-batch") == _default("batch", "--ray-batch") == DEFAULT_BATCH
-    assert DEFAULT_PARALLEL == IN_FLIGHT_MAX and DEFAULT_REPLY_TOKENS == LIBRARY_REPLY.max_tokens
+    assert DEFAULT_PARALLEL == IN_FLIGHT_MAX and LIBRARY_REPLY.max_tokens == DEFAULT_REPLY_TOKENS

@@ -35,8 +35,15 @@ def browser():
     webdriver = pytest.importorskip("selenium.webdriver")
     opts = webdriver.ChromeOptions()
     opts.binary_location = paths[0]
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,900", "--no-first-run", "--disable-extensions"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+        "--no-first-run",
+        "--disable-extensions",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=paths[1]), options=opts)
     driver.set_page_load_timeout(60)
@@ -126,8 +133,11 @@ def test_the_page_chats_about_a_picture_and_shows_the_plan(browser, site, tmp_pa
     by_id(d, "max-tokens").clear()
     by_id(d, "max-tokens").send_keys("2000")
     box.send_keys("Tell me a long story." + Keys.ENTER)
-    wait(d, lambda d: len(css(d, ".msg.assistant")) == 2 and len(css(d, ".msg.assistant .text")[1].text) > 3,
-         what="the long reply")
+    wait(
+        d,
+        lambda d: len(css(d, ".msg.assistant")) == 2 and len(css(d, ".msg.assistant .text")[1].text) > 3,
+        what="the long reply",
+    )
     by_id(d, "stop").click()
     wait(d, lambda d: len(css(d, ".msg.assistant .meta")) == 2, what="stopped")
     meta = css(d, ".msg.assistant .meta")[1].text
@@ -189,7 +199,8 @@ c.toBlob((blob) => {
   const dt = new DataTransfer();
   dt.items.add(new File([blob], name, {type: "image/png"}));
   if (kind === "drop") {
-    document.getElementById("composer").dispatchEvent(new DragEvent("drop", {dataTransfer: dt, bubbles: true, cancelable: true}));
+    const drop = new DragEvent("drop", {dataTransfer: dt, bubbles: true, cancelable: true});
+    document.getElementById("composer").dispatchEvent(drop);
   } else {
     document.dispatchEvent(new ClipboardEvent("paste", {clipboardData: dt, bubbles: true, cancelable: true}));
   }
@@ -211,7 +222,7 @@ def test_drop_paste_and_the_summary_of_an_old_picture(browser, tiny_site):
         wait(d, lambda d: "576 tokens" in by_id(d, "attachments").text, what=f"{kind}ped picture cost")
         assert f"{kind}{turn}.png" in by_id(d, "attachments").text
         by_id(d, "input").send_keys(f"Picture {turn + 1}?" + Keys.ENTER)
-        wait(d, lambda d: len(css(d, ".msg.assistant .meta")) == turn + 1, timeout=120, what=f"reply {turn + 1}")
+        wait(d, lambda d, n=turn + 1: len(css(d, ".msg.assistant .meta")) == n, timeout=120, what=f"reply {turn + 1}")
     # the third picture does not fit beside the other two (and 400-token replies): older pictures
     # became the model's summaries, and the page says so in the conversation
     wait(d, lambda d: "was replaced by the model's summary" in by_id(d, "log").text, what="the summary note")

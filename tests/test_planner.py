@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import edgevlm
-from edgevlm.plan.devices import Device, Probe, parse_size, probe
 from edgevlm.errors import DoesNotFit, InputError
 from edgevlm.model.gguf_info import read_gguf
+from edgevlm.plan.devices import Device, Probe, parse_size, probe
 from edgevlm.plan.guard import SAFETY
-from edgevlm.vision.images import from_rgb
 from edgevlm.plan.planner import Planner, Wishes, make_plan
+from edgevlm.vision.images import from_rgb
 
 from .conftest import run_cli
 
@@ -29,8 +29,7 @@ def gpu(free, name="CUDA0", known=True):
 
 
 def plan_for(pair, devices, **wishes):
-    return Planner(read_gguf(pair.model), read_gguf(pair.mmproj), Probe(tuple(devices)),
-                   Wishes(**wishes)).plan()
+    return Planner(read_gguf(pair.model), read_gguf(pair.mmproj), Probe(tuple(devices)), Wishes(**wishes)).plan()
 
 
 @pytest.fixture(scope="module")
@@ -126,11 +125,22 @@ def test_plan_cli_table_and_json(real):
     assert r.returncode == 0, r.stderr
     for word in ("n_gpu_layers", "memory per device", "GPU0", "headroom", "why:"):
         assert word in r.stdout
-    r = run_cli("plan", "-m", str(real.model), "--mmproj", str(real.mmproj), "--free-memory", "8GiB",
-                "--json")
+    r = run_cli("plan", "-m", str(real.model), "--mmproj", str(real.mmproj), "--free-memory", "8GiB", "--json")
     d = json.loads(r.stdout)
-    for key in ("n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "type_k", "type_v", "flash_attn",
-                "offload_kqv", "mmproj_on_gpu", "image_max_tokens", "max_images_in_context", "reasons"):
+    for key in (
+        "n_gpu_layers",
+        "n_ctx",
+        "n_batch",
+        "n_ubatch",
+        "type_k",
+        "type_v",
+        "flash_attn",
+        "offload_kqv",
+        "mmproj_on_gpu",
+        "image_max_tokens",
+        "max_images_in_context",
+        "reasons",
+    ):
         assert key in d, key
     dev = d["devices"][0]
     assert {"name", "kind", "free_bytes", "total_bytes"} <= set(dev)
@@ -139,15 +149,26 @@ def test_plan_cli_table_and_json(real):
 
 
 def test_plan_cli_refusal_exit_code(real):
-    r = run_cli("plan", "-m", str(real.model), "--mmproj", str(real.mmproj), "--device", "cpu",
-                "--free-memory", "cpu=300MiB")
+    r = run_cli(
+        "plan", "-m", str(real.model), "--mmproj", str(real.mmproj), "--device", "cpu", "--free-memory", "cpu=300MiB"
+    )
     assert r.returncode == 1 and "does not fit" in r.stderr and "MiB short" in r.stderr
 
 
 def test_chat_refuses_when_nothing_fits(model_pair):
     pair = model_pair("llava15")
-    r = run_cli("chat", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--device", "cpu",
-                "--free-memory", "cpu=1MiB", "hi")
+    r = run_cli(
+        "chat",
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "--device",
+        "cpu",
+        "--free-memory",
+        "cpu=1MiB",
+        "hi",
+    )
     assert r.returncode == 1 and "does not fit" in r.stderr and "Traceback" not in r.stderr
     with pytest.raises(DoesNotFit):
         edgevlm.load(pair.model, pair.mmproj, device="cpu", free_memory=["cpu=1MiB"])
@@ -155,8 +176,7 @@ def test_chat_refuses_when_nothing_fits(model_pair):
 
 def test_chat_verbose_prints_the_plan(model_pair, images):
     pair = model_pair("llava15")
-    r = run_cli("chat", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-v", "--temp", "0",
-                "-n", "2", "hi")
+    r = run_cli("chat", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "-v", "--temp", "0", "-n", "2", "hi")
     assert r.returncode == 0 and "memory per device" in r.stderr and "why:" in r.stderr
 
 
@@ -202,6 +222,7 @@ def test_guard_refuses_fixed_size_image_without_memory(model_pair, images):
 
 # --- the levers that fit more: micro-batch, image budget, host reserve --------------------------
 
+
 def whole_model(pair, n_layer, n_vision_layer):
     """The generated real-shape pair's headers with all of the real model's layers (planner only)."""
     from edgevlm_testkit.headers import with_layers
@@ -243,7 +264,7 @@ def test_a_dynamic_model_lowers_its_image_budget_before_moving_layers(model_pair
     assert before.n_gpu_layers == 0 and after.n_gpu_layers >= 5
     assert after.image_max_tokens == 256 and after.n_ubatch == 64
     levers = [lv.lever for lv in after.levers]
-    assert levers[:levers.index("gpu layers")][-2:] == ["micro-batch", "image budget"]
+    assert levers[: levers.index("gpu layers")][-2:] == ["micro-batch", "image budget"]
     reason = next(r for r in after.reasons if r.startswith("image budget 1024 → 256"))
     assert "floor 256" in reason
     kept = plan_headers(headers, [gpu(2 * GiB), host()], image_tokens=1024)  # a user's budget is kept
@@ -259,8 +280,17 @@ def test_host_reserve_is_stated_and_settable(model_pair):
     # 768 MiB kept leaves less than the weights alone, with or without CPU repacking
     q = plan_for(pair, [host(1 * GiB)], host_reserve=768 * MiB)
     assert q.devices[0].budget_bytes == int((1 * GiB - 768 * MiB) * 0.95) and not q.fits
-    r = run_cli("plan", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--free-memory", "cpu=1GiB",
-                "--host-reserve", "768MiB")
+    r = run_cli(
+        "plan",
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "--free-memory",
+        "cpu=1GiB",
+        "--host-reserve",
+        "768MiB",
+    )
     assert r.returncode == 1 and "768.00 MiB kept for the process" in r.stdout
 
 
@@ -278,11 +308,18 @@ def test_qwen2vl_fits_1gib_by_the_micro_batch_and_llama_cpp_agrees(model_pair):
     ubatch = 128 if cpu_repacks() else 256
     assert p.fits and p.n_ubatch == ubatch and p.n_gpu_layers == 0
     assert [lv.lever for lv in p.levers] == ["context", "kv q8_0", "micro-batch"]
-    r = run_cli("plan", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--free-memory", "cpu=1GiB",
-                "--explain")
+    r = run_cli("plan", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--free-memory", "cpu=1GiB", "--explain")
     assert r.returncode == 0 and f"micro-batch   512 → {ubatch}" in r.stdout and "not needed" in r.stdout
-    cfg = Config("qwen2vl", n_ctx=p.n_ctx, type_k=p.type_k, type_v=p.type_v, flash_attn=p.flash_attn,
-                 n_ubatch=p.n_ubatch, n_batch=p.n_batch, image_max_tokens=p.image_max_tokens)
+    cfg = Config(
+        "qwen2vl",
+        n_ctx=p.n_ctx,
+        type_k=p.type_k,
+        type_v=p.type_v,
+        flash_attn=p.flash_attn,
+        n_ubatch=p.n_ubatch,
+        n_batch=p.n_batch,
+        image_max_tokens=p.image_max_tokens,
+    )
     comps = {c.name: c for c in measure(str(pair.model), str(pair.mmproj), cfg)}
     for name in ("weights (mapped)", "weights (repack)", "kv", "mmproj weights"):
         assert comps[name].within(0.005), comps[name]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import edgevlm
-from edgevlm.caption import CaptionSettings, Captioner, caption_slots
+from edgevlm.caption import Captioner, CaptionSettings, caption_slots
 from edgevlm.errors import InputError
 from edgevlm.plan.context import ContextBudget
 from edgevlm.runtime.conversation import Message
@@ -31,13 +31,16 @@ PROMPT = "Caption this."
 def pictures(tmp_path_factory):
     d = tmp_path_factory.mktemp("par")
     sizes = [(320, 240), (400, 400), (240, 320), (500, 300), (300, 300), (640, 480)]
-    return [load_image(str(make_image(d / f"{i}.png", w, h, seed=40 + i, mode="gradient" if i % 2 else "noise")))
-            for i, (w, h) in enumerate(sizes)]
+    return [
+        load_image(str(make_image(d / f"{i}.png", w, h, seed=40 + i, mode="gradient" if i % 2 else "noise")))
+        for i, (w, h) in enumerate(sizes)
+    ]
 
 
 def _load(pair, slots, n_ctx=4096):
-    return edgevlm.load(pair.model, pair.mmproj, n_ctx=n_ctx, kv="f16", n_seq_max=slots,
-                        options=edgevlm.EngineOptions(system=SYSTEM))
+    return edgevlm.load(
+        pair.model, pair.mmproj, n_ctx=n_ctx, kv="f16", n_seq_max=slots, options=edgevlm.EngineOptions(system=SYSTEM)
+    )
 
 
 def _sequential_logits(eng, img):
@@ -51,8 +54,9 @@ def _request(eng, i, img, max_tokens=8, stop=(), keep_logits=False):
     """A one-turn caption request for picture ``img``, as captioning makes it."""
     views = render_views(img, eng.plan_image(img))
     msg = Message("user", PROMPT, [v for _, v in views], labels=[lb for lb, _ in views])
-    return Request(eng.render([msg]), max_tokens, stops=tuple(stop) + tuple(eng.default_stops), tag=i,
-                   keep_logits=keep_logits)
+    return Request(
+        eng.render([msg]), max_tokens, stops=tuple(stop) + tuple(eng.default_stops), tag=i, keep_logits=keep_logits
+    )
 
 
 def _run_all(eng, imgs, max_tokens=8, stop=(), keep_logits=False):
@@ -185,8 +189,7 @@ def test_slot_count_follows_the_context():
 
 def test_merged_captions_are_in_flight_together(model_pair, pictures):
     """Merging goes through the scheduler like any picture: four merged images in flight."""
-    eng = edgevlm.load(model_pair("llava15").model, model_pair("llava15").mmproj, n_ctx=4096, kv="f16",
-                       n_seq_max=4)
+    eng = edgevlm.load(model_pair("llava15").model, model_pair("llava15").mmproj, n_ctx=4096, kv="f16", n_seq_max=4)
     try:
         cap = Captioner(eng, CaptionSettings(merge="ratio:0.5", max_tokens=6), "m", "d")
         assert cap.slots == 4
@@ -220,8 +223,22 @@ def test_caption_parallel_cli_captions_every_image_deterministically(model_pair,
     runs = []
     for k in range(2):
         out = tmp_path / f"c{k}.jsonl"
-        r = run_cli("caption", "--model", str(pair.model), "--mmproj", str(pair.mmproj), str(d),
-                    "--out", str(out), "-n", "6", "--parallel", "4", "--progress", "json")
+        r = run_cli(
+            "caption",
+            "--model",
+            str(pair.model),
+            "--mmproj",
+            str(pair.mmproj),
+            str(d),
+            "--out",
+            str(out),
+            "-n",
+            "6",
+            "--parallel",
+            "4",
+            "--progress",
+            "json",
+        )
         assert r.returncode == 0, r.stderr
         recs = [json.loads(ln) for ln in out.read_text().splitlines()]
         assert sorted(x["path"] for x in recs) == sorted(str(p) for p in d.iterdir())
@@ -240,8 +257,24 @@ def test_caption_merge_keeps_four_images_in_flight(model_pair, tmp_path):
     for i in range(8):
         make_image(d / f"{i}.png", 240 + 10 * i, 200, seed=90 + i)
     out = tmp_path / "m.jsonl"
-    r = run_cli("caption", "--model", str(pair.model), "--mmproj", str(pair.mmproj), str(d), "--out", str(out),
-                "-n", "5", "--merge", "ratio:0.5", "--parallel", "4", "--progress", "json")
+    r = run_cli(
+        "caption",
+        "--model",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        str(d),
+        "--out",
+        str(out),
+        "-n",
+        "5",
+        "--merge",
+        "ratio:0.5",
+        "--parallel",
+        "4",
+        "--progress",
+        "json",
+    )
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stderr.splitlines()[-1])
     assert summary["done"] == 8 and summary["in_flight_max"] == 4
@@ -252,6 +285,5 @@ def test_caption_merge_keeps_four_images_in_flight(model_pair, tmp_path):
 def test_parallel_zero_is_a_clean_error(model_pair, tmp_path):
     pair = model_pair("llava15")
     make_image(tmp_path / "a.png", 64, 64)
-    r = run_cli("caption", "--model", str(pair.model), "--mmproj", str(pair.mmproj), str(tmp_path),
-                "--parallel", "0")
+    r = run_cli("caption", "--model", str(pair.model), "--mmproj", str(pair.mmproj), str(tmp_path), "--parallel", "0")
     assert r.returncode == 2 and "--parallel 0" in r.stderr and "Traceback" not in r.stderr

@@ -60,9 +60,25 @@ class Served:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edgevlm", "serve", "-m", str(pair.model), "--mmproj", str(pair.mmproj),
-             "--port", str(self.port), "--threads", "2", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "edgevlm",
+                "serve",
+                "-m",
+                str(pair.model),
+                "--mmproj",
+                str(pair.mmproj),
+                "--port",
+                str(self.port),
+                "--threads",
+                "2",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -109,8 +125,21 @@ def server(model_pair):
 @pytest.fixture(scope="module")
 def tight(model_pair):
     """One sequence, no queue, a small context, a small body limit, a low pixel limit."""
-    s = Served(model_pair("llava15"), "--parallel", "1", "--queue", "0", "--ctx", "2048", "--max-body", "1MiB",
-               "--max-pixels", "200000", "--timeout", "60")
+    s = Served(
+        model_pair("llava15"),
+        "--parallel",
+        "1",
+        "--queue",
+        "0",
+        "--ctx",
+        "2048",
+        "--max-body",
+        "1MiB",
+        "--max-pixels",
+        "200000",
+        "--timeout",
+        "60",
+    )
     yield s
     err = s.stop()
     assert "Traceback" not in err, err
@@ -118,7 +147,8 @@ def tight(model_pair):
 
 def test_a_reply_about_a_picture(server):
     r = server.client().chat.completions.create(
-        model="anything", messages=[user("Describe the picture.", data_uri(png()))], max_tokens=8, temperature=0)
+        model="anything", messages=[user("Describe the picture.", data_uri(png()))], max_tokens=8, temperature=0
+    )
     choice = r.choices[0]
     assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
     assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
@@ -130,8 +160,13 @@ def test_a_reply_about_a_picture(server):
 
 def test_a_streamed_reply_with_usage(server):
     stream = server.client().chat.completions.create(
-        model="m", messages=[user("Describe it.", data_uri(png(seed=1)))], max_tokens=12, temperature=0,
-        stream=True, stream_options={"include_usage": True})
+        model="m",
+        messages=[user("Describe it.", data_uri(png(seed=1)))],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -149,9 +184,15 @@ def test_concurrent_clients_share_the_batch(server, clients):
 
     def ask(i):
         return server.client().chat.completions.create(
-            model="m", messages=[user(f"Picture {i}?", pics[i])], max_tokens=40, temperature=0,
-            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": {
-                "type": "string", "minLength": 30}}})
+            model="m",
+            messages=[user(f"Picture {i}?", pics[i])],
+            max_tokens=40,
+            temperature=0,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": {"type": "string", "minLength": 30}},
+            },
+        )
 
     with ThreadPoolExecutor(clients) as pool:
         replies = list(pool.map(ask, range(clients)))
@@ -165,8 +206,11 @@ def test_a_resent_history_reuses_its_cache(server):
     c = server.client()
     pic = data_uri(png(seed=3))
     first = c.chat.completions.create(model="m", messages=[user("What is it?", pic)], max_tokens=6, temperature=0)
-    history = [user("What is it?", pic), {"role": "assistant", "content": first.choices[0].message.content},
-               {"role": "user", "content": "And the colours?"}]
+    history = [
+        user("What is it?", pic),
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And the colours?"},
+    ]
     second = c.chat.completions.create(model="m", messages=history, max_tokens=6, temperature=0)
     cached = second.usage.prompt_tokens_details.cached_tokens
     # the picture and the reply's exact tokens are reused (the last reply token is evaluated with
@@ -176,26 +220,48 @@ def test_a_resent_history_reuses_its_cache(server):
 
 
 def test_json_schema_and_json_object_replies_parse(server):
-    schema = {"type": "object", "additionalProperties": False, "required": ["colour", "count"],
-              "properties": {"colour": {"enum": ["red", "green", "blue"]},
-                             "count": {"type": "integer", "minimum": 0, "maximum": 9}}}
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["colour", "count"],
+        "properties": {
+            "colour": {"enum": ["red", "green", "blue"]},
+            "count": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+    }
     c = server.client()
-    r = c.chat.completions.create(model="m", messages=[user("Tag it.", data_uri(png(seed=4)))], max_tokens=64,
-                                  temperature=0, response_format={"type": "json_schema", "json_schema": {
-                                      "name": "tags", "schema": schema, "strict": True}})
+    r = c.chat.completions.create(
+        model="m",
+        messages=[user("Tag it.", data_uri(png(seed=4)))],
+        max_tokens=64,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "tags", "schema": schema, "strict": True}},
+    )
     obj = json.loads(r.choices[0].message.content)
     assert set(obj) == {"colour", "count"} and obj["colour"] in ("red", "green", "blue")
     assert isinstance(obj["count"], int) and 0 <= obj["count"] <= 9 and r.choices[0].finish_reason == "stop"
-    r = c.chat.completions.create(model="m", messages=[user("JSON please.")], max_tokens=200, temperature=0.7,
-                                  seed=5, response_format={"type": "json_object"})
+    r = c.chat.completions.create(
+        model="m",
+        messages=[user("JSON please.")],
+        max_tokens=200,
+        temperature=0.7,
+        seed=5,
+        response_format={"type": "json_object"},
+    )
     assert r.choices[0].finish_reason == "length" or isinstance(json.loads(r.choices[0].message.content), dict)
 
 
 def test_a_full_queue_answers_503_with_retry_after(tight):
     c = tight.client()
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(c.chat.completions.create, model="m", messages=[user("Go on.")],
-                              max_tokens=3200, temperature=0, response_format=LONG)
+        running = pool.submit(
+            c.chat.completions.create,
+            model="m",
+            messages=[user("Go on.")],
+            max_tokens=3200,
+            temperature=0,
+            response_format=LONG,
+        )
         tight.wait_busy(1)
         with pytest.raises(APIStatusError) as err:
             c.chat.completions.create(model="m", messages=[user("Me too?")], max_tokens=4)
@@ -215,12 +281,11 @@ def test_a_request_that_can_never_fit_is_a_400_not_to_retry(tight):
 
 def test_a_client_that_disconnects_frees_its_sequence(tight):
     body = {"model": "m", "messages": [user("Talk.")], "max_tokens": 3200, "stream": True, "response_format": LONG}
-    with httpx.Client(timeout=60) as h:
-        with h.stream("POST", tight.url + "/v1/chat/completions", json=body) as resp:
-            assert resp.status_code == 200
-            lines = resp.iter_lines()
-            got = [next(lines) for _ in range(6)]
-            assert any(ln.startswith("data: {") for ln in got)
+    with httpx.Client(timeout=60) as h, h.stream("POST", tight.url + "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any(ln.startswith("data: {") for ln in got)
     deadline = time.monotonic() + 10
     while tight.status()["slots"]["busy"]:
         assert time.monotonic() < deadline, tight.status()
@@ -254,8 +319,16 @@ def test_bad_inputs_are_4xx_and_the_server_goes_on(tight, tmp_path):
             (b"{not json", 400, None),
             (json.dumps({"messages": "hi"}).encode(), 400, None),
             (json.dumps({**ok, "temperature": 9}).encode(), 400, None),
-            (json.dumps({**ok, "messages": [user("x", "data:image/png;base64,@@@@")]}).encode(), 400, "invalid_image_url"),
-            (json.dumps({**ok, "messages": [user("x", data_uri(b"hello", "text/plain"))]}).encode(), 400, "invalid_image"),
+            (
+                json.dumps({**ok, "messages": [user("x", "data:image/png;base64,@@@@")]}).encode(),
+                400,
+                "invalid_image_url",
+            ),
+            (
+                json.dumps({**ok, "messages": [user("x", data_uri(b"hello", "text/plain"))]}).encode(),
+                400,
+                "invalid_image",
+            ),
             (json.dumps({**ok, "messages": [user("x", data_uri(flat_png(600, 500)))]}).encode(), 400, "invalid_image"),
             (json.dumps({**ok, "messages": [user("x", local)]}).encode(), 400, "invalid_image_url"),
             (json.dumps({**ok, "messages": [user("x", "file:///etc/passwd")]}).encode(), 400, "invalid_image_url"),
@@ -268,7 +341,10 @@ def test_bad_inputs_are_4xx_and_the_server_goes_on(tight, tmp_path):
             err = r.json()["error"]
             assert set(err) == {"message", "type", "param", "code"} and err["message"], err
             assert code is None or err["code"] == code, err
-        assert "non-public address" in httpx.post(url, json={**ok, "messages": [user("x", local)]}).json()["error"]["message"]
+        assert (
+            "non-public address"
+            in httpx.post(url, json={**ok, "messages": [user("x", local)]}).json()["error"]["message"]
+        )
         assert httpx.get(tight.url + "/v1/nothing").status_code == 404
         assert httpx.get(url).status_code == 405
         assert httpx.post(url, json=ok, timeout=60).status_code == 200  # still serving
@@ -280,16 +356,28 @@ def test_private_urls_and_paths_when_allowed(model_pair, tmp_path):
     pictures = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Pictures)
     threading.Thread(target=pictures.serve_forever, daemon=True).start()
     (tmp_path / "p.png").write_bytes(png(seed=8))
-    s = Served(model_pair("llava15"), "--allow-private-urls", "--allow-path", str(tmp_path), "--api-key", "sekrit",
-               "--max-tokens", "3")
+    s = Served(
+        model_pair("llava15"),
+        "--allow-private-urls",
+        "--allow-path",
+        str(tmp_path),
+        "--api-key",
+        "sekrit",
+        "--max-tokens",
+        "3",
+    )
     try:
         local = f"http://127.0.0.1:{pictures.server_address[1]}/p.png"
         r = s.client("sekrit").chat.completions.create(
-            model="m", messages=[user("Both?", local, str(tmp_path / "p.png"))], temperature=0)
+            model="m", messages=[user("Both?", local, str(tmp_path / "p.png"))], temperature=0
+        )
         assert r.usage.prompt_tokens > 2 * 576
         for key in ("wrong", ""):
-            got = httpx.post(s.url + "/v1/chat/completions", json={"messages": [user("Hi")]},
-                             headers={"authorization": f"Bearer {key}"} if key else {})
+            got = httpx.post(
+                s.url + "/v1/chat/completions",
+                json={"messages": [user("Hi")]},
+                headers={"authorization": f"Bearer {key}"} if key else {},
+            )
             assert got.status_code == 401 and got.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(s.url + "/v1/models").status_code == 401
         assert httpx.get(s.url + "/health").status_code == 200  # no key needed
@@ -305,25 +393,42 @@ def test_status_metrics_and_models(server):
     assert st["state"] == "ready" and st["plan"]["fits"] and st["slots"]["total"] == 4
     assert st["memory"]["measured"]["process_rss_bytes"] > 0 and st["memory"]["predicted"]
     m = httpx.get(server.url + "/metrics").text
-    assert "edgevlm_requests_total{outcome=\"served\"}" in m and "edgevlm_slots_total 4" in m
+    assert 'edgevlm_requests_total{outcome="served"}' in m and "edgevlm_slots_total 4" in m
     card = httpx.get(server.url + "/v1/models").json()["data"][0]
     assert card["object"] == "model" and card["input_modalities"] == ["text", "image"]
 
 
 def test_request_parsing():
-    r = parse_chat_request({"messages": [{"role": "system", "content": "Be brief."},
-                                         {"role": "user", "content": [
-                                             {"type": "text", "text": "What?"},
-                                             {"type": "image_url", "image_url": "data:image/png;base64,AA=="}]}],
-                            "max_completion_tokens": 7, "stop": "END", "unknown_field": 1, "user": "u1"})
+    r = parse_chat_request(
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What?"},
+                        {"type": "image_url", "image_url": "data:image/png;base64,AA=="},
+                    ],
+                },
+            ],
+            "max_completion_tokens": 7,
+            "stop": "END",
+            "unknown_field": 1,
+            "user": "u1",
+        }
+    )
     assert r.system == "Be brief." and r.max_tokens == 7 and r.stop == ("END",)
     assert r.messages[0].images[0].url.startswith("data:") and r.sampling.temperature == 0.8
-    for bad in ({}, {"messages": []}, {"messages": [{"role": "tool", "content": "x"}]},
-                {"messages": [{"role": "user", "content": "x"}], "n": 2},
-                {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
-                {"messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": "x"}]}]},
-                {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
-                {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}):
+    for bad in (
+        {},
+        {"messages": []},
+        {"messages": [{"role": "tool", "content": "x"}]},
+        {"messages": [{"role": "user", "content": "x"}], "n": 2},
+        {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+        {"messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": "x"}]}]},
+        {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+    ):
         with pytest.raises(APIError) as err:
             parse_chat_request(bad)
         assert err.value.http_status == 400
@@ -335,8 +440,11 @@ def test_a_dynamic_image_is_shrunk_to_fit_and_the_reply_says_so(model_pair):
     s = Served(model_pair("qwen2vl"), "--ctx", "1024", "--image-tokens", "1024", "--max-tokens", "4")
     try:
         big = data_uri(flat_png(1400, 1400))
-        r = httpx.post(s.url + "/v1/chat/completions", timeout=60,
-                       json={"model": "m", "messages": [user("What is it?", big)], "temperature": 0})
+        r = httpx.post(
+            s.url + "/v1/chat/completions",
+            timeout=60,
+            json={"model": "m", "messages": [user("What is it?", big)], "temperature": 0},
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         notes = " ".join(body["edgevlm"]["notices"])
@@ -349,9 +457,9 @@ def test_a_dynamic_image_is_shrunk_to_fit_and_the_reply_says_so(model_pair):
 def test_health_says_503_while_loading_and_timeouts_end_replies(model_pair):
     """In-process app (``create_app``) over a loader that waits: /health and /v1 say 503 until the
     model is there; a reply past ``timeout_s`` ends as "length" and says why."""
-    import edgevlm
     from starlette.testclient import TestClient
 
+    import edgevlm
     from edgevlm.serve.app import create_app
     from edgevlm.serve.options import ServeOptions
 
@@ -372,8 +480,9 @@ def test_health_says_503_while_loading_and_timeouts_end_replies(model_pair):
         while client.get("/health").status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        r = client.post("/v1/chat/completions", json={"messages": [user("Talk.")], "max_tokens": 3500,
-                                                       "response_format": LONG})
+        r = client.post(
+            "/v1/chat/completions", json={"messages": [user("Talk.")], "max_tokens": 3500, "response_format": LONG}
+        )
         body = r.json()
         assert r.status_code == 200 and body["choices"][0]["finish_reason"] == "length"
         assert "stopped after 0.3 s" in body["edgevlm"]["notices"][-1]
@@ -389,8 +498,10 @@ def test_error_mapping():
     status, body, headers = error_for(ImageError("a.png: not an image"))
     assert status == 400 and body["error"]["code"] == "invalid_image" and headers["x-should-retry"] == "false"
     # the code travels on the exception, not in a word of its message
-    assert error_for(ContextExceeded("needs 9 tokens but the context holds 4"))[1]["error"]["code"] == \
-        "context_length_exceeded"
+    assert (
+        error_for(ContextExceeded("needs 9 tokens but the context holds 4"))[1]["error"]["code"]
+        == "context_length_exceeded"
+    )
     assert error_for(InputError("the context word alone means nothing"))[1]["error"]["code"] is None
     assert error_for(BackendError("llama_decode failed"))[0] == 500
     status, body, _ = error_for(KeyError("x"))
@@ -401,9 +512,13 @@ def test_old_pictures_become_summaries_when_the_client_asks(tight):
     """``edgevlm.evict: summary``: a history whose pictures no longer fit has its oldest picture
     replaced by the model's summary; the reply says where, and the shorter history then fits."""
     pics = [data_uri(png(80, 60, seed=30 + i)) for i in range(3)]
-    history = [user("First?", pics[0]), {"role": "assistant", "content": "one"},
-               user("Second?", pics[1]), {"role": "assistant", "content": "two"},
-               user("Third?", pics[2])]
+    history = [
+        user("First?", pics[0]),
+        {"role": "assistant", "content": "one"},
+        user("Second?", pics[1]),
+        {"role": "assistant", "content": "two"},
+        user("Third?", pics[2]),
+    ]
     body = {"model": "m", "messages": history, "max_tokens": 400, "temperature": 0}
     url = tight.url + "/v1/chat/completions"
     refused = httpx.post(url, json=body, timeout=60)

@@ -39,7 +39,7 @@ def photo(width: int, height: int, seed: int = 0) -> bytes:
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height // 8, 0:width // 8]
+    y, x = np.mgrid[0 : height // 8, 0 : width // 8]
     c = rng.integers(0, 255, 3)
     small = np.stack([(x * 3 + c[0]) % 256, (y * 3 + c[1]) % 256, np.full_like(x, c[2])], -1).astype(np.uint8)
     buf = io.BytesIO()
@@ -54,8 +54,9 @@ class InProcess:
         self.app = create_app(model, options)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60
@@ -87,8 +88,9 @@ def test_a_refused_template_is_a_400_while_a_concurrent_request_gets_its_200(mod
         bad = [{"role": "user", "content": "First."}, {"role": "user", "content": "Second."}]
 
         def good():
-            return c.chat.completions.create(model="m", messages=[user("Describe it.", data_uri(png(seed=60)))],
-                                             max_tokens=24, temperature=0)
+            return c.chat.completions.create(
+                model="m", messages=[user("Describe it.", data_uri(png(seed=60)))], max_tokens=24, temperature=0
+            )
 
         with ThreadPoolExecutor(2) as pool:
             ok = pool.submit(good)
@@ -122,8 +124,16 @@ def test_a_fault_while_a_request_is_prepared_is_its_500_only(model_pair, caplog)
     try:
         c = srv.client()
         with caplog.at_level(logging.ERROR, logger="edgevlm.serve"), ThreadPoolExecutor(3) as pool:
-            oks = [pool.submit(c.chat.completions.create, model="m", messages=[user(f"Fine {i}?", data_uri(png(seed=i)))],
-                               max_tokens=12, temperature=0) for i in range(2)]
+            oks = [
+                pool.submit(
+                    c.chat.completions.create,
+                    model="m",
+                    messages=[user(f"Fine {i}?", data_uri(png(seed=i)))],
+                    max_tokens=12,
+                    temperature=0,
+                )
+                for i in range(2)
+            ]
             with pytest.raises(APIStatusError) as err:
                 c.chat.completions.create(model="m", messages=[user("boom")], max_tokens=4)
             assert err.value.status_code == 500 and "internal error (RuntimeError)" in err.value.body["message"]
@@ -162,16 +172,21 @@ def test_the_host_allowance_refuses_waits_and_is_shown(model_pair):
         assert int(err.value.response.headers["retry-after"]) >= 1 and time.monotonic() - t0 >= 1.0
         # given back while a request waits: it goes on
         with ThreadPoolExecutor(1) as pool:
-            later = pool.submit(c.chat.completions.create, model="m", temperature=0,
-                                messages=[user("Now?", data_uri(photo(1600, 1200), "image/jpeg"))])
+            later = pool.submit(
+                c.chat.completions.create,
+                model="m",
+                temperature=0,
+                messages=[user("Now?", data_uri(photo(1600, 1200), "image/jpeg"))],
+            )
             time.sleep(0.3)
             other.release()
             assert later.result(timeout=60).choices[0].finish_reason in ("stop", "length")
         host = srv.status()["memory"]["host"]
         assert host["allowance_bytes"] == 48 * 2**20 and host["in_use_bytes"] == 0
         assert 0 < host["peak_in_use_bytes"] <= host["allowance_bytes"] and host["refused"] >= 1
-        assert host["limit_bytes"] == (host["buffers_bytes"] + host["image_cache_bytes"] +
-                                       host["process_reserve_bytes"] + host["allowance_bytes"])
+        assert host["limit_bytes"] == (
+            host["buffers_bytes"] + host["image_cache_bytes"] + host["process_reserve_bytes"] + host["allowance_bytes"]
+        )
         assert host["rss_bytes"] > 0  # (this test process holds more than the server: not compared)
     finally:
         srv.stop()
@@ -188,8 +203,17 @@ def test_serve_plans_its_allowance_and_says_so(model_pair):
         assert st["memory"]["host"]["allowance_bytes"] == 300 * 2**20
     finally:
         assert "Traceback" not in s.stop()
-    r = run_cli("plan", "-m", str(model_pair("llava15").model), "--mmproj", str(model_pair("llava15").mmproj),
-                "--host-allowance", "1GiB", "--free-memory", "cpu=8GiB")
+    r = run_cli(
+        "plan",
+        "-m",
+        str(model_pair("llava15").model),
+        "--mmproj",
+        str(model_pair("llava15").mmproj),
+        "--host-allowance",
+        "1GiB",
+        "--free-memory",
+        "cpu=8GiB",
+    )
     assert r.returncode == 0 and "1.00 GiB for requests in flight (--host-allowance)" in r.stdout, r.stdout
 
 
@@ -202,8 +226,16 @@ def test_waiting_requests_end_when_the_worker_stops(model_pair):
             asyncio.run(asyncio.wait_for(service.complete(req), 10))
         assert err.value.http_status == 503 and err.value.code == "server_stopping"
         service.start()
-        long = parse_chat_request({"messages": [user("Talk.")], "max_tokens": 3000, "response_format": {
-            "type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "string", "minLength": 3000}}}})
+        long = parse_chat_request(
+            {
+                "messages": [user("Talk.")],
+                "max_tokens": 3000,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "s", "schema": {"type": "string", "minLength": 3000}},
+                },
+            }
+        )
 
         async def talk_then_stop():
             task = asyncio.ensure_future(service.complete(long))
@@ -218,9 +250,13 @@ def test_waiting_requests_end_when_the_worker_stops(model_pair):
 
 def test_unsupported_fields_are_a_400_not_ignored():
     base = {"messages": [user("Hi")]}
-    for extra, param in (({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-                         ({"tool_choice": "required"}, "tool_choice"), ({"logprobs": True}, "logprobs"),
-                         ({"top_logprobs": 2}, "logprobs"), ({"functions": [{"name": "f"}]}, "functions")):
+    for extra, param in (
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "logprobs"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+    ):
         with pytest.raises(APIError) as err:
             parse_chat_request({**base, **extra})
         assert err.value.http_status == 400 and err.value.param == param and err.value.code == "unsupported_parameter"
@@ -236,8 +272,10 @@ def test_an_image_url_is_fetched_from_the_address_that_was_checked(monkeypatch):
     pictures = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Pictures)
     threading.Thread(target=pictures.serve_forever, daemon=True).start()
     port = pictures.server_address[1]
-    answers = iter([[(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]] +
-                   [[(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.255.255.1", port))]] * 5)
+    answers = iter(
+        [[(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]]
+        + [[(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.255.255.1", port))]] * 5
+    )
     real = socket.getaddrinfo
     calls = []
 
@@ -271,17 +309,42 @@ def test_a_path_on_another_drive_is_refused_not_a_500(monkeypatch, tmp_path):
 
 def test_a_batch_line_the_template_refuses_is_an_error_line(model_pair, tmp_path):
     pair = model_pair("gemma3")
-    lines = [{"custom_id": "ok", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"messages": [user("Hi")], "max_tokens": 4}},
-             {"custom_id": "refused", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"messages": [user("a"), user("b")], "max_tokens": 4}},
-             {"custom_id": "after", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"messages": [user("Bye")], "max_tokens": 4}}]
+    lines = [
+        {
+            "custom_id": "ok",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [user("Hi")], "max_tokens": 4},
+        },
+        {
+            "custom_id": "refused",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [user("a"), user("b")], "max_tokens": 4},
+        },
+        {
+            "custom_id": "after",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [user("Bye")], "max_tokens": 4},
+        },
+    ]
     req = tmp_path / "r.jsonl"
     req.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
     out = tmp_path / "o.jsonl"
-    r = run_cli("batch", str(req), "--out", str(out), "-m", str(pair.model), "--mmproj", str(pair.mmproj),
-                "--threads", "2", timeout=300)
+    r = run_cli(
+        "batch",
+        str(req),
+        "--out",
+        str(out),
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "--threads",
+        "2",
+        timeout=300,
+    )
     assert "Traceback" not in r.stderr and r.returncode in (0, 4), r.stderr
     got = {o["custom_id"]: o for o in map(json.loads, out.read_text().splitlines())}
     assert set(got) == {"ok", "refused", "after"}
@@ -297,16 +360,27 @@ def test_queued_requests_keep_their_pictures_when_the_image_cache_is_small(model
     from edgevlm.runtime.scheduler import SchedulerOptions
 
     pair = model_pair("llava15")
-    vlm = edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=1,
-                       scheduler_options=SchedulerOptions(image_cache_units=2))
+    vlm = edgevlm.load(
+        pair.model,
+        pair.mmproj,
+        n_ctx=4096,
+        n_threads=2,
+        n_seq_max=1,
+        scheduler_options=SchedulerOptions(image_cache_units=2),
+    )
     srv = InProcess(vlm, ServeOptions(max_tokens=12, queue=8))
     try:
         c = srv.client()
         pics = [data_uri(png(160 + 16 * i, 120, seed=80 + i)) for i in range(3)]
 
         def ask(i):
-            return c.chat.completions.create(model="m", messages=[user("What is it?", pics[i])], max_tokens=12,
-                                             temperature=0).choices[0].message.content
+            return (
+                c.chat.completions.create(
+                    model="m", messages=[user("What is it?", pics[i])], max_tokens=12, temperature=0
+                )
+                .choices[0]
+                .message.content
+            )
 
         alone = [ask(i) for i in range(3)]
         vlm.scheduler.images.clear()  # so that the queued ones are tokenized again, together

@@ -16,8 +16,7 @@ G = dict(max_tokens=6, temperature=0.0)
 
 def pictures(n, seed=0):
     rng = np.random.default_rng(seed)
-    return [from_rgb((rng.random((240, 320, 3)) * 255).astype(np.uint8), f"pic{i + 1}.png")
-            for i in range(n)]
+    return [from_rgb((rng.random((240, 320, 3)) * 255).astype(np.uint8), f"pic{i + 1}.png") for i in range(n)]
 
 
 @pytest.fixture()
@@ -67,8 +66,12 @@ def test_summary_stands_in_for_the_picture(small):
     first = small.messages[0]
     assert first.images == [] and first.notes[0].startswith("[image 1 (pic1.png): ")
     r = small.chat("What was in the first picture?", **G)  # policy: answered from its summary
-    text = "".join(p.text for p in small.formatter.render(
-        [(m.role, m.content_text, m.labels or [None] * len(m.images)) for m in small.messages[:1]]))
+    text = "".join(
+        p.text
+        for p in small.formatter.render(
+            [(m.role, m.content_text, m.labels or [None] * len(m.images)) for m in small.messages[:1]]
+        )
+    )
     assert "[image 1 (pic1.png):" in text
     assert r.stats.n_ctx_used <= r.stats.n_ctx
 
@@ -108,11 +111,24 @@ def test_piped_repl_six_images_context_of_two(model_pair, tmp_path):
     for i, p in enumerate(pictures(6, seed=3)):
         path = tmp_path / p.source
         from PIL import Image
+
         Image.fromarray(p.rgb).save(path)
         lines += [f"/image {path}", f"What is in picture {i + 1}?"]
     lines += ["/history", "/recall 1", "Look at the first one again.", "/stats"]
-    r = run_cli("chat", "-m", str(pair.model), "--mmproj", str(pair.mmproj), "--ctx", "1536",
-                "--temp", "0", "-n", "6", input="\n".join(lines) + "\n")
+    r = run_cli(
+        "chat",
+        "-m",
+        str(pair.model),
+        "--mmproj",
+        str(pair.mmproj),
+        "--ctx",
+        "1536",
+        "--temp",
+        "0",
+        "-n",
+        "6",
+        input="\n".join(lines) + "\n",
+    )
     assert r.returncode == 0, r.stderr
     err = r.stderr
     assert "Traceback" not in err

@@ -12,7 +12,7 @@ def test_scenes_follow_the_spec_and_are_reproducible():
         kind = "detail" if seed % 4 == 0 else "plain"
         a = world.make_scene(random.Random(seed), kind)
         assert a == world.make_scene(random.Random(seed), kind)
-        assert 224 <= min(a.width, a.height) and max(a.width, a.height) <= 4000
+        assert min(a.width, a.height) >= 224 and max(a.width, a.height) <= 4000
         assert 1 <= len(a.shapes) <= 4
         short = min(a.width, a.height)
         for s in a.shapes:
@@ -23,9 +23,18 @@ def test_scenes_follow_the_spec_and_are_reproducible():
 
 
 def test_questions_and_descriptions_are_exact():
-    s = world.Scene(800, 600, "white", False, (
-        world.Shape("square", "red", 100, 300, 120), world.Shape("circle", "blue", 400, 200, 100),
-        world.Shape("circle", "blue", 600, 400, 100)), world.Letter("K", "black", 650, 50, 80))
+    s = world.Scene(
+        800,
+        600,
+        "white",
+        False,
+        (
+            world.Shape("square", "red", 100, 300, 120),
+            world.Shape("circle", "blue", 400, 200, 100),
+            world.Shape("circle", "blue", 600, 400, 100),
+        ),
+        world.Letter("K", "black", 650, 50, 80),
+    )
     assert world.describe(s) == "a red square, two blue circles and the letter K"
     qa = {q: a for _, q, a in world.questions(s)}
     assert qa["What colour is the square?"] == "red"
@@ -39,8 +48,15 @@ def test_questions_and_descriptions_are_exact():
 def test_the_letter_is_drawn_at_its_size_where_it_belongs():
     import numpy as np
 
-    s = world.Scene(3000, 2000, "white", False, (world.Shape("square", "red", 300, 300, 400),),
-                    world.Letter("H", "black", 2000, 1500, 48), kind="detail")
+    s = world.Scene(
+        3000,
+        2000,
+        "white",
+        False,
+        (world.Shape("square", "red", 300, 300, 400),),
+        world.Letter("H", "black", 2000, 1500, 48),
+        kind="detail",
+    )
     img = np.asarray(world.render(s))
     dark = np.argwhere(img.sum(-1) < 100)
     (y0, x0), (y1, _) = dark.min(0), dark.max(0)
@@ -48,5 +64,3 @@ def test_the_letter_is_drawn_at_its_size_where_it_belongs():
     # a region drawn at another scale shows the same picture
     crop = np.asarray(world.render(s, (1900, 1400, 2200, 1600), (150, 100)))
     assert (crop.sum(-1) < 200).any()
-
-

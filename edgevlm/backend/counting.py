@@ -41,7 +41,7 @@ class Chunk:
 class Chunks(list):
     """A list of Chunk that frees mtmd's chunk array when closed."""
 
-    def __init__(self, items, ptr, owner: "MtmdTokenizer"):
+    def __init__(self, items, ptr, owner: MtmdTokenizer):
         super().__init__(items)
         self._ptr = ptr
         self._backend = owner
@@ -84,13 +84,13 @@ class MtmdTokenizer:
         bm = self.placeholder_bitmap(width, height)
         try:
             with self.tokenize(self.marker, [bm], add_special=False) as chunks:
-                return [Chunk(c.kind, c.n_tokens, c.n_pos, c.tokens, c.image_id, c.nx, c.ny)
-                        for c in chunks]
+                return [Chunk(c.kind, c.n_tokens, c.n_pos, c.tokens, c.image_id, c.nx, c.ny) for c in chunks]
         finally:
             self.free_bitmap(bm)
 
-    def count_tokens(self, width: int, height: int, min_tokens: int | None = None,
-                     max_tokens: int | None = None) -> ImageTokens:
+    def count_tokens(
+        self, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+    ) -> ImageTokens:
         """mtmd's count as ``ImageTokens`` (a placeholder bitmap tokenized, nothing encoded),
         with this context's token limits: exact for any projector mtmd supports. Remembered
         per size (budgets search many)."""
@@ -103,8 +103,12 @@ class MtmdTokenizer:
             if hit is None:
                 chunks = self.count_image(width, height)
                 views = [View(0, 0, c.nx, c.ny, c.n_tokens, c.n_pos) for c in chunks if c.kind == "image"]
-                hit = ImageTokens(sum(v.n_tokens for v in views), sum(v.n_pos for v in views), views,
-                                  text_tokens=sum(c.n_tokens for c in chunks if c.kind == "text"))
+                hit = ImageTokens(
+                    sum(v.n_tokens for v in views),
+                    sum(v.n_pos for v in views),
+                    views,
+                    text_tokens=sum(c.n_tokens for c in chunks if c.kind == "text"),
+                )
                 self._counts[key] = hit
                 if len(self._counts) > 4096:
                     self._counts.popitem(last=False)
@@ -117,9 +121,7 @@ class MtmdTokenizer:
         """Split ``text`` (with one media marker per bitmap) into text and image chunks."""
         m = self.mtmd
         if text.count(self.marker) != len(bitmaps):
-            raise BackendError(
-                f"prompt has {text.count(self.marker)} image markers but {len(bitmaps)} images"
-            )
+            raise BackendError(f"prompt has {text.count(self.marker)} image markers but {len(bitmaps)} images")
         inp = m.mtmd_input_text()
         raw = text.encode("utf-8")
         inp.text = raw
@@ -146,13 +148,18 @@ class MtmdTokenizer:
             else:
                 img = m.mtmd_input_chunk_get_tokens_image(c)
                 cid = m.mtmd_input_chunk_get_id(c)
-                items.append(Chunk(
-                    "image" if kind == CHUNK_IMAGE else "audio", n_tok, n_pos, None,
-                    cid.decode() if cid else None,
-                    nx=m.mtmd_image_tokens_get_nx(img) if img else 0,
-                    ny=m.mtmd_image_tokens_get_ny(img) if img else 0,
-                    handle=c,
-                ))
+                items.append(
+                    Chunk(
+                        "image" if kind == CHUNK_IMAGE else "audio",
+                        n_tok,
+                        n_pos,
+                        None,
+                        cid.decode() if cid else None,
+                        nx=m.mtmd_image_tokens_get_nx(img) if img else 0,
+                        ny=m.mtmd_image_tokens_get_ny(img) if img else 0,
+                        handle=c,
+                    )
+                )
         return Chunks(items, ptr, self)
 
 
@@ -161,8 +168,13 @@ class ImageCounter(MtmdTokenizer):
     (its vocabulary only: mtmd tokenizes the text it puts around images). ``proj_info.counter``
     counts; close it when done."""
 
-    def __init__(self, model_path: str | os.PathLike[str], mmproj_path: str | os.PathLike[str],
-                 image_min_tokens: int | None = None, image_max_tokens: int | None = None):
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        mmproj_path: str | os.PathLike[str],
+        image_min_tokens: int | None = None,
+        image_max_tokens: int | None = None,
+    ):
         import llama_cpp
         from llama_cpp import mtmd_cpp
 

@@ -65,6 +65,7 @@ def _patched_defaults(n_seq_max: int, progress_callback):
         params = saved[1]()
         params.use_extra_bufts = cpu_extra_buffers()
         if progress_callback is not None:
+
             def report(progress: float, _user) -> bool:
                 try:
                     progress_callback(float(progress))
@@ -140,10 +141,18 @@ class Backend(MtmdTokenizer):
         with logs.capture() as lines:
             try:
                 kwargs: dict[str, Any] = dict(
-                    n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_gpu_layers=n_gpu_layers,
-                    n_threads=self.n_threads, n_threads_batch=self.n_threads,
-                    flash_attn=flash_attn, offload_kqv=offload_kqv, use_mmap=use_mmap,
-                    type_k=KV_TYPES[type_k].ggml_id, type_v=KV_TYPES[type_v].ggml_id, verbose=verbose,
+                    n_ctx=n_ctx,
+                    n_batch=n_batch,
+                    n_ubatch=n_ubatch,
+                    n_gpu_layers=n_gpu_layers,
+                    n_threads=self.n_threads,
+                    n_threads_batch=self.n_threads,
+                    flash_attn=flash_attn,
+                    offload_kqv=offload_kqv,
+                    use_mmap=use_mmap,
+                    type_k=KV_TYPES[type_k].ggml_id,
+                    type_v=KV_TYPES[type_v].ggml_id,
+                    verbose=verbose,
                     op_offload=op_offload,
                 )
                 with _llama_defaults(n_seq_max, progress_callback):
@@ -272,9 +281,16 @@ class Backend(MtmdTokenizer):
         new_past = self.llama_cpp.llama_pos(0)
         with self.mtmd_lock:
             rc = self.mtmd.mtmd_helper_decode_image_chunk(
-                self.mctx, self.llama.ctx, chunk.handle,
+                self.mctx,
+                self.llama.ctx,
+                chunk.handle,
                 embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                n_past, seq_id, self.n_batch, ctypes.byref(new_past), self._post_decode_cb, None,
+                n_past,
+                seq_id,
+                self.n_batch,
+                ctypes.byref(new_past),
+                self._post_decode_cb,
+                None,
             )
         if rc != 0:
             raise BackendError(f"decoding image embeddings failed (code {rc})")
@@ -290,8 +306,9 @@ class Backend(MtmdTokenizer):
             out[k] = (p.t, p.y, p.x, p.z)
         return out
 
-    def decode_embeddings(self, embd: np.ndarray, positions: np.ndarray, non_causal: bool = False,
-                          seq_id: int = 0) -> None:
+    def decode_embeddings(
+        self, embd: np.ndarray, positions: np.ndarray, non_causal: bool = False, seq_id: int = 0
+    ) -> None:
         """Feed arbitrary embedding rows (e.g. merged image tokens) with explicit positions.
 
         ``positions``: (n,) for 1-D RoPE, (n, 4) section-major M-RoPE (t, y, x, z). A non-causal
@@ -326,14 +343,13 @@ class Backend(MtmdTokenizer):
                 lc.llama_set_causal_attn(self.llama.ctx, True)
             lc.llama_batch_ext_free(batch)
 
-    def decode_tokens(self, tokens: list[int], n_past: int, logits_last: bool = True,
-                      seq_id: int = 0) -> int:
+    def decode_tokens(self, tokens: list[int], n_past: int, logits_last: bool = True, seq_id: int = 0) -> int:
         """Evaluate text tokens at positions n_past..; returns the new n_past."""
         lc = self.llama_cpp
         b = self._batch
         i = 0
         while i < len(tokens):
-            part = tokens[i:i + self.n_batch]
+            part = tokens[i : i + self.n_batch]
             b.n_tokens = len(part)
             for j, tok in enumerate(part):
                 b.token[j] = tok
@@ -369,8 +385,9 @@ class Backend(MtmdTokenizer):
                 lc.llama_batch_ext_set_output_logits(b, idx, True)
         rc = lc.llama_process(self.llama.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, b)
         if rc != 0:
-            raise BackendError(f"llama_decode failed (code {rc}) on a batch of {len(entries)} tokens "
-                               f"from several sequences")
+            raise BackendError(
+                f"llama_decode failed (code {rc}) on a batch of {len(entries)} tokens from several sequences"
+            )
 
     def seq_copy(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         """Let sequence ``dst`` share ``src``'s KV cells with positions in [p0, p1) (unified

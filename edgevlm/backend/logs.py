@@ -1,6 +1,7 @@
 """One sink for llama.cpp's two loggers (llama/ggml and clip/mtmd).
 
-``system.install_log_sink`` routes both loggers to ``on_text``. llama.cpp logs in fragments (``GGML_LOG_LEVEL_CONT``); lines are re-joined on newlines here so
+``system.install_log_sink`` routes both loggers to ``on_text``. llama.cpp logs in fragments
+(``GGML_LOG_LEVEL_CONT``); lines are re-joined on newlines here so
 listeners see whole lines. By default nothing is printed (edgevlm is silent unless ``--verbose``);
 ``capture()`` collects the lines of a block of code so callers can parse buffer sizes and timings.
 """

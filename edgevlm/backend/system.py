@@ -17,8 +17,17 @@ import psutil
 from ..errors import InputError
 from . import logs
 
-__all__ = ["MAX_THREADS", "GGMLDevice", "cpu_extra_buffers", "cpu_repacks", "default_threads", "ggml_devices",
-           "install_log_sink", "json_grammar", "template_renderer"]
+__all__ = [
+    "MAX_THREADS",
+    "GGMLDevice",
+    "cpu_extra_buffers",
+    "cpu_repacks",
+    "default_threads",
+    "ggml_devices",
+    "install_log_sink",
+    "json_grammar",
+    "template_renderer",
+]
 
 MAX_THREADS = 8  # past ~8 threads llama.cpp's CPU kernels wait on memory, not on cores
 
@@ -75,19 +84,25 @@ def ggml_devices() -> list[GGMLDevice]:
     lib.ggml_backend_dev_type.restype = ctypes.c_int
     lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
     lib.ggml_backend_dev_memory.restype = None
-    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
-                                            ctypes.POINTER(ctypes.c_size_t)]
+    lib.ggml_backend_dev_memory.argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
     out = []
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append(GGMLDevice(
-            (lib.ggml_backend_dev_name(dev) or b"?").decode(),
-            (lib.ggml_backend_dev_description(dev) or b"").decode(),
-            KINDS.get(lib.ggml_backend_dev_type(dev), "unknown"),
-            int(free.value), int(total.value),
-        ))
+        out.append(
+            GGMLDevice(
+                (lib.ggml_backend_dev_name(dev) or b"?").decode(),
+                (lib.ggml_backend_dev_description(dev) or b"").decode(),
+                KINDS.get(lib.ggml_backend_dev_type(dev), "unknown"),
+                int(free.value),
+                int(total.value),
+            )
+        )
     return out
 
 
@@ -128,8 +143,7 @@ def template_renderer(template: str, bos_token: str, eos_token: str) -> Callable
     HF's ``tojson``), with the generation prompt added."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    fmt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token,
-                              add_generation_prompt=True)
+    fmt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)
     return lambda messages: fmt(messages=messages).prompt
 
 
@@ -149,7 +163,6 @@ def json_grammar(schema: dict | None = None) -> str:
         raise InputError(f"JSON schema not supported: {type(exc).__name__}: {exc}") from None
 
 
-
 INT_ENUM_MAX = 1000
 
 
@@ -164,7 +177,10 @@ def _bounded_integers(node):
         lo = out.get("minimum", out["exclusiveMinimum"] + 1 if "exclusiveMinimum" in out else None)
         hi = out.get("maximum", out["exclusiveMaximum"] - 1 if "exclusiveMaximum" in out else None)
         if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and 0 <= hi - lo < INT_ENUM_MAX:
-            out = {k: v for k, v in out.items()
-                   if k not in ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")}
+            out = {
+                k: v
+                for k, v in out.items()
+                if k not in ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+            }
             out["enum"] = list(range(math.ceil(lo), math.floor(hi) + 1))
     return out

@@ -10,6 +10,20 @@ from .runner import Captioner, CaptionResult, caption_images
 from .settings import CaptionSettings, caption_slots, model_identity
 from .text import DEFAULT_PROMPT, check_template, clean_caption, compose, render_prompt
 
-__all__ = ["DEFAULT_PROMPT", "CaptionJob", "CaptionRecord", "CaptionResult", "CaptionSettings",
-           "CaptionSummary", "Captioner", "StopToken", "caption_images", "caption_slots",
-           "check_template", "clean_caption", "compose", "model_identity", "render_prompt"]
+__all__ = [
+    "DEFAULT_PROMPT",
+    "CaptionJob",
+    "CaptionRecord",
+    "CaptionResult",
+    "CaptionSettings",
+    "CaptionSummary",
+    "Captioner",
+    "StopToken",
+    "caption_images",
+    "caption_slots",
+    "check_template",
+    "clean_caption",
+    "compose",
+    "model_identity",
+    "render_prompt",
+]

@@ -33,8 +33,17 @@ from typing import IO
 from ..errors import InputError
 from ..vision.images import has_image_ext
 
-__all__ = ["common_root", "discover", "Discovery", "InputItem", "parse_shard", "read_head",
-           "read_list", "shard_of", "sniff"]
+__all__ = [
+    "common_root",
+    "discover",
+    "Discovery",
+    "InputItem",
+    "parse_shard",
+    "read_head",
+    "read_list",
+    "shard_of",
+    "sniff",
+]
 
 _GLOB_CHARS = set("*?[")
 _BMP_HEADERS = {12, 40, 52, 56, 64, 108, 124}
@@ -226,9 +235,17 @@ def shard_of(key: str, n: int) -> int:
     return int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()[:8], "big") % n
 
 
-def discover(inputs: Iterable[str] = (), *, recursive: bool = False, from_list: str | None = None,
-             null: bool = False, include: Iterable[str] = (), exclude: Iterable[str] = (),
-             shard: tuple[int, int] | None = None, stdin: IO[str] | None = None) -> Discovery:
+def discover(
+    inputs: Iterable[str] = (),
+    *,
+    recursive: bool = False,
+    from_list: str | None = None,
+    null: bool = False,
+    include: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+    shard: tuple[int, int] | None = None,
+    stdin: IO[str] | None = None,
+) -> Discovery:
     """Find the input images. ``shard`` is (i, n) with 1 ≤ i ≤ n."""
     finder = _Finder(recursive, list(include), list(exclude))
     for arg in inputs:

@@ -85,8 +85,7 @@ class CaptionSummary:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("remaining", "images_per_s", "tokens_per_s", "cached_per_image", "engine_share",
-                  "exit_code"):
+        for k in ("remaining", "images_per_s", "tokens_per_s", "cached_per_image", "engine_share", "exit_code"):
             d[k] = getattr(self, k)
         d["elapsed_s"] = round(self.elapsed_s, 3)
         for k in ("engine_ms", "load_ms", "wait_ms", "write_ms"):
@@ -98,24 +97,29 @@ class CaptionSummary:
         skipped = f"skipped {self.skipped}"
         if self.failed_before:
             skipped += f" ({self.failed_before} failed earlier)"
-        head = (f"captioned {self.done} · {skipped} · failed {self.failed}"
-                f" · {self.total} image(s) in {self.elapsed_s:.1f} s")
+        head = (
+            f"captioned {self.done} · {skipped} · failed {self.failed}"
+            f" · {self.total} image(s) in {self.elapsed_s:.1f} s"
+        )
         if self.done:
-            head += (f" · {self.images_per_s:.2f} images/s · {self.tokens_per_s:.1f} tok/s"
-                     f" · prefix reused {self.cached_per_image:g} tok/image")
+            head += (
+                f" · {self.images_per_s:.2f} images/s · {self.tokens_per_s:.1f} tok/s"
+                f" · prefix reused {self.cached_per_image:g} tok/image"
+            )
             if self.in_flight_max > 1:
                 head += f" · {self.in_flight_max} in flight"
         out = [head]
         if self.interrupted:
-            out.append(f"interrupted: {self.remaining} image(s) left; run the same command again "
-                       "to continue")
+            out.append(f"interrupted: {self.remaining} image(s) left; run the same command again to continue")
         if self.recovered:
             out.append(f"completed {self.recovered} caption file(s) an interrupted run had not written")
         if self.dropped_records:
             out.append(f"retried {self.dropped_records} image(s) that failed earlier")
         if self.failed or self.failed_before:
-            out.append(f"{self.failed + self.failed_before} image(s) without a caption: their "
-                       f"records in {self.out} have \"error\" set")
+            out.append(
+                f"{self.failed + self.failed_before} image(s) without a caption: their "
+                f'records in {self.out} have "error" set'
+            )
         return out
 
 
@@ -124,10 +128,22 @@ class CaptionJob:
     sidecars / metadata.jsonl (txt / metadata, with the record log at ``out``), resuming whatever
     an earlier run did."""
 
-    def __init__(self, items: list[InputItem], settings: CaptionSettings, *, model: str, mmproj: str,
-                 out: str | None = None, fmt: str = "jsonl", existing: str = "skip",
-                 separator: str = " ", root: str | None = None, sidecar_ext: str = ".txt",
-                 retry_errors: bool = False, identity: tuple[str, str] | None = None):
+    def __init__(
+        self,
+        items: list[InputItem],
+        settings: CaptionSettings,
+        *,
+        model: str,
+        mmproj: str,
+        out: str | None = None,
+        fmt: str = "jsonl",
+        existing: str = "skip",
+        separator: str = " ",
+        root: str | None = None,
+        sidecar_ext: str = ".txt",
+        retry_errors: bool = False,
+        identity: tuple[str, str] | None = None,
+    ):
         if fmt not in FORMATS:
             raise InputError(f"--format {fmt}: use one of {', '.join(FORMATS)}")
         if existing not in POLICIES:
@@ -148,8 +164,9 @@ class CaptionJob:
         else:
             self.deliverable = Plain(existing, separator, sidecar_ext)
         self.retry_errors = retry_errors
-        self.log: RecordLog | ParquetLog = ParquetLog(self.out) if fmt == "parquet" else \
-            RecordLog(self.out, "csv" if fmt == "csv" else "jsonl")
+        self.log: RecordLog | ParquetLog = (
+            ParquetLog(self.out) if fmt == "parquet" else RecordLog(self.out, "csv" if fmt == "csv" else "jsonl")
+        )
         self.summary = CaptionSummary(total=len(items), out=self.out)
         self.index = ResumeIndex()
         self.conflicts: dict[str, str] = {}
@@ -190,14 +207,30 @@ class CaptionJob:
         """Inputs without a record of these settings (an upper bound of the work left)."""
         return sum(1 for it in self.items if self.index.get(it.path) is None)
 
-    def run(self, engine: Any, *, stop: StopToken | None = None, prefetch: int = 2,
-            slots: int | None = None,
-            on_result: Callable[[CaptionResult, CaptionSummary], None] | None = None) -> CaptionSummary:
+    def run(
+        self,
+        engine: Any,
+        *,
+        stop: StopToken | None = None,
+        prefetch: int = 2,
+        slots: int | None = None,
+        on_result: Callable[[CaptionResult, CaptionSummary], None] | None = None,
+    ) -> CaptionSummary:
         """Caption with ``engine`` (None when ``needs_model()`` said no), up to ``slots`` images
         in flight (None: as many as its context has sequences)."""
         stop = stop or StopToken()
-        cap = Captioner(engine, self.settings, self.model_name, self.digest, self.deliverable,
-                        self.index, self.conflicts, stop, prefetch, slots)
+        cap = Captioner(
+            engine,
+            self.settings,
+            self.model_name,
+            self.digest,
+            self.deliverable,
+            self.index,
+            self.conflicts,
+            stop,
+            prefetch,
+            slots,
+        )
 
         def after() -> None:
             self.summary.wait_ms = cap.wait_s * 1000
@@ -205,9 +238,14 @@ class CaptionJob:
 
         return self.consume(cap.run(self.items), stop=stop, on_result=on_result, after=after)
 
-    def consume(self, results: Iterable[CaptionResult], *, stop: StopToken | None = None,
-                on_result: Callable[[CaptionResult, CaptionSummary], None] | None = None,
-                after: Callable[[], None] | None = None) -> CaptionSummary:
+    def consume(
+        self,
+        results: Iterable[CaptionResult],
+        *,
+        stop: StopToken | None = None,
+        on_result: Callable[[CaptionResult, CaptionSummary], None] | None = None,
+        after: Callable[[], None] | None = None,
+    ) -> CaptionSummary:
         """Write and count results as they come (from this process's Captioner, or from remote
         actors), then finish the deliverable; Ctrl-C (KeyboardInterrupt) ends it cleanly."""
         s = self.summary
@@ -274,8 +312,9 @@ class CaptionJob:
         try:
             commit = self.deliverable.stage(rec)
         except OSError as exc:  # e.g. the image's folder is read-only
-            rec = rec.with_(caption=None, text=None, error=f"cannot write {rec.target} ({exc.strerror or exc})",
-                            error_kind="io")
+            rec = rec.with_(
+                caption=None, text=None, error=f"cannot write {rec.target} ({exc.strerror or exc})", error_kind="io"
+            )
             res = replace(res, status="failed", record=rec)
         try:
             self.log.append(rec)

@@ -3,7 +3,8 @@
 ``RecordLog`` is the JSONL (or CSV) file of ``CaptionRecord``s. Each record is appended with one
 ``write`` on an ``O_APPEND`` descriptor and ``fsync``-ed before the next image starts; the file
 is locked while a run writes it (``filelock``: ``flock`` on POSIX, ``msvcrt`` on Windows, on a
-hidden ``.NAME.lock`` beside it; the system drops the lock when a killed run dies). On open, a torn last record (power loss, a kill
+hidden ``.NAME.lock`` beside it; the system drops the lock when a killed run dies). On open, a torn
+last record (power loss, a kill
 between the pages of a large write) is cut off, and the records already there say what is done.
 Files beside the log (sidecars, metadata.jsonl) are in ``caption_sidecars``.
 """
@@ -23,9 +24,23 @@ from filelock import FileLock, Timeout
 
 from ..errors import InputError
 
-__all__ = ["BATCH_LINES", "CAPTION_RECORDS", "CSV_COLUMNS", "ERROR_KINDS", "CaptionRecord", "Entry",
-           "LogKind", "RecordLog", "atomic_write", "commit_file", "csv_row", "fsync_dir", "lock_path",
-           "stage_file", "take_lock"]
+__all__ = [
+    "BATCH_LINES",
+    "CAPTION_RECORDS",
+    "CSV_COLUMNS",
+    "ERROR_KINDS",
+    "CaptionRecord",
+    "Entry",
+    "LogKind",
+    "RecordLog",
+    "atomic_write",
+    "commit_file",
+    "csv_row",
+    "fsync_dir",
+    "lock_path",
+    "stage_file",
+    "take_lock",
+]
 
 # io and runtime errors are retried by a rerun; output: the answer did not parse (--json-schema)
 ERROR_KINDS = ("input", "io", "context", "runtime", "output")
@@ -77,17 +92,27 @@ class CaptionRecord:
     def ok(self) -> bool:
         return self.error is None
 
-    def with_(self, **changes: Any) -> "CaptionRecord":
+    def with_(self, **changes: Any) -> CaptionRecord:
         """This record with ``changes`` (records are frozen: what is written is what was made)."""
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "custom_id": self.custom_id, "path": self.path, "sha256": self.sha256,
-            "caption": self.caption, "error": self.error, "error_kind": self.error_kind,
-            "model": self.model, "prompt": self.prompt, "image_tokens": self.image_tokens,
-            "width": self.width, "height": self.height, "stats": self.stats,
-            "settings": self.settings, "bytes": self.bytes, "mtime_ns": self.mtime_ns,
+            "custom_id": self.custom_id,
+            "path": self.path,
+            "sha256": self.sha256,
+            "caption": self.caption,
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "model": self.model,
+            "prompt": self.prompt,
+            "image_tokens": self.image_tokens,
+            "width": self.width,
+            "height": self.height,
+            "stats": self.stats,
+            "settings": self.settings,
+            "bytes": self.bytes,
+            "mtime_ns": self.mtime_ns,
             "created": self.created,
         }
         for key in ("raw_caption", "json", "target", "existing", "text"):
@@ -98,9 +123,28 @@ class CaptionRecord:
         return d
 
 
-CSV_COLUMNS = ["custom_id", "path", "sha256", "caption", "error", "error_kind", "model", "prompt",
-               "image_tokens", "width", "height", "prompt_n", "cached_n", "predicted_n", "total_ms",
-               "finish_reason", "settings", "bytes", "mtime_ns", "created"]
+CSV_COLUMNS = [
+    "custom_id",
+    "path",
+    "sha256",
+    "caption",
+    "error",
+    "error_kind",
+    "model",
+    "prompt",
+    "image_tokens",
+    "width",
+    "height",
+    "prompt_n",
+    "cached_n",
+    "predicted_n",
+    "total_ms",
+    "finish_reason",
+    "settings",
+    "bytes",
+    "mtime_ns",
+    "created",
+]
 _CSV_INTS = {"image_tokens", "width", "height", "prompt_n", "cached_n", "predicted_n", "bytes", "mtime_ns"}
 _STATS_COLS = ("prompt_n", "cached_n", "predicted_n", "total_ms", "finish_reason")
 
@@ -169,7 +213,7 @@ def stage_file(path: str, data: bytes) -> str:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -203,7 +247,7 @@ def _write_all(fd: int, data: bytes) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     except OSError:
         try:
@@ -283,7 +327,7 @@ class RecordLog:
                 self.entries.append(Entry({}, raw))
         tail = data[end:]
         mark = self.kind.mark
-        torn_ok = tail.startswith(mark) or mark.startswith(tail[:len(mark)])
+        torn_ok = tail.startswith(mark) or mark.startswith(tail[: len(mark)])
         if (data[:end].strip() and not recognised) or not torn_ok:
             raise InputError(f"{self.path}: exists and is not a {self.kind.what} (choose another --out)")
         return end
@@ -295,8 +339,7 @@ class RecordLog:
         if not data.startswith(header):
             if header.startswith(data):  # a torn header: start over
                 return 0
-            raise InputError(f"{self.path}: exists and is not a caption CSV written by edgevlm "
-                             "(choose another --out)")
+            raise InputError(f"{self.path}: exists and is not a caption CSV written by edgevlm (choose another --out)")
         # A record ends at a newline outside quotes: an even number of '"' since its start.
         pos = len(header)
         start = pos

@@ -31,10 +31,28 @@ __all__ = ["PARQUET_COLUMNS", "ParquetLog", "parquet_row", "pyarrow_module", "re
 
 _STR, _INT, _JSON, _LIST = "string", "int64", "json", "list"
 PARQUET_COLUMNS: dict[str, str] = {
-    "custom_id": _STR, "path": _STR, "sha256": _STR, "caption": _STR, "error": _STR, "error_kind": _STR,
-    "model": _STR, "prompt": _STR, "image_tokens": _INT, "width": _INT, "height": _INT, "stats": _JSON,
-    "settings": _STR, "bytes": _INT, "mtime_ns": _INT, "created": _STR, "raw_caption": _STR, "json": _JSON,
-    "notes": _LIST, "target": _STR, "existing": _STR, "text": _STR,
+    "custom_id": _STR,
+    "path": _STR,
+    "sha256": _STR,
+    "caption": _STR,
+    "error": _STR,
+    "error_kind": _STR,
+    "model": _STR,
+    "prompt": _STR,
+    "image_tokens": _INT,
+    "width": _INT,
+    "height": _INT,
+    "stats": _JSON,
+    "settings": _STR,
+    "bytes": _INT,
+    "mtime_ns": _INT,
+    "created": _STR,
+    "raw_caption": _STR,
+    "json": _JSON,
+    "notes": _LIST,
+    "target": _STR,
+    "existing": _STR,
+    "text": _STR,
 }
 _OPTIONAL = ("raw_caption", "json", "target", "existing", "text")  # absent from JSONL records when None
 _SHARD = re.compile(r"^part-(\d{6,})\.parquet$")
@@ -130,8 +148,9 @@ class ParquetLog:
     def open(self) -> ParquetLog:
         pyarrow_module()
         if os.path.isfile(self.path):
-            raise InputError(f"{self.path}: is a file; --format parquet writes a folder of shards "
-                             "(choose another --out)")
+            raise InputError(
+                f"{self.path}: is a file; --format parquet writes a folder of shards (choose another --out)"
+            )
         os.makedirs(self.path, exist_ok=True)
         take_lock(self.lock, self.path, "edgevlm caption run")
         self._opened = True
@@ -165,8 +184,9 @@ class ParquetLog:
             if not self._buffer:
                 self._since = time.monotonic()
             self._buffer.append(r if isinstance(r, dict) else r.to_dict())
-        if len(self._buffer) >= self.rows_per_shard or \
-                (self._buffer and time.monotonic() - self._since >= self.flush_s):
+        if len(self._buffer) >= self.rows_per_shard or (
+            self._buffer and time.monotonic() - self._since >= self.flush_s
+        ):
             self.flush()
 
     def flush(self) -> None:

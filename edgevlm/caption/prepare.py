@@ -48,7 +48,7 @@ class Prepared:
 
 
 def strip_label(msg: str, path: str) -> str:
-    return msg[len(path) + 2:] if msg.startswith(path + ": ") else msg
+    return msg[len(path) + 2 :] if msg.startswith(path + ": ") else msg
 
 
 class ResumeIndex:
@@ -89,8 +89,15 @@ class ResumeIndex:
 class Preparer:
     """Turns an InputItem into a Prepared: stat, resume check, read, hash, decode, budget."""
 
-    def __init__(self, budget: ImageBudget | None, settings: CaptionSettings, digest: str,
-                 deliverable: Plain, index: ResumeIndex, conflicts: dict[str, str]):
+    def __init__(
+        self,
+        budget: ImageBudget | None,
+        settings: CaptionSettings,
+        digest: str,
+        deliverable: Plain,
+        index: ResumeIndex,
+        conflicts: dict[str, str],
+    ):
         self.budget = budget  # None: no model (every input is known to be done)
         self.settings = settings
         self.digest = digest
@@ -99,8 +106,9 @@ class Preparer:
         self.conflicts = conflicts
 
     def custom_id(self, path: str, sha: str | None) -> str:
-        return "img-" + hashlib.sha256(f"{path}\0{sha}\0{self.digest}".encode(
-            "utf-8", "surrogateescape")).hexdigest()[:20]
+        return (
+            "img-" + hashlib.sha256(f"{path}\0{sha}\0{self.digest}".encode("utf-8", "surrogateescape")).hexdigest()[:20]
+        )
 
     def __call__(self, item: InputItem) -> Prepared:
         t0 = time.perf_counter()
@@ -152,8 +160,12 @@ class Preparer:
         p.bytes = st.st_size if st is not None else len(given or b"")
         p.mtime_ns = st.st_mtime_ns if st is not None else None
         prev = self.index.get(item.path)
-        if prev is not None and st is not None and prev.data.get("bytes") == st.st_size and \
-                prev.data.get("mtime_ns") == st.st_mtime_ns:
+        if (
+            prev is not None
+            and st is not None
+            and prev.data.get("bytes") == st.st_size
+            and prev.data.get("mtime_ns") == st.st_mtime_ns
+        ):
             p.status, p.reason, p.previous = "skip", "done", prev.data
             return p
         if item.path in self.conflicts:
@@ -165,8 +177,9 @@ class Preparer:
         if given is None and os.path.isdir(item.path):
             return self._fail(p, "input", "is a directory, not an image")
         if p.bytes > s.max_file_bytes:
-            return self._fail(p, "input", f"{p.bytes:,} bytes is over the file size limit of "
-                                          f"{s.max_file_bytes:,} (--max-file-size)")
+            return self._fail(
+                p, "input", f"{p.bytes:,} bytes is over the file size limit of {s.max_file_bytes:,} (--max-file-size)"
+            )
         if given is not None:
             data = given
         else:
@@ -200,8 +213,13 @@ class Prefetcher:
 
     _END = object()
 
-    def __init__(self, items: Iterable[InputItem], prepare: Callable[[InputItem], Prepared], depth: int = 2,
-                 stop: StopToken | None = None):
+    def __init__(
+        self,
+        items: Iterable[InputItem],
+        prepare: Callable[[InputItem], Prepared],
+        depth: int = 2,
+        stop: StopToken | None = None,
+    ):
         self.items = items
         self.stop = stop
         self.prepare = prepare
@@ -273,5 +291,3 @@ class StopToken:
     def check(self) -> None:
         if self.abandoned:
             raise KeyboardInterrupt
-
-

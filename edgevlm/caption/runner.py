@@ -52,8 +52,13 @@ class CaptionResult:
     previous: dict[str, Any] | None = None  # skipped as done: the earlier record
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "path": self.item.path, "reason": self.reason,
-                "record": self.record.to_dict() if self.record else None, "previous": self.previous}
+        return {
+            "status": self.status,
+            "path": self.item.path,
+            "reason": self.reason,
+            "record": self.record.to_dict() if self.record else None,
+            "previous": self.previous,
+        }
 
 
 def _now() -> str:
@@ -74,10 +79,19 @@ class Captioner:
     a CaptionResult per input (in the order images finish, within ``slots`` of the input
     order)."""
 
-    def __init__(self, engine: Any, settings: CaptionSettings, model_name: str, digest: str,
-                 deliverable: Plain | None = None, index: ResumeIndex | None = None,
-                 conflicts: dict[str, str] | None = None, stop: StopToken | None = None,
-                 prefetch: int = 2, slots: int | None = None):
+    def __init__(
+        self,
+        engine: Any,
+        settings: CaptionSettings,
+        model_name: str,
+        digest: str,
+        deliverable: Plain | None = None,
+        index: ResumeIndex | None = None,
+        conflicts: dict[str, str] | None = None,
+        stop: StopToken | None = None,
+        prefetch: int = 2,
+        slots: int | None = None,
+    ):
         settings.validate()
         self.engine = engine  # a LoadedModel; None: every input is known to be done (nothing to caption)
         self.client = Client("caption")
@@ -98,8 +112,9 @@ class Captioner:
         budget = None
         if engine is not None:
             sched = engine.scheduler
-            budget = engine.image_budget_for(replace(engine.options, image_tokens=settings.image_tokens or None,
-                                                     tiles=settings.tiles))
+            budget = engine.image_budget_for(
+                replace(engine.options, image_tokens=settings.image_tokens or None, tiles=settings.tiles)
+            )
             self.slots = max(1, min(slots or sched.max_running, sched.max_running))
         self.preparer = Preparer(budget, settings, digest, self.out, self.index, conflicts or {})
 
@@ -113,18 +128,29 @@ class Captioner:
 
     def _record(self, p: Prepared, **kw: Any) -> CaptionRecord:
         fields: dict[str, Any] = dict(
-            custom_id=self.preparer.custom_id(p.item.path, p.sha256), path=p.item.path,
-            sha256=p.sha256, caption=None, model=self.model_name, prompt=None, settings=self.digest,
-            width=p.width, height=p.height, bytes=p.bytes, mtime_ns=p.mtime_ns, notes=tuple(p.notes),
-            target=self.out.target(p.item), existing=p.existing, created=_now())
+            custom_id=self.preparer.custom_id(p.item.path, p.sha256),
+            path=p.item.path,
+            sha256=p.sha256,
+            caption=None,
+            model=self.model_name,
+            prompt=None,
+            settings=self.digest,
+            width=p.width,
+            height=p.height,
+            bytes=p.bytes,
+            mtime_ns=p.mtime_ns,
+            notes=tuple(p.notes),
+            target=self.out.target(p.item),
+            existing=p.existing,
+            created=_now(),
+        )
         return CaptionRecord(**{**fields, **kw})
 
     def _settled(self, p: Prepared) -> CaptionResult:
         """An input that needs no model: done before, skipped, or broken."""
         if p.status == "skip":
             return CaptionResult("skipped", p.item, reason=p.reason, previous=p.previous)
-        rec = self._record(p, error=p.error, error_kind=p.error_kind,
-                           stats={"image_load_ms": round(p.load_ms, 2)})
+        rec = self._record(p, error=p.error, error_kind=p.error_kind, stats={"image_load_ms": round(p.load_ms, 2)})
         return CaptionResult("failed", p.item, rec)
 
     def _request(self, job: _InFlight) -> Request:
@@ -135,9 +161,15 @@ class Captioner:
         job.notices.extend(adm.notices)
         msg = Message("user", job.prompt, adm.views, labels=[lb for lb, _ in p.views])
         prompt = sched.render([msg], s.system, self.merge, keep_images=False)
-        return Request(prompt, s.max_tokens, s.sampling(self.grammar),
-                       tuple(s.stop) + tuple(sched.default_stops), new_images=frozenset(prompt.units),
-                       t_start=job.t0, tag=job)
+        return Request(
+            prompt,
+            s.max_tokens,
+            s.sampling(self.grammar),
+            tuple(s.stop) + tuple(sched.default_stops),
+            new_images=frozenset(prompt.units),
+            t_start=job.t0,
+            tag=job,
+        )
 
     def _run(self, pf: Prefetcher) -> Iterator[CaptionResult]:
         sched = self.engine.scheduler if self.engine is not None else None
@@ -157,8 +189,9 @@ class Captioner:
                         if p.status != "caption":
                             yield self._settled(p)
                             continue
-                        job = _InFlight(p, render_prompt(self.settings.prompt, p.item, p.existing), [],
-                                        time.perf_counter())
+                        job = _InFlight(
+                            p, render_prompt(self.settings.prompt, p.item, p.existing), [], time.perf_counter()
+                        )
                         if sched is None:  # the file changed after the run decided no model was needed
                             yield self._failed(p, job.prompt, "runtime", "changed while the run started; run again")
                             continue
@@ -200,8 +233,17 @@ class Captioner:
     def _error(self, p: Prepared, prompt: str, exc: BaseException) -> CaptionResult:
         if isinstance(exc, EdgeVLMError):
             # memory short now: "runtime" (a rerun retries); a template that refuses: "input"
-            kind = "input" if isinstance(exc, ImageError) else "runtime" if isinstance(exc, MemoryBusy) else \
-                "context" if isinstance(exc, ContextExceeded) else "input" if isinstance(exc, InputError) else "runtime"
+            kind = (
+                "input"
+                if isinstance(exc, ImageError)
+                else "runtime"
+                if isinstance(exc, MemoryBusy)
+                else "context"
+                if isinstance(exc, ContextExceeded)
+                else "input"
+                if isinstance(exc, InputError)
+                else "runtime"
+            )
             return self._failed(p, prompt, kind, strip_label(str(exc), p.item.path))
         # a failure in llama.cpp or a bug: record it, go on
         return self._failed(p, prompt, "runtime", f"{type(exc).__name__}: {exc}")
@@ -217,15 +259,31 @@ class Captioner:
                 parsed = json.loads(raw)
             except ValueError:
                 why = "it hit --max-tokens" if stats.finish_reason == "length" else "it stopped early"
-                rec = self._record(p, prompt=job.prompt, error=f"the answer is not complete JSON ({why})",
-                                   error_kind="output", raw_caption=raw, stats={"image_load_ms": round(p.load_ms, 2)})
+                rec = self._record(
+                    p,
+                    prompt=job.prompt,
+                    error=f"the answer is not complete JSON ({why})",
+                    error_kind="output",
+                    raw_caption=raw,
+                    stats={"image_load_ms": round(p.load_ms, 2)},
+                )
                 return CaptionResult("failed", p.item, rec)
         text = clean_caption(raw, stats.finish_reason == "length") if self.settings.clean else raw
         caption = self.settings.prefix + text + self.settings.suffix
-        st = {**stats.to_dict(), "image_load_ms": round(p.load_ms, 2),
-              "total_ms": round((time.perf_counter() - job.t0) * 1000, 2)}
-        rec = self._record(p, caption=caption, prompt=job.prompt, image_tokens=stats.image_tokens, stats=st,
-                           raw_caption=raw if raw != caption else None, json=parsed)
+        st = {
+            **stats.to_dict(),
+            "image_load_ms": round(p.load_ms, 2),
+            "total_ms": round((time.perf_counter() - job.t0) * 1000, 2),
+        }
+        rec = self._record(
+            p,
+            caption=caption,
+            prompt=job.prompt,
+            image_tokens=stats.image_tokens,
+            stats=st,
+            raw_caption=raw if raw != caption else None,
+            json=parsed,
+        )
         rec = rec.with_(notes=rec.notes + tuple(n for n in job.notices if n not in rec.notes))
         if rec.target is not None:
             rec = rec.with_(text=compose(p.existing, caption, self.out.policy, self.out.separator))
@@ -235,16 +293,23 @@ class Captioner:
         if kind == "runtime":
             self.fails_in_a_row += 1
             if self.fails_in_a_row >= FAILS_IN_A_ROW:
-                raise BackendError(f"llama.cpp failed on {self.fails_in_a_row} images in a row, "
-                                   f"stopping (last: {p.item.path}: {msg})")
-        rec = self._record(p, prompt=prompt, error=msg, error_kind=kind,
-                           stats={"image_load_ms": round(p.load_ms, 2)})
+                raise BackendError(
+                    f"llama.cpp failed on {self.fails_in_a_row} images in a row, stopping (last: {p.item.path}: {msg})"
+                )
+        rec = self._record(p, prompt=prompt, error=msg, error_kind=kind, stats={"image_load_ms": round(p.load_ms, 2)})
         return CaptionResult("failed", p.item, rec)
 
 
-def caption_images(engine: Any, inputs: Iterable[str | InputItem],
-                   settings: CaptionSettings | None = None, *, recursive: bool = False,
-                   prefetch: int = 2, slots: int | None = None, **fields: Any) -> Iterator[CaptionRecord]:
+def caption_images(
+    engine: Any,
+    inputs: Iterable[str | InputItem],
+    settings: CaptionSettings | None = None,
+    *,
+    recursive: bool = False,
+    prefetch: int = 2,
+    slots: int | None = None,
+    **fields: Any,
+) -> Iterator[CaptionRecord]:
     """Caption images (paths, directories, globs) without writing files: one record each.
     The engine's conversation and options stay as they are.
 

@@ -75,8 +75,7 @@ class CaptionSettings:
         return hashlib.sha256(repr(sorted(d.items())).encode()).hexdigest()[:12]
 
 
-def caption_slots(n_ctx: int, image_tokens: int | None, settings: CaptionSettings,
-                  want: int | None = None) -> int:
+def caption_slots(n_ctx: int, image_tokens: int | None, settings: CaptionSettings, want: int | None = None) -> int:
     """Images in flight for a context of ``n_ctx`` (``want`` None: as many as fit, up to
     ``DEFAULT_IN_FLIGHT``), by the context budget's rule: each needs its image tokens
     (``image_tokens``: the plan's budget; after merging, what merging keeps), its instruction
@@ -84,16 +83,18 @@ def caption_slots(n_ctx: int, image_tokens: int | None, settings: CaptionSetting
     per_image = settings.image_tokens or image_tokens or DEFAULT_DYNAMIC_IMAGE_TOKENS
     per_image = MergeSpec.parse(settings.merge).target(per_image) or per_image
     rule = ContextBudget(n_ctx)
-    return rule.prompts_in_flight(per_image, settings.max_tokens, rule.shared_prefix(settings.system),
-                                  want or DEFAULT_IN_FLIGHT)
+    return rule.prompts_in_flight(
+        per_image, settings.max_tokens, rule.shared_prefix(settings.system), want or DEFAULT_IN_FLIGHT
+    )
 
 
 def model_identity(model: str, mmproj: str) -> tuple[str, str]:
     """(name for records, identity for the resume key): file names and sizes, no hashing."""
+
     def ident(p: str) -> str:
         try:
             return f"{os.path.basename(p)}:{os.path.getsize(p)}"
         except OSError:
             return os.path.basename(p)
-    return os.path.basename(model), f"{ident(model)}+{ident(mmproj)}"
 
+    return os.path.basename(model), f"{ident(model)}+{ident(mmproj)}"

@@ -85,8 +85,9 @@ class Sidecars(Plain):
             if t == os.path.normcase(os.path.abspath(it.path)):
                 bad[it.path] = f"its caption file would be the image itself ({self.ext})"
             elif t in owner:
-                bad[it.path] = (f"its caption file {self.sidecar(it)} is also the caption file of "
-                                f"{owner[t]}; rename one of them")
+                bad[it.path] = (
+                    f"its caption file {self.sidecar(it)} is also the caption file of {owner[t]}; rename one of them"
+                )
             else:
                 owner[t] = it.path
         return bad
@@ -149,8 +150,9 @@ class Metadata(Plain):
             except ValueError:
                 row = None
             if not isinstance(row, dict) or "file_name" not in row:
-                raise InputError(f"{self.path}: line {n} is not a metadata record with file_name; "
-                                 "fix it or choose another --root")
+                raise InputError(
+                    f"{self.path}: line {n} is not a metadata record with file_name; fix it or choose another --root"
+                )
             rows[str(row["file_name"])] = row
         return rows
 
@@ -159,8 +161,11 @@ class Metadata(Plain):
         return None if rel.startswith("..") else rel.replace(os.sep, "/")
 
     def prepare(self, items: list[InputItem]) -> dict[str, str]:
-        return {it.path: f"not under --root {self.root}, so metadata.jsonl cannot name it"
-                for it in items if self.file_name(it) is None}
+        return {
+            it.path: f"not under --root {self.root}, so metadata.jsonl cannot name it"
+            for it in items
+            if self.file_name(it) is None
+        }
 
     def target(self, item: InputItem) -> str | None:
         return self.file_name(item)
@@ -191,6 +196,7 @@ class Metadata(Plain):
             self._set(target, text)
             if time.monotonic() - self.last_flush >= self.FLUSH_SECONDS:
                 self.flush()
+
         return commit
 
     def recover(self, entries: list[Entry]) -> int:

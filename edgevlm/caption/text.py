@@ -8,11 +8,10 @@ import os
 import re
 import string
 
-from .inputs import InputItem
 from ..errors import InputError
+from .inputs import InputItem
 
-__all__ = ["DEFAULT_PROMPT", "PLACEHOLDERS", "check_template", "clean_caption", "compose",
-           "render_prompt"]
+__all__ = ["DEFAULT_PROMPT", "PLACEHOLDERS", "check_template", "clean_caption", "compose", "render_prompt"]
 
 DEFAULT_PROMPT = "Write a one-sentence caption for this image."
 PLACEHOLDERS = ("name", "filename", "path", "existing")
@@ -25,25 +24,35 @@ def check_template(template: str) -> None:
         raise InputError(f"--prompt: {exc} (write {{{{ and }}}} for literal braces)") from None
     for f in fields:
         if f not in PLACEHOLDERS:
-            raise InputError(f"--prompt: unknown placeholder {{{f}}} (use "
-                             + ", ".join("{" + p + "}" for p in PLACEHOLDERS) + ")")
+            raise InputError(
+                f"--prompt: unknown placeholder {{{f}}} (use " + ", ".join("{" + p + "}" for p in PLACEHOLDERS) + ")"
+            )
 
 
 def render_prompt(template: str, item: InputItem, existing: str | None) -> str:
-    return template.format_map({"name": item.name, "filename": os.path.basename(item.path),
-                                "path": item.path, "existing": (existing or "").strip()})
+    return template.format_map(
+        {
+            "name": item.name,
+            "filename": os.path.basename(item.path),
+            "path": item.path,
+            "existing": (existing or "").strip(),
+        }
+    )
 
 
-_PREAMBLES = [re.compile(p, re.IGNORECASE) for p in (
-    r"^(sure|certainly|of course|okay|ok)\b[,.!:]?\s*",
-    r"^(here is|here's|below is)\s+(a|an|the|my)?\s*([\w-]+\s+){0,3}(caption|description)\b[^:\n]*?[:.]\s*",
-    r"^(caption|description)\s*:\s*",
-    r"^(in\s+)?(this|the)\s+(image|picture|photo|photograph|scene|illustration)\s*,?\s*"
-    r"(we can see|we see|you can see|there is|there are|i see)\s+",
-    r"^(this|the)\s+(image|picture|photo|photograph|scene|illustration|artwork)\s+"
-    r"(shows|depicts|features|displays|contains|captures|presents|portrays|illustrates|is of)\s+",
-    r"^(an?\s+)?(image|picture|photo|photograph)\s+(of|showing|depicting)\s+",
-)]
+_PREAMBLES = [
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"^(sure|certainly|of course|okay|ok)\b[,.!:]?\s*",
+        r"^(here is|here's|below is)\s+(a|an|the|my)?\s*([\w-]+\s+){0,3}(caption|description)\b[^:\n]*?[:.]\s*",
+        r"^(caption|description)\s*:\s*",
+        r"^(in\s+)?(this|the)\s+(image|picture|photo|photograph|scene|illustration)\s*,?\s*"
+        r"(we can see|we see|you can see|there is|there are|i see)\s+",
+        r"^(this|the)\s+(image|picture|photo|photograph|scene|illustration|artwork)\s+"
+        r"(shows|depicts|features|displays|contains|captures|presents|portrays|illustrates|is of)\s+",
+        r"^(an?\s+)?(image|picture|photo|photograph)\s+(of|showing|depicting)\s+",
+    )
+]
 _QUOTES = [('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019")]
 
 
@@ -64,7 +73,7 @@ def clean_caption(text: str, truncated: bool = False) -> str:
     if truncated:
         ends = [m.end() for m in re.finditer(r"[.!?](?=\s|$)", t)]
         if ends and ends[-1] < len(t) and ends[-1] >= len(t) // 3:
-            t = t[:ends[-1]]
+            t = t[: ends[-1]]
     return t[:1].upper() + t[1:] if t else t
 
 

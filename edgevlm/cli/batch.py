@@ -35,34 +35,83 @@ status_code or "error") · 2 the file is unusable (unreadable, not a batch file)
 @click.command(epilog=EXIT_CODES)
 @click.argument("requests", type=click.Path(dir_okay=False))
 @click.option("--out", "-o", metavar="PATH", help="Output file [default: REQUESTS_output.jsonl].")
-@click.option("--model", "-m",
-              help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
-                   "(default: the largest registry model that fits; $EDGEVLM_MODEL).")
+@click.option(
+    "--model",
+    "-m",
+    help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
+    "(default: the largest registry model that fits; $EDGEVLM_MODEL).",
+)
 @click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
-@click.option("--max-tokens", "-n", default=ServeOptions.max_tokens, show_default=True, type=click.IntRange(1),
-              help="Reply length for requests that name no max_tokens.")
-@click.option("--parallel", type=AutoInt(), default="auto", show_default=True,
-              help="Requests generated together in one batch (auto: up to 4, as many as the context holds).")
-@click.option("--timeout", default=ServeOptions.timeout_s, show_default=True, type=click.FloatRange(1),
-              help="Seconds one request may take (a 503 line when it does not finish; a rerun asks again).")
-@click.option("--allow-path", multiple=True, type=click.Path(file_okay=False, exists=True),
-              help="Another folder whose images lines may name by path (the requests file's folder and the "
-                   "current one always are; relative paths are read from the current folder).")
-@click.option("--allow-private-urls", is_flag=True,
-              help="Fetch image URLs that resolve to loopback, private or link-local addresses.")
+@click.option(
+    "--max-tokens",
+    "-n",
+    default=ServeOptions.max_tokens,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Reply length for requests that name no max_tokens.",
+)
+@click.option(
+    "--parallel",
+    type=AutoInt(),
+    default="auto",
+    show_default=True,
+    help="Requests generated together in one batch (auto: up to 4, as many as the context holds).",
+)
+@click.option(
+    "--timeout",
+    default=ServeOptions.timeout_s,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="Seconds one request may take (a 503 line when it does not finish; a rerun asks again).",
+)
+@click.option(
+    "--allow-path",
+    multiple=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="Another folder whose images lines may name by path (the requests file's folder and the "
+    "current one always are; relative paths are read from the current folder).",
+)
+@click.option(
+    "--allow-private-urls",
+    is_flag=True,
+    help="Fetch image URLs that resolve to loopback, private or link-local addresses.",
+)
 @tiles_option
 @merge_option
 @plan_options
 @threads_option
 @max_pixels_option("Images with more pixels get a 400 line (decompression-bomb guard).")
 @ray_options("lines", "Answer")
-@click.option("--progress", type=click.Choice(["auto", "bar", "json", "none"]), default="auto",
-              show_default=True, help="auto: a bar when stderr is a terminal; json: one object per line.")
+@click.option(
+    "--progress",
+    type=click.Choice(["auto", "bar", "json", "none"]),
+    default="auto",
+    show_default=True,
+    help="auto: a bar when stderr is a terminal; json: one object per line.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary (errors still show).")
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
-def batch(requests, out, model, mmproj, max_tokens, parallel, timeout, allow_path, allow_private_urls, tiles,
-          merge, planning, threads, max_pixels, ray, progress, quiet, verbose) -> None:
+def batch(
+    requests,
+    out,
+    model,
+    mmproj,
+    max_tokens,
+    parallel,
+    timeout,
+    allow_path,
+    allow_private_urls,
+    tiles,
+    merge,
+    planning,
+    threads,
+    max_pixels,
+    ray,
+    progress,
+    quiet,
+    verbose,
+) -> None:
     """Answer an OpenAI batch file: one output line per custom_id, as `edgevlm serve` answers.
 
     \b
@@ -91,15 +140,26 @@ def batch(requests, out, model, mmproj, max_tokens, parallel, timeout, allow_pat
     # conversations kept as `serve` keeps them (one KV layout for the same requests: a line is
     # answered as the server answers it); the output buffer is counted for the most of them
     most = serve_sequences(planning.wishes.n_ctx or AUTO_CTX_MAX, parallel or DEFAULT_PARALLEL)
-    wishes = replace(planning.serving(ServeOptions.host_allowance), images=max(planning.wishes.images, parallel or 1),
-                     merge=str(merge), sequences=most)
+    wishes = replace(
+        planning.serving(ServeOptions.host_allowance),
+        images=max(planning.wishes.images, parallel or 1),
+        merge=str(merge),
+        sequences=most,
+    )
     folder = os.path.dirname(os.path.abspath(requests))
-    options = ServeOptions(model_id="edgevlm", queue=parallel or DEFAULT_PARALLEL, max_tokens=max_tokens, timeout_s=timeout,
-                           host_allowance=wishes.host_allowance,
-                           allow_private_urls=allow_private_urls, path_base=os.getcwd(),
-                           allow_paths=tuple(dict.fromkeys([folder, os.getcwd(), *map(os.path.abspath, allow_path)])))
-    engine_options = EngineOptions(image_tokens=wishes.image_tokens, tiles=tiles, merge=merge,
-                                   max_image_pixels=max_pixels)
+    options = ServeOptions(
+        model_id="edgevlm",
+        queue=parallel or DEFAULT_PARALLEL,
+        max_tokens=max_tokens,
+        timeout_s=timeout,
+        host_allowance=wishes.host_allowance,
+        allow_private_urls=allow_private_urls,
+        path_base=os.getcwd(),
+        allow_paths=tuple(dict.fromkeys([folder, os.getcwd(), *map(os.path.abspath, allow_path)])),
+    )
+    engine_options = EngineOptions(
+        image_tokens=wishes.image_tokens, tiles=tiles, merge=merge, max_image_pixels=max_pixels
+    )
     output = BatchOutput(data, out).open()
     token = StopToken()
     sig = StopSignals(token, ui, "request(s)")
@@ -109,19 +169,49 @@ def batch(requests, out, model, mmproj, max_tokens, parallel, timeout, allow_pat
         if not todo:
             pass
         elif ray.address is not None:
-            _on_ray(output, ray.address, model, mmproj, wishes, planning, threads, parallel, ray.actors, ray.batch,
-                    verbose, options, engine_options, ui, sig)
+            _on_ray(
+                output,
+                ray.address,
+                model,
+                mmproj,
+                wishes,
+                planning,
+                threads,
+                parallel,
+                ray.actors,
+                ray.batch,
+                verbose,
+                options,
+                engine_options,
+                ui,
+                sig,
+            )
         else:
-            _here(output, todo, model, mmproj, wishes, planning, threads, parallel, verbose, quiet, options,
-                  engine_options, ui, sig)
+            _here(
+                output,
+                todo,
+                model,
+                mmproj,
+                wishes,
+                planning,
+                threads,
+                parallel,
+                verbose,
+                quiet,
+                options,
+                engine_options,
+                ui,
+                sig,
+            )
     finally:
         output.close()
     ui.finish(output.summary)
     sys.exit(output.summary.exit_code)
 
 
-def _here(output, todo, model, mmproj, wishes, planning, threads, parallel, verbose, quiet, options,
-          engine_options, ui, sig) -> None:
+def _here(
+    output, todo, model, mmproj, wishes, planning, threads, parallel, verbose, quiet, options, engine_options, ui, sig
+) -> None:
     from ..serve.batchfile import error_line
     from ..serve.batchrun import run_lines
     from .loading import load_engine, model_paths
@@ -132,11 +222,24 @@ def _here(output, todo, model, mmproj, wishes, planning, threads, parallel, verb
         try:
             if any(ln.ok for ln in todo):
                 model, mmproj = model_paths(model, mmproj, quiet=quiet, probe_args=planning.probe_args, wishes=wishes)
-                layout = lambda plan: serve_layout(plan.n_ctx, plan.image_max_tokens, options.max_tokens,  # noqa: E731
-                                                   parallel, wishes.sequences)
-                engine = load_engine(model, mmproj, verbose, wishes=wishes, options=engine_options, n_threads=threads,
-                                     n_seq_max=lambda plan: layout(plan)[0], parallel=lambda plan: layout(plan)[1],
-                                     **planning.probe_args)
+                layout = lambda plan: serve_layout(
+                    plan.n_ctx,
+                    plan.image_max_tokens,
+                    options.max_tokens,  # noqa: E731
+                    parallel,
+                    wishes.sequences,
+                )
+                engine = load_engine(
+                    model,
+                    mmproj,
+                    verbose,
+                    wishes=wishes,
+                    options=engine_options,
+                    n_threads=threads,
+                    n_seq_max=lambda plan: layout(plan)[0],
+                    parallel=lambda plan: layout(plan)[1],
+                    **planning.probe_args,
+                )
                 options = _named(options, spec, model)
             sig.running = True
             if engine is None:  # only lines that are not requests: answered without a model
@@ -169,8 +272,23 @@ def _emit(output, d, ui) -> None:
         ui.update(d, output.summary)
 
 
-def _on_ray(output, address, model, mmproj, wishes, planning, threads, parallel, actors, batch_size, verbose,
-            options, engine_options, ui, sig) -> None:
+def _on_ray(
+    output,
+    address,
+    model,
+    mmproj,
+    wishes,
+    planning,
+    threads,
+    parallel,
+    actors,
+    batch_size,
+    verbose,
+    options,
+    engine_options,
+    ui,
+    sig,
+) -> None:
     from dataclasses import replace
 
     from ..cluster.batch import answer_on_ray
@@ -182,12 +300,21 @@ def _on_ray(output, address, model, mmproj, wishes, planning, threads, parallel,
     options = _named(options, spec_name, model)
     with connect(address, verbose=verbose) as cluster, sig:
         lay = ray_layout(cluster, actors, threads, ui)
-        spec = replace(ray_spec(model, mmproj, replace(planning, wishes=wishes), parallel, verbose),
-                       threads=lay.threads)
+        spec = replace(
+            ray_spec(model, mmproj, replace(planning, wishes=wishes), parallel, verbose), threads=lay.threads
+        )
         try:
             sig.running = True
-            answer_on_ray(output, spec, lay, options, engine_options, batch_size=batch_size, stop=sig.token,
-                          on_line=lambda d, line: ui.update(d, output.summary))
+            answer_on_ray(
+                output,
+                spec,
+                lay,
+                options,
+                engine_options,
+                batch_size=batch_size,
+                stop=sig.token,
+                on_line=lambda d, line: ui.update(d, output.summary),
+            )
         except KeyboardInterrupt:
             output.summary.interrupted = True
         finally:
@@ -206,8 +333,15 @@ class BatchView(StderrView):
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
-            self.bar = Progress(SpinnerColumn(), TextColumn("answering"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[counts]}"), console=Console(stderr=True), transient=True)
+            self.bar = Progress(
+                SpinnerColumn(),
+                TextColumn("answering"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[counts]}"),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task("batch", total=todo, counts="")
 
@@ -218,18 +352,26 @@ class BatchView(StderrView):
         err = d.get("error") or ((resp.get("body") or {}).get("error") if status != 200 else None)
         message = (err or {}).get("message") if isinstance(err, dict) else None
         if self.mode == "json":
-            ev = {"event": "line", "n": self.n, "custom_id": d.get("custom_id"), "status_code": status,
-                  "answered": summary.answered, "failed": summary.failed}
+            ev = {
+                "event": "line",
+                "n": self.n,
+                "custom_id": d.get("custom_id"),
+                "status_code": status,
+                "answered": summary.answered,
+                "failed": summary.failed,
+            }
             if message:
                 ev["error"] = message
             self._emit(ev)
             return
         if message:
-            self.error(f"failed: {d.get('custom_id') or '(no custom_id)'}: " + (f"{status} " if status else "")
-                       + message)
+            self.error(
+                f"failed: {d.get('custom_id') or '(no custom_id)'}: " + (f"{status} " if status else "") + message
+            )
         if self.bar is not None:
-            self.bar.update(self.task, completed=self.n,
-                            counts=f"answered {summary.answered} · failed {summary.failed}")
+            self.bar.update(
+                self.task, completed=self.n, counts=f"answered {summary.answered} · failed {summary.failed}"
+            )
 
     def finish(self, summary) -> None:
         self.stop()

@@ -15,14 +15,24 @@ __all__ = ["budget"]
 @click.command()
 @click.argument("image", type=click.Path(dir_okay=False))
 @click.option("--mmproj", required=True, type=click.Path(dir_okay=False), help="Vision projector GGUF.")
-@click.option("--model", "-m", type=click.Path(dir_okay=False),
-              help="The text model GGUF: with it, mtmd itself counts the tokens (needed for projector "
-                   "types edgevlm has no arithmetic for; its vocabulary is read, not its weights).")
+@click.option(
+    "--model",
+    "-m",
+    type=click.Path(dir_okay=False),
+    help="The text model GGUF: with it, mtmd itself counts the tokens (needed for projector "
+    "types edgevlm has no arithmetic for; its vocabulary is read, not its weights).",
+)
 @click.option("--image-tokens", type=click.IntRange(1), help="Token budget for this image.")
-@click.option("--tiles", type=Tiles(), default="auto", show_default=True,
-              help="Detail tiles for fixed-size encoders (LLaVA-1.5).")
-@click.option("--scorer", type=click.Choice(["edges", "entropy", "compress"]), default="edges",
-              show_default=True, help="How tile detail is scored.")
+@click.option(
+    "--tiles", type=Tiles(), default="auto", show_default=True, help="Detail tiles for fixed-size encoders (LLaVA-1.5)."
+)
+@click.option(
+    "--scorer",
+    type=click.Choice(["edges", "entropy", "compress"]),
+    default="edges",
+    show_default=True,
+    help="How tile detail is scored.",
+)
 @click.option("--overlay", type=click.Path(dir_okay=False), help="Write a PNG showing the views.")
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
 @click.option("--json", "as_json", is_flag=True, help="Print the image plan as JSON.")
@@ -64,8 +74,7 @@ def budget(image, mmproj, model, image_tokens, tiles, scorer, overlay, max_pixel
         except UnsupportedModel as exc:
             raise UnsupportedModel(f"{exc}; give the text model (--model) and mtmd counts them") from None
     if image_tokens is None:
-        ip = replace(ip, notes=(*ip.notes, f"budget {tokens} tokens per image: {source} "
-                                           f"(--image-tokens changes it)"))
+        ip = replace(ip, notes=(*ip.notes, f"budget {tokens} tokens per image: {source} (--image-tokens changes it)"))
     if overlay:
         draw_overlay(img, ip, overlay)
     if as_json:
@@ -75,14 +84,21 @@ def budget(image, mmproj, model, image_tokens, tiles, scorer, overlay, max_pixel
     from rich.table import Table
 
     console = Console(highlight=False, soft_wrap=True)
-    title = (f"{image} {img.width}x{img.height} · {ip.kind} · total {ip.total_tokens} tokens"
-             + (f" (budget {tokens})" if tokens else ""))
+    title = f"{image} {img.width}x{img.height} · {ip.kind} · total {ip.total_tokens} tokens" + (
+        f" (budget {tokens})" if tokens else ""
+    )
     t = Table(title=title, title_justify="left", box=None)
     for col in ("view", "box", "sent as", "tokens", "score", "selected"):
         t.add_column(col, justify="right" if col in ("tokens", "score") else "left")
     for v in ip.views:
-        t.add_row(v.label, "{},{}–{},{}".format(*v.box), f"{v.size[0]}x{v.size[1]}", str(v.tokens),
-                  "" if v.score is None else f"{v.score:.2f}", "yes" if v.selected else "-")
+        t.add_row(
+            v.label,
+            "{},{}–{},{}".format(*v.box),
+            f"{v.size[0]}x{v.size[1]}",
+            str(v.tokens),
+            "" if v.score is None else f"{v.score:.2f}",
+            "yes" if v.selected else "-",
+        )
     console.print(t)
     for n in ip.notes:
         console.print(f"note: {n}")

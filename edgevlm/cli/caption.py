@@ -64,17 +64,22 @@ class Selection:
 def selection_options(fn):
     @functools.wraps(fn)
     def wrapper(*args, recursive, from_list, null, include, exclude, shard, **kwargs):
-        return fn(*args, selection=Selection(recursive, from_list, null, tuple(include), tuple(exclude), shard),
-                  **kwargs)
+        return fn(
+            *args, selection=Selection(recursive, from_list, null, tuple(include), tuple(exclude), shard), **kwargs
+        )
 
-    for opt in reversed([
-        click.option("--recursive", "-r", is_flag=True, help="Enter subdirectories."),
-        click.option("--from-list", "from_list", metavar="FILE", help="Read input paths from FILE (- = stdin)."),
-        click.option("--null", "-0", is_flag=True, help="The list is NUL-separated (find -print0)."),
-        click.option("--include", multiple=True, metavar="PATTERN", help="Only files matching (repeatable)."),
-        click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip files / folders matching (repeatable)."),
-        click.option("--shard", type=Shard(), help="Caption only shard I of N (1-based; deterministic split)."),
-    ]):
+    for opt in reversed(
+        [
+            click.option("--recursive", "-r", is_flag=True, help="Enter subdirectories."),
+            click.option("--from-list", "from_list", metavar="FILE", help="Read input paths from FILE (- = stdin)."),
+            click.option("--null", "-0", is_flag=True, help="The list is NUL-separated (find -print0)."),
+            click.option("--include", multiple=True, metavar="PATTERN", help="Only files matching (repeatable)."),
+            click.option(
+                "--exclude", multiple=True, metavar="PATTERN", help="Skip files / folders matching (repeatable)."
+            ),
+            click.option("--shard", type=Shard(), help="Caption only shard I of N (1-based; deterministic split)."),
+        ]
+    ):
         wrapper = opt(wrapper)
     return wrapper
 
@@ -96,30 +101,54 @@ def output_options(fn):
     def wrapper(*args, out, fmt, existing, separator, root, sidecar_ext, **kwargs):
         return fn(*args, output=Output(out, fmt, existing, separator, root, sidecar_ext), **kwargs)
 
-    for opt in reversed([
-        click.option("--out", "-o", metavar="PATH",
-                     help="Record file [default: captions.jsonl, captions.csv, captions.parquet/]; "
-                          "{shard} becomes I-of-N with --shard."),
-        click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet", "txt", "metadata"]),
-                     default="jsonl", show_default=True,
-                     help="parquet: a folder of shards (pip install 'edgevlm[parquet]'); txt: "
-                          "<stem>.txt beside each image; metadata: HF imagefolder metadata.jsonl."),
-        click.option("--existing", type=click.Choice(["skip", "overwrite", "append", "prepend"]), default="skip",
-                     show_default=True, help="txt / metadata: what to do with a caption already there."),
-        click.option("--separator", default=" ", show_default=True, help="Joins old and new caption (append/prepend)."),
-        click.option("--root", type=click.Path(file_okay=False),
-                     help="metadata: the dataset folder [default: the folder holding all the images]."),
-        click.option("--sidecar-ext", default=".txt", show_default=True, help="txt: caption file extension."),
-    ]):
+    for opt in reversed(
+        [
+            click.option(
+                "--out",
+                "-o",
+                metavar="PATH",
+                help="Record file [default: captions.jsonl, captions.csv, captions.parquet/]; "
+                "{shard} becomes I-of-N with --shard.",
+            ),
+            click.option(
+                "--format",
+                "fmt",
+                type=click.Choice(["jsonl", "csv", "parquet", "txt", "metadata"]),
+                default="jsonl",
+                show_default=True,
+                help="parquet: a folder of shards (pip install 'edgevlm[parquet]'); txt: "
+                "<stem>.txt beside each image; metadata: HF imagefolder metadata.jsonl.",
+            ),
+            click.option(
+                "--existing",
+                type=click.Choice(["skip", "overwrite", "append", "prepend"]),
+                default="skip",
+                show_default=True,
+                help="txt / metadata: what to do with a caption already there.",
+            ),
+            click.option(
+                "--separator", default=" ", show_default=True, help="Joins old and new caption (append/prepend)."
+            ),
+            click.option(
+                "--root",
+                type=click.Path(file_okay=False),
+                help="metadata: the dataset folder [default: the folder holding all the images].",
+            ),
+            click.option("--sidecar-ext", default=".txt", show_default=True, help="txt: caption file extension."),
+        ]
+    ):
         wrapper = opt(wrapper)
     return wrapper
 
 
 @click.command(epilog=EXIT_CODES)
 @click.argument("inputs", nargs=-1)
-@click.option("--model", "-m",
-              help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
-                   "(default: the largest registry model that fits; $EDGEVLM_MODEL).")
+@click.option(
+    "--model",
+    "-m",
+    help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
+    "(default: the largest registry model that fits; $EDGEVLM_MODEL).",
+)
 @click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
 @selection_options
 @output_options
@@ -131,28 +160,65 @@ def output_options(fn):
 @sampling_options(CaptionSettings.max_tokens, CaptionSettings().sampling())
 @tiles_option
 @merge_option
-@json_schema_option("each caption (the parsed object goes into the record as \"json\")")
+@json_schema_option('each caption (the parsed object goes into the record as "json")')
 @plan_options
 @threads_option
 @max_pixels_option("Images with more pixels get an error record (decompression-bomb guard).")
-@click.option("--max-file-size", type=Size(), default="1GiB", show_default=True,
-              help="Larger files get an error record.")
+@click.option(
+    "--max-file-size", type=Size(), default="1GiB", show_default=True, help="Larger files get an error record."
+)
 @click.option("--retry-errors", is_flag=True, help="Caption again the images whose earlier record is an error.")
-@click.option("--parallel", type=AutoInt(), default="auto", show_default=True,
-              help="Images in flight, their captions generated in one batch (auto: up to 4, as "
-                   "many as the context holds; 1: one at a time).")
-@click.option("--prefetch", default=2, show_default=True, type=click.IntRange(1, 64),
-              help="Images decoded ahead of the model.")
-@click.option("--progress", type=click.Choice(["auto", "bar", "json", "none"]), default="auto",
-              show_default=True, help="auto: a bar when stderr is a terminal; json: one object per line.")
+@click.option(
+    "--parallel",
+    type=AutoInt(),
+    default="auto",
+    show_default=True,
+    help="Images in flight, their captions generated in one batch (auto: up to 4, as "
+    "many as the context holds; 1: one at a time).",
+)
+@click.option(
+    "--prefetch", default=2, show_default=True, type=click.IntRange(1, 64), help="Images decoded ahead of the model."
+)
+@click.option(
+    "--progress",
+    type=click.Choice(["auto", "bar", "json", "none"]),
+    default="auto",
+    show_default=True,
+    help="auto: a bar when stderr is a terminal; json: one object per line.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary (errors still show).")
 @click.option("--dry-run", is_flag=True, help="List the images this run would work on, and stop.")
 @ray_options("images", "Caption")
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
-def caption(inputs, model, mmproj, selection, output, prompt, system, prefix, suffix, clean, reply, tiles, merge,
-            json_schema, planning, threads, max_pixels, max_file_size, retry_errors, parallel, prefetch, progress,
-            quiet, dry_run, ray, verbose) -> None:
+def caption(
+    inputs,
+    model,
+    mmproj,
+    selection,
+    output,
+    prompt,
+    system,
+    prefix,
+    suffix,
+    clean,
+    reply,
+    tiles,
+    merge,
+    json_schema,
+    planning,
+    threads,
+    max_pixels,
+    max_file_size,
+    retry_errors,
+    parallel,
+    prefetch,
+    progress,
+    quiet,
+    dry_run,
+    ray,
+    verbose,
+) -> None:
     """Caption images in bulk: files, folders, globs or a list; resumable.
 
     \b
@@ -182,20 +248,40 @@ def caption(inputs, model, mmproj, selection, output, prompt, system, prefix, su
     if sel.from_list == "-" and "-" in inputs:
         raise CLIError("'-' is not an input; use --from-list - to read paths from stdin", 2)
     settings = CaptionSettings(
-        prompt=prompt if prompt is not None else DEFAULT_PROMPT, system=system, prefix=prefix,
-        suffix=suffix, clean=clean, max_tokens=reply.max_tokens, temperature=reply.sampling.temperature,
-        top_k=reply.sampling.top_k, top_p=reply.sampling.top_p, min_p=reply.sampling.min_p, seed=reply.sampling.seed,
-        stop=reply.stop, image_tokens=planning.wishes.image_tokens,
-        tiles=tiles, merge=str(merge), max_pixels=max_pixels, max_file_bytes=max_file_size,
-        json_schema=json.dumps(json_schema, sort_keys=True) if json_schema else None)
+        prompt=prompt if prompt is not None else DEFAULT_PROMPT,
+        system=system,
+        prefix=prefix,
+        suffix=suffix,
+        clean=clean,
+        max_tokens=reply.max_tokens,
+        temperature=reply.sampling.temperature,
+        top_k=reply.sampling.top_k,
+        top_p=reply.sampling.top_p,
+        min_p=reply.sampling.min_p,
+        seed=reply.sampling.seed,
+        stop=reply.stop,
+        image_tokens=planning.wishes.image_tokens,
+        tiles=tiles,
+        merge=str(merge),
+        max_pixels=max_pixels,
+        max_file_bytes=max_file_size,
+        json_schema=json.dumps(json_schema, sort_keys=True) if json_schema else None,
+    )
     settings.validate()
     shard_ix = sel.shard
     if out and "{shard}" in out:
         if shard_ix is None:
             raise CLIError(f"--out {out}: {{shard}} needs --shard I/N", 2)
         out = out.replace("{shard}", f"{shard_ix[0]}-of-{shard_ix[1]}")
-    found = discover(inputs, recursive=sel.recursive, from_list=sel.from_list, null=sel.null, include=sel.include,
-                     exclude=sel.exclude, shard=shard_ix)
+    found = discover(
+        inputs,
+        recursive=sel.recursive,
+        from_list=sel.from_list,
+        null=sel.null,
+        include=sel.include,
+        exclude=sel.exclude,
+        shard=shard_ix,
+    )
     ui = ProgressView("none" if quiet else progress, quiet)
     for pattern in found.unmatched:
         ui.note(f"note: {pattern}: no match")
@@ -218,17 +304,29 @@ def caption(inputs, model, mmproj, selection, output, prompt, system, prefix, su
     elif not dry_run:  # a dry run downloads nothing
         from .loading import model_paths
 
-        model, mmproj = model_paths(model, mmproj, quiet=quiet, probe_args=planning.probe_args,
-                                    wishes=planning.wishes)
-    job = CaptionJob(found.items, settings, model=model or "(auto)", mmproj=mmproj, out=out, fmt=dest.fmt,
-                     existing=dest.existing, separator=dest.separator, root=dest.root or found.root,
-                     sidecar_ext=dest.sidecar_ext, retry_errors=retry_errors, identity=identity)
+        model, mmproj = model_paths(model, mmproj, quiet=quiet, probe_args=planning.probe_args, wishes=planning.wishes)
+    job = CaptionJob(
+        found.items,
+        settings,
+        model=model or "(auto)",
+        mmproj=mmproj,
+        out=out,
+        fmt=dest.fmt,
+        existing=dest.existing,
+        separator=dest.separator,
+        root=dest.root or found.root,
+        sidecar_ext=dest.sidecar_ext,
+        retry_errors=retry_errors,
+        identity=identity,
+    )
     if dry_run:
         have = job.recorded_paths()
         for it in found.items:
             click.echo(it.path)
-        ui.note(f"{len(found.items)} image(s), {sum(1 for it in found.items if it.path in have)} with a "
-                f"record in {job.out}" + (f", {found.ignored} other file(s) ignored" if found.ignored else ""))
+        ui.note(
+            f"{len(found.items)} image(s), {sum(1 for it in found.items if it.path in have)} with a "
+            f"record in {job.out}" + (f", {found.ignored} other file(s) ignored" if found.ignored else "")
+        )
         return
     job.open()
     token = StopToken()
@@ -237,8 +335,9 @@ def caption(inputs, model, mmproj, selection, output, prompt, system, prefix, su
         from .ray_run import caption_with_ray
 
         try:
-            summary = caption_with_ray(job, ray.address, model, mmproj, planning, threads, parallel, ray.actors,
-                                       ray.batch, verbose, ui, sig)
+            summary = caption_with_ray(
+                job, ray.address, model, mmproj, planning, threads, parallel, ray.actors, ray.batch, verbose, ui, sig
+            )
         finally:
             job.close()
         sys.exit(summary.exit_code)
@@ -247,22 +346,34 @@ def caption(inputs, model, mmproj, selection, output, prompt, system, prefix, su
         with sig:
             try:
                 if job.index.other_settings:
-                    ui.note(f"note: {job.out} also holds {job.index.other_settings} record(s) made with "
-                            "other settings (prompt, model, ...): they are kept, new ones are added beside them")
+                    ui.note(
+                        f"note: {job.out} also holds {job.index.other_settings} record(s) made with "
+                        "other settings (prompt, model, ...): they are kept, new ones are added beside them"
+                    )
                 if job.needs_model():
                     from ..runtime.engine import EngineOptions
                     from .loading import load_engine
 
-                    engine = load_engine(model, mmproj, verbose, options=EngineOptions(system=settings.system, merge=merge),
-                                         wishes=planning.wishes, n_threads=threads, **planning.probe_args,
-                                         n_seq_max=lambda plan: caption_slots(
-                                             plan.n_ctx, plan.image_max_tokens, settings, parallel))
+                    engine = load_engine(
+                        model,
+                        mmproj,
+                        verbose,
+                        options=EngineOptions(system=settings.system, merge=merge),
+                        wishes=planning.wishes,
+                        n_threads=threads,
+                        **planning.probe_args,
+                        n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens, settings, parallel),
+                    )
                     if merge.enabled and not engine.merging:
-                        ui.note(f"note: --merge ignored: {engine.backend.proj_info.projector_type} tokens "
-                                f"are not on a spatial grid")
+                        ui.note(
+                            f"note: --merge ignored: {engine.backend.proj_info.projector_type} tokens "
+                            f"are not on a spatial grid"
+                        )
                     if parallel and engine.scheduler.max_running < parallel:
-                        ui.note(f"note: --parallel {parallel}: the context ({engine.n_ctx} tokens) holds "
-                                f"{engine.scheduler.max_running} image(s) in flight; use a larger --ctx for more")
+                        ui.note(
+                            f"note: --parallel {parallel}: the context ({engine.n_ctx} tokens) holds "
+                            f"{engine.scheduler.max_running} image(s) in flight; use a larger --ctx for more"
+                        )
                 ui.start(job, dest.fmt)
                 sig.running = True
                 summary = job.run(engine, stop=token, prefetch=prefetch, on_result=ui.update)

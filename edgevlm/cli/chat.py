@@ -26,17 +26,31 @@ __all__ = ["chat"]
 
 @click.command()
 @click.argument("prompt", required=False)
-@click.option("--model", "-m",
-              help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
-                   "(default: the largest registry model that fits; $EDGEVLM_MODEL).")
+@click.option(
+    "--model",
+    "-m",
+    help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
+    "(default: the largest registry model that fits; $EDGEVLM_MODEL).",
+)
 @click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
-@click.option("--image", "-i", "images", multiple=True, type=click.Path(dir_okay=False),
-              help="Image for the first message (repeatable).")
+@click.option(
+    "--image",
+    "-i",
+    "images",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Image for the first message (repeatable).",
+)
 @click.option("--system", help="System prompt.")
 @sampling_options(CHAT_REPLY.max_tokens, CHAT_REPLY.sampling)
 @tiles_option
-@click.option("--evict", type=click.Choice(["summary", "off"]), default="summary", show_default=True,
-              help="When the context is full: replace old images by their summary, or fail.")
+@click.option(
+    "--evict",
+    type=click.Choice(["summary", "off"]),
+    default="summary",
+    show_default=True,
+    help="When the context is full: replace old images by their summary, or fail.",
+)
 @click.option("--summary-prompt", help="Prompt used to summarise an image ({n}, {name}).")
 @merge_option
 @plan_options
@@ -44,12 +58,33 @@ __all__ = ["chat"]
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
 @json_schema_option("the answer")
 @click.option("--stats", "show_stats", is_flag=True, help="Print a one-line stats footer to stderr.")
-@click.option("--json", "as_json", is_flag=True,
-              help="One-shot: print one JSON object {text, stats} ({text, json, stats} with --json-schema).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One-shot: print one JSON object {text, stats} ({text, json, stats} with --json-schema).",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @handle_errors
-def chat(prompt, model, mmproj, images, system, reply, tiles, evict, summary_prompt, merge, planning, threads, max_pixels, json_schema, show_stats,
-         as_json, verbose) -> None:
+def chat(
+    prompt,
+    model,
+    mmproj,
+    images,
+    system,
+    reply,
+    tiles,
+    evict,
+    summary_prompt,
+    merge,
+    planning,
+    threads,
+    max_pixels,
+    json_schema,
+    show_stats,
+    as_json,
+    verbose,
+) -> None:
     """Chat with a vision-language model about images.
 
     \b
@@ -64,21 +99,34 @@ def chat(prompt, model, mmproj, images, system, reply, tiles, evict, summary_pro
     from .loading import load_engine, model_paths
     from .repl import ChatLoop
 
-    model, mmproj = model_paths(model, mmproj, quiet=as_json, probe_args=planning.probe_args,
-                                wishes=planning.wishes)
+    model, mmproj = model_paths(model, mmproj, quiet=as_json, probe_args=planning.probe_args, wishes=planning.wishes)
     session = SessionOptions(enabled=evict == "summary")
     if summary_prompt:
         session = SessionOptions(enabled=session.enabled, summary_prompt=summary_prompt)
-    options = EngineOptions(system=system, image_tokens=planning.wishes.image_tokens, tiles=tiles, merge=merge,
-                            max_image_pixels=max_pixels, session=session)
+    options = EngineOptions(
+        system=system,
+        image_tokens=planning.wishes.image_tokens,
+        tiles=tiles,
+        merge=merge,
+        max_image_pixels=max_pixels,
+        session=session,
+    )
     s = reply.sampling
-    gen = dict(max_tokens=reply.max_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
-               seed=s.seed, stop=list(reply.stop), grammar=json_grammar(json_schema) if json_schema else None)
-    vlm = load_engine(model, mmproj, verbose, options=options, wishes=planning.wishes,
-                      n_threads=threads, **planning.probe_args)
+    gen = dict(
+        max_tokens=reply.max_tokens,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        min_p=s.min_p,
+        seed=s.seed,
+        stop=list(reply.stop),
+        grammar=json_grammar(json_schema) if json_schema else None,
+    )
+    vlm = load_engine(
+        model, mmproj, verbose, options=options, wishes=planning.wishes, n_threads=threads, **planning.probe_args
+    )
     if merge.enabled and not vlm.merging:
-        echo_err(f"note: --merge ignored: {vlm.backend.proj_info.projector_type} tokens are not on a "
-                 f"spatial grid")
+        echo_err(f"note: --merge ignored: {vlm.backend.proj_info.projector_type} tokens are not on a spatial grid")
     try:
         engine = vlm.default_conversation
         if prompt is not None:

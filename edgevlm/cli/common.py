@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 import click
 
 from ..backend.sampling import SamplingParams
+from ..backend.system import MAX_THREADS
 from ..cluster.connect import DEFAULT_BATCH
 from ..errors import EdgeVLMError
-from ..backend.system import MAX_THREADS
 from ..model.kv_types import KV_CHOICES
 from ..plan.devices import Probe, format_size, parse_size, probe
 from ..plan.footprint import HOST_RESERVE
@@ -22,9 +22,28 @@ from ..serve.options import ServeOptions
 from ..vision.images import DEFAULT_MAX_PIXELS
 from ..vision.merge import MergeSpec
 
-__all__ = ["AutoInt", "CLIError", "ImageSize", "JsonSchemaFile", "Merge", "Size", "Tiles", "echo_err",
-           "handle_errors", "json_schema_option", "max_pixels_option", "merge_option", "plan_options",
-           "Planning", "RayRun", "Reply", "ray_options", "sampling_options", "threads_option", "tiles_option"]
+__all__ = [
+    "AutoInt",
+    "CLIError",
+    "ImageSize",
+    "JsonSchemaFile",
+    "Merge",
+    "Size",
+    "Tiles",
+    "echo_err",
+    "handle_errors",
+    "json_schema_option",
+    "max_pixels_option",
+    "merge_option",
+    "plan_options",
+    "Planning",
+    "RayRun",
+    "Reply",
+    "ray_options",
+    "sampling_options",
+    "threads_option",
+    "tiles_option",
+]
 
 
 class CLIError(click.ClickException):
@@ -128,8 +147,9 @@ class Planning:
     def serving(self, default_allowance: int) -> Wishes:
         """The wishes of a command that serves requests in flight: the host allowance given,
         else ``default_allowance``."""
-        return replace(self.wishes, host_allowance=default_allowance if self.host_allowance is None
-                       else self.host_allowance)
+        return replace(
+            self.wishes, host_allowance=default_allowance if self.host_allowance is None else self.host_allowance
+        )
 
     def probe(self) -> Probe:
         return probe(self.device, list(self.free_memory), self.gpu_overhead)
@@ -142,37 +162,97 @@ class Planning:
 def plan_options(fn):
     """Options shared by every command that loads through the planner; the command gets them as
     one ``planning`` argument (a ``Planning``)."""
-    @functools.wraps(fn)
-    def wrapper(*args, ctx, ngl, kv, ubatch, image_tokens, n_images, host_reserve, host_allowance, free_memory,
-                device, gpu_overhead, **kwargs):
-        wishes = Wishes(n_ctx=ctx, image_tokens=image_tokens, images=n_images, kv=kv, n_gpu_layers=ngl,
-                        n_ubatch=ubatch, host_reserve=HOST_RESERVE if host_reserve is None else host_reserve,
-                        host_allowance=host_allowance or 0)
-        return fn(*args, planning=Planning(wishes, device, tuple(free_memory), gpu_overhead, host_allowance),
-                  **kwargs)
 
-    for opt in reversed([
-        click.option("--ctx", type=AutoInt(), default="auto", show_default=True,
-                     help="Context size in tokens, or auto (largest that fits, up to 8192)."),
-        click.option("--ngl", type=AutoInt(), default="auto", show_default=True,
-                     help="Layers on the GPU (-1 = all), or auto."),
-        click.option("--kv", type=click.Choice(["auto", *KV_CHOICES]), default="auto",
-                     show_default=True, help="KV cache type."),
-        click.option("--ubatch", type=AutoInt(), default="auto", show_default=True,
-                     help="Micro-batch in tokens, or auto (512, lowered when memory is short)."),
-        click.option("--image-tokens", type=click.IntRange(1), help="Token budget per image."),
-        click.option("--images", "n_images", type=click.IntRange(0), default=1, show_default=True,
-                     help="Images to keep in context at once."),
-        click.option("--host-reserve", type=Size(), default=None,
-                     help=f"Free RAM left to the process itself, not planned for [default: {format_size(HOST_RESERVE)}]."),
-        click.option("--host-allowance", type=Size(), default=None,
-                     help="RAM planned for requests in flight and waiting: bodies, decoded pictures, views "
-                          f"[default: serve and batch {format_size(ServeOptions.host_allowance)}, others 0]."),
-        click.option("--free-memory", multiple=True, metavar="[DEV=]SIZE",
-                     help="What-if free memory per GPU (repeatable), e.g. 8GiB or CUDA0=6GiB; cpu=SIZE for RAM."),
-        click.option("--device", help="cpu, or one GPU by name (CUDA0); default: all."),
-        click.option("--gpu-overhead", type=Size(), help="Memory kept free per GPU [default: 384MiB]."),
-    ]):
+    @functools.wraps(fn)
+    def wrapper(
+        *args,
+        ctx,
+        ngl,
+        kv,
+        ubatch,
+        image_tokens,
+        n_images,
+        host_reserve,
+        host_allowance,
+        free_memory,
+        device,
+        gpu_overhead,
+        **kwargs,
+    ):
+        wishes = Wishes(
+            n_ctx=ctx,
+            image_tokens=image_tokens,
+            images=n_images,
+            kv=kv,
+            n_gpu_layers=ngl,
+            n_ubatch=ubatch,
+            host_reserve=HOST_RESERVE if host_reserve is None else host_reserve,
+            host_allowance=host_allowance or 0,
+        )
+        return fn(*args, planning=Planning(wishes, device, tuple(free_memory), gpu_overhead, host_allowance), **kwargs)
+
+    for opt in reversed(
+        [
+            click.option(
+                "--ctx",
+                type=AutoInt(),
+                default="auto",
+                show_default=True,
+                help="Context size in tokens, or auto (largest that fits, up to 8192).",
+            ),
+            click.option(
+                "--ngl",
+                type=AutoInt(),
+                default="auto",
+                show_default=True,
+                help="Layers on the GPU (-1 = all), or auto.",
+            ),
+            click.option(
+                "--kv",
+                type=click.Choice(["auto", *KV_CHOICES]),
+                default="auto",
+                show_default=True,
+                help="KV cache type.",
+            ),
+            click.option(
+                "--ubatch",
+                type=AutoInt(),
+                default="auto",
+                show_default=True,
+                help="Micro-batch in tokens, or auto (512, lowered when memory is short).",
+            ),
+            click.option("--image-tokens", type=click.IntRange(1), help="Token budget per image."),
+            click.option(
+                "--images",
+                "n_images",
+                type=click.IntRange(0),
+                default=1,
+                show_default=True,
+                help="Images to keep in context at once.",
+            ),
+            click.option(
+                "--host-reserve",
+                type=Size(),
+                default=None,
+                help=f"Free RAM left to the process itself, not planned for [default: {format_size(HOST_RESERVE)}].",
+            ),
+            click.option(
+                "--host-allowance",
+                type=Size(),
+                default=None,
+                help="RAM planned for requests in flight and waiting: bodies, decoded pictures, views "
+                f"[default: serve and batch {format_size(ServeOptions.host_allowance)}, others 0].",
+            ),
+            click.option(
+                "--free-memory",
+                multiple=True,
+                metavar="[DEV=]SIZE",
+                help="What-if free memory per GPU (repeatable), e.g. 8GiB or CUDA0=6GiB; cpu=SIZE for RAM.",
+            ),
+            click.option("--device", help="cpu, or one GPU by name (CUDA0); default: all."),
+            click.option("--gpu-overhead", type=Size(), help="Memory kept free per GPU [default: 384MiB]."),
+        ]
+    ):
         wrapper = opt(wrapper)
     return wrapper
 
@@ -197,17 +277,22 @@ def sampling_options(max_tokens: int, d: SamplingParams):
             sampling = SamplingParams(temp, top_k, top_p, min_p, seed)
             return fn(*args, reply=Reply(max_tokens, sampling, tuple(stop)), **kwargs)
 
-        for opt in reversed([
-            click.option("--max-tokens", "-n", default=max_tokens, show_default=True, type=click.IntRange(1)),
-            click.option("--temp", default=d.temperature, show_default=True, type=click.FloatRange(0), help="0 = greedy."),
-            click.option("--top-k", default=d.top_k, show_default=True, type=click.IntRange(0)),
-            click.option("--top-p", default=d.top_p, show_default=True, type=click.FloatRange(0, 1)),
-            click.option("--min-p", default=d.min_p, show_default=True, type=click.FloatRange(0, 1)),
-            click.option("--seed", type=int, help="Seed for sampling (reproducible with --temp > 0)."),
-            click.option("--stop", multiple=True, help="Stop string (repeatable)."),
-        ]):
+        for opt in reversed(
+            [
+                click.option("--max-tokens", "-n", default=max_tokens, show_default=True, type=click.IntRange(1)),
+                click.option(
+                    "--temp", default=d.temperature, show_default=True, type=click.FloatRange(0), help="0 = greedy."
+                ),
+                click.option("--top-k", default=d.top_k, show_default=True, type=click.IntRange(0)),
+                click.option("--top-p", default=d.top_p, show_default=True, type=click.FloatRange(0, 1)),
+                click.option("--min-p", default=d.min_p, show_default=True, type=click.FloatRange(0, 1)),
+                click.option("--seed", type=int, help="Seed for sampling (reproducible with --temp > 0)."),
+                click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+            ]
+        ):
             wrapper = opt(wrapper)
         return wrapper
+
     return deco
 
 
@@ -230,37 +315,68 @@ def ray_options(what: str, action: str):
                 raise CLIError("--actors needs --ray", 2)
             return fn(*args, ray=RayRun(ray_address, actors, ray_batch), **kwargs)
 
-        for opt in reversed([
-            click.option("--ray", "ray_address", metavar="ADDRESS",
-                         help=f"{action} on Ray: local (a Ray instance started here), auto, HOST:PORT or "
-                              "ray://HOST:PORT (pip install 'edgevlm[ray]')."),
-            click.option("--actors", type=AutoInt(), default="auto", show_default=True,
-                         help="--ray: actors, each loading the model once (auto: one per GPU, else one per node)."),
-            click.option("--ray-batch", default=DEFAULT_BATCH, show_default=True, type=click.IntRange(1),
-                         help=f"--ray: {what} per actor call (what a killed actor's retry redoes)."),
-        ]):
+        for opt in reversed(
+            [
+                click.option(
+                    "--ray",
+                    "ray_address",
+                    metavar="ADDRESS",
+                    help=f"{action} on Ray: local (a Ray instance started here), auto, HOST:PORT or "
+                    "ray://HOST:PORT (pip install 'edgevlm[ray]').",
+                ),
+                click.option(
+                    "--actors",
+                    type=AutoInt(),
+                    default="auto",
+                    show_default=True,
+                    help="--ray: actors, each loading the model once (auto: one per GPU, else one per node).",
+                ),
+                click.option(
+                    "--ray-batch",
+                    default=DEFAULT_BATCH,
+                    show_default=True,
+                    type=click.IntRange(1),
+                    help=f"--ray: {what} per actor call (what a killed actor's retry redoes).",
+                ),
+            ]
+        ):
             wrapper = opt(wrapper)
         return wrapper
+
     return deco
 
 
 def tiles_option(fn):
-    return click.option("--tiles", type=Tiles(), default="auto", show_default=True,
-                        help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.")(fn)
+    return click.option(
+        "--tiles",
+        type=Tiles(),
+        default="auto",
+        show_default=True,
+        help="Detail tiles for fixed-size encoders (LLaVA-1.5) within --image-tokens.",
+    )(fn)
 
 
 def merge_option(fn):
-    return click.option("--merge", "merge", type=Merge(), default="off", show_default=True,
-                        help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.")(fn)
+    return click.option(
+        "--merge",
+        "merge",
+        type=Merge(),
+        default="off",
+        show_default=True,
+        help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.",
+    )(fn)
 
 
 def threads_option(fn):
-    return click.option("--threads", type=click.IntRange(1), help=f"CPU threads (default: physical cores, ≤ {MAX_THREADS}).")(fn)
+    return click.option(
+        "--threads", type=click.IntRange(1), help=f"CPU threads (default: physical cores, ≤ {MAX_THREADS})."
+    )(fn)
 
 
 def max_pixels_option(help_text: str):
-    return click.option("--max-pixels", default=DEFAULT_MAX_PIXELS, show_default=True,
-                        type=click.IntRange(1), help=help_text)
+    return click.option(
+        "--max-pixels", default=DEFAULT_MAX_PIXELS, show_default=True, type=click.IntRange(1), help=help_text
+    )
 
 
 def echo_err(msg: str) -> None:
@@ -302,6 +418,10 @@ class JsonSchemaFile(click.ParamType):
 
 
 def json_schema_option(what: str):
-    return click.option("--json-schema", "json_schema", type=JsonSchemaFile(), default=None,
-                        help=f"Constrain {what} to JSON matching this JSON Schema file (a grammar "
-                             f"during sampling).")
+    return click.option(
+        "--json-schema",
+        "json_schema",
+        type=JsonSchemaFile(),
+        default=None,
+        help=f"Constrain {what} to JSON matching this JSON Schema file (a grammar during sampling).",
+    )

@@ -14,8 +14,12 @@ __all__ = ["inspect"]
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector to check against FILE.")
-@click.option("--image-size", type=ImageSize(), default=None,
-              help="Image size for the token count (default: the projector's native size).")
+@click.option(
+    "--image-size",
+    type=ImageSize(),
+    default=None,
+    help="Image size for the token count (default: the projector's native size).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @handle_errors
 def inspect(file, mmproj, image_size, as_json) -> None:

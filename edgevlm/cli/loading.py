@@ -36,8 +36,9 @@ def plan_for_spec(model: str, mmproj: str | None, probe_result, wishes):
     return plan_resolved(r, probe_result, wishes)
 
 
-def model_paths(model: str | None, mmproj: str | None, *, probe_args: dict | None = None,
-                wishes=None, quiet: bool = False) -> tuple[str, str]:
+def model_paths(
+    model: str | None, mmproj: str | None, *, probe_args: dict | None = None, wishes=None, quiet: bool = False
+) -> tuple[str, str]:
     """Local (model, mmproj) paths for ``chat`` / ``caption``.
 
     ``model`` is a path, registry name, ``hf:`` spec or ``demo``; None picks the largest
@@ -57,8 +58,11 @@ def model_paths(model: str | None, mmproj: str | None, *, probe_args: dict | Non
     if r.mmproj is None:
         raise CLIError(f"{r.name}: no vision projector found; pass --mmproj", 2)
     if not r.is_local:
-        res = ensure_local(r, progress=not quiet and sys.stderr.isatty(),
-                           on_file=lambda role, rf: quiet or echo_err(f"pulling {rf.spec} ({role})"))
+        res = ensure_local(
+            r,
+            progress=not quiet and sys.stderr.isatty(),
+            on_file=lambda role, rf: quiet or echo_err(f"pulling {rf.spec} ({role})"),
+        )
         r = res.resolved
     return r.local_paths()  # type: ignore[return-value]
 
@@ -73,8 +77,14 @@ def load_engine(model: str, mmproj: str, verbose: bool, **opts: Any) -> LoadedMo
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("loading {task.description}"), BarColumn(), TimeElapsedColumn(),
-                  transient=True, console=Console(stderr=True)) as progress:
+    with Progress(
+        TextColumn("loading {task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        transient=True,
+        console=Console(stderr=True),
+    ) as progress:
         task = progress.add_task(model.rsplit("/", 1)[-1], total=1.0)
-        return load(model, mmproj, verbose=False,
-                    progress_callback=lambda p: progress.update(task, completed=p), **opts)
+        return load(
+            model, mmproj, verbose=False, progress_callback=lambda p: progress.update(task, completed=p), **opts
+        )

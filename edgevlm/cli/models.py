@@ -34,6 +34,7 @@ def _show_progress(quiet: bool) -> bool:
 
 # --- pull ------------------------------------------------------------------------------------
 
+
 @click.command("pull")
 @click.argument("name")
 @click.option("--mmproj", help="Projector to pull instead of the one found for NAME (hf:owner/repo/file.gguf).")
@@ -65,8 +66,9 @@ def pull(name, mmproj, verify, quiet) -> None:
             if done >= total:
                 click.echo("\r" + " " * 40 + "\r", err=True, nl=False)
 
-    res = do_pull(name, mmproj, progress=_show_progress(quiet), verify_existing=verify,
-                  on_file=on_file, on_verify=on_verify)
+    res = do_pull(
+        name, mmproj, progress=_show_progress(quiet), verify_existing=verify, on_file=on_file, on_verify=on_verify
+    )
     r = res.resolved
     _echo_notes(r)
     if quiet:
@@ -81,14 +83,14 @@ def pull(name, mmproj, verify, quiet) -> None:
         click.echo(f"{role:<6}  {os.path.basename(d.path):<44} {_size(d.size):>11}  {state}")
     if r.entry is not None and r.entry.notes:
         click.echo(f"note: {r.entry.notes}")
-    click.echo(f"ready: edgevlm chat --model {name} --image photo.jpg \"Describe this image\"")
+    click.echo(f'ready: edgevlm chat --model {name} --image photo.jpg "Describe this image"')
 
 
 # --- models ----------------------------------------------------------------------------------
 
+
 @click.command("models")
-@click.option("--check", is_flag=True,
-              help="Read the GGUF headers of models not planned yet (a few MB each, network).")
+@click.option("--check", is_flag=True, help="Read the GGUF headers of models not planned yet (a few MB each, network).")
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
 @handle_errors
@@ -124,12 +126,17 @@ def models(check, planning, as_json) -> None:
     devs = " + ".join(f"{d.name} {_size(d.free_bytes)} free" for d in pr.devices)
     console.print(f"planned for {devs}; ~ = approximate size from the registry", style="dim", markup=False)
     if any(r.fits is None and r.fit == "? not planned yet" for r in rows):
-        console.print("? = GGUF header not read yet: 'edgevlm models --check' reads them (a few MB "
-                      "each), or 'edgevlm plan --model NAME'", style="dim", markup=False)
+        console.print(
+            "? = GGUF header not read yet: 'edgevlm models --check' reads them (a few MB "
+            "each), or 'edgevlm plan --model NAME'",
+            style="dim",
+            markup=False,
+        )
     console.print(f"registry {registry_path()} · hub cache {settings().cache_dir}", style="dim", markup=False)
 
 
 # --- rm --------------------------------------------------------------------------------------
+
 
 @click.command("rm")
 @click.argument("names", nargs=-1, required=True)
@@ -153,4 +160,3 @@ def rm(names) -> None:
             total += freed
     if len(names) > 1:
         click.echo(f"freed {_size(total)}")
-

@@ -13,8 +13,12 @@ __all__ = ["plan"]
 
 
 @click.command()
-@click.option("--model", "-m", required=True,
-              help="GGUF path, registry name (llava-1.5-7b[:q8_0]), hf:owner/repo/file.gguf, or demo.")
+@click.option(
+    "--model",
+    "-m",
+    required=True,
+    help="GGUF path, registry name (llava-1.5-7b[:q8_0]), hf:owner/repo/file.gguf, or demo.",
+)
 @click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
 @plan_options
 @click.option("--explain", is_flag=True, help="Show every lever in the degradation order and what it saved.")

@@ -55,7 +55,6 @@ class StderrView:
             print(msg, file=sys.stderr, flush=True)
 
 
-
 class ProgressView(StderrView):
     """A caption run's progress: counts, images/s over the last images, ETA."""
 
@@ -67,9 +66,18 @@ class ProgressView(StderrView):
     def start(self, job, fmt: str) -> None:
         self.total = len(job.items)
         if self.mode == "json":
-            self._emit({"event": "start", "total": self.total, "todo": job.todo(), "out": job.out,
-                        "format": fmt, "model": job.model_name, "settings": job.digest,
-                        "metadata": job.metadata_path})
+            self._emit(
+                {
+                    "event": "start",
+                    "total": self.total,
+                    "todo": job.todo(),
+                    "out": job.out,
+                    "format": fmt,
+                    "model": job.model_name,
+                    "settings": job.digest,
+                    "metadata": job.metadata_path,
+                }
+            )
         elif self.mode == "bar":
             from rich.console import Console
             from rich.progress import (
@@ -81,12 +89,16 @@ class ProgressView(StderrView):
             )
 
             self.bar = Progress(
-                SpinnerColumn(), TextColumn("captioning"), BarColumn(), MofNCompleteColumn(),
+                SpinnerColumn(),
+                TextColumn("captioning"),
+                BarColumn(),
+                MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]} img/s · ETA {task.fields[eta]} · {task.fields[counts]}"),
-                console=Console(stderr=True), transient=True)
+                console=Console(stderr=True),
+                transient=True,
+            )
             self.bar.start()
-            self.task = self.bar.add_task("caption", total=self.total, rate="-", eta="-",
-                                          counts="")
+            self.task = self.bar.add_task("caption", total=self.total, rate="-", eta="-", counts="")
         self.t0 = time.monotonic()
 
     def _rate(self) -> float | None:
@@ -106,10 +118,18 @@ class ProgressView(StderrView):
         if res.status == "failed" and rec is not None:
             self.error(f"failed: {rec.path}: {rec.error}")
         if self.mode == "json":
-            ev = {"event": "image", "n": self.n, "total": self.total, "path": res.item.path,
-                  "status": res.status, "done": summary.done, "skipped": summary.skipped,
-                  "failed": summary.failed, "images_per_s": round(rate, 3) if rate else None,
-                  "eta_s": round(eta, 1) if eta is not None else None}
+            ev = {
+                "event": "image",
+                "n": self.n,
+                "total": self.total,
+                "path": res.item.path,
+                "status": res.status,
+                "done": summary.done,
+                "skipped": summary.skipped,
+                "failed": summary.failed,
+                "images_per_s": round(rate, 3) if rate else None,
+                "eta_s": round(eta, 1) if eta is not None else None,
+            }
             if res.reason:
                 ev["reason"] = res.reason
             if rec is not None:
@@ -118,13 +138,13 @@ class ProgressView(StderrView):
                     ev["error"] = rec.error
                 else:
                     st = rec.stats or {}
-                    ev.update(predicted_n=st.get("predicted_n"), cached_n=st.get("cached_n"),
-                              ms=st.get("total_ms"))
+                    ev.update(predicted_n=st.get("predicted_n"), cached_n=st.get("cached_n"), ms=st.get("total_ms"))
             self._emit(ev)
         elif self.bar is not None:
             counts = f"done {summary.done} · skipped {summary.skipped} · failed {summary.failed}"
-            self.bar.update(self.task, completed=self.n, rate=f"{rate:.2f}" if rate else "-",
-                            eta=fmt_eta(eta), counts=counts)
+            self.bar.update(
+                self.task, completed=self.n, rate=f"{rate:.2f}" if rate else "-", eta=fmt_eta(eta), counts=counts
+            )
 
     def finish(self, summary, job) -> None:
         self.stop()
@@ -137,7 +157,6 @@ class ProgressView(StderrView):
             print(line, file=sys.stderr)
         where = job.metadata_path or ("caption files beside the images" if job.fmt == "txt" else None)
         print(f"records: {job.out}" + (f" · captions: {where}" if where else ""), file=sys.stderr)
-
 
 
 def fmt_eta(eta: float | None) -> str:

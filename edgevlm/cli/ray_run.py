@@ -18,8 +18,9 @@ def ray_preflight(model: str | None, mmproj: str | None, fmt: str, dry_run: bool
     from ..hub.download import file_identity
 
     if fmt in ("txt", "metadata"):
-        raise CLIError(f"--format {fmt} writes beside each image and is not available with --ray "
-                       "(use jsonl, csv or parquet)", 2)
+        raise CLIError(
+            f"--format {fmt} writes beside each image and is not available with --ray (use jsonl, csv or parquet)", 2
+        )
     if model is None:
         raise CLIError("--ray needs --model: a path every node sees, a registry name or an hf: spec", 2)
     if not dry_run:
@@ -48,15 +49,16 @@ def ray_layout(cluster, actors, threads, ui):
     return lay
 
 
-def caption_with_ray(job, address, model, mmproj, planning, threads, parallel, actors, batch_size, verbose, ui,
-                     sig):
+def caption_with_ray(job, address, model, mmproj, planning, threads, parallel, actors, batch_size, verbose, ui, sig):
     """Caption the open ``job`` on Ray; returns its summary."""
     from ..cluster.caption import caption_on_ray
     from ..cluster.connect import connect
 
     if job.index.other_settings:
-        ui.note(f"note: {job.out} also holds {job.index.other_settings} record(s) made with other settings "
-                "(prompt, model, ...): they are kept, new ones are added beside them")
+        ui.note(
+            f"note: {job.out} also holds {job.index.other_settings} record(s) made with other settings "
+            "(prompt, model, ...): they are kept, new ones are added beside them"
+        )
     summary = None
     if not job.needs_model():  # a rerun of a finished job: no cluster needed
         ui.start(job, job.fmt)
@@ -68,8 +70,7 @@ def caption_with_ray(job, address, model, mmproj, planning, threads, parallel, a
             try:
                 ui.start(job, job.fmt)
                 sig.running = True
-                summary = caption_on_ray(job, spec, lay, batch_size=batch_size, stop=sig.token,
-                                         on_result=ui.update)
+                summary = caption_on_ray(job, spec, lay, batch_size=batch_size, stop=sig.token, on_result=ui.update)
             except KeyboardInterrupt:
                 summary = job.summary
                 summary.interrupted = True

@@ -20,13 +20,18 @@ def render_plan(p, file=None, explain: bool = False) -> None:
     t.add_column()
     rows = [
         ("fits", "yes" if p.fits else f"NO — {format_size(p.shortfall_bytes)} short"),
-        ("n_gpu_layers", p.n_gpu_layers), ("n_ctx", p.n_ctx),
+        ("n_gpu_layers", p.n_gpu_layers),
+        ("n_ctx", p.n_ctx),
         ("n_batch / n_ubatch", f"{p.n_batch} / {p.n_ubatch}"),
-        ("KV cache", f"K {p.type_k}, V {p.type_v}"), ("flash attention", "on" if p.flash_attn else "off"),
+        ("KV cache", f"K {p.type_k}, V {p.type_v}"),
+        ("flash attention", "on" if p.flash_attn else "off"),
         ("vision encoder", "GPU" if p.mmproj_on_gpu else "CPU"),
         ("image budget", f"{p.image_max_tokens} tokens; {p.max_images_in_context} image(s) in context"),
-        ("host kept", f"{format_size(p.host_reserve)} for the process"
-         + (f" + {format_size(p.host_allowance)} for requests in flight" if p.host_allowance else "")),
+        (
+            "host kept",
+            f"{format_size(p.host_reserve)} for the process"
+            + (f" + {format_size(p.host_allowance)} for requests in flight" if p.host_allowance else ""),
+        ),
     ]
     for k, v in rows:
         t.add_row(k, str(v))
@@ -42,8 +47,12 @@ def render_plan(p, file=None, explain: bool = False) -> None:
     bars = []
     for d in p.devices:
         b = d.predicted
-        parts = {"weights": b.weights + b.other, "kv": b.kv, "compute": b.compute,
-                 "encoder": b.mmproj_weights + b.mmproj_compute}
+        parts = {
+            "weights": b.weights + b.other,
+            "kv": b.kv,
+            "compute": b.compute,
+            "encoder": b.mmproj_weights + b.mmproj_compute,
+        }
         scale = max(d.budget_bytes, b.total, 1)
         bar = Text(f"{d.name:>6} ")
         used = 0
@@ -53,9 +62,16 @@ def render_plan(p, file=None, explain: bool = False) -> None:
             used += n
         bar.append("░" * max(0, width - used), style="dim")
         bars.append(bar)
-        dt.add_row(f"{d.name} ({d.kind})", sz(d.free_bytes), sz(parts["weights"]), sz(b.kv),
-                   sz(b.compute), sz(parts["encoder"]), sz(b.total),
-                   Text(sz(d.headroom_bytes), style="red" if d.headroom_bytes < 0 else "green"))
+        dt.add_row(
+            f"{d.name} ({d.kind})",
+            sz(d.free_bytes),
+            sz(parts["weights"]),
+            sz(b.kv),
+            sz(b.compute),
+            sz(parts["encoder"]),
+            sz(b.total),
+            Text(sz(d.headroom_bytes), style="red" if d.headroom_bytes < 0 else "green"),
+        )
     console.print(dt)
     for bar in bars:
         console.print(bar)
@@ -69,7 +85,6 @@ def render_plan(p, file=None, explain: bool = False) -> None:
     console.print("why:")
     for r in p.reasons:
         console.print(f"  - {r}")
-
 
 
 def render_levers(console, p, explain: bool) -> None:
@@ -87,8 +102,13 @@ def render_levers(console, p, explain: bool) -> None:
     for name in LEVERS:
         lv = pulled.get(name)
         if lv is not None:
-            t.add_row(name, lv.change, f"{lv.shortfall_before / 2**20:,.0f} MiB", f"{lv.shortfall_after / 2**20:,.0f} MiB",
-                      f"{lv.saved_bytes / 2**20:,.0f} MiB on {lv.device}")
+            t.add_row(
+                name,
+                lv.change,
+                f"{lv.shortfall_before / 2**20:,.0f} MiB",
+                f"{lv.shortfall_after / 2**20:,.0f} MiB",
+                f"{lv.saved_bytes / 2**20:,.0f} MiB on {lv.device}",
+            )
             done = lv.shortfall_after == 0
         elif explain:
             t.add_row(name, "not needed" if done or not p.levers else "not pulled", "", "", "")
@@ -111,10 +131,16 @@ def render_inspect(report: dict) -> None:
         t.add_column()
         per = m["weight_bytes_per_layer"]
         rows = [
-            ("arch", m["arch"]), ("name", m["name"]), ("file_type", m["file_type"]),
-            ("n_layer", m["n_layer"]), ("n_embd", m["n_embd"]),
-            ("n_head / n_head_kv", f"{m['n_head']} / {m['n_head_kv']}"), ("head_dim", m["head_dim"]),
-            ("n_ff", m["n_ff"]), ("n_vocab", m["n_vocab"]), ("n_ctx_train", m["n_ctx_train"]),
+            ("arch", m["arch"]),
+            ("name", m["name"]),
+            ("file_type", m["file_type"]),
+            ("n_layer", m["n_layer"]),
+            ("n_embd", m["n_embd"]),
+            ("n_head / n_head_kv", f"{m['n_head']} / {m['n_head_kv']}"),
+            ("head_dim", m["head_dim"]),
+            ("n_ff", m["n_ff"]),
+            ("n_vocab", m["n_vocab"]),
+            ("n_ctx_train", m["n_ctx_train"]),
             ("weights", _mib(m["weight_bytes"])),
             ("  per layer", _mib(max(per)) if per else "-"),
             ("  outside layers", _mib(m["weight_bytes_outside_layers"])),
@@ -132,10 +158,13 @@ def render_inspect(report: dict) -> None:
         t.add_column()
         it = p["image_tokens"]
         rows = [
-            ("projector_type", p["projector_type"]), ("file_type", p["file_type"]),
+            ("projector_type", p["projector_type"]),
+            ("file_type", p["file_type"]),
             ("image_size / patch_size", f"{p['image_size']} / {p['patch_size']}"),
-            ("vision n_layer", p["n_layer"]), ("vision n_embd", p["n_embd"]),
-            ("output width", p["n_mmproj_embd"]), ("weights", _mib(p["weight_bytes"])),
+            ("vision n_layer", p["n_layer"]),
+            ("vision n_embd", p["n_embd"]),
+            ("output width", p["n_mmproj_embd"]),
+            ("weights", _mib(p["weight_bytes"])),
         ]
         if p["image_grid_pinpoints"]:
             rows.append(("pinpoints", " ".join(f"{w}x{h}" for w, h in p["image_grid_pinpoints"])))
@@ -144,10 +173,14 @@ def render_inspect(report: dict) -> None:
         for key in ("image_min_pixels", "image_max_pixels"):
             if p[key]:
                 rows.append((key, p[key]))
-        rows.append((f"image tokens @ {it['width']}x{it['height']}",
-                     f"not known before mtmd loads it; at most {it['bound']} (the planner's bound)"
-                     if "error" in it else
-                     f"{it['n_tokens']} in {it['n_chunks']} chunk(s), {it['n_pos']} positions"))
+        rows.append(
+            (
+                f"image tokens @ {it['width']}x{it['height']}",
+                f"not known before mtmd loads it; at most {it['bound']} (the planner's bound)"
+                if "error" in it
+                else f"{it['n_tokens']} in {it['n_chunks']} chunk(s), {it['n_pos']} positions",
+            )
+        )
         for k, v in rows:
             t.add_row(k, str(v))
         console.print(t)

@@ -24,9 +24,7 @@ from ..vision.images import has_image_ext
 
 __all__ = ["ChatLoop", "extract_image_paths"]
 # A path ending in an image extension: quoted, or unquoted with backslash-escaped spaces.
-_PATH_RE = re.compile(
-    r"""(?:'([^']+)'|"([^"]+)"|((?:\\ |[^\s'"])+))""", re.VERBOSE
-)
+_PATH_RE = re.compile(r"""(?:'([^']+)'|"([^"]+)"|((?:\\ |[^\s'"])+))""", re.VERBOSE)
 HELP = """commands:
   /image PATH   attach an image to the next message (repeatable)
   /reset        forget the conversation (cached image encodings are kept)
@@ -55,9 +53,16 @@ def extract_image_paths(message: str) -> tuple[str, list[str]]:
 
 
 class ChatLoop:
-    def __init__(self, engine: Engine, gen: dict, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr,
-                 interactive: bool = False, show_stats: bool = False,
-                 read_line: Callable[[str], str] | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        gen: dict,
+        out: IO[str] = sys.stdout,
+        err: IO[str] = sys.stderr,
+        interactive: bool = False,
+        show_stats: bool = False,
+        read_line: Callable[[str], str] | None = None,
+    ):
         self.engine = engine
         self.gen = gen
         self.out = out

@@ -26,32 +26,76 @@ __all__ = ["serve"]
 
 
 @click.command()
-@click.option("--model", "-m",
-              help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
-                   "(default: the largest registry model that fits; $EDGEVLM_MODEL).")
+@click.option(
+    "--model",
+    "-m",
+    help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
+    "(default: the largest registry model that fits; $EDGEVLM_MODEL).",
+)
 @click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
-              help="Port (0: any free one, printed at start).")
-@click.option("--parallel", type=AutoInt(), default="auto", show_default=True,
-              help="Requests generated together in one batch (auto: up to 4, as many as the context holds).")
-@click.option("--queue", default=ServeOptions.queue, show_default=True, type=click.IntRange(0),
-              help="Requests that may wait for a free sequence; more get 503 with Retry-After.")
-@click.option("--cache-ram", type=Size(), default=None,
-              help="Host RAM for idle conversations moved out of the KV cache, copied back when they "
-                   f"return (planned) [default: {format_size(ServeOptions.cache_ram)}]; 0: drop them.")
+@click.option(
+    "--port",
+    default=8080,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port (0: any free one, printed at start).",
+)
+@click.option(
+    "--parallel",
+    type=AutoInt(),
+    default="auto",
+    show_default=True,
+    help="Requests generated together in one batch (auto: up to 4, as many as the context holds).",
+)
+@click.option(
+    "--queue",
+    default=ServeOptions.queue,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Requests that may wait for a free sequence; more get 503 with Retry-After.",
+)
+@click.option(
+    "--cache-ram",
+    type=Size(),
+    default=None,
+    help="Host RAM for idle conversations moved out of the KV cache, copied back when they "
+    f"return (planned) [default: {format_size(ServeOptions.cache_ram)}]; 0: drop them.",
+)
 @click.option("--api-key", envvar="EDGEVLM_API_KEY", help="Bearer token every /v1 route asks for ($EDGEVLM_API_KEY).")
-@click.option("--max-body", type=Size(), default=ServeOptions.max_body_bytes,
-              help=f"Largest request body (images inline); larger gets 413 [default: "
-                   f"{format_size(ServeOptions.max_body_bytes)}].")
-@click.option("--max-tokens", "-n", default=ServeOptions.max_tokens, show_default=True, type=click.IntRange(1),
-              help="Reply length for requests that name no max_tokens.")
-@click.option("--timeout", default=ServeOptions.timeout_s, show_default=True, type=click.FloatRange(1),
-              help="Seconds a request may take, waiting included.")
-@click.option("--allow-private-urls", is_flag=True,
-              help="Fetch image URLs that resolve to loopback, private or link-local addresses.")
-@click.option("--allow-path", multiple=True, type=click.Path(file_okay=False, exists=True),
-              help="A folder whose files requests may name as images (repeatable).")
+@click.option(
+    "--max-body",
+    type=Size(),
+    default=ServeOptions.max_body_bytes,
+    help=f"Largest request body (images inline); larger gets 413 [default: "
+    f"{format_size(ServeOptions.max_body_bytes)}].",
+)
+@click.option(
+    "--max-tokens",
+    "-n",
+    default=ServeOptions.max_tokens,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Reply length for requests that name no max_tokens.",
+)
+@click.option(
+    "--timeout",
+    default=ServeOptions.timeout_s,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="Seconds a request may take, waiting included.",
+)
+@click.option(
+    "--allow-private-urls",
+    is_flag=True,
+    help="Fetch image URLs that resolve to loopback, private or link-local addresses.",
+)
+@click.option(
+    "--allow-path",
+    multiple=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="A folder whose files requests may name as images (repeatable).",
+)
 @click.option("--model-id", help="The model's name in /v1/models (default: the model file's name).")
 @tiles_option
 @merge_option
@@ -60,9 +104,28 @@ __all__ = ["serve"]
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
 @click.option("--verbose", "-v", is_flag=True, help="llama.cpp's logs and an access log.")
 @handle_errors
-def serve(model, mmproj, host, port, parallel, queue, cache_ram, api_key, max_body, max_tokens, timeout,
-          allow_private_urls, allow_path, model_id, tiles, merge, planning, threads, max_pixels,
-          verbose) -> None:
+def serve(
+    model,
+    mmproj,
+    host,
+    port,
+    parallel,
+    queue,
+    cache_ram,
+    api_key,
+    max_body,
+    max_tokens,
+    timeout,
+    allow_private_urls,
+    allow_path,
+    model_id,
+    tiles,
+    merge,
+    planning,
+    threads,
+    max_pixels,
+    verbose,
+) -> None:
     """Serve the OpenAI chat-completions API, with images, planned to never run out of memory.
 
     \b
@@ -87,8 +150,13 @@ def serve(model, mmproj, host, port, parallel, queue, cache_ram, api_key, max_bo
     cache_ram = ServeOptions.cache_ram if cache_ram is None else cache_ram
     # the output buffer is counted for the most sequences any planned context gets
     most = serve_sequences(planning.wishes.n_ctx or AUTO_CTX_MAX, parallel or DEFAULT_PARALLEL)
-    wishes = replace(planning.serving(ServeOptions.host_allowance), images=max(planning.wishes.images, parallel or 1),
-                     merge=str(merge), cache_ram=cache_ram, sequences=most)
+    wishes = replace(
+        planning.serving(ServeOptions.host_allowance),
+        images=max(planning.wishes.images, parallel or 1),
+        merge=str(merge),
+        cache_ram=cache_ram,
+        sequences=most,
+    )
     spec = model
     model, mmproj = model_paths(model, mmproj, probe_args=planning.probe_args, wishes=wishes)
     measure = planning.probe
@@ -98,20 +166,40 @@ def serve(model, mmproj, host, port, parallel, queue, cache_ram, api_key, max_bo
         raise CLIError(plan.refusal or "does not fit", 1)
     sequences, slots = serve_layout(plan.n_ctx, plan.image_max_tokens, max_tokens, parallel, most)
     name = spec if spec and not os.path.isfile(spec) else os.path.splitext(os.path.basename(model))[0]
-    options = ServeOptions(model_id=model_id or name, api_key=api_key,
-                           queue=queue, max_body_bytes=max_body, max_tokens=max_tokens, timeout_s=timeout,
-                           allow_private_urls=allow_private_urls, allow_paths=tuple(allow_path),
-                           host_allowance=plan.host_allowance, cache_ram=plan.cache_ram)
-    engine_options = EngineOptions(image_tokens=wishes.image_tokens, tiles=tiles, merge=merge,
-                                   max_image_pixels=max_pixels)
+    options = ServeOptions(
+        model_id=model_id or name,
+        api_key=api_key,
+        queue=queue,
+        max_body_bytes=max_body,
+        max_tokens=max_tokens,
+        timeout_s=timeout,
+        allow_private_urls=allow_private_urls,
+        allow_paths=tuple(allow_path),
+        host_allowance=plan.host_allowance,
+        cache_ram=plan.cache_ram,
+    )
+    engine_options = EngineOptions(
+        image_tokens=wishes.image_tokens, tiles=tiles, merge=merge, max_image_pixels=max_pixels
+    )
     outcome = {"code": 0}
 
     def load_model():
-        vlm = load(model, mmproj, plan=plan, options=engine_options, measure=measure, n_threads=threads,
-                   n_seq_max=sequences, parallel=slots, verbose=verbose)
+        vlm = load(
+            model,
+            mmproj,
+            plan=plan,
+            options=engine_options,
+            measure=measure,
+            n_threads=threads,
+            n_seq_max=sequences,
+            parallel=slots,
+            verbose=verbose,
+        )
         where = ", ".join(f"http://{h}:{p}" for h, p in bound(server)) or f"http://{host}:{port}"
-        echo_err(f"ready: {where}/v1 · model {options.model_id} · {vlm.scheduler.max_running} request(s) "
-                 f"at once · {vlm.scheduler.n_slots} conversations kept · context {vlm.n_ctx} · queue {queue}")
+        echo_err(
+            f"ready: {where}/v1 · model {options.model_id} · {vlm.scheduler.max_running} request(s) "
+            f"at once · {vlm.scheduler.n_slots} conversations kept · context {vlm.n_ctx} · queue {queue}"
+        )
         return vlm
 
     def failed(exc: BaseException) -> None:
@@ -120,10 +208,15 @@ def serve(model, mmproj, host, port, parallel, queue, cache_ram, api_key, max_bo
         server.should_exit = True
 
     app = create_app(load_model, options, on_error=failed)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info" if verbose else "warning",
-                                           access_log=verbose, lifespan="on"))
-    echo_err(f"edgevlm serve: loading {os.path.basename(model)} ({slots} request(s) at once); "
-             f"GET /health answers 503 until it is ready")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level="info" if verbose else "warning", access_log=verbose, lifespan="on"
+        )
+    )
+    echo_err(
+        f"edgevlm serve: loading {os.path.basename(model)} ({slots} request(s) at once); "
+        f"GET /health answers 503 until it is ready"
+    )
     server.run()
     sys.exit(outcome["code"] or (0 if server.started else 1))
 

@@ -30,8 +30,11 @@ class StopSignals:
         self.count += 1
         if self.count == 1:
             self.token.request()
-            self.ui.note(f"finishing the {self.what} in progress, then stopping (Ctrl-C again to stop now)"
-                         if self.running else "stopping once the model has loaded (Ctrl-C again to quit now)")
+            self.ui.note(
+                f"finishing the {self.what} in progress, then stopping (Ctrl-C again to stop now)"
+                if self.running
+                else "stopping once the model has loaded (Ctrl-C again to quit now)"
+            )
         elif self.count == 2 and self.running:
             self.token.abandon()
             self.ui.note(f"stopping now: the {self.what} in progress are left for the next run")

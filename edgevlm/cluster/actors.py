@@ -31,8 +31,8 @@ from ..runtime.model import LoadedModel
 from ..serve.batchfile import BatchLine
 from ..serve.batchrun import answer_lines
 from ..serve.options import ServeOptions, serve_layout
-from ..vision.merge import MergeSpec
 from ..serve.service import ChatService
+from ..vision.merge import MergeSpec
 
 __all__ = ["ActorSpec", "BatchActor", "CaptionActor", "decode_result", "encode_result"]
 
@@ -60,8 +60,14 @@ def _load(spec: ActorSpec, **kw: Any) -> LoadedModel:
 
 
 def encode_result(res: Any) -> str:
-    return json.dumps({"status": res.status, "reason": res.reason,
-                       "record": res.record.to_dict() if res.record is not None else None}, ensure_ascii=False)
+    return json.dumps(
+        {
+            "status": res.status,
+            "reason": res.reason,
+            "record": res.record.to_dict() if res.record is not None else None,
+        },
+        ensure_ascii=False,
+    )
 
 
 def decode_result(text: str) -> dict[str, Any]:
@@ -71,11 +77,19 @@ def decode_result(text: str) -> dict[str, Any]:
 class CaptionActor:
     """Captions image rows (``bytes``, ``path``) with one engine, several images in flight."""
 
-    def __init__(self, spec: ActorSpec, settings: CaptionSettings, model_name: str, digest: str,
-                 previous: list[dict[str, Any]] | None = None):
-        self.engine = _load(spec, options=EngineOptions(system=settings.system, merge=MergeSpec.parse(settings.merge)),
-                            n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens, settings,
-                                                                 spec.parallel))
+    def __init__(
+        self,
+        spec: ActorSpec,
+        settings: CaptionSettings,
+        model_name: str,
+        digest: str,
+        previous: list[dict[str, Any]] | None = None,
+    ):
+        self.engine = _load(
+            spec,
+            options=EngineOptions(system=settings.system, merge=MergeSpec.parse(settings.merge)),
+            n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens, settings, spec.parallel),
+        )
         self.settings = settings
         self.model_name = model_name
         self.digest = digest
@@ -85,10 +99,12 @@ class CaptionActor:
         self.parallel = spec.parallel
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
-        items = [InputItem(str(p), str(p), True, data=bytes(b)) for p, b in zip(batch["path"], batch["bytes"],
-                                                                                   strict=True)]
-        cap = Captioner(self.engine, self.settings, self.model_name, self.digest, index=self.index,
-                        prefetch=2, slots=self.parallel)
+        items = [
+            InputItem(str(p), str(p), True, data=bytes(b)) for p, b in zip(batch["path"], batch["bytes"], strict=True)
+        ]
+        cap = Captioner(
+            self.engine, self.settings, self.model_name, self.digest, index=self.index, prefetch=2, slots=self.parallel
+        )
         out = {"path": [], "result": []}
         for res in cap.run(items):
             out["path"].append(res.item.path)
@@ -101,10 +117,19 @@ class BatchActor:
 
     def __init__(self, spec: ActorSpec, options: ServeOptions, engine_options: EngineOptions):
         wishes = replace(spec.wishes, images=max(spec.wishes.images, spec.parallel or 1))
-        layout = lambda plan: serve_layout(plan.n_ctx, plan.image_max_tokens, options.max_tokens,  # noqa: E731
-                                           spec.parallel, wishes.sequences)
-        self.engine = _load(replace(spec, wishes=wishes), options=engine_options,
-                            n_seq_max=lambda plan: layout(plan)[0], parallel=lambda plan: layout(plan)[1])
+        layout = lambda plan: serve_layout(
+            plan.n_ctx,
+            plan.image_max_tokens,
+            options.max_tokens,  # noqa: E731
+            spec.parallel,
+            wishes.sequences,
+        )
+        self.engine = _load(
+            replace(spec, wishes=wishes),
+            options=engine_options,
+            n_seq_max=lambda plan: layout(plan)[0],
+            parallel=lambda plan: layout(plan)[1],
+        )
         self.service = ChatService(self.engine, options)
         self.service.start()
 
@@ -118,4 +143,3 @@ class BatchActor:
         answers: list[str] = []
         asyncio.run(answer_lines(self.service, lines, lambda out, line: answers.append(json.dumps(out))))
         return {"answer": answers}
-

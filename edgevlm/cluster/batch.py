@@ -19,10 +19,17 @@ from .connect import DEFAULT_BATCH, ActorLayout, ray_module
 __all__ = ["answer_on_ray"]
 
 
-
-def answer_on_ray(out: BatchOutput, spec: ActorSpec, lay: ActorLayout, options: ServeOptions,
-                  engine_options: EngineOptions, *, batch_size: int = DEFAULT_BATCH, stop: StopToken | None = None,
-                  on_line: Callable[[dict[str, Any], BatchLine], None] | None = None) -> BatchSummary:
+def answer_on_ray(
+    out: BatchOutput,
+    spec: ActorSpec,
+    lay: ActorLayout,
+    options: ServeOptions,
+    engine_options: EngineOptions,
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    stop: StopToken | None = None,
+    on_line: Callable[[dict[str, Any], BatchLine], None] | None = None,
+) -> BatchSummary:
     """Answer what is left of ``out``'s batch file (``out`` is open) on the connected cluster."""
     ray = ray_module()
     stop = stop or StopToken()
@@ -40,12 +47,18 @@ def answer_on_ray(out: BatchOutput, spec: ActorSpec, lay: ActorLayout, options: 
     if not good or stop.requested:
         out.summary.interrupted = bool(good)
         return out.summary
-    ds = ray.data.from_items([{"line": json.dumps(ln.to_dict())} for ln in good],
-                             override_num_blocks=max(1, -(-len(good) // batch_size)))  # a block per call
+    ds = ray.data.from_items(
+        [{"line": json.dumps(ln.to_dict())} for ln in good], override_num_blocks=max(1, -(-len(good) // batch_size))
+    )  # a block per call
     ds = ds.map_batches(
-        BatchActor, fn_constructor_kwargs=dict(spec=spec, options=options, engine_options=engine_options),
-        batch_size=batch_size, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=lay.actors),
-        num_cpus=lay.num_cpus, num_gpus=lay.num_gpus or None)  # Ray Data restarts actors and retries by default
+        BatchActor,
+        fn_constructor_kwargs=dict(spec=spec, options=options, engine_options=engine_options),
+        batch_size=batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=lay.actors),
+        num_cpus=lay.num_cpus,
+        num_gpus=lay.num_gpus or None,
+    )  # Ray Data restarts actors and retries by default
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0):
             for text in batch["answer"]:

@@ -33,7 +33,7 @@ from ..caption.job import CaptionJob, CaptionSummary
 from ..caption.outputs import CaptionRecord
 from ..caption.parquet import parquet_row
 from ..caption.prepare import Preparer, StopToken
-from ..caption.runner import CaptionResult, Captioner
+from ..caption.runner import Captioner, CaptionResult
 from ..caption.settings import CaptionSettings, model_identity
 from ..errors import ClusterError, EdgeVLMError
 from .actors import ActorSpec, CaptionActor, decode_result
@@ -42,21 +42,34 @@ from .connect import DEFAULT_BATCH, READ_CPUS, ActorLayout, ray_module
 __all__ = ["caption_dataset", "caption_on_ray", "ray_failure"]
 
 
-
 def _remote(path: str) -> bool:
     """A URI for a pyarrow filesystem (s3://, gs://, hdfs://), not a local path (C:\\ included)."""
     scheme = path.split("://", 1)[0] if "://" in path else ""
     return len(scheme) > 1
 
 
-def _map(ds: Any, spec: ActorSpec, lay: ActorLayout, settings: CaptionSettings, model_name: str, digest: str,
-         previous: list[dict[str, Any]], batch_size: int) -> Any:
+def _map(
+    ds: Any,
+    spec: ActorSpec,
+    lay: ActorLayout,
+    settings: CaptionSettings,
+    model_name: str,
+    digest: str,
+    previous: list[dict[str, Any]],
+    batch_size: int,
+) -> Any:
     ray = ray_module()
     return ds.map_batches(
-        CaptionActor, fn_constructor_kwargs=dict(spec=spec, settings=settings, model_name=model_name,
-                                                 digest=digest, previous=previous),
-        batch_size=batch_size, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=lay.actors),
-        num_cpus=lay.num_cpus, num_gpus=lay.num_gpus or None)  # Ray Data restarts actors and retries by default
+        CaptionActor,
+        fn_constructor_kwargs=dict(
+            spec=spec, settings=settings, model_name=model_name, digest=digest, previous=previous
+        ),
+        batch_size=batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=lay.actors),
+        num_cpus=lay.num_cpus,
+        num_gpus=lay.num_gpus or None,
+    )  # Ray Data restarts actors and retries by default
 
 
 def ray_failure(exc: BaseException) -> EdgeVLMError:
@@ -75,9 +88,15 @@ def ray_failure(exc: BaseException) -> EdgeVLMError:
     return ClusterError(f"the Ray run failed: {tail[:300]}")
 
 
-def caption_on_ray(job: CaptionJob, spec: ActorSpec, lay: ActorLayout, *, batch_size: int = DEFAULT_BATCH,
-                   stop: StopToken | None = None,
-                   on_result: Callable[[CaptionResult, CaptionSummary], None] | None = None) -> CaptionSummary:
+def caption_on_ray(
+    job: CaptionJob,
+    spec: ActorSpec,
+    lay: ActorLayout,
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    stop: StopToken | None = None,
+    on_result: Callable[[CaptionResult, CaptionSummary], None] | None = None,
+) -> CaptionSummary:
     """Caption the job's images on the connected Ray cluster; ``job`` is open (its log read)."""
     ray = ray_module()
     stop = stop or StopToken()
@@ -108,8 +127,13 @@ def caption_on_ray(job: CaptionJob, spec: ActorSpec, lay: ActorLayout, *, batch_
         seen: set[str] = set()
         # one read block per actor batch: an actor call then takes one block and its records come
         # back when it ends (a call over several blocks would return them all at its end)
-        ds = ray.data.read_binary_files(todo, include_paths=True, num_cpus=READ_CPUS, ignore_missing_paths=True,
-                                        override_num_blocks=max(1, -(-len(todo) // batch_size)))
+        ds = ray.data.read_binary_files(
+            todo,
+            include_paths=True,
+            num_cpus=READ_CPUS,
+            ignore_missing_paths=True,
+            override_num_blocks=max(1, -(-len(todo) // batch_size)),
+        )
         ds = _map(ds, spec, lay, job.settings, job.model_name, job.digest, previous, batch_size)
         try:
             for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0):
@@ -139,9 +163,18 @@ def _result(job: CaptionJob, item: InputItem, d: dict[str, Any]) -> CaptionResul
     return CaptionResult(d["status"], item, rec)
 
 
-def caption_dataset(ds: Any, *, model: str, mmproj: str | None = None, settings: CaptionSettings | None = None,
-                    spec: ActorSpec | None = None, actors: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                    batch_size: int = DEFAULT_BATCH) -> Any:
+def caption_dataset(
+    ds: Any,
+    *,
+    model: str,
+    mmproj: str | None = None,
+    settings: CaptionSettings | None = None,
+    spec: ActorSpec | None = None,
+    actors: int = 1,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    batch_size: int = DEFAULT_BATCH,
+) -> Any:
     """A Ray Dataset of ``bytes`` + ``path`` rows (``ray.data.read_binary_files(...,
     include_paths=True)``) → a Dataset of caption records (``PARQUET_COLUMNS``), lazily, on
     ``actors`` actors. Write it wherever Ray Data writes (``.write_parquet("s3://...")``)."""
@@ -152,8 +185,10 @@ def caption_dataset(ds: Any, *, model: str, mmproj: str | None = None, settings:
     ray_module()
     missing = {"bytes", "path"} - set(ds.schema().names)
     if missing:
-        raise EdgeVLMError(f"the dataset needs 'bytes' and 'path' columns (read_binary_files(..., "
-                           f"include_paths=True)); it has no {', '.join(sorted(missing))}")
+        raise EdgeVLMError(
+            f"the dataset needs 'bytes' and 'path' columns (read_binary_files(..., "
+            f"include_paths=True)); it has no {', '.join(sorted(missing))}"
+        )
     settings = settings or CaptionSettings()
     settings.validate()
     spec = spec or ActorSpec(model, mmproj, Wishes())

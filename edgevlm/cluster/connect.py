@@ -70,14 +70,19 @@ def connect(address: str = "local", *, num_cpus: int | None = None, verbose: boo
     if ray.is_initialized():  # a caller's own session (a notebook): use it, leave it running
         yield _describe(ray, address, False)
         return
-    kwargs: dict[str, Any] = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.ERROR,
-                                  configure_logging=True)
+    kwargs: dict[str, Any] = dict(
+        log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.ERROR, configure_logging=True
+    )
     if not verbose:  # Ray's C++ core logs warnings to stderr (e.g. about Ray Data's own actor
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # arguments); failures still raise
     started = address == "local"
     if started:
-        kwargs.update(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                      _node_ip_address="127.0.0.1")
+        kwargs.update(
+            address="local",
+            num_cpus=num_cpus or os.cpu_count() or 1,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+        )
     else:
         kwargs["address"] = address
     try:

@@ -28,25 +28,40 @@ from ..serve.options import ServeOptions
 from .actors import ActorSpec
 from .batch import answer_on_ray
 from .caption import caption_on_ray
-from .connect import DEFAULT_BATCH
-from .connect import connect, layout
+from .connect import DEFAULT_BATCH, connect, layout
 
 __all__ = ["answer_batch_file", "caption_files"]
 
 
 def _paths(model: str, mmproj: str | None) -> tuple[str, str | None]:
     """Local files as absolute paths (the actors' working folder is not ours)."""
+
     def one(p: str | None) -> str | None:
         return os.path.abspath(p) if p is not None and os.path.isfile(p) else p
+
     return one(model), one(mmproj)  # type: ignore[return-value]
 
 
-def caption_files(inputs: Iterable[str] = (), *, model: str, mmproj: str | None = None,
-                  out: str | None = None, fmt: str = "jsonl", settings: CaptionSettings | None = None,
-                  address: str = "local", actors: int | None = None, threads: int | None = None,
-                  parallel: int | None = None, wishes: Wishes | None = None, recursive: bool = False,
-                  from_list: str | None = None, retry_errors: bool = False, batch_size: int = DEFAULT_BATCH,
-                  on_result: Callable | None = None, verbose: bool = False) -> CaptionSummary:
+def caption_files(
+    inputs: Iterable[str] = (),
+    *,
+    model: str,
+    mmproj: str | None = None,
+    out: str | None = None,
+    fmt: str = "jsonl",
+    settings: CaptionSettings | None = None,
+    address: str = "local",
+    actors: int | None = None,
+    threads: int | None = None,
+    parallel: int | None = None,
+    wishes: Wishes | None = None,
+    recursive: bool = False,
+    from_list: str | None = None,
+    retry_errors: bool = False,
+    batch_size: int = DEFAULT_BATCH,
+    on_result: Callable | None = None,
+    verbose: bool = False,
+) -> CaptionSummary:
     """Caption images (paths, folders, globs, and/or the paths in ``from_list``) on Ray into
     ``out`` (JSONL, CSV or Parquet shards), resuming what an earlier run did."""
     if fmt not in ("jsonl", "csv", "parquet"):
@@ -56,23 +71,43 @@ def caption_files(inputs: Iterable[str] = (), *, model: str, mmproj: str | None 
         raise InputError("no images found")
     model, mmproj = _paths(model, mmproj)
     m, p = file_identity(model, mmproj)
-    job = CaptionJob(found.items, settings or CaptionSettings(), model=model, mmproj=mmproj or "", out=out,
-                     fmt=fmt, retry_errors=retry_errors, identity=(m.rsplit(":", 1)[0], f"{m}+{p}"))
+    job = CaptionJob(
+        found.items,
+        settings or CaptionSettings(),
+        model=model,
+        mmproj=mmproj or "",
+        out=out,
+        fmt=fmt,
+        retry_errors=retry_errors,
+        identity=(m.rsplit(":", 1)[0], f"{m}+{p}"),
+    )
     spec = ActorSpec(model, mmproj, wishes or Wishes(), parallel=parallel, verbose=verbose)
     with job:
         if not job.needs_model():
             return job.run(None, on_result=on_result)
         with connect(address, verbose=verbose) as cluster:
             lay = layout(cluster, actors, threads)
-            return caption_on_ray(job, replace(spec, threads=lay.threads), lay, batch_size=batch_size,
-                                  on_result=on_result)
+            return caption_on_ray(
+                job, replace(spec, threads=lay.threads), lay, batch_size=batch_size, on_result=on_result
+            )
 
 
-def answer_batch_file(requests: str, out: str, *, model: str, mmproj: str | None = None,
-                      address: str = "local", actors: int | None = None, threads: int | None = None,
-                      parallel: int | None = None, wishes: Wishes | None = None,
-                      options: ServeOptions | None = None, engine_options: EngineOptions | None = None,
-                      batch_size: int = DEFAULT_BATCH, verbose: bool = False) -> BatchSummary:
+def answer_batch_file(
+    requests: str,
+    out: str,
+    *,
+    model: str,
+    mmproj: str | None = None,
+    address: str = "local",
+    actors: int | None = None,
+    threads: int | None = None,
+    parallel: int | None = None,
+    wishes: Wishes | None = None,
+    options: ServeOptions | None = None,
+    engine_options: EngineOptions | None = None,
+    batch_size: int = DEFAULT_BATCH,
+    verbose: bool = False,
+) -> BatchSummary:
     """Answer an OpenAI batch file on Ray into ``out``, resuming what an earlier run did."""
     data = read_batch_file(requests)
     model, mmproj = _paths(model, mmproj)
@@ -84,5 +119,11 @@ def answer_batch_file(requests: str, out: str, *, model: str, mmproj: str | None
             return output.summary
         with connect(address, verbose=verbose) as cluster:
             lay = layout(cluster, actors, threads)
-            return answer_on_ray(output, replace(spec, threads=lay.threads), lay, options,
-                                 engine_options or EngineOptions(), batch_size=batch_size)
+            return answer_on_ray(
+                output,
+                replace(spec, threads=lay.threads),
+                lay,
+                options,
+                engine_options or EngineOptions(),
+                batch_size=batch_size,
+            )

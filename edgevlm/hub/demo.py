@@ -19,17 +19,28 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-__all__ = ["DEMO_MMPROJ", "DEMO_MODEL", "GENERATED_PAIRS_GROUP", "NO_GENERATED_PAIRS", "TRAINED_NOTE",
-           "generated_pairs", "trained_demo_dirs", "trained_demo_pair"]
+__all__ = [
+    "DEMO_MMPROJ",
+    "DEMO_MODEL",
+    "GENERATED_PAIRS_GROUP",
+    "NO_GENERATED_PAIRS",
+    "TRAINED_NOTE",
+    "generated_pairs",
+    "trained_demo_dirs",
+    "trained_demo_pair",
+]
 
 DEMO_MODEL = "edgevlm-demo.gguf"
 DEMO_MMPROJ = "mmproj-edgevlm-demo.gguf"
-TRAINED_NOTE = ("demo: edgevlm's toy VLM, trained here on a synthetic world of coloured circles, squares, "
-                "triangles and capital letters; it knows nothing else (ask about colours, shapes, counts, "
-                "letters, or 'Describe the image.'). Use a registry name (edgevlm models) for a real model.")
+TRAINED_NOTE = (
+    "demo: edgevlm's toy VLM, trained here on a synthetic world of coloured circles, squares, "
+    "triangles and capital letters; it knows nothing else (ask about colours, shapes, counts, "
+    "letters, or 'Describe the image.'). Use a registry name (edgevlm models) for a real model."
+)
 GENERATED_PAIRS_GROUP = "edgevlm.generated_pairs"
-NO_GENERATED_PAIRS = ("generated pairs come from the edgevlm-testkit package "
-                      "(pip install -e ./testkit from the source checkout)")
+NO_GENERATED_PAIRS = (
+    "generated pairs come from the edgevlm-testkit package (pip install -e ./testkit from the source checkout)"
+)
 
 
 def trained_demo_dirs() -> list[Path]:

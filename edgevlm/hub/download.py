@@ -26,13 +26,26 @@ from ..errors import DownloadError, InputError, IntegrityError
 from .registry import FileRef, RemoteFile, ResolvedModel, is_mmproj_name, load_registry, resolve, unknown_name_message
 from .store import cached_listing, cached_path, edgevlm_cache_dir, hf, hf_utils, map_error, repo_cache_dir, settings
 
-__all__ = ["Digest", "DownloadResult", "PullResult", "download", "ensure_local", "expected_digest",
-           "file_identity", "hash_file", "local_files", "pull", "remove", "remove_cached_file"]
+__all__ = [
+    "Digest",
+    "DownloadResult",
+    "PullResult",
+    "download",
+    "ensure_local",
+    "expected_digest",
+    "file_identity",
+    "hash_file",
+    "local_files",
+    "pull",
+    "remove",
+    "remove_cached_file",
+]
 
 _HASH_CHUNK = 8 * 2**20
 
 
 # --- integrity ----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Digest:
@@ -83,6 +96,7 @@ def hash_file(path: str, algo: str = "sha256", progress: Callable[[int, int], No
 
 # --- download -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class DownloadResult:
     remote: RemoteFile
@@ -105,23 +119,30 @@ def _progress_bars(enabled: bool) -> Iterator[None]:
             utils.enable_progress_bars()
 
 
-def download(rf: RemoteFile, *, progress: bool = True, verify_existing: bool = False,
-             on_verify: Callable[[int, int], None] | None = None) -> DownloadResult:
+def download(
+    rf: RemoteFile,
+    *,
+    progress: bool = True,
+    verify_existing: bool = False,
+    on_verify: Callable[[int, int], None] | None = None,
+) -> DownloadResult:
     """Get one file into the hub cache (resumable, verified); returns its local path."""
     s = settings()
     before = cached_path(rf.repo, rf.file, rf.revision)
     if s.offline:
         if before is None:
-            raise DownloadError(f"{rf.spec}: not in the local cache ({s.cache_dir}) and offline mode "
-                                f"is on (HF_HUB_OFFLINE)")
+            raise DownloadError(
+                f"{rf.spec}: not in the local cache ({s.cache_dir}) and offline mode is on (HF_HUB_OFFLINE)"
+            )
         return DownloadResult(rf, before, os.path.getsize(before), False, None)
     # Ask for the digest first when a download is expected: no point fetching GBs unverifiable.
     digest = expected_digest(rf) if (before is None or verify_existing) else None
     api = hf()
     try:
         with _progress_bars(progress):
-            path = api.hf_hub_download(rf.repo, rf.file, revision=rf.revision, cache_dir=s.cache_dir,
-                                      endpoint=s.endpoint)
+            path = api.hf_hub_download(
+                rf.repo, rf.file, revision=rf.revision, cache_dir=s.cache_dir, endpoint=s.endpoint
+            )
     except Exception as exc:  # noqa: BLE001
         raise map_error(exc, rf.spec, s) from None
     downloaded = before is None or not os.path.samefile(before, path)
@@ -134,7 +155,8 @@ def download(rf: RemoteFile, *, progress: bool = True, verify_existing: bool = F
             remove_cached_file(rf.repo, path)
             raise IntegrityError(
                 f"{rf.spec}: {digest.algo} mismatch after download (expected {digest.hexdigest[:16]}…, "
-                f"got {got[:16]}…); the corrupt file was deleted from the cache, pull again")
+                f"got {got[:16]}…); the corrupt file was deleted from the cache, pull again"
+            )
         checked = digest
     return DownloadResult(rf, path, os.path.getsize(path), downloaded, checked)
 
@@ -152,8 +174,7 @@ def remove_cached_file(repo: str, pointer: str) -> int:
             freed += p.stat().st_size
         p.unlink()
     if blob is not None and repo_dir in blob.parents and (blob.exists() or blob.is_symlink()):
-        still_used = any(q.is_symlink() and _link_target(q) == blob
-                         for q in (repo_dir / "snapshots").rglob("*"))
+        still_used = any(q.is_symlink() and _link_target(q) == blob for q in (repo_dir / "snapshots").rglob("*"))
         if not still_used:
             with contextlib.suppress(OSError):
                 freed += blob.stat().st_size
@@ -195,10 +216,15 @@ class PullResult:
         return self.resolved.mmproj.local if self.resolved.mmproj else None
 
 
-def ensure_local(r: ResolvedModel, *, progress: bool = True, refresh: bool = False,
-                 verify_existing: bool = False,
-                 on_file: Callable[[str, RemoteFile], None] | None = None,
-                 on_verify: Callable[[int, int], None] | None = None) -> PullResult:
+def ensure_local(
+    r: ResolvedModel,
+    *,
+    progress: bool = True,
+    refresh: bool = False,
+    verify_existing: bool = False,
+    on_file: Callable[[str, RemoteFile], None] | None = None,
+    on_verify: Callable[[int, int], None] | None = None,
+) -> PullResult:
     """Download whatever of ``r`` is remote and not in the cache; returns the model with local
     paths filled in. ``refresh`` (``pull``) also asks the hub whether the revision moved on;
     without it a cached file is used without any network request (``chat``, ``caption``)."""
@@ -220,8 +246,13 @@ def ensure_local(r: ResolvedModel, *, progress: bool = True, refresh: bool = Fal
     return out
 
 
-def local_files(spec: str, mmproj: str | None = None, *, progress: bool = False,
-                on_file: Callable[[str, RemoteFile], None] | None = None) -> tuple[str, str]:
+def local_files(
+    spec: str,
+    mmproj: str | None = None,
+    *,
+    progress: bool = False,
+    on_file: Callable[[str, RemoteFile], None] | None = None,
+) -> tuple[str, str]:
     """(model, mmproj) paths on this machine. Local paths are used as they are (a shared
     folder on a cluster); names and ``hf:`` specs come from the hub cache, downloaded first under
     a machine-wide lock, so however many processes ask at once (Ray actors on one node) the
@@ -278,9 +309,8 @@ def pull(spec: str, mmproj: str | None = None, **kw: Any) -> PullResult:
     return ensure_local(r, **kw)
 
 
-
-
 # --- removing -----------------------------------------------------------------------------
+
 
 def remove(spec: str) -> list[tuple[str, int]]:
     """``edgevlm rm``: delete a pulled model's files from the hub cache; (file, bytes freed).
@@ -296,15 +326,19 @@ def remove(spec: str) -> list[tuple[str, int]]:
         proj = r.mmproj.remote if r.mmproj else None
         if proj is not None:
             listing = cached_listing(proj.repo, proj.revision) or []
-            siblings = [RemoteFile(proj.repo, f, proj.revision) for f in listing
-                        if f.lower().endswith(".gguf") and not is_mmproj_name(f) and f != r.model.remote.file]
+            siblings = [
+                RemoteFile(proj.repo, f, proj.revision)
+                for f in listing
+                if f.lower().endswith(".gguf") and not is_mmproj_name(f) and f != r.model.remote.file
+            ]
     else:
         name, _, quant = spec.partition(":")
         entry = reg.get(name)
         if entry is None:
             if os.path.exists(spec) or spec == "demo":
-                raise InputError(f"'{spec}' is not a downloaded model: rm only deletes what 'edgevlm pull' "
-                                 f"put in the hub cache")
+                raise InputError(
+                    f"'{spec}' is not a downloaded model: rm only deletes what 'edgevlm pull' put in the hub cache"
+                )
             raise InputError(unknown_name_message(spec, reg))
         _, q = reg.lookup(spec)
         quants = [q] if quant else entry.quants

@@ -19,6 +19,7 @@ __all__ = ["ModelRow", "choose_model", "list_models"]
 
 # --- listing models -----------------------------------------------------------------------
 
+
 @dataclass
 class ModelRow:
     name: str
@@ -75,10 +76,17 @@ def _row_for(r: ResolvedModel, title: str, license: str, params: str, probe, wis
     except Exception as exc:  # noqa: BLE001 - a listing must not die on one odd model
         verdict = f"? {short_error(exc)}"
     return ModelRow(
-        name=r.name, title=title, repo=r.model.remote.repo if r.model.remote else "",
-        files=[f.name for f in refs], size=size, size_exact=exact,
+        name=r.name,
+        title=title,
+        repo=r.model.remote.repo if r.model.remote else "",
+        files=[f.name for f in refs],
+        size=size,
+        size_exact=exact,
         local="yes" if local == len(refs) else ("partial" if local else "no"),
-        fits=fits, fit=verdict, license=license, params=params,
+        fits=fits,
+        fit=verdict,
+        license=license,
+        params=params,
         paths=[f.local for f in refs if f.local],
     )
 
@@ -87,7 +95,6 @@ def list_models(probe=None, wishes=None, *, check: bool = False) -> list[ModelRo
     """Registry models (default quantisation, plus any other one in the cache) and other GGUF
     repos found in the hub cache, with sizes and the planner's verdict for this machine."""
     if probe is None:
-
         probe = measure_devices()
     reg = load_registry()
     rows: list[ModelRow] = []
@@ -114,7 +121,7 @@ def _unregistered_rows(seen: set[tuple[str, str]], probe, wishes) -> list[ModelR
         return []
     out = []
     for repo_dir in sorted(root.glob("models--*")):
-        repo = repo_dir.name[len("models--"):].replace("--", "/", 1)
+        repo = repo_dir.name[len("models--") :].replace("--", "/", 1)
         commit = commit_for(repo_dir, "main")
         snaps = [repo_dir / "snapshots" / commit] if commit else sorted((repo_dir / "snapshots").glob("*"))
         for snap in snaps:
@@ -127,14 +134,18 @@ def _unregistered_rows(seen: set[tuple[str, str]], probe, wishes) -> list[ModelR
                     continue
                 rev = "main" if snap.name == commit else snap.name
                 model = FileRef(str(snap / f), RemoteFile(repo, f, rev))
-                proj = FileRef(str(snap / pick_mmproj_file(projs)), RemoteFile(repo, pick_mmproj_file(projs), rev)) \
-                    if projs else None
+                proj = (
+                    FileRef(str(snap / pick_mmproj_file(projs)), RemoteFile(repo, pick_mmproj_file(projs), rev))
+                    if projs
+                    else None
+                )
                 r = ResolvedModel(model.label, "hf", model.label, model, proj)
                 out.append(_row_for(r, "(not in the registry)", "", "", probe, wishes, False))
     return out
 
 
 # --- choosing a model when none is given --------------------------------------------------
+
 
 def choose_model(probe, wishes=None, *, fetch: bool = True) -> tuple[ResolvedModel, str]:
     """``$EDGEVLM_MODEL``, else the largest registry model whose plan fits this machine."""
@@ -153,12 +164,14 @@ def choose_model(probe, wishes=None, *, fetch: bool = True) -> tuple[ResolvedMod
         if plan.fits:
             _, verdict = _fit_verdict(plan)
             size = e.approx_size() / 2**30
-            return r, (f"no --model given: {e.name} ({size:.1f} GiB) is the largest registry model "
-                       f"that fits this machine by the plan ({verdict.removeprefix('yes · ')}); "
-                       f"pass --model or set EDGEVLM_MODEL to choose")
+            return r, (
+                f"no --model given: {e.name} ({size:.1f} GiB) is the largest registry model "
+                f"that fits this machine by the plan ({verdict.removeprefix('yes · ')}); "
+                f"pass --model or set EDGEVLM_MODEL to choose"
+            )
         tried.append(f"{e.name}: does not fit")
     detail = "; ".join(tried[:3])
-    raise InputError(f"no --model given and no registry model could be planned to fit ({detail}); "
-                     f"pass --model NAME, or --model demo to try the pipeline offline")
-
-
+    raise InputError(
+        f"no --model given and no registry model could be planned to fit ({detail}); "
+        f"pass --model NAME, or --model demo to try the pipeline offline"
+    )

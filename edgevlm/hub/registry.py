@@ -41,15 +41,18 @@ from .store import cached_path, repo_files
 
 SCHEMA = 1
 DEFAULT_QUANT = "q4_k_m"
-DEMO_NOTE = ("demo: a generated tiny {family} pair with RANDOM weights: the answers are gibberish. "
-             "It exercises every step (GGUF loading, image encoding, prefill, streaming) offline; "
-             "use a registry name (edgevlm models) for a real model.")
+DEMO_NOTE = (
+    "demo: a generated tiny {family} pair with RANDOM weights: the answers are gibberish. "
+    "It exercises every step (GGUF loading, image encoding, prefill, streaming) offline; "
+    "use a registry name (edgevlm models) for a real model."
+)
 # Preference among several projectors of one model: full precision first.
 _MMPROJ_PREFERENCE = ("f16", "bf16", "f32", "q8_0")
 _QUANT_RE = re.compile(r"(?<![a-z0-9])(i?q\d[a-z0-9_]*|bf16|f16|f32)(?![a-z0-9])", re.IGNORECASE)
 
 
 # --- the registry ----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RegistryFile:
@@ -86,10 +89,17 @@ class RegistryEntry:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "title": self.title, "repo": self.repo, "revision": self.revision,
-            "params": self.params, "template_family": self.template_family,
-            "projector_type": self.projector_type, "license": self.license,
-            "default_quant": self.default_quant, "aliases": list(self.aliases), "notes": self.notes,
+            "name": self.name,
+            "title": self.title,
+            "repo": self.repo,
+            "revision": self.revision,
+            "params": self.params,
+            "template_family": self.template_family,
+            "projector_type": self.projector_type,
+            "license": self.license,
+            "default_quant": self.default_quant,
+            "aliases": list(self.aliases),
+            "notes": self.notes,
             "files": {q: _file_dict(f) for q, f in self.files.items()},
             "mmproj": _file_dict(self.mmproj),
         }
@@ -132,8 +142,9 @@ class Registry:
             raise InputError(unknown_name_message(spec, self))
         q = (quant or entry.default_quant).lower()
         if q not in entry.files:
-            raise InputError(f"{entry.name} has no quantisation '{quant}' in the registry "
-                             f"(choose from {', '.join(entry.quants)})")
+            raise InputError(
+                f"{entry.name} has no quantisation '{quant}' in the registry (choose from {', '.join(entry.quants)})"
+            )
         return entry, q
 
     def suggest(self, name: str, n: int = 3) -> list[str]:
@@ -154,15 +165,17 @@ class Registry:
 def unknown_name_message(spec: str, reg: Registry) -> str:
     close = reg.suggest(spec)
     hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(reg.names())}"
-    return (f"'{spec}' is not a file, an hf:owner/repo/file.gguf spec, 'demo', or a registry "
-            f"name; {hint} (edgevlm models lists them)")
+    return (
+        f"'{spec}' is not a file, an hf:owner/repo/file.gguf spec, 'demo', or a registry "
+        f"name; {hint} (edgevlm models lists them)"
+    )
 
 
 def _parse_file(d: Any, where: str) -> RegistryFile:
     if isinstance(d, str):
         return RegistryFile(d)
     if not isinstance(d, dict) or not isinstance(d.get("file"), str):
-        raise InputError(f"{where}: expected {{\"file\": ..., \"size\": ...}}")
+        raise InputError(f'{where}: expected {{"file": ..., "size": ...}}')
     size = d.get("size")
     if size is not None and not isinstance(size, int):
         raise InputError(f"{where}: size must be a number of bytes")
@@ -183,14 +196,23 @@ def parse_registry(data: Any, source: str) -> Registry:
             default = m.get("default_quant", DEFAULT_QUANT).lower()
             if default not in files:
                 raise InputError(f"{where} ({name}): default_quant '{default}' is not among its files")
-            entries.append(RegistryEntry(
-                name=name, title=m.get("title", name), repo=m["repo"], params=m.get("params", ""),
-                template_family=m.get("template_family", ""), projector_type=m.get("projector_type", ""),
-                license=m.get("license", "unknown"), default_quant=default, files=files,
-                mmproj=_parse_file(m["mmproj"], f"{where} ({name} mmproj)"),
-                revision=m.get("revision", "main"), aliases=tuple(m.get("aliases", ())),
-                notes=m.get("notes", ""),
-            ))
+            entries.append(
+                RegistryEntry(
+                    name=name,
+                    title=m.get("title", name),
+                    repo=m["repo"],
+                    params=m.get("params", ""),
+                    template_family=m.get("template_family", ""),
+                    projector_type=m.get("projector_type", ""),
+                    license=m.get("license", "unknown"),
+                    default_quant=default,
+                    files=files,
+                    mmproj=_parse_file(m["mmproj"], f"{where} ({name} mmproj)"),
+                    revision=m.get("revision", "main"),
+                    aliases=tuple(m.get("aliases", ())),
+                    notes=m.get("notes", ""),
+                )
+            )
         except (KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"{where}: missing or malformed field ({type(exc).__name__}: {exc})") from None
     return Registry(entries, source)
@@ -226,6 +248,7 @@ def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
 
 
 # --- resolution ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RemoteFile:
@@ -288,17 +311,25 @@ class ResolvedModel:
             if ref is None:
                 return None
             return {"local": ref.local, "remote": ref.remote.spec if ref.remote else None}
-        return {"spec": self.spec, "kind": self.kind, "name": self.name, "quant": self.quant,
-                "model": f(self.model), "mmproj": f(self.mmproj), "notes": list(self.notes)}
+
+        return {
+            "spec": self.spec,
+            "kind": self.kind,
+            "name": self.name,
+            "quant": self.quant,
+            "model": f(self.model),
+            "mmproj": f(self.mmproj),
+            "notes": list(self.notes),
+        }
 
 
 def _looks_like_path(spec: str) -> bool:
-    return (os.sep in spec or (os.altsep or "/") in spec or spec.lower().endswith(".gguf")
-            or spec.startswith((".", "~")))
+    return os.sep in spec or (os.altsep or "/") in spec or spec.lower().endswith(".gguf") or spec.startswith((".", "~"))
 
 
-def resolve(spec: str, mmproj: str | None = None, *, need_mmproj: bool = True,
-            registry: Registry | None = None) -> ResolvedModel:
+def resolve(
+    spec: str, mmproj: str | None = None, *, need_mmproj: bool = True, registry: Registry | None = None
+) -> ResolvedModel:
     """Turn a ``--model`` spec (and an optional ``--mmproj`` spec) into files.
 
     Registry names, paths and ``demo`` need no network; an ``hf:`` spec lists the repo's files
@@ -334,8 +365,9 @@ def _resolve_mmproj_spec(spec: str) -> FileRef:
         return _cached_ref(RemoteFile(repo, file, rev))
     p = os.path.expanduser(spec)
     if not os.path.isfile(p):
-        raise ModelFileError(f"{spec}: no such file" if not os.path.isdir(p)
-                             else f"{spec}: is a directory, not a GGUF file")
+        raise ModelFileError(
+            f"{spec}: no such file" if not os.path.isdir(p) else f"{spec}: is a directory, not a GGUF file"
+        )
     return FileRef(local=p)
 
 
@@ -348,8 +380,7 @@ def _resolve_entry(spec: str, entry: RegistryEntry, quant: str) -> ResolvedModel
     model = RemoteFile(f.repo or entry.repo, f.file, entry.revision, f.size, f.sha256)
     m = entry.mmproj
     proj = RemoteFile(m.repo or entry.repo, m.file, entry.revision, m.size, m.sha256)
-    return ResolvedModel(spec, "registry", f"{entry.name}:{quant}", _cached_ref(model), _cached_ref(proj),
-                         entry, quant)
+    return ResolvedModel(spec, "registry", f"{entry.name}:{quant}", _cached_ref(model), _cached_ref(proj), entry, quant)
 
 
 def _parse_hf(spec: str) -> tuple[str, str, str | None, str | None]:
@@ -409,8 +440,9 @@ def pick_model_file(files: list[str], quant: str | None, where: str) -> str:
     avail = sorted({m.lower() for f in ggufs for m in _QUANT_RE.findall(os.path.basename(f))})
     if hits:
         raise InputError(f"{where}: several files match {want}: {', '.join(sorted(hits))}; name one")
-    raise InputError(f"{where}: no {want} file (quantisations there: {', '.join(avail) or 'unknown'}); "
-                     f"add :QUANT or name the file")
+    raise InputError(
+        f"{where}: no {want} file (quantisations there: {', '.join(avail) or 'unknown'}); add :QUANT or name the file"
+    )
 
 
 def pick_mmproj_file(cands: list[str]) -> str:
@@ -420,6 +452,7 @@ def pick_mmproj_file(cands: list[str]) -> str:
             if re.search(rf"(?<![a-z0-9]){tag}(?![a-z0-9])", low):
                 return i, name
         return len(_MMPROJ_PREFERENCE), name
+
     return min(cands, key=rank)
 
 
@@ -441,10 +474,12 @@ def _resolve_local(spec: str, find_mmproj: bool, need: bool) -> ResolvedModel:
 def find_mmproj_next_to(model_path: str, required: bool = True) -> tuple[str | None, str | None]:
     """The projector in the model's folder whose output width fits the model: (path, note)."""
 
-
     folder = os.path.dirname(os.path.abspath(model_path))
-    cands = sorted(p for p in glob.glob(os.path.join(glob.escape(folder), "*.gguf"))
-                   if is_mmproj_name(p) and os.path.abspath(p) != os.path.abspath(model_path))
+    cands = sorted(
+        p
+        for p in glob.glob(os.path.join(glob.escape(folder), "*.gguf"))
+        if is_mmproj_name(p) and os.path.abspath(p) != os.path.abspath(model_path)
+    )
     shown = os.path.join(os.path.dirname(model_path), "*mmproj*.gguf")
     if not cands:
         if required:
@@ -465,44 +500,79 @@ def find_mmproj_next_to(model_path: str, required: bool = True) -> tuple[str | N
             continue
     if not fits:
         if required:
-            raise InputError(f"{model_path}: none of the projectors next to it fits the model "
-                             f"({', '.join(os.path.basename(c) for c in cands)}); pass --mmproj")
+            raise InputError(
+                f"{model_path}: none of the projectors next to it fits the model "
+                f"({', '.join(os.path.basename(c) for c in cands)}); pass --mmproj"
+            )
         return None, None
     chosen = pick_mmproj_file(fits)
     note = None
     if len(fits) > 1:
-        note = (f"several projectors fit {os.path.basename(model_path)}; using "
-                f"{os.path.basename(chosen)} (pass --mmproj to choose)")
+        note = (
+            f"several projectors fit {os.path.basename(model_path)}; using "
+            f"{os.path.basename(chosen)} (pass --mmproj to choose)"
+        )
     return chosen, note
 
 
 def _resolve_demo(spec: str) -> ResolvedModel:
-    from .demo import DEMO_MODEL, NO_GENERATED_PAIRS, TRAINED_NOTE, generated_pairs, trained_demo_dirs, \
-        trained_demo_pair
+    from .demo import (
+        DEMO_MODEL,
+        NO_GENERATED_PAIRS,
+        TRAINED_NOTE,
+        generated_pairs,
+        trained_demo_dirs,
+        trained_demo_pair,
+    )
 
     family = spec.partition(":")[2]
     if not family:
         trained = trained_demo_pair()
         if trained is not None:
-            return ResolvedModel(spec, "demo", "demo (toy VLM trained on edgevlm's synthetic world)",
-                                 FileRef(local=str(trained[0])), FileRef(local=str(trained[1])),
-                                 notes=(TRAINED_NOTE,))
+            return ResolvedModel(
+                spec,
+                "demo",
+                "demo (toy VLM trained on edgevlm's synthetic world)",
+                FileRef(local=str(trained[0])),
+                FileRef(local=str(trained[1])),
+                notes=(TRAINED_NOTE,),
+            )
         family = "llava15"
     pairs = generated_pairs()
     if pairs is None:
         if spec == "demo":
-            raise InputError(f"'demo': the trained pair ({DEMO_MODEL}) is in none of "
-                             f"{', '.join(map(str, trained_demo_dirs()))}, and {NO_GENERATED_PAIRS}")
+            raise InputError(
+                f"'demo': the trained pair ({DEMO_MODEL}) is in none of "
+                f"{', '.join(map(str, trained_demo_dirs()))}, and {NO_GENERATED_PAIRS}"
+            )
         raise InputError(f"'{spec}': {NO_GENERATED_PAIRS}")
     if family not in pairs.FAMILIES:
         raise InputError(f"'{spec}': no demo family '{family}' (choose from {', '.join(pairs.FAMILIES)})")
     pair = pairs.cached_model_pair(family, "tiny")
-    return ResolvedModel(spec, "demo", f"demo ({family}, random weights)", FileRef(local=str(pair.model)),
-                         FileRef(local=str(pair.mmproj)), notes=(DEMO_NOTE.format(family=family),))
+    return ResolvedModel(
+        spec,
+        "demo",
+        f"demo ({family}, random weights)",
+        FileRef(local=str(pair.model)),
+        FileRef(local=str(pair.mmproj)),
+        notes=(DEMO_NOTE.format(family=family),),
+    )
 
 
 __all__ = [
-    "Registry", "RegistryEntry", "RegistryFile", "RemoteFile", "FileRef", "ResolvedModel",
-    "load_registry", "parse_registry", "registry_path", "resolve", "find_mmproj_next_to",
-    "pick_model_file", "pick_mmproj_file", "unknown_name_message", "DEMO_NOTE",
+    "Registry",
+    "RegistryEntry",
+    "RegistryFile",
+    "RemoteFile",
+    "FileRef",
+    "ResolvedModel",
+    "load_registry",
+    "parse_registry",
+    "registry_path",
+    "resolve",
+    "find_mmproj_next_to",
+    "pick_model_file",
+    "pick_mmproj_file",
+    "unknown_name_message",
+    "DEMO_NOTE",
 ]

@@ -12,15 +12,28 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
 from ..errors import DownloadError, EdgeVLMError, ModelFileError
 from ..model.gguf_info import GGUFFile, HeaderIncomplete, TensorInfo, parse_header, read_gguf
 from ..plan.planner import Planner, Wishes
 from .registry import FileRef, RemoteFile, ResolvedModel, resolve
 from .store import HubSettings, edgevlm_cache_dir, hf, hf_utils, is_transport_error, map_error, settings
 
-__all__ = ["HEADER_CACHE_VERSION", "HEADER_FIRST_CHUNK", "HEADER_MAX_BYTES", "HeaderRead",
-           "cached_header", "fetch_header", "gguf_for", "gguf_from_json", "gguf_to_json",
-           "header_cache_file", "plan_remote", "plan_resolved", "read_remote_header"]
+__all__ = [
+    "HEADER_CACHE_VERSION",
+    "HEADER_FIRST_CHUNK",
+    "HEADER_MAX_BYTES",
+    "HeaderRead",
+    "cached_header",
+    "fetch_header",
+    "gguf_for",
+    "gguf_from_json",
+    "gguf_to_json",
+    "header_cache_file",
+    "plan_remote",
+    "plan_resolved",
+    "read_remote_header",
+]
 
 HEADER_FIRST_CHUNK = 2 * 2**20
 HEADER_MAX_BYTES = 512 * 2**20  # a "header" larger than this is not one
@@ -29,15 +42,19 @@ HEADER_CACHE_VERSION = 1
 
 # --- header-only reads --------------------------------------------------------------------
 
+
 def header_cache_file(s: HubSettings, rf: RemoteFile) -> Path:
     key = hashlib.sha256(f"{s.endpoint}\n{rf.repo}\n{rf.revision}\n{rf.file}".encode()).hexdigest()[:40]
     return edgevlm_cache_dir() / "hub-headers" / f"{key}.json"
 
 
 def gguf_to_json(gf: GGUFFile) -> dict[str, Any]:
-    return {"file_size": gf.file_size, "metadata": gf.metadata, "array_lengths": gf.array_lengths,
-            "tensors": [[t.name, t.ggml_type, list(t.shape), t.n_elements, t.n_bytes, t.offset]
-                        for t in gf.tensors]}
+    return {
+        "file_size": gf.file_size,
+        "metadata": gf.metadata,
+        "array_lengths": gf.array_lengths,
+        "tensors": [[t.name, t.ggml_type, list(t.shape), t.n_elements, t.n_bytes, t.offset] for t in gf.tensors],
+    }
 
 
 def gguf_from_json(d: dict[str, Any], path: str) -> GGUFFile:
@@ -91,8 +108,9 @@ def fetch_header(rf: RemoteFile, *, first_chunk: int = HEADER_FIRST_CHUNK) -> He
     cached = _load_header_cache(cache_file, label)
     if s.offline:
         if cached is None:
-            raise DownloadError(f"{label}: header not cached and offline mode is on (HF_HUB_OFFLINE); "
-                                f"plan it once online, or pull it")
+            raise DownloadError(
+                f"{label}: header not cached and offline mode is on (HF_HUB_OFFLINE); plan it once online, or pull it"
+            )
         return HeaderRead(cached[1], "cache", 0, cached[0].get("etag"), cached[0].get("commit"))
     api = hf()
     url = api.hf_hub_url(rf.repo, rf.file, revision=rf.revision, endpoint=s.endpoint)
@@ -114,11 +132,20 @@ def fetch_header(rf: RemoteFile, *, first_chunk: int = HEADER_FIRST_CHUNK) -> He
         raise
     except Exception as exc:  # noqa: BLE001
         raise map_error(exc, label, s) from None
-    _save_header_cache(cache_file, {
-        "version": HEADER_CACHE_VERSION, "endpoint": s.endpoint, "repo": rf.repo, "file": rf.file,
-        "revision": rf.revision, "etag": meta.etag, "commit": meta.commit_hash, "bytes_fetched": fetched,
-        "gguf": gguf_to_json(gf),
-    })
+    _save_header_cache(
+        cache_file,
+        {
+            "version": HEADER_CACHE_VERSION,
+            "endpoint": s.endpoint,
+            "repo": rf.repo,
+            "file": rf.file,
+            "revision": rf.revision,
+            "etag": meta.etag,
+            "commit": meta.commit_hash,
+            "bytes_fetched": fetched,
+            "gguf": gguf_to_json(gf),
+        },
+    )
     return HeaderRead(gf, "remote", fetched, meta.etag, meta.commit_hash)
 
 
@@ -155,11 +182,12 @@ def _get_range(url: str, start: int, end: int, headers: dict[str, str]) -> tuple
             if len(buf) > end:
                 break
         cl = r.headers.get("Content-Length")
-        return bytes(buf[start:end + 1]), int(cl) if cl and cl.isdigit() else None
+        return bytes(buf[start : end + 1]), int(cl) if cl and cl.isdigit() else None
 
 
-def _range_read_header(url: str, size: int | None, label: str, headers: dict[str, str],
-                       first_chunk: int) -> tuple[GGUFFile, int]:
+def _range_read_header(
+    url: str, size: int | None, label: str, headers: dict[str, str], first_chunk: int
+) -> tuple[GGUFFile, int]:
     buf = bytearray()
     total = size
     want = max(first_chunk, 64)
@@ -183,6 +211,7 @@ def _range_read_header(url: str, size: int | None, label: str, headers: dict[str
 
 
 # --- planning -----------------------------------------------------------------------------
+
 
 def gguf_for(ref: FileRef, *, fetch: bool = True) -> GGUFFile:
     """The header of a file: local when it is on disk, else cached or fetched from the hub."""

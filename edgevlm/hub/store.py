@@ -16,14 +16,29 @@ from pathlib import Path
 
 from ..errors import DownloadError, EdgeVLMError, InputError
 
-__all__ = ["DEFAULT_ENDPOINT", "HubSettings", "cached_listing", "cached_path", "commit_for",
-           "edgevlm_cache_dir", "first_line", "hf", "hf_utils", "is_transport_error", "map_error",
-           "repo_cache_dir", "repo_files", "settings", "short_error"]
+__all__ = [
+    "DEFAULT_ENDPOINT",
+    "HubSettings",
+    "cached_listing",
+    "cached_path",
+    "commit_for",
+    "edgevlm_cache_dir",
+    "first_line",
+    "hf",
+    "hf_utils",
+    "is_transport_error",
+    "map_error",
+    "repo_cache_dir",
+    "repo_files",
+    "settings",
+    "short_error",
+]
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
 # --- settings (environment, read at call time) --------------------------------------------
+
 
 def _truthy(v: str | None) -> bool:
     return (v or "").strip().upper() in {"1", "ON", "YES", "TRUE"}
@@ -42,8 +57,8 @@ def settings() -> HubSettings:
     cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if not cache:
         home = os.environ.get("HF_HOME") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-            "huggingface")
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+        )
         cache = os.path.join(home, "hub")
     offline = _truthy(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"))
     return HubSettings(endpoint, os.path.expandvars(os.path.expanduser(cache)), offline)
@@ -51,7 +66,8 @@ def settings() -> HubSettings:
 
 def edgevlm_cache_dir() -> Path:
     base = os.environ.get("EDGEVLM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "edgevlm")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "edgevlm"
+    )
     return Path(base)
 
 
@@ -69,6 +85,7 @@ def hf_utils():
 
 
 # --- the local hub cache (layout: models--owner--name/{refs,blobs,snapshots}) ----------------
+
 
 def repo_cache_dir(repo: str, cache_dir: str | None = None) -> Path:
     return Path(cache_dir or settings().cache_dir) / ("models--" + repo.replace("/", "--"))
@@ -104,6 +121,7 @@ def cached_listing(repo: str, revision: str) -> list[str] | None:
 
 # --- errors -------------------------------------------------------------------------------
 
+
 def short_error(exc: BaseException) -> str:
     """An error's first line without the leading 'hf:owner/repo/file: ' label."""
     text = first_line(exc)
@@ -134,8 +152,9 @@ def map_error(exc: BaseException, what: str, s: HubSettings) -> EdgeVLMError:
     if isinstance(exc, EdgeVLMError):
         return exc
     if isa("GatedRepoError"):
-        return InputError(f"{what}: the repository is gated: accept its terms on the hub, then set "
-                          f"HF_TOKEN (or run 'hf auth login')")
+        return InputError(
+            f"{what}: the repository is gated: accept its terms on the hub, then set HF_TOKEN (or run 'hf auth login')"
+        )
     if isa("RepositoryNotFoundError"):
         return InputError(f"{what}: no such repository on {s.endpoint} (or it is private: set HF_TOKEN)")
     if isa("RevisionNotFoundError"):
@@ -169,6 +188,7 @@ def is_transport_error(exc: BaseException) -> bool:
 
 # --- listing ------------------------------------------------------------------------------
 
+
 def repo_files(repo: str, revision: str = "main") -> list[str]:
     """Files of a hub repo: from the hub, or from the local cache when offline / unreachable."""
     s = settings()
@@ -184,5 +204,3 @@ def repo_files(repo: str, revision: str = "main") -> list[str]:
         if cached is not None and is_transport_error(exc):
             return cached
         raise map_error(exc, f"hf:{repo}", s) from None
-
-

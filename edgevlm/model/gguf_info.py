@@ -18,9 +18,21 @@ import gguf
 
 from ..errors import ModelFileError, ModelPairError
 
-__all__ = ["GGUF_MAGIC", "check_pair", "GGUFFile", "HeaderIncomplete", "load_projector",
-           "load_text_model", "parse_header", "projector_info", "ProjectorInfo", "read_gguf",
-           "TensorInfo", "text_model_info", "TextModelInfo"]
+__all__ = [
+    "GGUF_MAGIC",
+    "check_pair",
+    "GGUFFile",
+    "HeaderIncomplete",
+    "load_projector",
+    "load_text_model",
+    "parse_header",
+    "projector_info",
+    "ProjectorInfo",
+    "read_gguf",
+    "TensorInfo",
+    "text_model_info",
+    "TextModelInfo",
+]
 
 GGUF_MAGIC = b"GGUF"
 # Arrays longer than this (vocabularies, merges, scores) are not decoded, only counted.
@@ -82,8 +94,7 @@ class GGUFFile:
 
 
 # GGUF value types (gguf.GGUFValueType): fixed-size scalars as struct formats
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
-            11: "<q", 12: "<d"}
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 
 
@@ -115,7 +126,7 @@ class _Cursor:
     def string(self, decode: bool = True):
         n = self.unpack("<Q")
         self._need(n)
-        raw = self.buf[self.pos:self.pos + n]
+        raw = self.buf[self.pos : self.pos + n]
         self.pos += n
         return bytes(raw).decode("utf-8", errors="replace") if decode else None
 
@@ -193,9 +204,7 @@ def _parse(buf: bytes, path: str, size: int) -> GGUFFile:
         tensors.append(TensorInfo(name, qtype.name, shape, n_el, n_bytes, data_start + offset))
         end = max(end, data_start + offset + n_bytes)
     if end > size:
-        raise ModelFileError(
-            f"{path}: truncated GGUF: tensor data ends at byte {end:,} but the file has {size:,}"
-        )
+        raise ModelFileError(f"{path}: truncated GGUF: tensor data ends at byte {end:,} but the file has {size:,}")
     return GGUFFile(path, size, metadata, lengths, tuple(tensors))
 
 
@@ -241,9 +250,7 @@ def parse_header(buf: bytes, path: str, size: int) -> GGUFFile:
     except (ModelFileError, HeaderIncomplete):
         raise
     except (struct.error, EOFError, ValueError, IndexError, OverflowError, MemoryError) as exc:
-        raise ModelFileError(
-            f"{path}: truncated or corrupt GGUF header ({type(exc).__name__}: {exc})"
-        ) from None
+        raise ModelFileError(f"{path}: truncated or corrupt GGUF header ({type(exc).__name__}: {exc})") from None
 
 
 def _first(v: Any) -> Any:
@@ -348,9 +355,7 @@ def _need(gf: GGUFFile, key: str) -> Any:
 
 def text_model_info(gf: GGUFFile) -> TextModelInfo:
     if gf.is_projector:
-        raise ModelFileError(
-            f"{gf.path}: is a vision projector (mmproj), not a language model; pass it with --mmproj"
-        )
+        raise ModelFileError(f"{gf.path}: is a vision projector (mmproj), not a language model; pass it with --mmproj")
     arch = gf.arch
     if not arch:
         raise ModelFileError(f"{gf.path}: GGUF metadata lacks 'general.architecture'")
@@ -407,6 +412,7 @@ def _swa_layers(md: dict[str, Any], arch: str, n_layer: int) -> tuple[bool, ...]
 
 def _mmproj_width(gf: GGUFFile, ptype: str) -> int:
     """The embedding width the projector hands to the text model (clip_n_mmproj_embd)."""
+
     def out_dim(name: str, axis: int) -> int | None:
         t = gf.tensor(name)
         return t.shape[axis] if t is not None and len(t.shape) > axis else None
@@ -429,9 +435,7 @@ def _mmproj_width(gf: GGUFFile, ptype: str) -> int:
 def projector_info(gf: GGUFFile) -> ProjectorInfo:
     if not gf.is_projector:
         arch = gf.arch or "unknown"
-        raise ModelFileError(
-            f"{gf.path}: is a language model (arch '{arch}'), not a vision projector (mmproj)"
-        )
+        raise ModelFileError(f"{gf.path}: is a language model (arch '{arch}'), not a vision projector (mmproj)")
     md = gf.metadata
     ptype = md.get("clip.vision.projector_type") or md.get("clip.projector_type")
     if ptype is None:

@@ -11,8 +11,7 @@ from .projectors import image_tokens, token_bound
 __all__ = ["inspect_files", "pair_error"]
 
 
-def inspect_files(file: str, mmproj: str | None = None,
-                  image_size: tuple[int, int] | None = None) -> dict[str, Any]:
+def inspect_files(file: str, mmproj: str | None = None, image_size: tuple[int, int] | None = None) -> dict[str, Any]:
     """Return ``{"model": ..., "mmproj": ..., "pair": ...}`` (keys present as they apply).
 
     FILE may be a text model or, alone, a projector. With both, ``pair.compatible`` says
@@ -51,5 +50,3 @@ def pair_error(report: dict[str, Any]) -> ModelPairError | None:
     if pair and not pair["compatible"]:
         return ModelPairError(pair["reason"])
     return None
-
-

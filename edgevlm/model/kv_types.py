@@ -19,17 +19,20 @@ class KVType:
         return self.name.startswith("q")
 
 
-KV_TYPES: dict[str, KVType] = {t.name: t for t in (
-    KVType("f32", 0, 4.0),
-    KVType("f16", 1, 2.0),
-    KVType("bf16", 30, 2.0),
-    KVType("q8_0", 8, 34 / 32),
-    KVType("q4_0", 2, 18 / 32),
-    KVType("q4_1", 3, 20 / 32),
-    KVType("q5_0", 6, 22 / 32),
-    KVType("q5_1", 7, 24 / 32),
-    KVType("iq4_nl", 20, 18 / 32),
-)}
+KV_TYPES: dict[str, KVType] = {
+    t.name: t
+    for t in (
+        KVType("f32", 0, 4.0),
+        KVType("f16", 1, 2.0),
+        KVType("bf16", 30, 2.0),
+        KVType("q8_0", 8, 34 / 32),
+        KVType("q4_0", 2, 18 / 32),
+        KVType("q4_1", 3, 20 / 32),
+        KVType("q5_0", 6, 22 / 32),
+        KVType("q5_1", 7, 24 / 32),
+        KVType("iq4_nl", 20, 18 / 32),
+    )
+}
 KV_CHOICES = ("f16", "q8_0", "q4_0")  # offered to users, in the planner's degradation order
 KV_DEFAULT, KV_Q8, KV_Q4 = KV_CHOICES
 

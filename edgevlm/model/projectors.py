@@ -20,15 +20,26 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache
 
 from ..errors import UnsupportedModel
 from .gguf_info import ProjectorInfo
 from .tokens import ImageTokens, View, smart_resize
 
-__all__ = ["encoder_patches", "facts", "image_tokens", "ImageTokens", "largest_image_tokens",
-           "position_kind", "ProjectorFacts", "smart_resize", "token_bound", "View", "view_patches",
-           "view_tokens"]
+__all__ = [
+    "encoder_patches",
+    "facts",
+    "image_tokens",
+    "ImageTokens",
+    "largest_image_tokens",
+    "position_kind",
+    "ProjectorFacts",
+    "smart_resize",
+    "token_bound",
+    "View",
+    "view_patches",
+    "view_tokens",
+]
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,7 @@ class ProjectorFacts:
         return _arithmetic(self.family) is not None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _arithmetic(family: str | None) -> Callable[..., ImageTokens] | None:
     if family is None:
         return None
@@ -78,8 +89,7 @@ PROJECTORS: dict[str, ProjectorFacts] = {
     "gemma3": ProjectorFacts("fixed", non_causal=True, family="gemma3", encoder_graph="gemma3"),
     "internvl": ProjectorFacts("tiled", family="internvl", encoder_graph="internvl"),
     "qwen2vl_merger": ProjectorFacts("dynamic", "mrope", family="qwen", encoder_graph="qwen2vl_merger", merge=2),
-    "qwen2.5vl_merger": ProjectorFacts("dynamic", "mrope", family="qwen", encoder_graph="qwen2.5vl_merger",
-                                       merge=2),
+    "qwen2.5vl_merger": ProjectorFacts("dynamic", "mrope", family="qwen", encoder_graph="qwen2.5vl_merger", merge=2),
     "qwen3vl_merger": ProjectorFacts("dynamic", "mrope", family="qwen3vl", encoder_graph="qwen3vl_merger", merge=2),
 }
 
@@ -135,12 +145,15 @@ def token_bound(proj: ProjectorInfo) -> int:
     p = proj.patch_size
     if f.dynamic:
         area = proj.image_max_pixels or 4096 * (p * max(f.merge, 1)) ** 2
-        side = int(area ** 0.5) // p + 1
+        side = int(area**0.5) // p + 1
         return (area // (p * p)) + side
     views = 1
     if f.kind == "tiled" or proj.projector_type not in PROJECTORS:  # an unknown type may tile
-        limit = (proj.meta.get("clip.vision.preproc_max_tiles") or proj.meta.get("clip.vision.max_tiles")
-                 or proj.meta.get("clip.minicpmv_max_slice_nums"))
+        limit = (
+            proj.meta.get("clip.vision.preproc_max_tiles")
+            or proj.meta.get("clip.vision.max_tiles")
+            or proj.meta.get("clip.minicpmv_max_slice_nums")
+        )
         views = int(limit) + 1 if limit else 10
     return view_patches(proj) * views
 
@@ -158,8 +171,9 @@ def largest_image_tokens(proj: ProjectorInfo, budget: int) -> int:
     return image_tokens(proj, proj.image_size, proj.image_size).n_tokens
 
 
-def image_tokens(proj: ProjectorInfo, width: int, height: int,
-                 min_tokens: int | None = None, max_tokens: int | None = None) -> ImageTokens:
+def image_tokens(
+    proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+) -> ImageTokens:
     """Tokens and positions mtmd will produce for a ``width``×``height`` image: edgevlm's
     arithmetic for the projector's family, else mtmd's own count when the projector is loaded
     (``proj.counter``)."""
@@ -173,4 +187,5 @@ def image_tokens(proj: ProjectorInfo, width: int, height: int,
         return proj.counter(width, height, min_tokens, max_tokens)
     raise UnsupportedModel(
         f"{proj.path or 'projector'}: image token counts for projector type "
-        f"'{proj.projector_type}' are not known to edgevlm yet (they are once the projector is loaded)")
+        f"'{proj.projector_type}' are not known to edgevlm yet (they are once the projector is loaded)"
+    )

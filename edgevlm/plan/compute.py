@@ -2,10 +2,11 @@
 ggml's allocator (``graphalloc``) — exact to the byte on every configuration measured with the
 vendored llama.cpp 0.3.36 (105 text and 54 vision-encoder configurations, CPU).
 
-- ``text_compute_bytes``: ``sched_reserve: … compute buffer size`` of the text model
-  (``llama`` and ``qwen2vl`` graphs, with/without flash attention, any KV types);
-- ``clip_compute_bytes``: clip's ``compute buffer size`` for one image chunk (``mlp``,
-  ``qwen2vl_merger``, ``qwen2.5vl_merger`` with window attention).
+- ``text_compute_bytes``: ``sched_reserve: … compute buffer size`` of the text model (one
+  builder for the ``llama``, ``qwen2``, ``qwen2vl``, ``qwen3vl`` and ``gemma3`` graphs, with and
+  without flash attention, any KV types), and the blocks the vision graphs share
+  (``vit_attention``); the encoders' graphs are ``clipgraph`` (CLIP, Qwen2/2.5-VL) and
+  ``encoders/``.
 
 What would differ on other backends: CUDA pads to 128 bytes and adds a host-side buffer and
 cuBLAS/pool memory not in the log; Metal/Vulkan may reorder nodes. After a llama.cpp upgrade the
@@ -16,13 +17,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InputError, UnsupportedModel
+from ..errors import InputError
 from ..model.kv_types import KV_DEFAULT, is_quantized
 from .graphalloc import ALIGN, F16, F32, FLAG_INPUT, FLAG_OUTPUT, I32, I64, Graph, pad, replay  # noqa: F401
 
-__all__ = ["TextGraph", "attn_output", "clip_compute_bytes", "hadamard", "kv_rotation", "result_head",
-           "store_and_attend", "swa_kv_cells", "swiglu_block", "text_compute_bytes", "text_effective",
-           "vit_attention"]
+__all__ = [
+    "TextGraph",
+    "attn_output",
+    "hadamard",
+    "kv_rotation",
+    "result_head",
+    "store_and_attend",
+    "swa_kv_cells",
+    "swiglu_block",
+    "text_compute_bytes",
+    "text_effective",
+    "vit_attention",
+]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -31,6 +42,7 @@ __all__ = ["TextGraph", "attn_output", "clip_compute_bytes", "hadamard", "kv_rot
 # ------------------------------------------------------------------------------------------------
 # Blocks of the one decoder graph (llama, qwen2vl, qwen3vl, gemma3: ``TextGraph``): the same nodes
 # in the same order as llama-graph.cpp builds them.
+
 
 def kv_rotation(type_k: str, type_v: str, head_dim: int) -> tuple[bool, bool, int, int]:
     """Hadamard rotations of quantized K / V caches: (rot_k, rot_v, n_rot_k, n_rot_v)."""
@@ -50,8 +62,24 @@ def hadamard(g: Graph, x, rot, n: int, ne3):
     return g.view(m, ne3, op="RESHAPE")
 
 
-def store_and_attend(g: Graph, q, k, v, il: int, H: int, Hkv: int, D: int, U: int, n_kv: int,
-                     flash_attn: bool, k_idxs, v_idxs, mask, v_rot, nrot_v: int):
+def store_and_attend(
+    g: Graph,
+    q,
+    k,
+    v,
+    il: int,
+    H: int,
+    Hkv: int,
+    D: int,
+    U: int,
+    n_kv: int,
+    flash_attn: bool,
+    k_idxs,
+    v_idxs,
+    mask,
+    v_rot,
+    nrot_v: int,
+):
     """K and V into the cache (SET_ROWS), attention over it, the V rotation undone: (H·D, U)."""
     Eq, Ekv = H * D, Hkv * D
     W = g.EXT
@@ -109,8 +137,7 @@ def swiglu_block(g: Graph, cur, res, il: int, E: int, F: int, T: int, post_norms
     return g.op("ADD", F32, (E, T), rms(down) if post_norms else down, ffn_inp)
 
 
-def vit_attention(g: Graph, q, k, v, il: int, D: int, H: int, N: int, E: int, flash_attn: bool,
-                  nb_heads=None):
+def vit_attention(g: Graph, q, k, v, il: int, D: int, H: int, N: int, E: int, flash_attn: bool, nb_heads=None):
     """clip's ``build_attn`` with no cache and no mask: q, k, v are (D, H, N) views of (E, N)
     rows (``nb_heads``: their permuted strides); flash attention on F16 copies, or KQ → softmax →
     KQV. The result is (E, N)."""
@@ -164,19 +191,40 @@ class TextGraph:
     layers: tuple[bool, ...] | None = None  # per replayed layer, True = sliding window; None: all global
 
     @classmethod
-    def for_arch(cls, arch: str, n_deepstack: int = 0, swa_layers: tuple[bool, ...] | None = None) -> "TextGraph":
+    def for_arch(cls, arch: str, n_deepstack: int = 0, swa_layers: tuple[bool, ...] | None = None) -> TextGraph:
         if arch == "qwen2vl":
             return cls(bias=True, n_pos=4)
         if arch == "qwen3vl":
             return cls(n_pos=4, qk_norm=True, n_deepstack=n_deepstack)
         if arch == "gemma3":
-            return cls(qk_norm=True, embed_scale=True, q_scale=True, qkv_order="qkv", post_norms=True,
-                       layers=tuple(swa_layers) if swa_layers else None)
+            return cls(
+                qk_norm=True,
+                embed_scale=True,
+                q_scale=True,
+                qkv_order="qkv",
+                post_norms=True,
+                layers=tuple(swa_layers) if swa_layers else None,
+            )
         return cls()  # llama, and the estimate for architectures without a graph of their own
 
 
-def _text_graph(f: TextGraph, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv, n_tokens,
-                n_outputs, flash_attn, type_k, type_v, n_layer, n_kv_swa=None):
+def _text_graph(
+    f: TextGraph,
+    n_embd,
+    n_head,
+    n_head_kv,
+    head_dim,
+    n_ff,
+    n_vocab,
+    n_kv,
+    n_tokens,
+    n_outputs,
+    flash_attn,
+    type_k,
+    type_v,
+    n_layer,
+    n_kv_swa=None,
+):
     g = Graph()
     E, H, Hkv, D, F, V, U = n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_tokens
     Ekv = Hkv * D
@@ -250,8 +298,24 @@ def _text_graph(f: TextGraph, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab
                 if rot_v:
                     v = hadamard(g, v, d["v_rot"], nrot_v, (D, Hkv, U))
                 qkv["v"] = v
-        cur = store_and_attend(g, qkv["q"], qkv["k"], qkv["v"], il, H, Hkv, D, U, n_kv_swa if swa else n_kv,
-                               flash_attn, d["k_idxs"], d["v_idxs"], d["mask"], d["v_rot"], nrot_v)
+        cur = store_and_attend(
+            g,
+            qkv["q"],
+            qkv["k"],
+            qkv["v"],
+            il,
+            H,
+            Hkv,
+            D,
+            U,
+            n_kv_swa if swa else n_kv,
+            flash_attn,
+            d["k_idxs"],
+            d["v_idxs"],
+            d["mask"],
+            d["v_rot"],
+            nrot_v,
+        )
         cur, res, T = attn_output(g, cur, inpL, il, E, U, il == len(layers) - 1, n_outputs, out_ids)
         inpL = swiglu_block(g, cur, res, il, E, F, T, post_norms=f.post_norms)
         if il < f.n_deepstack:  # deepstack_out: + feature il of the wide input embedding
@@ -277,12 +341,28 @@ def text_effective(n_ctx: int, n_ubatch: int, n_batch: int, n_outputs_max: int =
     return n_kv, n_tokens, min(n_tokens, n_outputs_max if n_outputs_max else n_batch)
 
 
-def text_compute_bytes(arch: str, n_embd: int, n_head: int, n_head_kv: int, head_dim: int,
-                       n_ff: int, n_vocab: int, n_ctx: int, n_ubatch: int = 512,
-                       n_batch: int = 512, flash_attn: bool = False, type_k: str = KV_DEFAULT,
-                       type_v: str = KV_DEFAULT, n_layer: int = 2, n_outputs_max: int = 0, *,
-                       n_deepstack: int = 0, swa_layers: tuple[bool, ...] | None = None, n_swa: int = 1024,
-                       swa_full: bool = True) -> int:
+def text_compute_bytes(
+    arch: str,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    head_dim: int,
+    n_ff: int,
+    n_vocab: int,
+    n_ctx: int,
+    n_ubatch: int = 512,
+    n_batch: int = 512,
+    flash_attn: bool = False,
+    type_k: str = KV_DEFAULT,
+    type_v: str = KV_DEFAULT,
+    n_layer: int = 2,
+    n_outputs_max: int = 0,
+    *,
+    n_deepstack: int = 0,
+    swa_layers: tuple[bool, ...] | None = None,
+    n_swa: int = 1024,
+    swa_full: bool = True,
+) -> int:
     """Predicted ``sched_reserve: CPU compute buffer size`` in bytes (exact allocator replay).
 
     arch: "llama", "qwen2vl", "qwen3vl" (``n_deepstack``: the GGUF's
@@ -311,181 +391,11 @@ def text_compute_bytes(arch: str, n_embd: int, n_head: int, n_head_kv: int, head
     return max(pp, tg)
 
 
-def swa_kv_cells(n_ctx: int, n_swa: int, n_ubatch: int, swa_full: bool = True, n_seq_max: int = 1,
-                 kv_unified: bool = False) -> tuple[int, int]:
+def swa_kv_cells(
+    n_ctx: int, n_swa: int, n_ubatch: int, swa_full: bool = True, n_seq_max: int = 1, kv_unified: bool = False
+) -> tuple[int, int]:
     """(base cells, SWA cells) of llama_kv_cache_iswa (llama-kv-cache-iswa.cpp)."""
     base = pad(max(n_ctx, 1), 256)
     if swa_full:
         return base, base
     return base, pad(min(base, n_swa * (n_seq_max if kv_unified else 1) + n_ubatch), 256)
-
-
-# ------------------------------------------------------------------------------------------------
-# (b) vision encoder (tools/mtmd/clip.cpp, models/llava.cpp, models/qwen2vl.cpp)
-# ------------------------------------------------------------------------------------------------
-def _clip_graph(projector_type, patch_size, n_embd, n_head, n_ff, n_layer, n_patches,
-                n_mmproj_embd, merge, flash_attn, n_wa_pattern=0, conv_type=F16,
-                has_pre_ln=None, has_post_ln=None, n_blocks=None):
-    g = Graph()
-    W = g.EXT
-    E, Hh, Ff, P, p = n_embd, n_head, n_ff, n_patches, patch_size
-    D = E // Hh
-    qwen = projector_type in ("qwen2vl_merger", "qwen2.5vl_merger")
-    v25 = projector_type == "qwen2.5vl_merger"
-    if not qwen and projector_type != "mlp":
-        raise UnsupportedModel(f"no encoder graph for projector type {projector_type!r}")
-    if has_pre_ln is None:
-        has_pre_ln = not qwen          # LLaVA CLIP has v.pre_ln; Qwen ViTs have none
-    if has_post_ln is None:
-        has_post_ln = qwen             # Qwen has v.post_ln; LLaVA stops at layer -2 without it
-    if n_blocks is None:
-        n_blocks = n_layer if qwen else n_layer - 1  # llava: deepest feature layer = n_layer - 1
-    windowed = v25 and n_wa_pattern > 0
-    n_pos = P if qwen else P + 1       # + class embedding
-
-    inp_raw = g.input("inp_raw", F32, (P * p * p, 3))     # (W', H', 3): W'*H' = n_patches * p^2
-
-    def conv(inp):
-        col = g.op("IM2COL", conv_type, (3 * p * p, P), W, inp)
-        colr = g.view(col, (3 * p * p, P), op="RESHAPE")
-        mm = g.op("MUL_MAT", F32, (P, E), colr, W)
-        r = g.view(mm, (P, 1, 1, E), op="RESHAPE")
-        r = g.view(r, (P, 1, E, 1), op="PERMUTE", nb=(4, 4 * P, 4 * P, 4 * P))
-        return g.op("CONT", F32, (P, 1, E), r)
-
-    if qwen:
-        positions = None
-        c0 = conv(inp_raw)
-        c1 = conv(inp_raw)
-        x = g.op("ADD", F32, (P, 1, E), c0, c1)
-        x = g.view(x, (E, P, 1), op="PERMUTE", nb=(4 * P, 4, 4 * P, 4 * P * E))
-        x = g.op("CONT", F32, (2 * E, P // 2, 1), x)
-        x = g.view(x, (2 * E, P // 2, 1, 1), op="RESHAPE")
-        x = g.view(x, (2 * E, 1, P // 2, 1), op="PERMUTE", nb=(4, 8 * E * P, 8 * E, 8 * E * P))
-        x = g.op("CONT", F32, (E, P), x)
-        inv_window_idx = g.input("inv_window_idx", I32, (P // 4,)) if windowed else None
-        positions = g.input("positions", I32, (4 * P,))
-        window_mask = g.input("window_mask", F32, (P, P)) if windowed else None
-        if windowed:
-            xr = g.view(x, (4 * E, P // 4), op="RESHAPE")
-            x = g.op("GET_ROWS", F32, (4 * E, P // 4), xr, inv_window_idx)
-            x = g.view(x, (E, P), op="RESHAPE")
-    else:
-        x = conv(inp_raw)
-        x = g.view(x, (P, E), op="RESHAPE")
-        x = g.view(x, (E, P), op="TRANSPOSE", nb=(4 * P, 4, 4 * P * E, 4 * P * E))
-        x = g.op("CONT", F32, (E, P), x)
-        x = g.op("CONCAT", F32, (E, n_pos), x, W)
-        positions = g.input("positions", I32, (n_pos,))
-        pe = g.op("GET_ROWS", F32, (E, n_pos), W, positions)
-        x = g.op("ADD", F32, (E, n_pos), x, pe)
-    N = n_pos
-
-    def norm(t, bias=True, rms=False):
-        t = g.op("RMS_NORM" if rms else "NORM", F32, (E, N), t)
-        t = g.op("MUL", F32, (E, N), t, W)
-        if bias:
-            t = g.op("ADD", F32, (E, N), t, W)
-        return t
-
-    if has_pre_ln:
-        x = norm(x, bias=not v25, rms=v25)
-    inpL = x
-    mask_f16 = None
-    for il in range(n_blocks):
-        full = (il + 1) % n_wa_pattern == 0 if windowed else True
-        cur = norm(inpL, bias=not v25, rms=v25)
-        q = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur, name=f"Qmm-{il}"), W)
-        q = g.view(q, (D, Hh, N), op="RESHAPE")
-        if qwen:
-            q = g.op("ROPE", F32, (D, Hh, N), q, positions, name=f"Qrope-{il}")
-        k = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
-        k = g.view(k, (D, Hh, N), op="RESHAPE")
-        if qwen:
-            k = g.op("ROPE", F32, (D, Hh, N), k, positions, name=f"Krope-{il}")
-        v = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
-        v = g.view(v, (D, Hh, N), op="RESHAPE")
-        mask = None if full else window_mask
-        if flash_attn:
-            qp = g.view(q, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
-            kp = g.view(k, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
-            kc = g.op("CPY", F16, (D, N, Hh), kp)
-            vp = g.view(v, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
-            vc = g.op("CPY", F16, (D, N, Hh), vp)
-            if mask is not None:
-                if mask_f16 is None:  # qwen2vl.cpp casts the mask once ...
-                    mask_f16 = g.op("CPY", F16, (P, P), window_mask)
-                mask = g.op("CPY", F16, (P, P), mask_f16)  # ... and build_attn casts it again
-            fa = g.op("FLASH_ATTN_EXT", F32, (D, Hh, N), *([qp, kc, vc] + ([mask] if mask is not None else [])),
-                      name=f"fattn-{il}")
-            cur = g.view(fa, (E, N), op="RESHAPE")
-        else:
-            vp = g.view(v, (N, D, Hh), op="PERMUTE", nb=(4 * E, 4, 4 * D, 4 * E * N))
-            vc = g.op("CONT", F32, (N, D, Hh), vp)
-            kp = g.view(k, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
-            qp = g.view(q, (D, N, Hh), op="PERMUTE", nb=(4, 4 * E, 4 * D, 4 * E * N))
-            kq = g.op("MUL_MAT", F32, (N, N, Hh), kp, qp, name=f"kq-{il}")
-            kq = g.op("SOFT_MAX", F32, (N, N, Hh), *([kq] + ([mask] if mask is not None else [])))
-            kqv = g.op("MUL_MAT", F32, (D, N, Hh), vc, kq)
-            kqv = g.view(kqv, (D, Hh, N), op="PERMUTE", nb=(4, 4 * D * N, 4 * D, 4 * E * N))
-            cur = g.op("CONT", F32, (E, N), kqv)
-        cur = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
-        cur = g.op("ADD", F32, (E, N), cur, inpL)          # ffn_inp
-        inpL = cur
-        cur = norm(cur, bias=not v25, rms=v25)
-        if v25:   # SwiGLU with gate (+ biases)
-            gt = g.op("ADD", F32, (Ff, N), g.op("MUL_MAT", F32, (Ff, N), W, cur, name=f"ffn_gate-{il}"), W)
-            up = g.op("ADD", F32, (Ff, N), g.op("MUL_MAT", F32, (Ff, N), W, cur, name=f"ffn_up-{il}"), W)
-            cur = g.op("GLU", F32, (Ff, N), gt, up, name=f"ffn_swiglu-{il}")
-        else:     # up + bias, (quick-)GELU in place
-            up = g.op("ADD", F32, (Ff, N), g.op("MUL_MAT", F32, (Ff, N), W, cur, name=f"ffn_up-{il}"), W)
-            cur = g.op("UNARY", F32, (Ff, N), up)
-        cur = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
-        inpL = g.op("ADD", F32, (E, N), inpL, cur)          # layer_out
-    x = inpL
-    if has_post_ln:
-        x = norm(x, bias=not v25, rms=v25)
-    if qwen:
-        m = merge * merge
-        x = g.view(x, (E * m, P // m), op="RESHAPE")
-        x = g.op("ADD", F32, (E * m, P // m), g.op("MUL_MAT", F32, (E * m, P // m), W, x, name="mm0"), W)
-        x = g.op("UNARY", F32, (E * m, P // m), x)
-        x = g.op("ADD", F32, (n_mmproj_embd, P // m), g.op("MUL_MAT", F32, (n_mmproj_embd, P // m), W, x, name="mm2"), W)
-        if windowed:
-            window_idx = g.input("window_idx", I32, (P // m,))
-            x = g.view(x, (n_mmproj_embd, P // m), op="RESHAPE")
-            x = g.op("GET_ROWS", F32, (n_mmproj_embd, P // m), x, window_idx)
-            x = g.view(x, (n_mmproj_embd, P // m, 1), op="RESHAPE")
-    else:
-        x = g.view(x, (E, N), op="RESHAPE")
-        patches = g.input("patches", I32, (P,))
-        x = g.op("GET_ROWS", F32, (E, P), x, patches)
-        x = g.op("ADD", F32, (n_mmproj_embd, P), g.op("MUL_MAT", F32, (n_mmproj_embd, P), W, x, name="mm0"), W)
-        x = g.op("UNARY", F32, (n_mmproj_embd, P), x)
-        x = g.op("ADD", F32, (n_mmproj_embd, P), g.op("MUL_MAT", F32, (n_mmproj_embd, P), W, x, name="mm2"), W)
-    return g
-
-
-def clip_compute_bytes(projector_type: str, image_size: int, patch_size: int, n_embd: int,
-                       n_head: int, n_ff: int, n_layer: int, n_patches: int,
-                       n_mmproj_embd: int = 4096, merge: int = 1, flash_attn: bool = False,
-                       n_wa_pattern: int = 0, conv_type: str = F16,
-                       has_pre_ln: bool | None = None, has_post_ln: bool | None = None) -> int:
-    """Predicted clip ``compute buffer size`` (bytes) for one image (exact allocator replay).
-
-    projector_type: "mlp" (LLaVA-1.5), "qwen2vl_merger", "qwen2.5vl_merger".
-    n_layer: the GGUF's clip.vision.block_count (LLaVA runs n_layer - 1 blocks: feature layer -2).
-    n_patches: patches of *this* image before merging (``projectors.encoder_patches``: LLaVA
-        always resizes to image_size; Qwen: 4 × image tokens).
-    n_mmproj_embd: projector output width (= text n_embd).  merge: 2 for Qwen, 1 for LLaVA.
-    n_wa_pattern: Qwen2.5-VL clip.vision.n_wa_pattern (window attention; every n-th block full).
-    conv_type: type of v.patch_embd.weight (im2col output type), f16 for usual mmproj files.
-    has_pre_ln / has_post_ln: default to what the generated / official files have.
-
-    The buffer is reserved for the first image encoded (or the 1288x1288-class warmup image when
-    mtmd warmup is on) and silently grows for a larger one; it never shrinks.  For a session,
-    the buffer = max over the images seen (and the warmup image).
-    """
-    return replay(_clip_graph(projector_type, patch_size, n_embd, n_head, n_ff, n_layer, n_patches,
-                              n_mmproj_embd, merge, flash_attn, n_wa_pattern, conv_type,
-                              has_pre_ln, has_post_ln))

@@ -22,8 +22,15 @@ from dataclasses import dataclass
 
 from ..backend.sampling import LIBRARY_REPLY
 
-__all__ = ["AUTO_CTX_MAX", "ContextBudget", "DEFAULT_REPLY_TOKENS", "IN_FLIGHT_MAX", "PROMPT_TEXT", "TEXT_ROOM_MAX",
-           "TEXT_ROOM_MIN"]
+__all__ = [
+    "AUTO_CTX_MAX",
+    "ContextBudget",
+    "DEFAULT_REPLY_TOKENS",
+    "IN_FLIGHT_MAX",
+    "PROMPT_TEXT",
+    "TEXT_ROOM_MAX",
+    "TEXT_ROOM_MIN",
+]
 
 TEXT_ROOM_MIN, TEXT_ROOM_MAX = 64, 512
 PROMPT_TEXT = 64  # a one-turn prompt's text around its picture (template + instruction)

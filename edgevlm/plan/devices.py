@@ -19,11 +19,20 @@ from ..errors import InputError
 __all__ = ["DEFAULT_GPU_OVERHEAD", "Device", "format_size", "parse_size", "Probe", "probe"]
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "kb": 1000, "kib": 1024,
-    "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
-    "g": 1024**3, "gb": 1000**3, "gib": 1024**3,
-    "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
 }
 
 
@@ -87,8 +96,7 @@ class Probe:
 DEFAULT_GPU_OVERHEAD = 384 * 2**20  # CUDA/Metal context, cuBLAS workspace, driver slack
 
 
-def probe(device: str | None = None, free_memory: list[str] | None = None,
-          gpu_overhead: int | None = None) -> Probe:
+def probe(device: str | None = None, free_memory: list[str] | None = None, gpu_overhead: int | None = None) -> Probe:
     """Measure the devices, then apply what-if overrides.
 
     ``device``: ``"cpu"`` plans for the host alone; a ggml device name (``CUDA0``) keeps that GPU
@@ -107,8 +115,7 @@ def probe(device: str | None = None, free_memory: list[str] | None = None,
             continue
         known = not (d.free == d.total and d.total > 0)
         if not known:
-            notes.append(f"{d.name} reports free == total: free memory unknown, planning with a "
-                         f"larger margin")
+            notes.append(f"{d.name} reports free == total: free memory unknown, planning with a larger margin")
         gpus.append(Device(d.name, d.description, d.kind, d.free, d.total, known, "ggml"))
     if device:
         want = device.lower()
@@ -123,19 +130,22 @@ def probe(device: str | None = None, free_memory: list[str] | None = None,
     for i, spec in enumerate(free_memory or []):
         name, _, size = spec.rpartition("=")
         nbytes = parse_size(size)
-        idx = next((j for j, g in enumerate(gpus) if g.name.lower() == name.lower()), None) if name else (
-            i if i < len(gpus) else None)
+        idx = (
+            next((j for j, g in enumerate(gpus) if g.name.lower() == name.lower()), None)
+            if name
+            else (i if i < len(gpus) else None)
+        )
         if name.lower() == "cpu":
-            host = replace(host, free_bytes=nbytes, total_bytes=max(host.total_bytes, nbytes),
-                           source="what-if")
+            host = replace(host, free_bytes=nbytes, total_bytes=max(host.total_bytes, nbytes), source="what-if")
         elif idx is None:
             label = name or f"GPU{len(gpus)}"
             gpus.append(Device(label, "what-if GPU", "gpu", nbytes, nbytes, True, "what-if"))
             notes.append(f"{label}: what-if device with {format_size(nbytes)} free")
         else:
             g = gpus[idx]
-            gpus[idx] = replace(g, free_bytes=nbytes, total_bytes=max(g.total_bytes, nbytes),
-                                free_known=True, source="what-if")
+            gpus[idx] = replace(
+                g, free_bytes=nbytes, total_bytes=max(g.total_bytes, nbytes), free_known=True, source="what-if"
+            )
     overhead = DEFAULT_GPU_OVERHEAD if gpu_overhead is None else gpu_overhead
     gpus = [replace(g, overhead_bytes=overhead) for g in gpus]
     return Probe(tuple(gpus) + (host,), tuple(notes))

@@ -14,15 +14,25 @@ import platform
 import re
 from dataclasses import dataclass
 
-from . import compute, graphalloc
-
 from ..model.gguf_info import GGUFFile
 from ..model.kv_types import KV_DEFAULT, KV_TYPES
 from ..model.projectors import facts
+from . import clipgraph, compute, graphalloc
 
-__all__ = ["CTX_PAD", "clip_compute_bytes", "HostWeights", "kv_bytes", "kv_bytes_per_layer",
-           "kv_cells", "layer_devices", "pad", "text_compute_bytes", "TextTensors", "weight_bytes",
-           "WeightTensor"]
+__all__ = [
+    "CTX_PAD",
+    "clip_compute_bytes",
+    "HostWeights",
+    "kv_bytes",
+    "kv_bytes_per_layer",
+    "kv_cells",
+    "layer_devices",
+    "pad",
+    "text_compute_bytes",
+    "TextTensors",
+    "weight_bytes",
+    "WeightTensor",
+]
 
 # bytes per element of the KV cache types (ggml block size / type size)
 CTX_PAD = 256
@@ -65,7 +75,7 @@ class TextTensors:
     tied_output: bool  # no output.weight: llama.cpp duplicates the token embedding for the output
 
     @classmethod
-    def from_gguf(cls, gf: GGUFFile, n_layer: int) -> "TextTensors":
+    def from_gguf(cls, gf: GGUFFile, n_layer: int) -> TextTensors:
         out = []
         has_output = any(t.name == "output.weight" for t in gf.tensors)
         for t in gf.tensors:
@@ -134,8 +144,9 @@ class HostWeights:
         return self.mapped + self.repack
 
 
-def weight_bytes(tt: TextTensors, devices: list[int], repack: bool = True,
-                 use_mmap: bool = True) -> tuple[HostWeights, dict[int, int]]:
+def weight_bytes(
+    tt: TextTensors, devices: list[int], repack: bool = True, use_mmap: bool = True
+) -> tuple[HostWeights, dict[int, int]]:
     """Host buffers and bytes per GPU index for a layer placement (``layer_devices``).
 
     With mmap the host buffer is the span of the file covering the host tensors that are not
@@ -166,12 +177,24 @@ def kv_cells(n_ctx: int) -> int:
 
 
 def kv_bytes_per_layer(n_embd_k_gqa: int, n_embd_v_gqa: int, cells: int, type_k: str, type_v: str) -> int:
-    return int(cells * (n_embd_k_gqa * KV_TYPES[type_k].bytes_per_element + n_embd_v_gqa * KV_TYPES[type_v].bytes_per_element))
+    return int(
+        cells * (n_embd_k_gqa * KV_TYPES[type_k].bytes_per_element + n_embd_v_gqa * KV_TYPES[type_v].bytes_per_element)
+    )
 
 
-def kv_bytes(n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int, type_k: str, type_v: str,
-             devices: list[int] | None = None, offload_kqv: bool = True, n_swa: int = 0,
-             swa_layers: set[int] | None = None, n_ubatch: int = 512) -> dict[int, int]:
+def kv_bytes(
+    n_layer: int,
+    n_head_kv: int,
+    head_dim: int,
+    n_ctx: int,
+    type_k: str,
+    type_v: str,
+    devices: list[int] | None = None,
+    offload_kqv: bool = True,
+    n_swa: int = 0,
+    swa_layers: set[int] | None = None,
+    n_ubatch: int = 512,
+) -> dict[int, int]:
     """KV cache bytes per device index (-1 = host) at llama.cpp's padded context."""
     cells = kv_cells(n_ctx)
     swa_cells = pad(min(cells, n_swa + n_ubatch)) if n_swa else cells
@@ -186,17 +209,50 @@ def kv_bytes(n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int, type_k: st
     return out
 
 
-
 @functools.lru_cache(maxsize=4096)
-def _text_compute(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx, n_ubatch, n_batch, flash_attn,
-                  type_k, type_v, n_layer, n_deepstack, swa_layers, n_swa) -> int:
-    return compute.text_compute_bytes(arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx, n_ubatch,
-                                      n_batch, flash_attn, type_k, type_v, n_layer, n_deepstack=n_deepstack,
-                                      swa_layers=swa_layers, n_swa=n_swa)
+def _text_compute(
+    arch,
+    n_embd,
+    n_head,
+    n_head_kv,
+    head_dim,
+    n_ff,
+    n_vocab,
+    n_ctx,
+    n_ubatch,
+    n_batch,
+    flash_attn,
+    type_k,
+    type_v,
+    n_layer,
+    n_deepstack,
+    swa_layers,
+    n_swa,
+) -> int:
+    return compute.text_compute_bytes(
+        arch,
+        n_embd,
+        n_head,
+        n_head_kv,
+        head_dim,
+        n_ff,
+        n_vocab,
+        n_ctx,
+        n_ubatch,
+        n_batch,
+        flash_attn,
+        type_k,
+        type_v,
+        n_layer,
+        n_deepstack=n_deepstack,
+        swa_layers=swa_layers,
+        n_swa=n_swa,
+    )
 
 
-def text_compute_bytes(t, n_ctx: int, n_ubatch: int, n_batch: int, flash_attn: bool,
-                       type_k: str = KV_DEFAULT, type_v: str = KV_DEFAULT) -> int:
+def text_compute_bytes(
+    t, n_ctx: int, n_ubatch: int, n_batch: int, flash_attn: bool, type_k: str = KV_DEFAULT, type_v: str = KV_DEFAULT
+) -> int:
     """Text compute buffer (``sched_reserve``) for a context of ``n_ctx`` tokens (unpadded:
     llama.cpp clamps the batch to it before padding). Exact for the ``llama``, ``qwen2vl``,
     ``qwen3vl`` (its deepstack input) and ``gemma3`` (its sliding-window layers) graphs of
@@ -206,15 +262,31 @@ def text_compute_bytes(t, n_ctx: int, n_ubatch: int, n_batch: int, flash_attn: b
     # the buffer does not depend on the depth once there are two layers (gemma3: every layer is
     # replayed, for its pattern; qwen3vl: compute trims to its deepstack layers + 1)
     n_layer = t.n_layer if arch in ("gemma3", "qwen3vl") else min(t.n_layer, 2)
-    return _text_compute(arch, t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab, n_ctx, n_ubatch,
-                         n_batch, flash_attn, type_k, type_v, n_layer, t.n_deepstack if arch == "qwen3vl" else 0,
-                         swa, t.n_swa if arch == "gemma3" else 1024)
+    return _text_compute(
+        arch,
+        t.n_embd,
+        t.n_head,
+        t.n_head_kv,
+        t.head_dim,
+        t.n_ff,
+        t.n_vocab,
+        n_ctx,
+        n_ubatch,
+        n_batch,
+        flash_attn,
+        type_k,
+        type_v,
+        n_layer,
+        t.n_deepstack if arch == "qwen3vl" else 0,
+        swa,
+        t.n_swa if arch == "gemma3" else 1024,
+    )
 
 
 BUILTIN_GRAPHS = ("mlp", "qwen2vl_merger", "qwen2.5vl_merger")  # in plan.compute
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _encoder_module(name: str | None):
     """The ``plan.encoders`` module replaying ``name``'s graph, if there is one."""
     if name is None or name in BUILTIN_GRAPHS:
@@ -226,10 +298,34 @@ def _encoder_module(name: str | None):
 
 
 @functools.lru_cache(maxsize=4096)
-def _clip_compute(ptype, image_size, patch_size, n_embd, n_head, n_ff, n_layer, n_patches,
-                  n_mmproj_embd, merge, flash_attn, n_wa_pattern) -> int:
-    return compute.clip_compute_bytes(ptype, image_size, patch_size, n_embd, n_head, n_ff, n_layer,
-                                      n_patches, n_mmproj_embd, merge, flash_attn, n_wa_pattern)
+def _clip_compute(
+    ptype,
+    image_size,
+    patch_size,
+    n_embd,
+    n_head,
+    n_ff,
+    n_layer,
+    n_patches,
+    n_mmproj_embd,
+    merge,
+    flash_attn,
+    n_wa_pattern,
+) -> int:
+    return clipgraph.clip_compute_bytes(
+        ptype,
+        image_size,
+        patch_size,
+        n_embd,
+        n_head,
+        n_ff,
+        n_layer,
+        n_patches,
+        n_mmproj_embd,
+        merge,
+        flash_attn,
+        n_wa_pattern,
+    )
 
 
 def clip_compute_bytes(proj, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
@@ -245,9 +341,20 @@ def clip_compute_bytes(proj, n_patches: int, flash_attn: bool, grid: tuple[int, 
         return graph.compute_bytes(proj, n_patches, flash_attn, grid=grid)
     if f.encoder_graph in BUILTIN_GRAPHS:
         merge = f.merge
-        return _clip_compute(f.encoder_graph, proj.image_size, proj.patch_size, proj.n_embd, proj.n_head,
-                             proj.n_ff, proj.n_layer, n_patches, proj.n_mmproj_embd, merge,
-                             flash_attn, int(proj.n_wa_pattern or 0))
+        return _clip_compute(
+            f.encoder_graph,
+            proj.image_size,
+            proj.patch_size,
+            proj.n_embd,
+            proj.n_head,
+            proj.n_ff,
+            proj.n_layer,
+            n_patches,
+            proj.n_mmproj_embd,
+            merge,
+            flash_attn,
+            int(proj.n_wa_pattern or 0),
+        )
     n = n_patches + 1
     attn = n * max(proj.n_embd, 1) * 4 * 2 if flash_attn else n * n * max(proj.n_head, 1) * 4
-    return attn + n * (4 * proj.n_embd + 3 * max(proj.n_ff, proj.n_embd)) * 4 + 12 * n_patches * proj.patch_size ** 2
+    return attn + n * (4 * proj.n_embd + 3 * max(proj.n_ff, proj.n_embd)) * 4 + 12 * n_patches * proj.patch_size**2

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 
 from ..backend.system import cpu_repacks
 from ..errors import InputError
-from ..model.kv_types import KV_CHOICES, is_quantized
 from ..model.gguf_info import GGUFFile, ProjectorInfo, TextModelInfo, projector_info, text_model_info
+from ..model.kv_types import KV_CHOICES, is_quantized
 from ..model.projectors import encoder_patches
 from ..vision.merge import MergeSpec
 from .context import DEFAULT_REPLY_TOKENS
@@ -26,8 +26,19 @@ from .estimate import (
     weight_bytes,
 )
 
-__all__ = ["DEFAULT_DYNAMIC_IMAGE_TOKENS", "HOST_RESERVE", "MIB", "Breakdown", "Config", "DevicePlan",
-           "Footprint", "LeverStep", "Plan", "Wishes", "host_compute_bytes"]
+__all__ = [
+    "DEFAULT_DYNAMIC_IMAGE_TOKENS",
+    "HOST_RESERVE",
+    "MIB",
+    "Breakdown",
+    "Config",
+    "DevicePlan",
+    "Footprint",
+    "LeverStep",
+    "Plan",
+    "Wishes",
+    "host_compute_bytes",
+]
 
 MIB = 2**20
 DEFAULT_DYNAMIC_IMAGE_TOKENS = 1024
@@ -69,8 +80,16 @@ class Wishes:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise InputError(f"{name} {v}: give a positive number, or None to let the plan choose")
-        for name in ("images", "reply_tokens", "n_batch", "n_ubatch", "host_reserve", "host_allowance",
-                     "cache_ram", "sequences"):
+        for name in (
+            "images",
+            "reply_tokens",
+            "n_batch",
+            "n_ubatch",
+            "host_reserve",
+            "host_allowance",
+            "cache_ram",
+            "sequences",
+        ):
             v = getattr(self, name)
             if v is not None and v < (0 if name in ("images", "host_reserve", "host_allowance", "cache_ram") else 1):
                 raise InputError(f"{name} {v}: out of range")
@@ -112,9 +131,13 @@ class DevicePlan:
 
     def to_dict(self) -> dict:
         return {
-            "name": self.name, "kind": self.kind, "free_bytes": self.free_bytes,
-            "total_bytes": self.total_bytes, "budget_bytes": self.budget_bytes,
-            "free_known": self.free_known, "predicted": self.predicted.to_dict(),
+            "name": self.name,
+            "kind": self.kind,
+            "free_bytes": self.free_bytes,
+            "total_bytes": self.total_bytes,
+            "budget_bytes": self.budget_bytes,
+            "free_known": self.free_known,
+            "predicted": self.predicted.to_dict(),
             "headroom_bytes": self.headroom_bytes,
         }
 
@@ -179,9 +202,15 @@ class Plan:
     def backend_options(self) -> dict:
         """Keyword arguments for ``Backend`` that realise this plan."""
         return dict(
-            n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-            n_gpu_layers=self.n_gpu_layers, flash_attn=self.flash_attn, type_k=self.type_k,
-            type_v=self.type_v, offload_kqv=self.offload_kqv, mmproj_use_gpu=self.mmproj_on_gpu,
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_ubatch=self.n_ubatch,
+            n_gpu_layers=self.n_gpu_layers,
+            flash_attn=self.flash_attn,
+            type_k=self.type_k,
+            type_v=self.type_v,
+            offload_kqv=self.offload_kqv,
+            mmproj_use_gpu=self.mmproj_on_gpu,
             image_max_tokens=self.image_max_tokens if self.image_max_tokens > 0 and self.mtmd_image_limit else None,
             op_offload=self.n_gpu_layers > 0,
         )
@@ -207,8 +236,9 @@ class Config:
 class Footprint:
     """Predicts per-device bytes for a configuration, against each device's budget."""
 
-    def __init__(self, text_gf: GGUFFile, proj_gf: GGUFFile | None, probe: Probe, wishes: Wishes,
-                 repack: bool | None = None):
+    def __init__(
+        self, text_gf: GGUFFile, proj_gf: GGUFFile | None, probe: Probe, wishes: Wishes, repack: bool | None = None
+    ):
         self.text_gf = text_gf
         self.text: TextModelInfo = text_model_info(text_gf)
         self.proj: ProjectorInfo | None = projector_info(proj_gf) if proj_gf is not None else None
@@ -244,8 +274,19 @@ class Footprint:
         splits = [float(g.usable_bytes or 1) for g in self.gpus]
         devs = layer_devices(t.n_layer, c.ngl, splits)
         host_w, gpu_w = weight_bytes(self.tensors, devs, self.repack)
-        kv = kv_bytes(t.n_layer, t.n_head_kv, t.head_dim, c.n_ctx, c.type_k, c.type_v, devs[: t.n_layer],
-                      c.offload_kqv, t.n_swa, None, c.n_ubatch)
+        kv = kv_bytes(
+            t.n_layer,
+            t.n_head_kv,
+            t.head_dim,
+            c.n_ctx,
+            c.type_k,
+            c.type_v,
+            devs[: t.n_layer],
+            c.offload_kqv,
+            t.n_swa,
+            None,
+            c.n_ubatch,
+        )
         compute = text_compute_bytes(t, c.n_ctx, c.n_ubatch, c.n_batch, c.flash_attn, c.type_k, c.type_v)
         enc = 0
         if self.proj is not None:
@@ -253,32 +294,39 @@ class Footprint:
         out = []
         for i, _ in enumerate(self.gpus):
             has_layers = i in devs
-            out.append(Breakdown(
-                weights=gpu_w.get(i, 0), kv=kv.get(i, 0),
-                # with no layer on a GPU the plan turns op offload off: no GPU compute buffer
-                compute=compute if has_layers else 0,
-                mmproj_weights=self.proj_weights if (c.mmproj_gpu and i == 0) else 0,
-                mmproj_compute=enc if (c.mmproj_gpu and i == 0) else 0,
-            ))
+            out.append(
+                Breakdown(
+                    weights=gpu_w.get(i, 0),
+                    kv=kv.get(i, 0),
+                    # with no layer on a GPU the plan turns op offload off: no GPU compute buffer
+                    compute=compute if has_layers else 0,
+                    mmproj_weights=self.proj_weights if (c.mmproj_gpu and i == 0) else 0,
+                    mmproj_compute=enc if (c.mmproj_gpu and i == 0) else 0,
+                )
+            )
         all_gpu = bool(self.gpus) and all(d >= 0 for d in devs)
         host_compute = host_compute_bytes(t, kv_cells(c.n_ctx), c.n_ubatch) if all_gpu else compute
-        out.append(Breakdown(
-            weights=host_w.total, kv=kv.get(-1, 0), compute=host_compute,
-            mmproj_weights=0 if (c.mmproj_gpu and self.gpus) else self.proj_weights,
-            mmproj_compute=0 if (c.mmproj_gpu and self.gpus) else enc,
-            other=t.n_vocab * 4 * self.wishes.sequences,  # the output buffer: logits per sequence
-        ))
+        out.append(
+            Breakdown(
+                weights=host_w.total,
+                kv=kv.get(-1, 0),
+                compute=host_compute,
+                mmproj_weights=0 if (c.mmproj_gpu and self.gpus) else self.proj_weights,
+                mmproj_compute=0 if (c.mmproj_gpu and self.gpus) else enc,
+                other=t.n_vocab * 4 * self.wishes.sequences,  # the output buffer: logits per sequence
+            )
+        )
         return out
 
     def shortfall(self, c: Config) -> int:
         if is_quantized(c.type_v) and not c.flash_attn:
             return 0  # not a memory question: refused before (quantized V needs FA)
-        return max(0, max(b.total - budget for b, budget in zip(self.predict(c), self.budgets)))
+        return max(0, max(b.total - budget for b, budget in zip(self.predict(c), self.budgets, strict=True)))
 
     def worst_device(self, c: Config) -> tuple[str, int]:
         """The device furthest over its budget, and by how much (bytes, ≤ 0 when it fits)."""
         names = [g.name for g in self.gpus] + [self.host.name]
-        gaps = [b.total - budget for b, budget in zip(self.predict(c), self.budgets)]
+        gaps = [b.total - budget for b, budget in zip(self.predict(c), self.budgets, strict=True)]
         i = max(range(len(gaps)), key=gaps.__getitem__)
         return names[i], gaps[i]
 

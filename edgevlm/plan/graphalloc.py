@@ -18,9 +18,30 @@ ALIGN = 32  # TENSOR_ALIGNMENT of the CPU buffer type
 F32, F16, I32, I64 = "f32", "f16", "i32", "i64"
 TYPE_SIZE = {F32: 4, F16: 2, I32: 4, I64: 8}
 
-INPLACE_OPS = {"FILL", "SCALE", "DIAG_MASK_ZERO", "DIAG_MASK_INF", "ADD", "ADD_ID", "ADD1", "SUB",
-               "MUL", "DIV", "SQR", "SQRT", "LOG", "UNARY", "ROPE", "ROPE_BACK", "SILU_BACK",
-               "RMS_NORM", "RMS_NORM_BACK", "CLAMP", "SOFT_MAX", "SOFT_MAX_BACK"}
+INPLACE_OPS = {
+    "FILL",
+    "SCALE",
+    "DIAG_MASK_ZERO",
+    "DIAG_MASK_INF",
+    "ADD",
+    "ADD_ID",
+    "ADD1",
+    "SUB",
+    "MUL",
+    "DIV",
+    "SQR",
+    "SQRT",
+    "LOG",
+    "UNARY",
+    "ROPE",
+    "ROPE_BACK",
+    "SILU_BACK",
+    "RMS_NORM",
+    "RMS_NORM_BACK",
+    "CLAMP",
+    "SOFT_MAX",
+    "SOFT_MAX_BACK",
+}
 FLAG_INPUT, FLAG_OUTPUT = 1, 2
 
 
@@ -38,7 +59,7 @@ class Tensor:
     ne: tuple
     nb: tuple
     src: list = field(default_factory=list)
-    view_src: "Tensor | None" = None
+    view_src: Tensor | None = None
     flags: int = 0
     external: bool = False  # weights, KV cache: live in other buffers
     name: str = ""

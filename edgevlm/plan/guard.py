@@ -58,8 +58,9 @@ class Guard:
         """The encoder's compute buffer for a ``w``×``h`` picture (its largest chunk)."""
         it = image_tokens(self.proj, w, h, max_tokens=self._mtmd_cap)
         v = max(it.views, key=lambda v: v.n_tokens)
-        return clip_compute_bytes(self.proj, encoder_patches(self.proj, v.n_tokens), self.plan.flash_attn,
-                                  grid=(v.nx, v.ny))
+        return clip_compute_bytes(
+            self.proj, encoder_patches(self.proj, v.n_tokens), self.plan.flash_attn, grid=(v.nx, v.ny)
+        )
 
     def _free_now(self) -> int:
         pr = self.measure()
@@ -86,22 +87,33 @@ class Guard:
             if tokens > cells_free:
                 raise ContextExceeded(
                     f"{image.source}: needs {tokens} tokens but only {max(cells_free, 0)} are left in "
-                    f"the context (/reset, or a larger --ctx)")
+                    f"the context (/reset, or a larger --ctx)"
+                )
             raise MemoryBusy(
                 f"{image.source}: encoding needs {format_size(growth)} more memory but only "
-                f"{format_size(max(free, 0))} is free now; close other programs or plan again")
+                f"{format_size(max(free, 0))} is free now; close other programs or plan again"
+            )
         # Dynamic resolution: the largest downscale whose tokens and encoder growth both fit.
-        size = fit_size(w, h, lambda a, b: self._tokens(a, b) <= cells_free and
-                        max(0, self.encoder_bytes(a, b) - self.reserved_encoder) <= free, steps=24)
+        size = fit_size(
+            w,
+            h,
+            lambda a, b: (
+                self._tokens(a, b) <= cells_free and max(0, self.encoder_bytes(a, b) - self.reserved_encoder) <= free
+            ),
+            steps=24,
+        )
         if size is None or self._tokens(*size) > cells_free:
             raise ContextExceeded(
                 f"{image.source}: no size of this image fits: {max(cells_free, 0)} tokens left in the "
-                f"context and {format_size(max(free, 0))} free memory")
+                f"context and {format_size(max(free, 0))} free memory"
+            )
         sw, sh = size
         small = resized(image, sw, sh)
         t2, need2 = self._tokens(sw, sh), self.encoder_bytes(sw, sh)
-        notice = (f"{image.source}: reduced to {sw}x{sh} ({tokens} → {t2} image tokens) to fit "
-                  f"{'the context left' if tokens > cells_free else 'the memory free now'}")
+        notice = (
+            f"{image.source}: reduced to {sw}x{sh} ({tokens} → {t2} image tokens) to fit "
+            f"{'the context left' if tokens > cells_free else 'the memory free now'}"
+        )
         self.notices.append(notice)
         self.reserved_encoder = max(self.reserved_encoder, need2)
         return Admission(small, t2, need2, notice)

@@ -68,17 +68,21 @@ class HostAllowance:
         if n <= 0:
             return
         if n > self.total:
-            raise InputError(f"{what} needs {format_size(n)} of host memory, more than the whole "
-                             f"allowance for requests ({format_size(self.total)}; --host-allowance)")
+            raise InputError(
+                f"{what} needs {format_size(n)} of host memory, more than the whole "
+                f"allowance for requests ({format_size(self.total)}; --host-allowance)"
+            )
         with self._cond:
             waited = False
             while self.in_use + n > self.total:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     self.refused += 1
-                    raise MemoryBusy(f"{what} needs {format_size(n)} of host memory and the allowance for "
-                                     f"requests is taken ({format_size(self.in_use)} of "
-                                     f"{format_size(self.total)} in use); retry shortly")
+                    raise MemoryBusy(
+                        f"{what} needs {format_size(n)} of host memory and the allowance for "
+                        f"requests is taken ({format_size(self.in_use)} of "
+                        f"{format_size(self.total)} in use); retry shortly"
+                    )
                 waited = True
                 self._cond.wait(left if left is not None else 1.0)
             self.waits += waited
@@ -101,8 +105,13 @@ class HostAllowance:
             self._cond.notify_all()
 
     def to_dict(self) -> dict[str, int]:
-        return {"allowance_bytes": self.total, "in_use_bytes": self.in_use, "peak_in_use_bytes": self.peak,
-                "waits": self.waits, "refused": self.refused}
+        return {
+            "allowance_bytes": self.total,
+            "in_use_bytes": self.in_use,
+            "peak_in_use_bytes": self.peak,
+            "waits": self.waits,
+            "refused": self.refused,
+        }
 
 
 class Lease:

@@ -71,11 +71,21 @@ class Planner(Footprint):
         kv_choices = self._kv_choices(fa)
         ubatch = min(w.n_ubatch or UBATCH_STEPS[0], w.n_batch)
         c = Config(
-            ngl=(self.max_layers if w.n_gpu_layers is None or w.n_gpu_layers < 0
-                 else min(w.n_gpu_layers, self.max_layers)) if gpu else 0,
-            n_ctx=self.want_ctx, type_k=kv_choices[0], type_v=kv_choices[0], flash_attn=fa,
+            ngl=(
+                self.max_layers
+                if w.n_gpu_layers is None or w.n_gpu_layers < 0
+                else min(w.n_gpu_layers, self.max_layers)
+            )
+            if gpu
+            else 0,
+            n_ctx=self.want_ctx,
+            type_k=kv_choices[0],
+            type_v=kv_choices[0],
+            flash_attn=fa,
             mmproj_gpu=gpu if w.mmproj_on_gpu is None else (w.mmproj_on_gpu and gpu),
-            image_tokens=per_image, n_batch=min(w.n_batch, kv_cells(self.want_ctx)), n_ubatch=ubatch,
+            image_tokens=per_image,
+            n_batch=min(w.n_batch, kv_cells(self.want_ctx)),
+            n_ubatch=ubatch,
         )
         self._host_budget_reason()
         if not gpu:
@@ -128,16 +138,24 @@ class Planner(Footprint):
                 else:
                     hi = mid
         after = replace(c, n_ctx=lo, n_batch=min(c.n_batch, kv_cells(lo)))
-        return self._pulled("context", c, after, f"{kv_cells(c.n_ctx)} → {lo}",
-                            f"context {kv_cells(c.n_ctx)} → {lo} tokens (minimum {kv_cells(min_ctx)})")
+        return self._pulled(
+            "context",
+            c,
+            after,
+            f"{kv_cells(c.n_ctx)} → {lo}",
+            f"context {kv_cells(c.n_ctx)} → {lo} tokens (minimum {kv_cells(min_ctx)})",
+        )
 
     def _quantize_kv(self, c: Config, kind: str) -> Config:
         """A smaller KV type, then the context grown back towards the wish with the room it frees."""
         after = replace(c, type_k=kind, type_v=kind)
         if self.wishes.n_ctx is None:
             after = self._grow_ctx(after, self.want_ctx)
-        why = (f"KV cache {kind} (K and V matched): about half the {KV_DEFAULT} size" if kind == KV_Q8 else
-               f"KV cache {kind}: a quarter of {KV_DEFAULT}, some quality loss")
+        why = (
+            f"KV cache {kind} (K and V matched): about half the {KV_DEFAULT} size"
+            if kind == KV_Q8
+            else f"KV cache {kind}: a quarter of {KV_DEFAULT}, some quality loss"
+        )
         return self._pulled(f"kv {kind}", c, after, f"{c.type_k} → {kind}", why)
 
     def _shrink_ubatch(self, c: Config) -> Config:
@@ -157,9 +175,14 @@ class Planner(Footprint):
             if self.shortfall(after) == 0:
                 break
         saved = self.predict(c)[-1].compute - self.predict(after)[-1].compute
-        return self._pulled("micro-batch", c, after, f"{c.n_ubatch} → {after.n_ubatch}",
-                            f"micro-batch {c.n_ubatch} → {after.n_ubatch} tokens: the text compute buffer "
-                            f"is {format_size(saved)} smaller; prefill is a little slower, generation is not")
+        return self._pulled(
+            "micro-batch",
+            c,
+            after,
+            f"{c.n_ubatch} → {after.n_ubatch}",
+            f"micro-batch {c.n_ubatch} → {after.n_ubatch} tokens: the text compute buffer "
+            f"is {format_size(saved)} smaller; prefill is a little slower, generation is not",
+        )
 
     def _shrink_image_budget(self, c: Config) -> Config:
         """A dynamic-resolution model's per-image budget, lowered step by step to the floor (a
@@ -172,17 +195,23 @@ class Planner(Footprint):
             after = replace(c, image_tokens=b)
             if self.wishes.n_ctx is None:
                 min_ctx = self.wishes.min_ctx or ContextBudget.min_ctx(
-                    self.wishes.images, self._kv_tokens(b), self.wishes.reply_tokens)
+                    self.wishes.images, self._kv_tokens(b), self.wishes.reply_tokens
+                )
                 if kv_cells(min_ctx) < after.n_ctx and self.shortfall(after) > 0:
                     after = replace(after, n_ctx=kv_cells(min_ctx))
             if self.shortfall(after) == 0:
                 break
         if after is c:
             return c
-        return self._pulled("image budget", c, after, f"{c.image_tokens} → {after.image_tokens} tokens",
-                            f"image budget {c.image_tokens} → {after.image_tokens} tokens per image (floor "
-                            f"{DYNAMIC_IMAGE_FLOOR}): larger pictures are resized before encoding, and the "
-                            f"encoder's buffer shrinks")
+        return self._pulled(
+            "image budget",
+            c,
+            after,
+            f"{c.image_tokens} → {after.image_tokens} tokens",
+            f"image budget {c.image_tokens} → {after.image_tokens} tokens per image (floor "
+            f"{DYNAMIC_IMAGE_FLOOR}): larger pictures are resized before encoding, and the "
+            f"encoder's buffer shrinks",
+        )
 
     def _place(self, c: Config) -> Config:
         w = self.wishes
@@ -191,7 +220,7 @@ class Planner(Footprint):
         best = None
         for enc in encoder_options:
             cc = replace(c, mmproj_gpu=enc)
-            for ngl in ([cc.ngl] if fixed else range(cc.ngl, -1, -1)):
+            for ngl in [cc.ngl] if fixed else range(cc.ngl, -1, -1):
                 if self.shortfall(replace(cc, ngl=ngl)) == 0:
                     best = replace(cc, ngl=ngl)
                     break
@@ -200,11 +229,21 @@ class Planner(Footprint):
         if best is None:  # nothing fits: report the smallest GPU footprint tried
             best = replace(c, mmproj_gpu=encoder_options[-1], ngl=c.ngl if fixed else 0)
         if best.ngl < c.ngl:
-            self._pulled("gpu layers", c, replace(c, ngl=best.ngl), f"{c.ngl} → {best.ngl}",
-                         f"{best.ngl} of {self.max_layers} layers on the GPU, the rest on the CPU")
+            self._pulled(
+                "gpu layers",
+                c,
+                replace(c, ngl=best.ngl),
+                f"{c.ngl} → {best.ngl}",
+                f"{best.ngl} of {self.max_layers} layers on the GPU, the rest on the CPU",
+            )
         if c.mmproj_gpu and not best.mmproj_gpu:
-            self._pulled("encoder", replace(c, ngl=best.ngl), best, "GPU → CPU",
-                         "vision encoder on the CPU (slower encoding, frees GPU memory)")
+            self._pulled(
+                "encoder",
+                replace(c, ngl=best.ngl),
+                best,
+                "GPU → CPU",
+                "vision encoder on the CPU (slower encoding, frees GPU memory)",
+            )
         return best
 
     def _relax(self, c: Config, min_ctx: int) -> Config:
@@ -219,8 +258,11 @@ class Planner(Footprint):
                     self.reasons.append(f"micro-batch back up to {u}: with layers on the host it fits")
                     c = replace(c, n_ubatch=u)
                     break
-        if w.kv == "auto" and c.type_k != KV_DEFAULT and \
-                self.shortfall(replace(c, type_k=KV_DEFAULT, type_v=KV_DEFAULT)) == 0:
+        if (
+            w.kv == "auto"
+            and c.type_k != KV_DEFAULT
+            and self.shortfall(replace(c, type_k=KV_DEFAULT, type_v=KV_DEFAULT)) == 0
+        ):
             c = replace(c, type_k=KV_DEFAULT, type_v=KV_DEFAULT)
             self.reasons.append("KV cache back to f16: with layers on the host it fits")
         if self.proj is not None and facts(self.proj).dynamic and not w.image_tokens:
@@ -258,8 +300,10 @@ class Planner(Footprint):
         self.reasons.extend(reasons)
         kept = self._kv_tokens(n)
         if kept != n:
-            self.reasons.append(f"--merge {w.merge}: an image keeps {kept} of its {n} tokens in context "
-                                f"(the encoder still sees all of them)")
+            self.reasons.append(
+                f"--merge {w.merge}: an image keeps {kept} of its {n} tokens in context "
+                f"(the encoder still sees all of them)"
+            )
         return n
 
     def _kv_choices(self, fa: bool) -> list[str]:
@@ -280,45 +324,76 @@ class Planner(Footprint):
         self.reasons.append(
             f"{h.name} budget {format_size(self.budgets[-1])}: {format_size(h.usable_bytes)} free − "
             f"{format_size(w.host_reserve)} kept for the process (--host-reserve) − "
-            + (f"{format_size(w.host_allowance)} for requests in flight (--host-allowance) − "
-               if w.host_allowance else "")
+            + (
+                f"{format_size(w.host_allowance)} for requests in flight (--host-allowance) − "
+                if w.host_allowance
+                else ""
+            )
             + (f"{format_size(w.cache_ram)} for idle conversations (--cache-ram) − " if w.cache_ram else "")
-            + f"{self.margin(h):.0%} margin")
+            + f"{self.margin(h):.0%} margin"
+        )
 
     def _summary(self, c: Config) -> str:
-        return (f"ctx {kv_cells(c.n_ctx)}, KV {c.type_k}, micro-batch {c.n_ubatch}, "
-                f"{c.ngl}/{self.text.n_layer + 1} layers on GPU, encoder on {'GPU' if c.mmproj_gpu else 'CPU'}")
+        return (
+            f"ctx {kv_cells(c.n_ctx)}, KV {c.type_k}, micro-batch {c.n_ubatch}, "
+            f"{c.ngl}/{self.text.n_layer + 1} layers on GPU, encoder on {'GPU' if c.mmproj_gpu else 'CPU'}"
+        )
 
     def _finish(self, c: Config, fits: bool = True) -> Plan:
         reasons = self.reasons
-        preds = self.predict(c) if (not is_quantized(c.type_v) or c.flash_attn) else \
-            self.predict(replace(c, type_v=KV_DEFAULT))
+        preds = (
+            self.predict(c)
+            if (not is_quantized(c.type_v) or c.flash_attn)
+            else self.predict(replace(c, type_v=KV_DEFAULT))
+        )
         devs = []
-        for d, b, budget in zip(list(self.gpus) + [self.host], preds, self.budgets):
+        for d, b, budget in zip(list(self.gpus) + [self.host], preds, self.budgets, strict=True):
             devs.append(DevicePlan(d.name, d.kind, d.free_bytes, d.total_bytes, budget, d.free_known, b))
         reasons.extend(self.probe.notes)
         per_image = self._kv_tokens(c.image_tokens)
         rule = ContextBudget(kv_cells(c.n_ctx))
         max_images = rule.images_that_fit(per_image, self.wishes.reply_tokens)
-        reasons.append(f"{max_images} image(s) of {per_image} tokens fit in the context with "
-                       f"{rule.text_room} tokens kept for text and "
-                       f"{rule.reply_reserve(self.wishes.reply_tokens)} for the reply")
+        reasons.append(
+            f"{max_images} image(s) of {per_image} tokens fit in the context with "
+            f"{rule.text_room} tokens kept for text and "
+            f"{rule.reply_reserve(self.wishes.reply_tokens)} for the reply"
+        )
         for dv in devs:
-            reasons.append(f"{dv.name}: {format_size(dv.predicted.total)} predicted of "
-                           f"{format_size(dv.budget_bytes)} budget ({format_size(dv.headroom_bytes)} headroom)")
-        refusal = None if fits else next(
-            (r for r in reversed(reasons) if r.startswith(("does not fit", "cannot run"))), "does not fit")
+            reasons.append(
+                f"{dv.name}: {format_size(dv.predicted.total)} predicted of "
+                f"{format_size(dv.budget_bytes)} budget ({format_size(dv.headroom_bytes)} headroom)"
+            )
+        refusal = (
+            None
+            if fits
+            else next((r for r in reversed(reasons) if r.startswith(("does not fit", "cannot run"))), "does not fit")
+        )
         return Plan(
             refusal=refusal,
-            model=self.text.path, mmproj=self.proj.path if self.proj else "",
-            n_gpu_layers=c.ngl, n_ctx=kv_cells(c.n_ctx), n_batch=c.n_batch, n_ubatch=c.n_ubatch,
-            type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn, offload_kqv=c.offload_kqv,
-            mmproj_on_gpu=c.mmproj_gpu, image_max_tokens=c.image_tokens or 0, max_images_in_context=max_images,
-            devices=tuple(devs), reasons=tuple(reasons), fits=fits,
-            shortfall_bytes=0 if fits and not refusal else self.shortfall(c), repack=self.repack,
-            levers=tuple(self.steps), mtmd_image_limit=self.proj is None or facts(self.proj).dynamic,
-            host_reserve=self.wishes.host_reserve, host_allowance=self.wishes.host_allowance,
-            cache_ram=self.wishes.cache_ram, sequences=self.wishes.sequences,
+            model=self.text.path,
+            mmproj=self.proj.path if self.proj else "",
+            n_gpu_layers=c.ngl,
+            n_ctx=kv_cells(c.n_ctx),
+            n_batch=c.n_batch,
+            n_ubatch=c.n_ubatch,
+            type_k=c.type_k,
+            type_v=c.type_v,
+            flash_attn=c.flash_attn,
+            offload_kqv=c.offload_kqv,
+            mmproj_on_gpu=c.mmproj_gpu,
+            image_max_tokens=c.image_tokens or 0,
+            max_images_in_context=max_images,
+            devices=tuple(devs),
+            reasons=tuple(reasons),
+            fits=fits,
+            shortfall_bytes=0 if fits and not refusal else self.shortfall(c),
+            repack=self.repack,
+            levers=tuple(self.steps),
+            mtmd_image_limit=self.proj is None or facts(self.proj).dynamic,
+            host_reserve=self.wishes.host_reserve,
+            host_allowance=self.wishes.host_allowance,
+            cache_ram=self.wishes.cache_ram,
+            sequences=self.wishes.sequences,
         )
 
 
@@ -331,9 +406,11 @@ def image_budget(p: ProjectorInfo, image_tokens: int | None = None) -> tuple[int
     reasons: list[str] = []
     if facts(p).dynamic:
         n = image_tokens or DEFAULT_DYNAMIC_IMAGE_TOKENS
-        reasons.append(f"image budget {n} tokens per image "
-                       f"({'as asked' if image_tokens else 'default for dynamic-resolution models'}); "
-                       f"the encoder is counted at that largest image")
+        reasons.append(
+            f"image budget {n} tokens per image "
+            f"({'as asked' if image_tokens else 'default for dynamic-resolution models'}); "
+            f"the encoder is counted at that largest image"
+        )
         return n, reasons
     per_view = view_tokens(p)
     if facts(p).kind == "tiled":
@@ -352,5 +429,4 @@ def image_budget(p: ProjectorInfo, image_tokens: int | None = None) -> tuple[int
 
 
 def make_plan(model: str, mmproj: str | None, probe: Probe, wishes: Wishes | None = None) -> Plan:
-    return Planner(read_gguf(model), read_gguf(mmproj) if mmproj else None, probe,
-                   wishes or Wishes()).plan()
+    return Planner(read_gguf(model), read_gguf(mmproj) if mmproj else None, probe, wishes or Wishes()).plan()

@@ -58,8 +58,16 @@ def fallback_template(arch: str, projector_type: str) -> str:
 class PromptFormatter:
     """Renders messages (role, text, number of images) into pieces for the engine."""
 
-    def __init__(self, template: str | None, arch: str, projector_type: str, marker: str,
-                 bos_token: str, eos_token: str, strip_bos: bool):
+    def __init__(
+        self,
+        template: str | None,
+        arch: str,
+        projector_type: str,
+        marker: str,
+        bos_token: str,
+        eos_token: str,
+        strip_bos: bool,
+    ):
         self.source = "gguf" if template else "fallback"
         self.template = template or fallback_template(arch, projector_type)
         self.marker = marker
@@ -104,7 +112,7 @@ class PromptFormatter:
             detail = str(exc).strip() or type(exc).__name__
             raise InputError(f"the model's chat template refused these messages: {detail}") from None
         if self.strip_bos and self.bos_token and prompt.startswith(self.bos_token):
-            prompt = prompt[len(self.bos_token):]  # llama.cpp adds BOS itself
+            prompt = prompt[len(self.bos_token) :]  # llama.cpp adds BOS itself
         return split_pieces(prompt, self.marker)
 
 
@@ -113,7 +121,7 @@ def split_pieces(prompt: str, marker: str) -> list[Piece]:
     n_image = 0
     pos = 0
     for m in _SENTINEL_RE.finditer(prompt):
-        n_image = _split_images(prompt[pos:m.start()], marker, pieces, n_image)
+        n_image = _split_images(prompt[pos : m.start()], marker, pieces, n_image)
         pieces.append(Piece("assistant", index=int(m.group(1))))
         pos = m.end()
     _split_images(prompt[pos:], marker, pieces, n_image)

@@ -81,8 +81,11 @@ class ChatResult:
     finish_reason: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "stats": self.stats.to_dict() if self.stats else None,
-                "finish_reason": self.finish_reason}
+        return {
+            "text": self.text,
+            "stats": self.stats.to_dict() if self.stats else None,
+            "finish_reason": self.finish_reason,
+        }
 
 
 @dataclass
@@ -187,8 +190,9 @@ class Engine:
         self.close()
 
     def load_images(self, images: Iterable[Any]) -> list[LoadedImage]:
-        return [img if isinstance(img, LoadedImage) else load_image(img, self.options.max_image_pixels)
-                for img in images]
+        return [
+            img if isinstance(img, LoadedImage) else load_image(img, self.options.max_image_pixels) for img in images
+        ]
 
     def plan_image(self, image: LoadedImage) -> ImagePlan:
         """The views of one picture under this engine's image budget (decided before encoding)."""
@@ -217,11 +221,20 @@ class Engine:
         seq = self._submit(Request(prompt, max_tokens, SamplingParams(0.0), tuple(self.default_stops)))
         return "".join(r.text for r in self.scheduler.stream(seq))
 
-    def stream(self, text: str, images: Iterable[Any] = (), *, max_tokens: int = LIBRARY_REPLY.max_tokens,
-               temperature: float = LIBRARY_REPLY.sampling.temperature, top_k: int = SamplingParams.top_k,
-               top_p: float = SamplingParams.top_p, min_p: float = SamplingParams.min_p,
-               seed: int | None = None, stop: Iterable[str] = (),
-               grammar: str | None = None) -> Iterator[GenerationResponse]:
+    def stream(
+        self,
+        text: str,
+        images: Iterable[Any] = (),
+        *,
+        max_tokens: int = LIBRARY_REPLY.max_tokens,
+        temperature: float = LIBRARY_REPLY.sampling.temperature,
+        top_k: int = SamplingParams.top_k,
+        top_p: float = SamplingParams.top_p,
+        min_p: float = SamplingParams.min_p,
+        seed: int | None = None,
+        stop: Iterable[str] = (),
+        grammar: str | None = None,
+    ) -> Iterator[GenerationResponse]:
         """Add a user turn and stream the reply. The last response carries stats. ``grammar``
         (GBNF, e.g. ``backend.system.json_grammar(schema)``) constrains the reply."""
         t_start = time.perf_counter()  # TTFT counts image decoding, budgeting and the guard too
@@ -235,27 +248,34 @@ class Engine:
         try:
             loaded = self._admit(views, self.scheduler.budget.image_room(max_tokens) - kept)
         except BaseException:
-            del self.pictures[len(self.pictures) - len(originals):]
+            del self.pictures[len(self.pictures) - len(originals) :]
             raise
-        msg = Message("user", text, loaded, labels=labels, sources=[im.source for im in originals],
-                      pictures=pics)
+        msg = Message("user", text, loaded, labels=labels, sources=[im.source for im in originals], pictures=pics)
         self.messages.append(msg)
         try:
             room = RoomReport()
             if self.options.session.enabled:
-                room = make_room(self.conversation, n_ctx=self.n_ctx, reserve=reserve,
-                                 image_room=self.scheduler.budget.image_room(max_tokens),
-                                 measure=self._footprint, ask=self._ask, options=self.options.session,
-                                 memory=self.summaries, notices=self.notices)
+                room = make_room(
+                    self.conversation,
+                    n_ctx=self.n_ctx,
+                    reserve=reserve,
+                    image_room=self.scheduler.budget.image_room(max_tokens),
+                    measure=self._footprint,
+                    ask=self._ask,
+                    options=self.options.session,
+                    memory=self.summaries,
+                    notices=self.notices,
+                )
             prompt = room.rendered or self.render()
             new = frozenset(self.scheduler.images.key(img) for img in loaded)
             sampling = SamplingParams(temperature, top_k, top_p, min_p, seed, grammar)
-            request = Request(prompt, max_tokens, sampling,
-                              tuple(stop) + tuple(self.default_stops), new_images=new, t_start=t_start)
+            request = Request(
+                prompt, max_tokens, sampling, tuple(stop) + tuple(self.default_stops), new_images=new, t_start=t_start
+            )
             seq = self._submit(request)
         except BaseException:
             self.messages.remove(msg)
-            del self.pictures[len(self.pictures) - len(originals):]
+            del self.pictures[len(self.pictures) - len(originals) :]
             raise
         yield from self._reply(_Turn(seq, room, message=msg, pictures=len(originals)))
 
@@ -292,7 +312,7 @@ class Engine:
         if turn.message in self.messages:
             self.messages.remove(turn.message)
         if turn.pictures:
-            del self.pictures[len(self.pictures) - turn.pictures:]
+            del self.pictures[len(self.pictures) - turn.pictures :]
         turn.recorded = True
 
     def _record(self, turn: _Turn) -> TurnStats:

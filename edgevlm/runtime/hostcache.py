@@ -104,5 +104,11 @@ class HostKVCache:
             self._bytes = sum(len(e.data) for e in self._entries)
 
     def to_dict(self) -> dict[str, int]:
-        return {"max_bytes": self.max_bytes, "bytes": self.nbytes, "conversations": len(self._entries),
-                "saved": self.saved, "restored": self.restored, "dropped": self.dropped}
+        return {
+            "max_bytes": self.max_bytes,
+            "bytes": self.nbytes,
+            "conversations": len(self._entries),
+            "saved": self.saved,
+            "restored": self.restored,
+            "dropped": self.dropped,
+        }

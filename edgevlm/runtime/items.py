@@ -120,8 +120,7 @@ class ImageUnit:
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self.embeddings.values()) + \
-            sum(r.embd.nbytes for r in self.merged.values())
+        return sum(e.nbytes for e in self.embeddings.values()) + sum(r.embd.nbytes for r in self.merged.values())
 
     def close(self) -> None:
         with self.lock:  # (never while the encoder thread is inside one of its chunks)

@@ -78,8 +78,7 @@ class KVCells:
 
     def reserved(self) -> int:
         """Cells the requests in flight may still need: their unevaluated prompts and replies."""
-        return sum(max(0, s.seq.reserve - len(s.seq.tokens)) + s.seq.pending_cells - s.seq.fed
-                   for s in self.live)
+        return sum(max(0, s.seq.reserve - len(s.seq.tokens)) + s.seq.pending_cells - s.seq.fed for s in self.live)
 
     def running(self) -> int:
         return len(self.live)

@@ -40,8 +40,14 @@ __all__ = ["LoadedModel"]
 class LoadedModel:
     """A loaded model pair with its scheduler, plan, guard and default options (module doc)."""
 
-    def __init__(self, scheduler: Scheduler, options: EngineOptions = EngineOptions(), *,
-                 plan: Plan | None = None, guard: Guard | None = None):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        options: EngineOptions = EngineOptions(),
+        *,
+        plan: Plan | None = None,
+        guard: Guard | None = None,
+    ):
         self.scheduler = scheduler
         self.options = options
         self.plan = plan  # the Plan it was loaded with (None when built by hand)
@@ -81,8 +87,12 @@ class LoadedModel:
         """The image budget of ``options``: its per-picture tokens (else the plan's), tiles, and
         mtmd's own cap."""
         cap = self.plan.image_max_tokens if self.plan is not None else None
-        return ImageBudget(self.backend.proj_info, options.image_tokens if options.image_tokens is not None else cap,
-                           options.tiles, self.backend.image_max_tokens)
+        return ImageBudget(
+            self.backend.proj_info,
+            options.image_tokens if options.image_tokens is not None else cap,
+            options.tiles,
+            self.backend.image_max_tokens,
+        )
 
     def admit(self, views: Iterable[LoadedImage], cells_free: int) -> Admitted:
         """Run each view past the guard (memory free now, ``cells_free`` image cells left),
@@ -100,19 +110,29 @@ class LoadedModel:
         return Admitted(out, used, notices)
 
     def load_images(self, images: Iterable[Any]) -> list[LoadedImage]:
-        return [img if isinstance(img, LoadedImage) else load_image(img, self.options.max_image_pixels)
-                for img in images]
+        return [
+            img if isinstance(img, LoadedImage) else load_image(img, self.options.max_image_pixels) for img in images
+        ]
 
     def plan_image(self, image: LoadedImage) -> ImagePlan:
         """The views of one picture under the default image budget (decided before encoding)."""
         return self.image_budget.plan(image)
 
-    def render(self, messages: list[Message], system: str | None = None, merge: MergeSpec | None = None,
-               keep_images: bool = True) -> Prompt:
+    def render(
+        self,
+        messages: list[Message],
+        system: str | None = None,
+        merge: MergeSpec | None = None,
+        keep_images: bool = True,
+    ) -> Prompt:
         """The prompt of ``messages`` as the scheduler sees it (default options' system prompt
         and merging unless given)."""
-        return self.scheduler.render(messages, self.options.system if system is None else system,
-                                     self.options.merge if merge is None else merge, keep_images)
+        return self.scheduler.render(
+            messages,
+            self.options.system if system is None else system,
+            self.options.merge if merge is None else merge,
+            keep_images,
+        )
 
     # --- conversations -----------------------------------------------------------------------
     def conversation(self, options: EngineOptions | None = None, **changes: Any) -> Engine:

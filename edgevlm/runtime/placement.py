@@ -49,7 +49,7 @@ class Placer:
         cap = len(items) - 1
         k = max((min(s.lcp(items), cap) for s in self.kv.slots if s.kv), default=0)
         _, hk = self.host_cache.best(items)
-        return sum(it.n_tokens for it in items[max(k, min(hk, cap)):])
+        return sum(it.n_tokens for it in items[max(k, min(hk, cap)) :])
 
     def place(self, request: Request, reserve: int, max_running: int) -> Slot | None:
         """A sequence set up to hold the longest prefix of the request anything holds, with
@@ -62,7 +62,7 @@ class Placer:
         lcp = {s.id: min(s.lcp(items), cap) for s in self.kv.slots}
         if running >= max_running:  # the short lane: only a follow-up whose history is cached
             _, hk = self.host_cache.best(items)
-            if sum(it.n_tokens for it in items[max(max(lcp.values()), min(hk, cap)):]) > SHORT_PROMPT:
+            if sum(it.n_tokens for it in items[max(max(lcp.values()), min(hk, cap)) :]) > SHORT_PROMPT:
                 return None
         # continue in place only where the whole history is a prefix of the request
         whole = [s for s in self.kv.slots if s.idle and lcp[s.id] == len(s.kv)]
@@ -73,8 +73,9 @@ class Placer:
             k = lcp[src.id]
             saved, hk = self.host_cache.best(items)
             hk = min(hk, cap)
-            restore = saved is not None and \
-                sum(it.n_tokens for it in items[k:hk]) >= RESTORE_MIN  # (cells it saves evaluating)
+            restore = (
+                saved is not None and sum(it.n_tokens for it in items[k:hk]) >= RESTORE_MIN
+            )  # (cells it saves evaluating)
             free = [s for s in self.kv.slots if s.free]
             if free:
                 own = free[0]
@@ -93,13 +94,15 @@ class Placer:
                 pass
             elif k > 0 and src is not own and src.kv:
                 self.kv.share(src, own, k)
-        need = sum(it.n_tokens for it in items[len(own.kv):]) + reserve
+        need = sum(it.n_tokens for it in items[len(own.kv) :]) + reserve
         if not self.make_room(need, keep=own):
             if self.kv.running():
                 return None
-            raise ContextExceeded(f"the prompt and its reply need {need:,} more tokens but the context "
-                                  f"holds {self.n_ctx:,} (use a larger --ctx, a smaller --image-tokens "
-                                  f"or fewer --max-tokens)")
+            raise ContextExceeded(
+                f"the prompt and its reply need {need:,} more tokens but the context "
+                f"holds {self.n_ctx:,} (use a larger --ctx, a smaller --image-tokens "
+                f"or fewer --max-tokens)"
+            )
         return own
 
     def make_room(self, need: int, keep: Slot) -> bool:
@@ -151,7 +154,7 @@ class Placer:
         for s in self.kv.slots:
             if s.seq is None or s is own or s.seq.generating:
                 continue
-            target = s.items() + tuple(s.seq.pending[:s.seq.pending_prompt])
+            target = s.items() + tuple(s.seq.pending[: s.seq.pending_prompt])
             n = 0
             m = min(len(target), cap)
             while n < m and target[n].key == items[n].key:
@@ -181,11 +184,12 @@ class Placer:
         m = len(s.kv)
         if k > m and s.lcp(items) == m:
             self.kv.share(best, s, k)
-            taken = seq.pending[:k - m]
-            seq.pending = seq.pending[k - m:]
+            taken = seq.pending[: k - m]
+            seq.pending = seq.pending[k - m :]
             seq.pending_prompt -= len(taken)
             seq.pending_cells -= sum(it.n_tokens for it in taken)
             seq.c["cached_n"] += sum(it.n_tokens for it in taken)
-            seq.c["image_tokens"] -= sum(it.n_tokens for it in taken if not it.is_text
-                                         and it.key[1] in seq.request.new_images)
+            seq.c["image_tokens"] -= sum(
+                it.n_tokens for it in taken if not it.is_text and it.key[1] in seq.request.new_images
+            )
         return False

@@ -22,17 +22,26 @@ class PromptRenderer:
         self.images = images
         info = backend.text_info
         self.formatter = PromptFormatter(
-            info.chat_template, info.arch, backend.proj_info.projector_type, backend.marker,
+            info.chat_template,
+            info.arch,
+            backend.proj_info.projector_type,
+            backend.marker,
             bos_token=backend.token_bytes(backend.bos_id).decode("utf-8", "ignore") if backend.bos_id >= 0 else "",
-            eos_token=backend.token_text(backend.eos_id), strip_bos=backend.add_bos,
+            eos_token=backend.token_text(backend.eos_id),
+            strip_bos=backend.add_bos,
         )
 
     def merging(self, merge: MergeSpec) -> bool:
         """Whether ``merge`` applies to this model's image tokens (they must lie on a grid)."""
         return merge.enabled and mergeable(self.backend.proj_info.projector_type)
 
-    def render(self, messages: Sequence[Message], system: str | None = None,
-               merge: MergeSpec = MergeSpec(), keep_images: bool = True) -> Prompt:
+    def render(
+        self,
+        messages: Sequence[Message],
+        system: str | None = None,
+        merge: MergeSpec = MergeSpec(),
+        keep_images: bool = True,
+    ) -> Prompt:
         """The prompt of a conversation that asks for the next assistant reply."""
         be = self.backend
         msgs: list[tuple[str, str, list[str | None]]] = []

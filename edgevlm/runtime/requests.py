@@ -70,8 +70,16 @@ class Client:
 class Sequence:
     """A request in flight or finished: its reply so far, its stats, and how it ended."""
 
-    def __init__(self, request: Request, reserve: int, t_start: float, t_submit: float,
-                 client: Client | None = None, tokenize: Any = None, arrival: int = 0):
+    def __init__(
+        self,
+        request: Request,
+        reserve: int,
+        t_start: float,
+        t_submit: float,
+        client: Client | None = None,
+        tokenize: Any = None,
+        arrival: int = 0,
+    ):
         self.request = request
         self.reserve = reserve
         self.t_start = t_start
@@ -88,9 +96,18 @@ class Sequence:
         self.times: list[float] = []  # when each token was sampled
         self.prompt_ms = (t_submit - t_start) * 1000  # preparation + llama.cpp time for the prompt
         self.predicted_ms = 0.0
-        self.c: dict[str, Any] = dict(cached_n=0, prompt_n=0, image_tokens=0, encode_ms=0.0,
-                                      encoded=0, reused=0, image_tokens_in=0, image_tokens_out=0,
-                                      merge_map_size=0, **request.counters)
+        self.c: dict[str, Any] = dict(
+            cached_n=0,
+            prompt_n=0,
+            image_tokens=0,
+            encode_ms=0.0,
+            encoded=0,
+            reused=0,
+            image_tokens_in=0,
+            image_tokens_out=0,
+            merge_map_size=0,
+            **request.counters,
+        )
         self.out: deque[GenerationResponse] = deque()
         self.finish_reason: str | None = None
         self.stats: TurnStats | None = None

@@ -62,14 +62,9 @@ from .placement import Placer
 from .prompt import PromptRenderer
 from .requests import WAIT, Client, GenerationResponse, Request, Sequence
 from .stats import build_stats
+from .stepcost import StepCosts
 
 __all__ = ["Client", "GenerationResponse", "Request", "Scheduler", "SchedulerOptions", "Sequence", "WAIT"]
-
-MIN_SLICE = 4  # prompt rows a step takes at least beside running streams
-# a step of prompt work alone takes about this long (fewer rows than the batch holds on a slow
-# device): a request that arrives meanwhile — a follow-up's few rows — waits at most this for its
-# turn; on a GPU the whole batch fits in it
-PROMPT_STEP_MS = 1500.0
 
 
 @dataclass(frozen=True)
@@ -116,12 +111,11 @@ class Scheduler:
         self.lock = threading.RLock()
         self._clock = itertools.count(1)
         self._arrival = itertools.count()
-        self._gen_ms: dict[int, float] = {}  # streams → what a step of their tokens takes (moving average)
-        self._row_ms = 0.0  # what one prompt row takes (moving average)
+        self.costs = StepCosts(options.prefill_share)  # what steps take, and the rows of the next
         # what the step loop did (``/status``): steps, those with prompt work beside streams,
         # tokens generated, prompt rows evaluated (text and image), waits for the encoder
-        self.counters = {"steps": 0, "mixed_steps": 0, "generated": 0, "prompt_rows": 0, "image_rows": 0,
-                         "encoder_waits": 0}
+        keys = ("steps", "mixed_steps", "generated", "prompt_rows", "image_rows", "encoder_waits")
+        self.counters = dict.fromkeys(keys, 0)
 
     # --- facts and capacity ------------------------------------------------------------------
     @property
@@ -141,8 +135,13 @@ class Scheduler:
     def default_stops(self) -> list[str]:
         return self.renderer.formatter.default_stops
 
-    def render(self, messages: list[Message], system: str | None = None,
-               merge: MergeSpec = MergeSpec(), keep_images: bool = True) -> Prompt:
+    def render(
+        self,
+        messages: list[Message],
+        system: str | None = None,
+        merge: MergeSpec = MergeSpec(),
+        keep_images: bool = True,
+    ) -> Prompt:
         """Messages → the prompt of the next reply (``PromptRenderer.render``)."""
         return self.renderer.render(messages, system, merge, keep_images)
 
@@ -173,15 +172,15 @@ class Scheduler:
         with self.lock:
             t_submit = time.perf_counter()
             items = request.prompt.items
-            reserve = request.reserve if request.reserve is not None else \
-                self.budget.reply_reserve(request.max_tokens)
+            reserve = request.reserve if request.reserve is not None else self.budget.reply_reserve(request.max_tokens)
             need = request.prompt.cells
             if not items or not items[-1].is_text:
                 raise BackendError("the prompt does not end with text (nothing to generate from)")
             if need + reserve > self.n_ctx:
                 raise ContextExceeded(
                     f"the prompt needs {need:,} tokens (and {reserve:,} for the reply) but the context "
-                    f"holds {self.n_ctx:,} (use a larger --ctx, fewer or smaller images, or /reset)")
+                    f"holds {self.n_ctx:,} (use a larger --ctx, fewer or smaller images, or /reset)"
+                )
             for unit in request.prompt.units.values():
                 unit.check()
             sampler = self.backend.make_sampler(request.sampling)  # a bad grammar: before any work
@@ -194,16 +193,24 @@ class Scheduler:
                 self.backend.free_sampler(sampler)
                 self._warm(request)
                 return WAIT
-            seq = Sequence(request, reserve, request.t_start or t_submit, t_submit, client,
-                           self.backend.tokenize_fragment, next(self._arrival))
+            seq = Sequence(
+                request,
+                reserve,
+                request.t_start or t_submit,
+                t_submit,
+                client,
+                self.backend.tokenize_fragment,
+                next(self._arrival),
+            )
             seq.sampler = sampler
             k = len(slot.kv)
             seq.pending = list(items[k:])
             seq.pending_prompt = len(seq.pending)
             seq.pending_cells = sum(it.n_tokens for it in seq.pending)
             seq.c["cached_n"] = sum(it.n_tokens for it in items[:k])
-            seq.c["image_tokens"] = sum(it.n_tokens for it in seq.pending if not it.is_text
-                                        and it.key[1] in request.new_images)
+            seq.c["image_tokens"] = sum(
+                it.n_tokens for it in seq.pending if not it.is_text and it.key[1] in request.new_images
+            )
             seq.wait_for = self.placer.shared_ahead(slot, items)
             self.kv.start(slot, seq)
             slot.owner = client
@@ -251,17 +258,13 @@ class Scheduler:
             done: list[Sequence] = []
             gen = [s for s in running if s.seq.generating]
             room = self.backend.n_batch - len(gen)
-            # prompt rows this step: all there is room for when nobody generates, else about as
-            # much work as the generated tokens themselves take
-            if not gen:  # prompt only: steps of about PROMPT_STEP_MS, so a request that arrives joins soon
-                rows = room if self._row_ms <= 0 else max(MIN_SLICE, min(room, int(PROMPT_STEP_MS / self._row_ms)))
-            else:
-                rows = max(MIN_SLICE, min(room, int(
-                    self.options.prefill_share * self._gen_cost(len(gen)) / self._row_ms) if self._row_ms > 0 else MIN_SLICE))
+            rows = self.costs.rows(len(gen), room)  # prompt rows this step (stepcost)
             groups = [(s, 1) for s in gen]
             picture: tuple[Slot, int] | None = None
-            prompts = sorted((s for s in running if not s.seq.generating),  # (running: in arrival order)
-                             key=lambda s: s.seq.pending_cells)
+            prompts = sorted(
+                (s for s in running if not s.seq.generating),  # (running: in arrival order)
+                key=lambda s: s.seq.pending_cells,
+            )
             for s in prompts:
                 if rows <= 0:
                     break
@@ -280,20 +283,14 @@ class Scheduler:
                 groups.append((s, n))
                 rows -= n
             t0 = time.perf_counter()
-            text_rows = sum(n for _, n in groups[len(gen):])
+            text_rows = sum(n for _, n in groups[len(gen) :])
             if groups:
                 self._run(groups, done)
-                dt = (time.perf_counter() - t0) * 1000
-                if gen and not text_rows:  # generation only: what a step of len(gen) tokens costs
-                    self._measure_gen(len(gen), dt)
-                elif not gen:  # prompt only: what a row costs
-                    self._measure_rows(text_rows, dt)
-                elif self._row_ms > 0:  # both: the generation's part is what the rows did not take
-                    self._measure_gen(len(gen), max(0.0, dt - text_rows * self._row_ms))
+                self.costs.measured(len(gen), text_rows, (time.perf_counter() - t0) * 1000)
             if picture is not None:
                 t1 = time.perf_counter()
                 self._feed_rows(*picture, done)
-                self._measure_rows(picture[1], (time.perf_counter() - t1) * 1000)
+                self.costs.measured_rows(picture[1], (time.perf_counter() - t1) * 1000)
             self.llama_ms += (time.perf_counter() - t0) * 1000
             idle = not groups and picture is None and not done
             c = self.counters
@@ -306,25 +303,6 @@ class Scheduler:
         if idle:  # every request waits for a picture the encoder is on: wait with it
             self.encoder.wait(0.05)
         return done
-
-    def _measure_gen(self, n: int, ms: float) -> None:
-        old = self._gen_ms.get(n)
-        self._gen_ms[n] = ms if old is None else 0.8 * old + 0.2 * ms
-
-    def _gen_cost(self, n: int) -> float:
-        """What a step of ``n`` streams' tokens takes: measured at n, else scaled from the
-        nearest count measured, else (nothing measured yet) n prompt rows."""
-        if n in self._gen_ms:
-            return self._gen_ms[n]
-        if self._gen_ms:
-            k = min(self._gen_ms, key=lambda m: abs(m - n))
-            return self._gen_ms[k] * n / k
-        return n * self._row_ms
-
-    def _measure_rows(self, n: int, ms: float) -> None:
-        if n > 0 and ms > 0:
-            per = ms / n
-            self._row_ms = per if not self._row_ms else 0.8 * self._row_ms + 0.2 * per
 
     def _run(self, groups: list[tuple[Slot, int]], done: list[Sequence]) -> None:
         """Decode the next ``n`` pending text items of each slot in one batch and sample the
@@ -399,8 +377,12 @@ class Scheduler:
         unit = seq.request.prompt.units[it.key[1]]
         ci = it.key[2]
         if ci in unit.errors or unit.closed:
-            self._fail(s, unit.errors.get(ci) or BackendError("the picture's image unit was closed"),
-                       "encoding the picture", done)
+            self._fail(
+                s,
+                unit.errors.get(ci) or BackendError("the picture's image unit was closed"),
+                "encoding the picture",
+                done,
+            )
             return False
         emb = unit.embeddings.get(ci)
         if emb is None:
@@ -423,10 +405,10 @@ class Scheduler:
         chunk = unit.chunk(it.key[2])
         pos = s.pos
         if not it.merged:
-            positions = be.image_positions(chunk, pos, range(chunk.n_tokens)) if be.use_mrope else \
-                pos + np.arange(chunk.n_tokens)
-            return _Feed(emb, positions, be.non_causal, it,
-                         {"image_tokens_in": it.n_tokens, "image_tokens_out": it.n_tokens})
+            rows = range(chunk.n_tokens)
+            positions = be.image_positions(chunk, pos, rows) if be.use_mrope else pos + np.arange(chunk.n_tokens)
+            counts = {"image_tokens_in": it.n_tokens, "image_tokens_out": it.n_tokens}
+            return _Feed(emb, positions, be.non_causal, it, counts)
         ci, spec = it.key[2], it.key[3]
         res = unit.merged.get((ci, spec))
         if res is None:
@@ -449,8 +431,9 @@ class Scheduler:
         seq, feed = s.seq, s.seq.feed
         t0 = time.perf_counter()
         try:
-            self.backend.decode_embeddings(feed.rows[feed.done:feed.done + n], feed.positions[feed.done:feed.done + n],
-                                           feed.non_causal, s.id)
+            self.backend.decode_embeddings(
+                feed.rows[feed.done : feed.done + n], feed.positions[feed.done : feed.done + n], feed.non_causal, s.id
+            )
         except Exception as exc:
             self.backend.kv_remove(s.pos, -1, s.id)
             feed.done = 0
@@ -496,7 +479,9 @@ class Scheduler:
         return None
 
     def _fail(self, s: Slot, exc: BaseException, what: str, done: list[Sequence]) -> None:
-        s.seq.error = exc if isinstance(exc, BackendError) else BackendError(f"{what} failed ({type(exc).__name__}: {exc})")
+        s.seq.error = (
+            exc if isinstance(exc, BackendError) else BackendError(f"{what} failed ({type(exc).__name__}: {exc})")
+        )
         done.append(self._finish(s, "error"))
 
     def _finish(self, slot: Slot, finish: str) -> Sequence:
@@ -514,8 +499,17 @@ class Scheduler:
         seq.pending_cells = 0
         seq.finish_reason = finish
         seq.request.prompt.release()
-        seq.stats = build_stats(seq.c, len(seq.tokens), seq.times, seq.t_start, seq.prompt_ms,
-                                seq.predicted_ms, self.cells_used(), self.n_ctx, finish)
+        seq.stats = build_stats(
+            seq.c,
+            len(seq.tokens),
+            seq.times,
+            seq.t_start,
+            seq.prompt_ms,
+            seq.predicted_ms,
+            self.cells_used(),
+            self.n_ctx,
+            finish,
+        )
         seq.out.append(GenerationResponse(seq.text.rest(), None, finish, seq.stats))
         if seq.client is not None:
             seq.client.running.discard(seq)
@@ -588,10 +582,17 @@ class Scheduler:
 
     def status(self) -> dict[str, Any]:
         """What runs and what is kept, for ``/status``."""
-        return {"running": self.busy, "max_running": self.max_running, "sequences": self.n_slots,
-                "conversations": self.conversations, "cells_used": self.cells_used(), "n_ctx": self.n_ctx,
-                "host_cache": self.host_cache.to_dict(), "encoding": self.encoder.pending,
-                "evicted": {"conversations": self.placer.evicted, "cells": self.placer.evicted_cells},
-                "steps": dict(self.counters), "llama_ms": round(self.llama_ms, 1),
-                "step_ms": {"rows": round(self._row_ms, 2),
-                            "streams": {n: round(ms, 2) for n, ms in sorted(self._gen_ms.items())}}}
+        return {
+            "running": self.busy,
+            "max_running": self.max_running,
+            "sequences": self.n_slots,
+            "conversations": self.conversations,
+            "cells_used": self.cells_used(),
+            "n_ctx": self.n_ctx,
+            "host_cache": self.host_cache.to_dict(),
+            "encoding": self.encoder.pending,
+            "evicted": {"conversations": self.placer.evicted, "cells": self.placer.evicted_cells},
+            "steps": dict(self.counters),
+            "llama_ms": round(self.llama_ms, 1),
+            "step_ms": self.costs.to_dict(),
+        }

@@ -29,8 +29,7 @@ from ..errors import ContextExceeded, InputError
 from ..vision.images import LoadedImage
 from .conversation import Conversation, Message, Picture
 
-__all__ = ["DEFAULT_SUMMARY_PROMPT", "Footprint", "RoomReport", "SessionOptions", "Summaries",
-           "make_room", "recall"]
+__all__ = ["DEFAULT_SUMMARY_PROMPT", "Footprint", "RoomReport", "SessionOptions", "Summaries", "make_room", "recall"]
 
 DEFAULT_SUMMARY_PROMPT = (
     "In one or two short sentences, describe image {n} ({name}) from earlier in this "
@@ -74,16 +73,19 @@ class RoomReport:
 
     def counters(self, cached_n: int) -> dict[str, int]:
         rebuild = max(0, self.prev_cells - cached_n) if (self.summarized or self.dropped_turns) else 0
-        return {"summarized_images": len(self.summarized), "evicted_tokens": self.evicted_tokens,
-                "rebuild_tokens": rebuild, "dropped_turns": self.dropped_turns}
+        return {
+            "summarized_images": len(self.summarized),
+            "evicted_tokens": self.evicted_tokens,
+            "rebuild_tokens": rebuild,
+            "dropped_turns": self.dropped_turns,
+        }
 
 
 Measure = Callable[[list[Message]], Footprint]
 Ask = Callable[[str, list[Message]], str]
 
 
-def summarize(conv: Conversation, pic: Picture, ask: Ask, options: SessionOptions,
-              memory: Summaries) -> str:
+def summarize(conv: Conversation, pic: Picture, ask: Ask, options: SessionOptions, memory: Summaries) -> str:
     """The model's own short description of ``pic`` (cached by content hash), asked after the
     conversation before the turn being prepared."""
     key = pic.image.sha256 + "\0" + options.summary_prompt
@@ -97,8 +99,9 @@ def summarize(conv: Conversation, pic: Picture, ask: Ask, options: SessionOption
         # No room to ask after the whole conversation: ask about the picture alone.
         holder = next(m for m in earlier if pic.number in m.pictures)
         idx = [i for i, n in enumerate(holder.pictures) if n == pic.number]
-        alone = Message("user", "", [holder.images[i] for i in idx],
-                        labels=[holder.labels[i] for i in idx] if holder.labels else [])
+        alone = Message(
+            "user", "", [holder.images[i] for i in idx], labels=[holder.labels[i] for i in idx] if holder.labels else []
+        )
         text = ask(question, [alone])
     text = " ".join("".join(ch for ch in text if ch.isprintable() or ch.isspace()).split())
     text = text or "(no description)"
@@ -115,13 +118,24 @@ def replace_picture(conv: Conversation, pic: Picture, summary: str) -> None:
             m.images = [m.images[i] for i in keep]
             m.labels = [m.labels[i] for i in keep] if m.labels else []
             m.pictures = [m.pictures[i] for i in keep]
-            m.notes.append(f"[image {pic.number} ({pic.name}): {summary}]" if pic.name else
-                           f"[image {pic.number}: {summary}]")
+            m.notes.append(
+                f"[image {pic.number} ({pic.name}): {summary}]" if pic.name else f"[image {pic.number}: {summary}]"
+            )
     pic.summary = summary
 
 
-def make_room(conv: Conversation, *, n_ctx: int, reserve: int, image_room: int, measure: Measure,
-              ask: Ask, options: SessionOptions, memory: Summaries, notices: list[str]) -> RoomReport:
+def make_room(
+    conv: Conversation,
+    *,
+    n_ctx: int,
+    reserve: int,
+    image_room: int,
+    measure: Measure,
+    ask: Ask,
+    options: SessionOptions,
+    memory: Summaries,
+    notices: list[str],
+) -> RoomReport:
     """Summarise old pictures / drop old turns until the pending turn (the last message) fits.
     Returns what it did."""
     rep = RoomReport()
@@ -134,8 +148,13 @@ def make_room(conv: Conversation, *, n_ctx: int, reserve: int, image_room: int, 
         return fp.cells <= budget and fp.image_cells <= image_room
 
     while not fits():
-        old = [p for p in conv.pictures if p.in_context and p.number not in current.pictures
-               and any(p.number in m.pictures for m in conv.messages[:-1])]
+        old = [
+            p
+            for p in conv.pictures
+            if p.in_context
+            and p.number not in current.pictures
+            and any(p.number in m.pictures for m in conv.messages[:-1])
+        ]
         if old:
             pic = old[0]  # oldest first
             summary = summarize(conv, pic, ask, options, memory)
@@ -143,8 +162,7 @@ def make_room(conv: Conversation, *, n_ctx: int, reserve: int, image_room: int, 
             rep.summarized.append(pic)
             rep.evicted_tokens += pic.tokens
             label = f"image {pic.number} ({pic.name})" if pic.name else f"image {pic.number}"
-            notices.append(f"context full: {label} replaced by its summary "
-                           f"({pic.tokens} tokens freed): {summary[:80]}")
+            notices.append(f"context full: {label} replaced by its summary ({pic.tokens} tokens freed): {summary[:80]}")
             continue
         older = conv.messages[:-1]
         if older and options.text_policy == "drop":
@@ -157,10 +175,12 @@ def make_room(conv: Conversation, *, n_ctx: int, reserve: int, image_room: int, 
         if fp.image_cells > image_room:
             raise ContextExceeded(
                 f"this message's pictures need {fp.image_cells:,} tokens but the context keeps "
-                f"{image_room:,} for pictures (fewer or smaller images, or a larger --ctx)")
+                f"{image_room:,} for pictures (fewer or smaller images, or a larger --ctx)"
+            )
         raise ContextExceeded(
             f"this message needs {fp.cells:,} tokens but the context holds {n_ctx:,} "
-            f"with {reserve} kept for the reply (shorten it, fewer images, or a larger --ctx)")
+            f"with {reserve} kept for the reply (shorten it, fewer images, or a larger --ctx)"
+        )
     if (rep.summarized or rep.dropped_turns) and len(conv.messages) > 1:
         rep.prev_cells = measure(conv.messages[:-1]).cells
     return rep

@@ -70,25 +70,46 @@ def per_second(n: int, ms: float) -> float:
     return round(n * 1000.0 / ms, 2) if ms > 0 else 0.0
 
 
-def build_stats(c: Mapping[str, Any], predicted_n: int, times: Sequence[float], t_start: float,
-                prompt_ms: float, predicted_ms: float, n_ctx_used: int, n_ctx: int,
-                finish: str) -> TurnStats:
+def build_stats(
+    c: Mapping[str, Any],
+    predicted_n: int,
+    times: Sequence[float],
+    t_start: float,
+    prompt_ms: float,
+    predicted_ms: float,
+    n_ctx_used: int,
+    n_ctx: int,
+    finish: str,
+) -> TurnStats:
     """TurnStats of a finished request. ``c``: its counters (prompt_n, cached_n, image_tokens,
     encode_ms, encoded, reused, and whatever a policy added: summarized_images, ...);
     ``times``: when each token was sampled."""
     ttft = (times[0] - t_start) * 1000 if times else prompt_ms
     itl = float(np.mean(np.diff(times)) * 1000) if len(times) > 1 else 0.0
     return TurnStats(
-        prompt_n=c["prompt_n"], prompt_ms=round(prompt_ms, 2),
+        prompt_n=c["prompt_n"],
+        prompt_ms=round(prompt_ms, 2),
         prompt_per_second=per_second(c["prompt_n"], prompt_ms),
-        predicted_n=predicted_n, predicted_ms=round(predicted_ms, 2),
+        predicted_n=predicted_n,
+        predicted_ms=round(predicted_ms, 2),
         predicted_per_second=per_second(predicted_n, predicted_ms),
-        ttft_ms=round(ttft, 2), itl_ms_mean=round(itl, 2), image_tokens=c["image_tokens"],
-        image_encode_ms=round(c["encode_ms"], 2), images_encoded=c["encoded"],
-        images_reused=c["reused"], cached_n=c["cached_n"], n_ctx_used=n_ctx_used, n_ctx=n_ctx,
-        peak_rss_bytes=peak_rss_bytes(), device_memory_used_bytes=None, finish_reason=finish,
-        summarized_images=c.get("summarized_images", 0), evicted_tokens=c.get("evicted_tokens", 0),
-        rebuild_tokens=c.get("rebuild_tokens", 0), dropped_turns=c.get("dropped_turns", 0),
-        image_tokens_in=c.get("image_tokens_in", 0), image_tokens_out=c.get("image_tokens_out", 0),
+        ttft_ms=round(ttft, 2),
+        itl_ms_mean=round(itl, 2),
+        image_tokens=c["image_tokens"],
+        image_encode_ms=round(c["encode_ms"], 2),
+        images_encoded=c["encoded"],
+        images_reused=c["reused"],
+        cached_n=c["cached_n"],
+        n_ctx_used=n_ctx_used,
+        n_ctx=n_ctx,
+        peak_rss_bytes=peak_rss_bytes(),
+        device_memory_used_bytes=None,
+        finish_reason=finish,
+        summarized_images=c.get("summarized_images", 0),
+        evicted_tokens=c.get("evicted_tokens", 0),
+        rebuild_tokens=c.get("rebuild_tokens", 0),
+        dropped_turns=c.get("dropped_turns", 0),
+        image_tokens_in=c.get("image_tokens_in", 0),
+        image_tokens_out=c.get("image_tokens_out", 0),
         merge_map_size=c.get("merge_map_size", 0),
     )

@@ -16,8 +16,7 @@ __all__ = ["TextStream"]
 
 
 class TextStream:
-    def __init__(self, stops: list[str] | tuple[str, ...] = (),
-                 tokenize: Callable[[str], list[int]] | None = None):
+    def __init__(self, stops: list[str] | tuple[str, ...] = (), tokenize: Callable[[str], list[int]] | None = None):
         self.stops = [s for s in stops if s]
         self.tokenize = tokenize
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -35,7 +34,7 @@ class TextStream:
         self._ends.append(len(self.text))
         cut = self._find_stop(before)
         if cut is not None:
-            out = self.text[self.emitted:cut]  # held-back text never contains a stop's start
+            out = self.text[self.emitted : cut]  # held-back text never contains a stop's start
             self.text = self.text[:cut]
             self.emitted = cut
             keep = sum(1 for e in self._ends if e <= cut)
@@ -49,14 +48,14 @@ class TextStream:
             return out, True
         safe = len(self.text) - self._overlap()
         if safe > self.emitted:
-            out = self.text[self.emitted:safe]
+            out = self.text[self.emitted : safe]
             self.emitted = safe
             return out, False
         return "", False
 
     def rest(self) -> str:
         """What is still held back (the reply ended: it can no longer become a stop string)."""
-        out = self.text[self.emitted:]
+        out = self.text[self.emitted :]
         self.emitted = len(self.text)
         return out
 

@@ -55,10 +55,10 @@ from .openai import (
     ChatRequest,
     ChunkStream,
     ImageRef,
-    sse,
     error_body,
     error_for,
     parse_chat_request,
+    sse,
     usage_body,
 )
 from .options import ServeOptions
@@ -74,8 +74,12 @@ STATIC = Path(__file__).resolve().parent / "static"  # the web page: plain HTML,
 class Server:
     """The model (loaded in a thread while the app already answers) and its chat service."""
 
-    def __init__(self, model: LoadedModel | Callable[[], LoadedModel], options: ServeOptions,
-                 on_error: Callable[[BaseException], None] | None = None):
+    def __init__(
+        self,
+        model: LoadedModel | Callable[[], LoadedModel],
+        options: ServeOptions,
+        on_error: Callable[[BaseException], None] | None = None,
+    ):
         self.options = options
         self.started = time.time()
         self.engine: LoadedModel | None = model if isinstance(model, LoadedModel) else None
@@ -135,8 +139,11 @@ class Server:
             lease.release()
             raise
         if req.stream:
-            return StreamingResponse(self._sse(job, req, service.model_name(req)), media_type="text/event-stream",
-                                     headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+            return StreamingResponse(
+                self._sse(job, req, service.model_name(req)),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+            )
         return JSONResponse(await service.whole(job, req, request.is_disconnected))
 
     async def _sse(self, job: Job, req: ChatRequest, model: str) -> AsyncIterator[str]:
@@ -181,7 +188,7 @@ class Server:
         ref = body.get("image_url") if isinstance(body, dict) else None
         url = ref.get("url") if isinstance(ref, dict) else ref
         if not isinstance(url, str) or not url:
-            raise APIError("give {\"image_url\": {\"url\": ...}}", 400, "image_url")
+            raise APIError('give {"image_url": {"url": ...}}', 400, "image_url")
         detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
         name = body.get("name") if isinstance(body.get("name"), str) else ""
         with service.lease("this picture") as lease:
@@ -189,16 +196,27 @@ class Server:
             lease.grow(len(data) + decode_bytes(data, name or "image"), service.host_deadline())
             img = load_image(data, eng.options.max_image_pixels, name=name or "image")
             del data
-            low = replace(eng.image_budget, tiles="off",
-                          tokens=min(eng.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS))
+            low = replace(
+                eng.image_budget,
+                tiles="off",
+                tokens=min(eng.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS),
+            )
             plan = (low if detail == "low" else eng.image_budget).plan(img)
-        return {"width": img.width, "height": img.height, **plan.to_dict(),
-                "n_ctx": eng.n_ctx, "image_room": eng.scheduler.budget.image_room(self.options.max_tokens)}
+        return {
+            "width": img.width,
+            "height": img.height,
+            **plan.to_dict(),
+            "n_ctx": eng.n_ctx,
+            "image_room": eng.scheduler.budget.image_room(self.options.max_tokens),
+        }
 
     # --- the rest --------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": self.options.model_id, "state": self.state,
-                               "uptime_s": round(time.time() - self.started, 1)}
+        out: dict[str, Any] = {
+            "model": self.options.model_id,
+            "state": self.state,
+            "uptime_s": round(time.time() - self.started, 1),
+        }
         if self.error is not None:
             out["error"] = str(self.error)
         eng = self.engine
@@ -217,8 +235,7 @@ class Server:
             memory={
                 "predicted": {d.name: d.predicted.total for d in plan.devices} if plan is not None else {},
                 "host": self._host(rss),
-                "measured": {"process_rss_bytes": rss, "process_rss": format_size(rss),
-                             "free": _free_now(eng)},
+                "measured": {"process_rss_bytes": rss, "process_rss": format_size(rss), "free": _free_now(eng)},
             },
             requests=vars(worker.counters).copy(),
             images_cached=len(sched.images),
@@ -239,14 +256,22 @@ class Server:
         kv_cache = eng.scheduler.host_cache.max_bytes
         host = service.host.to_dict()
         limit = buffers + cache + kv_cache + reserve + host["allowance_bytes"]
-        return {"buffers_bytes": buffers, "image_cache_bytes": cache, "kv_cache_bytes": kv_cache,
-                "kv_cache_used_bytes": eng.scheduler.host_cache.nbytes, "process_reserve_bytes": reserve,
-                **host, "limit_bytes": limit, "limit": format_size(limit), "rss_bytes": rss,
-                "rss_within_limit": rss <= limit}
+        return {
+            "buffers_bytes": buffers,
+            "image_cache_bytes": cache,
+            "kv_cache_bytes": kv_cache,
+            "kv_cache_used_bytes": eng.scheduler.host_cache.nbytes,
+            "process_reserve_bytes": reserve,
+            **host,
+            "limit_bytes": limit,
+            "limit": format_size(limit),
+            "rss_bytes": rss,
+            "rss_within_limit": rss <= limit,
+        }
 
     def metrics(self) -> str:
         st = self.status()
-        lines = [f'edgevlm_ready {int(st["state"] == "ready")}']
+        lines = [f"edgevlm_ready {int(st['state'] == 'ready')}"]
         if st["state"] == "ready":
             r = st["requests"]
             lines += [
@@ -254,17 +279,17 @@ class Server:
                 f'edgevlm_requests_total{{outcome="cancelled"}} {r["cancelled"]}',
                 f'edgevlm_requests_total{{outcome="failed"}} {r["failed"]}',
                 f'edgevlm_requests_total{{outcome="rejected"}} {r["rejected"]}',
-                f'edgevlm_prompt_tokens_total {r["prompt_tokens"]}',
-                f'edgevlm_cached_tokens_total {r["cached_tokens"]}',
-                f'edgevlm_generated_tokens_total {r["generated_tokens"]}',
-                f'edgevlm_slots_busy {st["slots"]["busy"]}',
-                f'edgevlm_slots_total {st["slots"]["total"]}',
-                f'edgevlm_queue_waiting {st["queue"]["waiting"]}',
-                f'edgevlm_kv_cells_used {st["context"]["cells_used"]}',
-                f'edgevlm_conversations_kept {st["kv"]["conversations"]}',
-                f'edgevlm_host_kv_cache_bytes {st["kv"]["host_cache"]["bytes"]}',
-                f'edgevlm_kv_cells_total {st["context"]["n_ctx"]}',
-                f'edgevlm_process_rss_bytes {st["memory"]["measured"]["process_rss_bytes"]}',
+                f"edgevlm_prompt_tokens_total {r['prompt_tokens']}",
+                f"edgevlm_cached_tokens_total {r['cached_tokens']}",
+                f"edgevlm_generated_tokens_total {r['generated_tokens']}",
+                f"edgevlm_slots_busy {st['slots']['busy']}",
+                f"edgevlm_slots_total {st['slots']['total']}",
+                f"edgevlm_queue_waiting {st['queue']['waiting']}",
+                f"edgevlm_kv_cells_used {st['context']['cells_used']}",
+                f"edgevlm_conversations_kept {st['kv']['conversations']}",
+                f"edgevlm_host_kv_cache_bytes {st['kv']['host_cache']['bytes']}",
+                f"edgevlm_kv_cells_total {st['context']['n_ctx']}",
+                f"edgevlm_process_rss_bytes {st['memory']['measured']['process_rss_bytes']}",
             ]
         return "\n".join(lines) + "\n"
 
@@ -276,7 +301,7 @@ def image_cache_bound(eng: LoadedModel) -> int:
     proj = be.proj_info
     tokens = (eng.plan.image_max_tokens if eng.plan is not None else 0) or 4096
     embeddings = tokens * be.n_embd_inp * 4 * 2  # (a merged copy is at most as large again)
-    pixels = encoder_patches(proj, tokens) * proj.patch_size ** 2 * 3 * 4
+    pixels = encoder_patches(proj, tokens) * proj.patch_size**2 * 3 * 4
     opts = sched.options
     return min(opts.image_cache_bytes, opts.image_cache_units * embeddings) + opts.image_cache_units * pixels
 
@@ -291,12 +316,17 @@ def _free_now(eng: LoadedModel) -> dict[str, int]:
 BODY_COPIES = 3  # a body held while read: its chunks, their join, and the parsed JSON
 
 
-async def read_body(request: HTTPRequest, limit: int, lease: Lease | None = None,
-                    deadline: float | None = None) -> bytes:
+async def read_body(
+    request: HTTPRequest, limit: int, lease: Lease | None = None, deadline: float | None = None
+) -> bytes:
     """The request body (at most ``limit`` bytes); with ``lease``, the memory it takes is held
     before it is read (the declared length up front, else chunk by chunk)."""
-    too_big = APIError(f"the request body is larger than {limit:,} bytes (the server's --max-body)", 413,
-                       code="request_too_large", headers={"x-should-retry": "false"})
+    too_big = APIError(
+        f"the request body is larger than {limit:,} bytes (the server's --max-body)",
+        413,
+        code="request_too_large",
+        headers={"x-should-retry": "false"},
+    )
     declared = request.headers.get("content-length")
     known = int(declared) if declared and declared.isdigit() else None
     if known is not None and known > limit:
@@ -327,8 +357,12 @@ def _error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse(body, status, headers=headers)
 
 
-def create_app(model: LoadedModel | Callable[[], LoadedModel], options: ServeOptions = ServeOptions(), *,
-               on_error: Callable[[BaseException], None] | None = None) -> Starlette:
+def create_app(
+    model: LoadedModel | Callable[[], LoadedModel],
+    options: ServeOptions = ServeOptions(),
+    *,
+    on_error: Callable[[BaseException], None] | None = None,
+) -> Starlette:
     """The app over a loaded engine, or over a function that loads one (called in a thread at
     startup; ``/health`` says 503 until it returns, and ``on_error`` hears if it fails)."""
     server = Server(model, options, on_error)
@@ -340,17 +374,23 @@ def create_app(model: LoadedModel | Callable[[], LoadedModel], options: ServeOpt
                     auth = request.headers.get("authorization", "")
                     token = auth[7:] if auth.lower().startswith("bearer ") else ""
                     if not hmac.compare_digest(token.encode(), options.api_key.encode()):
-                        raise APIError("invalid or missing API key (Authorization: Bearer KEY)", 401,
-                                       code="invalid_api_key")
+                        raise APIError(
+                            "invalid or missing API key (Authorization: Bearer KEY)", 401, code="invalid_api_key"
+                        )
                 if v1 and server.state != "ready":
-                    raise APIError(f"the model is {server.state}" + (f": {server.error}" if server.error else ""),
-                                   503, code="model_loading", type_="server_error",
-                                   headers={"retry-after": str(options.retry_after_s)})
+                    raise APIError(
+                        f"the model is {server.state}" + (f": {server.error}" if server.error else ""),
+                        503,
+                        code="model_loading",
+                        type_="server_error",
+                        headers={"retry-after": str(options.retry_after_s)},
+                    )
                 return await handler(request)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 return _error_response(exc)
+
         return endpoint
 
     async def chat(request: HTTPRequest) -> Response:
@@ -372,8 +412,12 @@ def create_app(model: LoadedModel | Callable[[], LoadedModel], options: ServeOpt
 
     async def model_card(request: HTTPRequest) -> Response:
         if request.path_params["model"] != options.model_id:
-            raise APIError(f"no model {request.path_params['model']!r} (this server has {options.model_id!r})",
-                           404, "model", "model_not_found")
+            raise APIError(
+                f"no model {request.path_params['model']!r} (this server has {options.model_id!r})",
+                404,
+                "model",
+                "model_not_found",
+            )
         return JSONResponse(_model_card(server))
 
     async def health(request: HTTPRequest) -> Response:
@@ -391,8 +435,9 @@ def create_app(model: LoadedModel | Callable[[], LoadedModel], options: ServeOpt
 
     async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}", code=code),
-                            exc.status_code)
+        return JSONResponse(
+            error_body(f"{request.method} {request.url.path}: {exc.detail}", code=code), exc.status_code
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -422,11 +467,19 @@ def create_app(model: LoadedModel | Callable[[], LoadedModel], options: ServeOpt
 
 
 def _model_card(server: Server) -> dict[str, Any]:
-    card: dict[str, Any] = {"id": server.options.model_id, "object": "model", "created": int(server.started),
-                            "owned_by": "edgevlm", "input_modalities": ["text", "image"],
-                            "output_modalities": ["text"]}
+    card: dict[str, Any] = {
+        "id": server.options.model_id,
+        "object": "model",
+        "created": int(server.started),
+        "owned_by": "edgevlm",
+        "input_modalities": ["text", "image"],
+        "output_modalities": ["text"],
+    }
     eng = server.engine
     if eng is not None:
-        card["meta"] = {"n_ctx": eng.n_ctx, "projector_type": eng.backend.proj_info.projector_type,
-                        "image_max_tokens": eng.plan.image_max_tokens if eng.plan else None}
+        card["meta"] = {
+            "n_ctx": eng.n_ctx,
+            "projector_type": eng.backend.proj_info.projector_type,
+            "image_max_tokens": eng.plan.image_max_tokens if eng.plan else None,
+        }
     return card

@@ -27,8 +27,16 @@ from typing import Any
 from ..caption.outputs import BATCH_LINES, Entry, RecordLog
 from ..errors import InputError, OutputError
 
-__all__ = ["BATCH_URLS", "BatchFile", "BatchLine", "BatchSummary", "BatchOutput", "error_line",
-           "read_batch_file", "response_line"]
+__all__ = [
+    "BATCH_URLS",
+    "BatchFile",
+    "BatchLine",
+    "BatchSummary",
+    "BatchOutput",
+    "error_line",
+    "read_batch_file",
+    "response_line",
+]
 
 BATCH_URLS = ("/v1/chat/completions", "/chat/completions")
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 4, 130
@@ -70,20 +78,30 @@ def _line(number: int, raw: str) -> BatchLine:
     except ValueError as exc:
         return BatchLine(number, None, code="invalid_json_line", message=f"line {number}: not JSON ({exc})")
     if not isinstance(obj, dict):
-        return BatchLine(number, None, code="invalid_request",
-                         message=f"line {number}: a request is a JSON object, not {type(obj).__name__}")
+        return BatchLine(
+            number,
+            None,
+            code="invalid_request",
+            message=f"line {number}: a request is a JSON object, not {type(obj).__name__}",
+        )
     cid = obj.get("custom_id")
     if not isinstance(cid, str) or not cid:
-        return BatchLine(number, None, code="missing_custom_id",
-                         message=f"line {number}: custom_id must be a non-empty string")
+        return BatchLine(
+            number, None, code="missing_custom_id", message=f"line {number}: custom_id must be a non-empty string"
+        )
     method = obj.get("method", "POST")
     if not isinstance(method, str) or method.upper() != "POST":
-        return BatchLine(number, cid, code="invalid_method",
-                         message=f"line {number}: method {method!r} is not supported (POST is)")
+        return BatchLine(
+            number, cid, code="invalid_method", message=f"line {number}: method {method!r} is not supported (POST is)"
+        )
     url = obj.get("url")
     if url not in BATCH_URLS:
-        return BatchLine(number, cid, code="invalid_url",
-                         message=f"line {number}: url {url!r} is not supported (only /v1/chat/completions)")
+        return BatchLine(
+            number,
+            cid,
+            code="invalid_url",
+            message=f"line {number}: url {url!r} is not supported (only /v1/chat/completions)",
+        )
     body = obj.get("body")
     if not isinstance(body, dict):
         return BatchLine(number, cid, code="invalid_request", message=f"line {number}: body must be an object")
@@ -117,22 +135,31 @@ def read_batch_file(path: str) -> BatchFile:
     if not out.lines:
         raise InputError(f"{path}: holds no request lines")
     if not any(ln.ok or ln.custom_id is not None for ln in out.lines):
-        raise InputError(f"{path}: not a batch file (no line is a JSON request with a custom_id; "
-                         f"{out.lines[0].message})")
+        raise InputError(
+            f"{path}: not a batch file (no line is a JSON request with a custom_id; {out.lines[0].message})"
+        )
     return out
 
 
 # --- output lines ------------------------------------------------------------------------------
 
+
 def response_line(custom_id: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
-    return {"id": "batch_req_" + uuid.uuid4().hex[:24], "custom_id": custom_id,
-            "response": {"status_code": status, "request_id": "req_" + uuid.uuid4().hex[:24], "body": body},
-            "error": None}
+    return {
+        "id": "batch_req_" + uuid.uuid4().hex[:24],
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": "req_" + uuid.uuid4().hex[:24], "body": body},
+        "error": None,
+    }
 
 
 def error_line(line: BatchLine) -> dict[str, Any]:
-    return {"id": "batch_req_" + uuid.uuid4().hex[:24], "custom_id": line.custom_id, "response": None,
-            "error": {"code": line.code, "message": line.message}}
+    return {
+        "id": "batch_req_" + uuid.uuid4().hex[:24],
+        "custom_id": line.custom_id,
+        "response": None,
+        "error": {"code": line.code, "message": line.message},
+    }
 
 
 def _key(d: dict[str, Any]) -> str:
@@ -181,14 +208,20 @@ class BatchSummary:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(remaining=self.remaining, exit_code=self.exit_code, requests_per_s=self.requests_per_s,
-                 elapsed_s=round(self.elapsed_s, 3))
+        d.update(
+            remaining=self.remaining,
+            exit_code=self.exit_code,
+            requests_per_s=self.requests_per_s,
+            elapsed_s=round(self.elapsed_s, 3),
+        )
         return d
 
     def lines(self) -> list[str]:
         skipped = f"skipped {self.skipped}" + (f" ({self.failed_before} failed earlier)" if self.failed_before else "")
-        head = (f"answered {self.answered} · {skipped} · failed {self.failed} · {self.total} request(s) "
-                f"in {self.elapsed_s:.1f} s")
+        head = (
+            f"answered {self.answered} · {skipped} · failed {self.failed} · {self.total} request(s) "
+            f"in {self.elapsed_s:.1f} s"
+        )
         if self.answered:
             tps = self.completion_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
             head += f" · {self.requests_per_s:.2f} requests/s · {tps:.1f} tok/s"
@@ -200,8 +233,10 @@ class BatchSummary:
         if self.interrupted:
             out.append(f"interrupted: {self.remaining} request(s) left; run the same command again to continue")
         if self.failed or self.failed_before:
-            out.append(f"{self.failed + self.failed_before} request(s) without an answer: their lines in "
-                       f"{self.out} have a 4xx/5xx status_code or \"error\" set")
+            out.append(
+                f"{self.failed + self.failed_before} request(s) without an answer: their lines in "
+                f'{self.out} have a 4xx/5xx status_code or "error" set'
+            )
         return out
 
 

@@ -36,8 +36,9 @@ async def answer_line(service: ChatService, line: BatchLine) -> dict[str, Any]:
         return response_line(line.custom_id, status, body)
 
 
-async def answer_lines(service: ChatService, lines: Iterable[BatchLine], on_line: OnLine,
-                       stop: StopToken | None = None) -> None:
+async def answer_lines(
+    service: ChatService, lines: Iterable[BatchLine], on_line: OnLine, stop: StopToken | None = None
+) -> None:
     """Answer ``lines``, up to the service's capacity at once; ``on_line`` hears each output
     line as it finishes. ``stop.requested``: start nothing new, finish what runs;
     ``stop.abandoned``: cancel what runs too (a rerun asks again)."""
@@ -69,8 +70,13 @@ async def answer_lines(service: ChatService, lines: Iterable[BatchLine], on_line
             await asyncio.gather(*running, return_exceptions=True)
 
 
-def run_lines(engine: LoadedModel, lines: Iterable[BatchLine], on_line: OnLine, options: ServeOptions,
-              stop: StopToken | None = None) -> None:
+def run_lines(
+    engine: LoadedModel,
+    lines: Iterable[BatchLine],
+    on_line: OnLine,
+    options: ServeOptions,
+    stop: StopToken | None = None,
+) -> None:
     """Start a chat service on ``engine``, answer ``lines``, stop it."""
     service = ChatService(engine, options)
     service.start()

@@ -52,8 +52,10 @@ def _resolve(host: str, port: int, allow_private: bool) -> str:
     for info in infos:
         ip = ipaddress.ip_address(info[4][0].split("%")[0])
         if not allow_private and not ip.is_global:
-            raise _refuse(f"{host} resolves to {ip}, a non-public address (start the server with "
-                          f"--allow-private-urls to fetch from it)")
+            raise _refuse(
+                f"{host} resolves to {ip}, a non-public address (start the server with "
+                f"--allow-private-urls to fetch from it)"
+            )
     return infos[0][4][0]
 
 
@@ -79,14 +81,16 @@ def _fetch_url(url: str, opts: ServeOptions) -> bytes:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise _refuse(f"image URL scheme {parts.scheme or '(none)'!r} is not allowed (data:, http, https)")
-        address = _resolve(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
-                           opts.allow_private_urls)
+        address = _resolve(
+            parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), opts.allow_private_urls
+        )
         target, headers, ext = _pinned(url, address)
         try:
             # no proxy from the environment: the connection goes to the address checked above
-            with httpx.Client(timeout=opts.url_timeout_s, follow_redirects=False, trust_env=False) as client, \
-                    client.stream("GET", target, headers={"User-Agent": "edgevlm", **headers},
-                                  extensions=ext) as resp:
+            with (
+                httpx.Client(timeout=opts.url_timeout_s, follow_redirects=False, trust_env=False) as client,
+                client.stream("GET", target, headers={"User-Agent": "edgevlm", **headers}, extensions=ext) as resp,
+            ):
                 if resp.is_redirect:
                     url = urljoin(url, resp.headers.get("location", ""))
                     continue
@@ -112,8 +116,7 @@ def _read_path(path: str, opts: ServeOptions) -> bytes:
     real = os.path.realpath(path)
     roots = [os.path.realpath(r) for r in opts.allow_paths]
     if not any(_under(real, r) for r in roots):
-        raise _refuse("local paths are only read under --allow-path folders"
-                      + ("" if roots else " (none given)"))
+        raise _refuse("local paths are only read under --allow-path folders" + ("" if roots else " (none given)"))
     try:
         with open(real, "rb") as fh:
             return fh.read(opts.url_max_bytes + 1)

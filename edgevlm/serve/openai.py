@@ -23,8 +23,22 @@ from typing import Any
 from ..backend.sampling import SERVE_REPLY, SamplingParams
 from ..errors import EdgeVLMError, ImageError, InputError, MemoryBusy
 
-__all__ = ["APIError", "ChatMessage", "ChatRequest", "ChunkStream", "ImageRef", "chunk_body", "completion_body",
-           "error_body", "error_for", "finish_reason", "new_id", "parse_chat_request", "sse", "usage_body"]
+__all__ = [
+    "APIError",
+    "ChatMessage",
+    "ChatRequest",
+    "ChunkStream",
+    "ImageRef",
+    "chunk_body",
+    "completion_body",
+    "error_body",
+    "error_for",
+    "finish_reason",
+    "new_id",
+    "parse_chat_request",
+    "sse",
+    "usage_body",
+]
 
 DEFAULT_TEMPERATURE = SERVE_REPLY.sampling.temperature  # as llama-server when a request names none
 MAX_STOPS = 16
@@ -33,9 +47,15 @@ MAX_STOPS = 16
 class APIError(InputError):
     """A request the API refuses: an HTTP status and OpenAI's error fields."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 code: str | None = None, type_: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.http_status = status
         self.param = param
@@ -126,7 +146,7 @@ def _content(raw: Any, where: str, role: str) -> tuple[str, tuple[ImageRef, ...]
             else:  # some clients send "image_url": "data:..."
                 url, detail = ref, part.get("detail") or "auto"
             if not isinstance(url, str) or not url:
-                raise _bad(f"{at}.image_url must be a URL string or {{\"url\": ...}}", at)
+                raise _bad(f'{at}.image_url must be a URL string or {{"url": ...}}', at)
             if detail not in ("auto", "low", "high"):
                 raise _bad(f"{at}.image_url.detail must be auto, low or high", at)
             name = part.get("name") if isinstance(part.get("name"), str) else ""
@@ -149,11 +169,11 @@ def _response_format(body: dict) -> tuple[str, dict | None]:
         spec = rf.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
-            raise _bad("response_format.json_schema.schema must be a JSON Schema object",
-                       "response_format.json_schema.schema")
+            raise _bad(
+                "response_format.json_schema.schema must be a JSON Schema object", "response_format.json_schema.schema"
+            )
         return "json_schema", schema
-    raise _bad(f"response_format.type must be text, json_object or json_schema, not {kind!r}",
-               "response_format.type")
+    raise _bad(f"response_format.type must be text, json_object or json_schema, not {kind!r}", "response_format.type")
 
 
 def _unsupported(body: dict) -> None:
@@ -163,11 +183,13 @@ def _unsupported(body: dict) -> None:
         raise _bad("'tools' (tool calls) is not supported by this server yet", "tools", "unsupported_parameter")
     choice = body.get("tool_choice")
     if choice not in (None, "none", "auto"):
-        raise _bad("'tool_choice' is not supported by this server yet (no tools)", "tool_choice",
-                   "unsupported_parameter")
+        raise _bad(
+            "'tool_choice' is not supported by this server yet (no tools)", "tool_choice", "unsupported_parameter"
+        )
     if body.get("functions") or body.get("function_call") not in (None, "none", "auto"):
-        raise _bad("'functions' (function calls) is not supported by this server yet", "functions",
-                   "unsupported_parameter")
+        raise _bad(
+            "'functions' (function calls) is not supported by this server yet", "functions", "unsupported_parameter"
+        )
     if body.get("logprobs") is True or body.get("top_logprobs"):
         raise _bad("'logprobs' is not supported by this server yet", "logprobs", "unsupported_parameter")
 
@@ -189,8 +211,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         if role in ("tool", "function"):
             raise _bad(f"{where}: {role} messages are not supported", f"{where}.role")
         if role not in ("system", "developer", "user", "assistant"):
-            raise _bad(f"{where}.role must be system, developer, user or assistant, not {role!r}",
-                       f"{where}.role")
+            raise _bad(f"{where}.role must be system, developer, user or assistant, not {role!r}", f"{where}.role")
         text, images = _content(m.get("content"), where, role)
         if role in ("system", "developer"):
             system.append(text)
@@ -211,13 +232,14 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stops = tuple(s for s in stop if s)
     else:
         raise _bad(f"'stop' must be a string or a list of at most {MAX_STOPS} strings", "stop")
-    seed = _integer(body, "seed", -2**63)
+    seed = _integer(body, "seed", -(2**63))
     sampling = SamplingParams(
         temperature=_number(body, "temperature", 0, 2, DEFAULT_TEMPERATURE),
         top_k=_integer(body, "top_k", 0, SamplingParams.top_k),
         top_p=_number(body, "top_p", 0, 1, SamplingParams.top_p),
         min_p=_number(body, "min_p", 0, 1, SamplingParams.min_p),
-        seed=seed)
+        seed=seed,
+    )
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("'stream' must be true or false", "stream")
@@ -229,11 +251,23 @@ def parse_chat_request(body: Any) -> ChatRequest:
     ext = body.get("edgevlm") if isinstance(body.get("edgevlm"), dict) else {}
     if ext.get("evict", "off") not in ("off", "summary"):
         raise _bad("edgevlm.evict must be off or summary", "edgevlm.evict")
-    return ChatRequest(tuple(out), "\n\n".join(system) or None, model, max_tokens, sampling, stops, stream,
-                       bool(opts.get("include_usage")), kind, schema, ext.get("evict") == "summary")
+    return ChatRequest(
+        tuple(out),
+        "\n\n".join(system) or None,
+        model,
+        max_tokens,
+        sampling,
+        stops,
+        stream,
+        bool(opts.get("include_usage")),
+        kind,
+        schema,
+        ext.get("evict") == "summary",
+    )
 
 
 # --- replies ---------------------------------------------------------------------------------
+
 
 def new_id() -> str:
     return "chatcmpl-" + uuid.uuid4().hex[:24]
@@ -248,17 +282,36 @@ def finish_reason(reason: str | None) -> str | None:
 
 def usage_body(stats: Any) -> dict[str, Any]:
     prompt = stats.prompt_n + stats.cached_n
-    return {"prompt_tokens": prompt, "completion_tokens": stats.predicted_n,
-            "total_tokens": prompt + stats.predicted_n,
-            "prompt_tokens_details": {"cached_tokens": stats.cached_n}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": stats.predicted_n,
+        "total_tokens": prompt + stats.predicted_n,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_n},
+    }
 
 
-def completion_body(req_id: str, model: str, text: str, finish: str, stats: Any,
-                    extension: dict[str, Any] | None = None, created: int | None = None) -> dict[str, Any]:
+def completion_body(
+    req_id: str,
+    model: str,
+    text: str,
+    finish: str,
+    stats: Any,
+    extension: dict[str, Any] | None = None,
+    created: int | None = None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "id": req_id, "object": "chat.completion", "created": created or int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": finish_reason(finish)}],
+        "id": req_id,
+        "object": "chat.completion",
+        "created": created or int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason(finish),
+            }
+        ],
         "usage": usage_body(stats),
     }
     if extension:
@@ -266,12 +319,21 @@ def completion_body(req_id: str, model: str, text: str, finish: str, stats: Any,
     return body
 
 
-def chunk_body(req_id: str, model: str, created: int, delta: dict[str, Any],
-               finish: str | None = None, usage: dict | None = None) -> dict[str, Any]:
-    choices = [] if usage is not None else \
-        [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason(finish)}]
-    body: dict[str, Any] = {"id": req_id, "object": "chat.completion.chunk", "created": created,
-                            "model": model, "choices": choices}
+def chunk_body(
+    req_id: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None, usage: dict | None = None
+) -> dict[str, Any]:
+    choices = (
+        []
+        if usage is not None
+        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason(finish)}]
+    )
+    body: dict[str, Any] = {
+        "id": req_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
     if usage is not None:
         body["usage"] = usage
     return body
@@ -284,16 +346,22 @@ class ChunkStream:
 
     def __init__(self, req_id: str, model: str, created: int):
         self.req_id, self.model, self.created = req_id, model, created
-        head = json.dumps({"id": req_id, "object": "chat.completion.chunk", "created": created, "model": model},
-                          ensure_ascii=False)[:-1]
+        head = json.dumps(
+            {"id": req_id, "object": "chat.completion.chunk", "created": created, "model": model}, ensure_ascii=False
+        )[:-1]
         self._prefix = "data: " + head + ', "choices": [{"index": 0, "delta": {"content": '
         self._suffix = '}, "logprobs": null, "finish_reason": null}]}\n\n'
 
     def text(self, piece: str) -> str:
         return self._prefix + json.dumps(piece, ensure_ascii=False) + self._suffix
 
-    def event(self, delta: dict[str, Any], finish: str | None = None, usage: dict | None = None,
-              extra: dict[str, Any] | None = None) -> str:
+    def event(
+        self,
+        delta: dict[str, Any],
+        finish: str | None = None,
+        usage: dict | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> str:
         body = chunk_body(self.req_id, self.model, self.created, delta, finish, usage)
         if extra:
             body.update(extra)
@@ -304,8 +372,9 @@ def sse(obj: dict[str, Any]) -> str:
     return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
 
 
-def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 

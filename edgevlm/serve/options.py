@@ -48,8 +48,9 @@ def serve_slots(n_ctx: int, image_max_tokens: int | None, max_tokens: int, paral
     many one-picture requests with a ``max_tokens`` reply as fit, up to ``DEFAULT_PARALLEL``."""
     if parallel:
         return parallel
-    return ContextBudget(n_ctx).prompts_in_flight(image_max_tokens or 576, max_tokens,
-                                                  ContextBudget.shared_prefix(None), DEFAULT_PARALLEL)
+    return ContextBudget(n_ctx).prompts_in_flight(
+        image_max_tokens or 576, max_tokens, ContextBudget.shared_prefix(None), DEFAULT_PARALLEL
+    )
 
 
 def serve_sequences(n_ctx: int, parallel: int) -> int:
@@ -59,8 +60,9 @@ def serve_sequences(n_ctx: int, parallel: int) -> int:
     return max(parallel, min(LLAMA_MAX_SEQ, n_ctx // CELLS_PER_CONVERSATION))
 
 
-def serve_layout(n_ctx: int, image_max_tokens: int | None, max_tokens: int, parallel: int | None = None,
-                 most: int = LLAMA_MAX_SEQ) -> tuple[int, int]:
+def serve_layout(
+    n_ctx: int, image_max_tokens: int | None, max_tokens: int, parallel: int | None = None, most: int = LLAMA_MAX_SEQ
+) -> tuple[int, int]:
     """(sequence ids, requests generating at once) for a server or a batch file on a context of
     ``n_ctx``: the same layout everywhere, so a request meets the same KV cache however it came
     (``most``: the sequences the plan counted the output buffer for)."""

@@ -86,7 +86,7 @@ class ChatService:
         be = self.model.backend
         proj = be.proj_info
         it = image_tokens(proj, view.width, view.height)
-        preprocessed = sum(encoder_patches(proj, v.n_tokens) for v in it.views) * proj.patch_size ** 2 * 3 * 4
+        preprocessed = sum(encoder_patches(proj, v.n_tokens) for v in it.views) * proj.patch_size**2 * 3 * 4
         return view.rgb.nbytes + preprocessed + it.n_tokens * be.n_embd_inp * 4
 
     def prepare(self, req: ChatRequest, lease: Lease | None = None) -> tuple[Conversation, list[int], list[str]]:
@@ -99,8 +99,11 @@ class ChatService:
         lease = lease or self.lease()
         notices: list[str] = []
         room = model.scheduler.budget.image_room(req.max_tokens or opts.max_tokens)
-        low = replace(model.image_budget, tiles="off",
-                      tokens=min(model.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS))
+        low = replace(
+            model.image_budget,
+            tiles="off",
+            tokens=min(model.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS),
+        )
         conv, places = Conversation(), []
         for i, m in enumerate(req.messages):
             views, labels, numbers = [], [], []
@@ -162,10 +165,19 @@ class ChatService:
                 await loop.run_in_executor(None, self.model.backend.check_grammar, grammar)
             conv, places, notices = await loop.run_in_executor(None, self.prepare, req, lease)
             sched = self.model.scheduler
-            job = Job(conv, req.system, replace(req.sampling, grammar=grammar),
-                      req.max_tokens or self.options.max_tokens, req.stop + tuple(sched.default_stops),
-                      time.monotonic() + self.options.timeout_s, loop, notices, evict=req.evict, places=places,
-                      lease=lease)
+            job = Job(
+                conv,
+                req.system,
+                replace(req.sampling, grammar=grammar),
+                req.max_tokens or self.options.max_tokens,
+                req.stop + tuple(sched.default_stops),
+                time.monotonic() + self.options.timeout_s,
+                loop,
+                notices,
+                evict=req.evict,
+                places=places,
+                lease=lease,
+            )
             self.worker.submit(job)
         except BaseException:
             lease.release()
@@ -202,8 +214,9 @@ class ChatService:
             self.finish(job)
         seq = value
         finish = "length" if job.timed_out else seq.finish_reason
-        return completion_body(job.id, self.model_name(req), "".join(parts), finish, seq.stats,
-                               job.extension(), job.created)
+        return completion_body(
+            job.id, self.model_name(req), "".join(parts), finish, seq.stats, job.extension(), job.created
+        )
 
     async def complete(self, req: ChatRequest) -> dict[str, Any]:
         """A non-streaming request from start to answer."""
@@ -221,10 +234,12 @@ class _Views:
 
 
 if sys.version_info >= (3, 11):
+
     async def _get(queue: asyncio.Queue, timeout: float) -> Any:
         async with asyncio.timeout(timeout):  # (no Task per wait, as wait_for makes)
             return await queue.get()
 else:  # pragma: no cover - Python 3.10
+
     async def _get(queue: asyncio.Queue, timeout: float) -> Any:
         return await asyncio.wait_for(queue.get(), timeout)
 
@@ -244,9 +259,15 @@ async def next_event(job: Job, worker: Worker, gone: Gone | None = None) -> tupl
                 raise asyncio.CancelledError("client disconnected") from None
             if not worker.alive:
                 worker.cancel(job)
-                raise APIError("the server's model worker stopped", 500, code="worker_stopped",
-                               type_="server_error") from None
+                raise APIError(
+                    "the server's model worker stopped", 500, code="worker_stopped", type_="server_error"
+                ) from None
             if time.monotonic() > job.deadline + EVENT_GRACE_S:
                 worker.cancel(job)
-                raise APIError("the request got no answer in time", 503, code="timeout", type_="server_error",
-                               headers={"retry-after": str(worker.options.retry_after_s)}) from None
+                raise APIError(
+                    "the request got no answer in time",
+                    503,
+                    code="timeout",
+                    type_="server_error",
+                    headers={"retry-after": str(worker.options.retry_after_s)},
+                ) from None

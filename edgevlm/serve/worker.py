@@ -192,16 +192,25 @@ class Worker:
         """Refuse (503 + Retry-After) when every sequence is taken and the queue is full."""
         if self.running + self.queued >= self.sched.max_running + self.options.queue:
             self.counters.rejected += 1
-            raise APIError(f"the server is busy: {self.running} request(s) running and {self.queued} "
-                           f"waiting (the queue holds {self.options.queue}); retry shortly",
-                           503, code="server_busy", type_="server_error",
-                           headers={"retry-after": str(self.options.retry_after_s)})
+            raise APIError(
+                f"the server is busy: {self.running} request(s) running and {self.queued} "
+                f"waiting (the queue holds {self.options.queue}); retry shortly",
+                503,
+                code="server_busy",
+                type_="server_error",
+                headers={"retry-after": str(self.options.retry_after_s)},
+            )
 
     def submit(self, job: Job) -> None:
         with self._cond:
             if self._stop or not self.alive:
-                raise APIError("the server is stopping", 503, code="server_stopping", type_="server_error",
-                               headers={"retry-after": str(self.options.retry_after_s)})
+                raise APIError(
+                    "the server is stopping",
+                    503,
+                    code="server_stopping",
+                    type_="server_error",
+                    headers={"retry-after": str(self.options.retry_after_s)},
+                )
             self.check_capacity()
             job.outbox = self._outbox
             self._inbox.append(job)
@@ -285,8 +294,13 @@ class Worker:
 
     def _shutdown(self) -> None:
         """The thread ends (the server stops): every job still here gets its final event."""
-        gone = APIError("the server is stopping", 503, code="server_stopping", type_="server_error",
-                        headers={"retry-after": str(self.options.retry_after_s)})
+        gone = APIError(
+            "the server is stopping",
+            503,
+            code="server_stopping",
+            type_="server_error",
+            headers={"retry-after": str(self.options.retry_after_s)},
+        )
         with self._cond:
             jobs = list(self._inbox) + list(self._waiting) + list(self._running.values())
             self._inbox.clear()
@@ -313,11 +327,15 @@ class Worker:
         job.prompt = self._render(job, conv.messages)
         job.conversation = Conversation()  # the prompt holds what it needs: the views' pixels can go
         if job.prompt.cells + reserve > self.sched.n_ctx:
-            raise APIError(f"this request needs {job.prompt.cells:,} tokens and {reserve:,} for the reply, "
-                           f"but the context holds {self.sched.n_ctx:,} (shorten the conversation, "
-                           f"fewer or smaller images, a smaller max_tokens, or edgevlm.evict)",
-                           400, "messages", "context_length_exceeded",
-                           headers={"x-should-retry": "false"})
+            raise APIError(
+                f"this request needs {job.prompt.cells:,} tokens and {reserve:,} for the reply, "
+                f"but the context holds {self.sched.n_ctx:,} (shorten the conversation, "
+                f"fewer or smaller images, a smaller max_tokens, or edgevlm.evict)",
+                400,
+                "messages",
+                "context_length_exceeded",
+                headers={"x-should-retry": "false"},
+            )
         job.emit("accepted")
         job.new_cells, job.queued_at = self.sched.new_cells(job.prompt), time.monotonic()
         self._waiting.append(job)
@@ -336,16 +354,25 @@ class Worker:
             p = self._render(job, messages)
             return Footprint(p.cells, p.image_cells, p)
 
-        rep = make_room(conv, n_ctx=self.sched.n_ctx, reserve=reserve, image_room=image_room,
-                        measure=measure, ask=lambda q, msgs: self._ask(job, q, msgs),
-                        options=self._session, memory=self._summaries, notices=job.notices)
+        rep = make_room(
+            conv,
+            n_ctx=self.sched.n_ctx,
+            reserve=reserve,
+            image_room=image_room,
+            measure=measure,
+            ask=lambda q, msgs: self._ask(job, q, msgs),
+            options=self._session,
+            memory=self._summaries,
+            notices=job.notices,
+        )
         kept = {id(m) for m in conv.messages}
         job.dropped = sorted(idx for key, idx in place.items() if key not in kept)
         for pic in rep.summarized:
             m = holder[pic.number]
             if id(m) in kept:
-                job.summaries.append({"message": place[id(m)], "picture": pic.number,
-                                      "summary": pic.summary, "content": m.content_text})
+                job.summaries.append(
+                    {"message": place[id(m)], "picture": pic.number, "summary": pic.summary, "content": m.content_text}
+                )
 
     def _ask(self, job: Job, question: str, messages: list[Message]) -> str:
         """A greedy question to the model now (for a summary), in between the steps of the
@@ -366,8 +393,10 @@ class Worker:
         others by the least prompt to evaluate — a follow-up turn whose history is cached goes
         before a new picture, and no request waits behind shorter ones for long."""
         fair = self.options.fair_wait_s
-        return sorted(self._waiting, key=lambda j: (0, j.queued_at, 0) if now - j.queued_at >= fair
-                      else (1, j.new_cells, j.queued_at))
+        return sorted(
+            self._waiting,
+            key=lambda j: (0, j.queued_at, 0) if now - j.queued_at >= fair else (1, j.new_cells, j.queued_at),
+        )
 
     def _admit(self) -> None:
         """Start waiting requests while the scheduler takes them (``_in_order``); once one must
@@ -385,13 +414,24 @@ class Worker:
             if now > job.deadline:
                 self._waiting.remove(job)
                 self._drop(job)
-                self._fail(job, APIError(f"the request waited {self.options.timeout_s:g} s without a free "
-                                         f"sequence", 503, code="timeout", type_="server_error",
-                                         headers={"retry-after": str(self.options.retry_after_s)}))
+                self._fail(
+                    job,
+                    APIError(
+                        f"the request waited {self.options.timeout_s:g} s without a free sequence",
+                        503,
+                        code="timeout",
+                        type_="server_error",
+                        headers={"retry-after": str(self.options.retry_after_s)},
+                    ),
+                )
                 continue
             try:
-                seq = self.sched.submit(Request(job.prompt, job.max_tokens, job.sampling, job.stops,
-                                                new_images=frozenset(job.prompt.units)), self.client)
+                seq = self.sched.submit(
+                    Request(
+                        job.prompt, job.max_tokens, job.sampling, job.stops, new_images=frozenset(job.prompt.units)
+                    ),
+                    self.client,
+                )
             except Exception as exc:
                 self._waiting.remove(job)
                 self._drop(job)

@@ -26,8 +26,20 @@ from ..model.projectors import facts, image_tokens
 from .detail import DEFAULT_SCORER, score_boxes
 from .images import LoadedImage, from_rgb, resized
 
-__all__ = ["COMPACT_PIXELS", "ImageBudget", "ImagePlan", "PlannedView", "candidate_grid", "choose_tiles",
-           "compact_view", "draw_overlay", "fit_size", "plan_image", "render_views", "tile_boxes"]
+__all__ = [
+    "COMPACT_PIXELS",
+    "ImageBudget",
+    "ImagePlan",
+    "PlannedView",
+    "candidate_grid",
+    "choose_tiles",
+    "compact_view",
+    "draw_overlay",
+    "fit_size",
+    "plan_image",
+    "render_views",
+    "tile_boxes",
+]
 FLAT_FRACTION = 0.25  # a tile scoring below this share of the best tile counts as flat
 FLAT_ABSOLUTE = {"edges": 1.0, "entropy": 1.0, "compress": 0.02}
 
@@ -107,8 +119,10 @@ def _plan_tiled(proj, w, h, budget) -> ImagePlan:
         if t.n_tokens > budget:  # SmolVLM scales every picture to one size: its aspect sets the tiles
             if full.n_tokens <= t.n_tokens:
                 t, (sw, sh) = full, (w, h)
-            notes = [f"{t.n_tokens} tokens is this picture's minimum with {proj.projector_type} "
-                     f"(over the budget of {budget})"]
+            notes = [
+                f"{t.n_tokens} tokens is this picture's minimum with {proj.projector_type} "
+                f"(over the budget of {budget})"
+            ]
         else:
             notes = [f"resized {w}x{h} → {sw}x{sh}: {t.n_chunks} view(s) fit {budget} tokens"]
         v = PlannedView("image", (0, 0, w, h), (sw, sh), t.n_tokens)
@@ -156,8 +170,11 @@ def candidate_grid(w: int, h: int, native: int, k: int) -> tuple[int, int]:
 def tile_boxes(w: int, h: int, native: int, k: int) -> tuple[int, int, list[tuple[int, int, int, int]]]:
     """The AnyRes candidate grid for ``k`` tiles: (cols, rows, boxes row by row)."""
     cols, rows = candidate_grid(w, h, native, k)
-    boxes = [(c * w // cols, r * h // rows, (c + 1) * w // cols, (r + 1) * h // rows)
-             for r in range(rows) for c in range(cols)]
+    boxes = [
+        (c * w // cols, r * h // rows, (c + 1) * w // cols, (r + 1) * h // rows)
+        for r in range(rows)
+        for c in range(cols)
+    ]
     return cols, rows, boxes
 
 
@@ -173,8 +190,7 @@ def choose_tiles(scores: list[float], k: int, scorer: str = DEFAULT_SCORER) -> t
 def _plan_fixed(img: LoadedImage, proj, budget, tiles, scorer) -> ImagePlan:
     w, h = img.width, img.height
     per_view = image_tokens(proj, w, h).n_tokens
-    glob = PlannedView("global view" if budget and budget >= 2 * per_view else "image",
-                       (0, 0, w, h), (w, h), per_view)
+    glob = PlannedView("global view" if budget and budget >= 2 * per_view else "image", (0, 0, w, h), (w, h), per_view)
     if tiles == "off" or budget is None or budget < 2 * per_view:
         return ImagePlan("fixed", (w, h), budget, per_view, (glob,))
     k = (budget // per_view) - 1
@@ -182,8 +198,9 @@ def _plan_fixed(img: LoadedImage, proj, budget, tiles, scorer) -> ImagePlan:
         k = min(k, tiles)
     native = proj.image_size
     if w <= native and h <= native:
-        return ImagePlan("fixed", (w, h), budget, per_view, (glob,),
-                         notes=("image is not larger than the encoder's view: no tiles",))
+        return ImagePlan(
+            "fixed", (w, h), budget, per_view, (glob,), notes=("image is not larger than the encoder's view: no tiles",)
+        )
     cols, rows, boxes = tile_boxes(w, h, native, k)
     scores = score_boxes(img.rgb, boxes, scorer)
     chosen, floor, order = choose_tiles(scores, k, scorer)
@@ -194,15 +211,28 @@ def _plan_fixed(img: LoadedImage, proj, budget, tiles, scorer) -> ImagePlan:
         notes.append(f"{len(skipped)} tile(s) skipped as flat (score < {floor:.2f})")
     for i, box in enumerate(boxes):
         r, c = divmod(i, cols)
-        views.append(PlannedView(f"tile row {r + 1} col {c + 1}", box, (box[2] - box[0], box[3] - box[1]),
-                                 per_view, scores[i], i in chosen))
+        views.append(
+            PlannedView(
+                f"tile row {r + 1} col {c + 1}",
+                box,
+                (box[2] - box[0], box[3] - box[1]),
+                per_view,
+                scores[i],
+                i in chosen,
+            )
+        )
     total = per_view * (1 + len(chosen))
     return ImagePlan("fixed", (w, h), budget, total, tuple(views), (cols, rows), scorer, tuple(notes))
 
 
-def plan_image(img: LoadedImage, proj: ProjectorInfo, budget: int | None = None,
-               tiles: str | int = "auto", max_tokens: int | None = None,
-               scorer: str = DEFAULT_SCORER) -> ImagePlan:
+def plan_image(
+    img: LoadedImage,
+    proj: ProjectorInfo,
+    budget: int | None = None,
+    tiles: str | int = "auto",
+    max_tokens: int | None = None,
+    scorer: str = DEFAULT_SCORER,
+) -> ImagePlan:
     """The views of ``img`` the model will see, and their exact token cost (≤ budget)."""
     w, h = img.width, img.height
     kind = facts(proj).kind
@@ -257,6 +287,7 @@ def compact_view(view: LoadedImage, proj: ProjectorInfo, max_pixels: int = COMPA
         return view
     scale = math.sqrt(max_pixels / (w * h))
     sw, sh = max(1, int(w * scale)), max(1, int(h * scale))
+
     def shape(it):
         return it.n_tokens, it.n_pos, it.text_tokens, [(v.nx, v.ny, v.n_tokens, v.n_pos) for v in it.views]
 
@@ -280,17 +311,34 @@ def draw_overlay(img: LoadedImage, plan: ImagePlan, path: str, max_side: int = 2
         x0, y0, x1, y1 = (int(c * scale) for c in v.box)
         if v.label in ("global view", "image"):
             draw.rectangle([x0, y0, x1 - 1, y1 - 1], outline=(40, 120, 255, 255), width=lw)
-            draw.text((x0 + 2 * lw, y1 - 4 * lw - font.size), f"{v.label} · {v.tokens} tok",
-                      fill=(120, 180, 255, 255), font=font, stroke_width=2, stroke_fill=(0, 0, 0, 255))
+            draw.text(
+                (x0 + 2 * lw, y1 - 4 * lw - font.size),
+                f"{v.label} · {v.tokens} tok",
+                fill=(120, 180, 255, 255),
+                font=font,
+                stroke_width=2,
+                stroke_fill=(0, 0, 0, 255),
+            )
             continue
         if v.selected:
             draw.rectangle([x0, y0, x1 - 1, y1 - 1], fill=(0, 200, 80, 40), outline=(0, 200, 80, 255), width=lw * 2)
         else:
             draw.rectangle([x0, y0, x1 - 1, y1 - 1], fill=(0, 0, 0, 60), outline=(160, 160, 160, 255), width=lw)
         mark = "* " if v.selected else ""
-        draw.text((x0 + 3 * lw, y0 + 3 * lw), f"{mark}{v.score:.2f}" if v.score is not None else "",
-                  fill=(255, 255, 255, 255), font=font, stroke_width=2, stroke_fill=(0, 0, 0, 255))
-    draw.text((lw * 3, lw * 3 if plan.grid == (0, 0) else canvas.size[1] // 2),
-              f"{plan.kind} · total {plan.total_tokens} tokens" + (f" of {plan.budget}" if plan.budget else ""),
-              fill=(255, 255, 0, 255), font=font, stroke_width=2, stroke_fill=(0, 0, 0, 255))
+        draw.text(
+            (x0 + 3 * lw, y0 + 3 * lw),
+            f"{mark}{v.score:.2f}" if v.score is not None else "",
+            fill=(255, 255, 255, 255),
+            font=font,
+            stroke_width=2,
+            stroke_fill=(0, 0, 0, 255),
+        )
+    draw.text(
+        (lw * 3, lw * 3 if plan.grid == (0, 0) else canvas.size[1] // 2),
+        f"{plan.kind} · total {plan.total_tokens} tokens" + (f" of {plan.budget}" if plan.budget else ""),
+        fill=(255, 255, 0, 255),
+        font=font,
+        stroke_width=2,
+        stroke_fill=(0, 0, 0, 255),
+    )
     canvas.save(path)

@@ -58,8 +58,7 @@ def _compress(g: np.ndarray) -> float:
 _FUNCS = {"edges": _edges, "entropy": _entropy, "compress": _compress}
 
 
-def score_boxes(rgb: np.ndarray, boxes: list[tuple[int, int, int, int]],
-                scorer: str = DEFAULT_SCORER) -> list[float]:
+def score_boxes(rgb: np.ndarray, boxes: list[tuple[int, int, int, int]], scorer: str = DEFAULT_SCORER) -> list[float]:
     """Detail score of each ``(x0, y0, x1, y1)`` box (source pixels)."""
     if scorer not in _FUNCS:
         raise InputError(f"unknown scorer '{scorer}' (choose from {', '.join(SCORERS)})")
@@ -67,7 +66,9 @@ def score_boxes(rgb: np.ndarray, boxes: list[tuple[int, int, int, int]],
     fn = _FUNCS[scorer]
     out = []
     for x0, y0, x1, y1 in boxes:
-        a = g[int(y0 * s): max(int(y0 * s) + 1, int(round(y1 * s))),
-              int(x0 * s): max(int(x0 * s) + 1, int(round(x1 * s)))]
+        a = g[
+            int(y0 * s) : max(int(y0 * s) + 1, int(round(y1 * s))),
+            int(x0 * s) : max(int(x0 * s) + 1, int(round(x1 * s))),
+        ]
         out.append(round(fn(a), 6))
     return out

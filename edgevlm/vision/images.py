@@ -19,17 +19,57 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ImageError
 
-__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTENSIONS", "LoadedImage", "decode_bytes", "from_rgb", "has_image_ext",
-           "load_image", "resized"]
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "IMAGE_EXTENSIONS",
+    "LoadedImage",
+    "decode_bytes",
+    "from_rgb",
+    "has_image_ext",
+    "load_image",
+    "resized",
+]
 
 DEFAULT_MAX_PIXELS = 100_000_000  # 100 MP: a 10000×10000 scan; a bomb is far larger
 # What Pillow reads; files with these extensions are images for every command (chat attaches
 # them, caption takes them from folders) even when their bytes look wrong.
-IMAGE_EXTENSIONS = frozenset({
-    ".png", ".apng", ".jpg", ".jpeg", ".jpe", ".jfif", ".webp", ".gif", ".bmp", ".dib", ".tif",
-    ".tiff", ".ppm", ".pgm", ".pbm", ".pnm", ".pfm", ".tga", ".ico", ".icns", ".heic", ".heif",
-    ".avif", ".jp2", ".j2k", ".jpx", ".qoi", ".psd", ".dds", ".pcx", ".sgi", ".rgb", ".jxl",
-})
+IMAGE_EXTENSIONS = frozenset(
+    {
+        ".png",
+        ".apng",
+        ".jpg",
+        ".jpeg",
+        ".jpe",
+        ".jfif",
+        ".webp",
+        ".gif",
+        ".bmp",
+        ".dib",
+        ".tif",
+        ".tiff",
+        ".ppm",
+        ".pgm",
+        ".pbm",
+        ".pnm",
+        ".pfm",
+        ".tga",
+        ".ico",
+        ".icns",
+        ".heic",
+        ".heif",
+        ".avif",
+        ".jp2",
+        ".j2k",
+        ".jpx",
+        ".qoi",
+        ".psd",
+        ".dds",
+        ".pcx",
+        ".sgi",
+        ".rgb",
+        ".jxl",
+    }
+)
 
 
 # Pillow's decompression-bomb check reads a module global at ``Image.open``; edgevlm enforces
@@ -90,8 +130,9 @@ def _flatten(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def load_image(source: str | os.PathLike[str] | bytes, max_pixels: int = DEFAULT_MAX_PIXELS,
-               name: str | None = None) -> LoadedImage:
+def load_image(
+    source: str | os.PathLike[str] | bytes, max_pixels: int = DEFAULT_MAX_PIXELS, name: str | None = None
+) -> LoadedImage:
     """Decode a file path or raw bytes into an RGB ``LoadedImage``."""
     label = name or (os.fspath(source) if not isinstance(source, bytes) else "<bytes>")
     if isinstance(source, bytes):
@@ -116,8 +157,7 @@ def load_image(source: str | os.PathLike[str] | bytes, max_pixels: int = DEFAULT
         w, h = img.size
         if w * h > max_pixels:
             raise ImageError(
-                f"{label}: {w}x{h} = {w * h:,} pixels exceeds the limit of {max_pixels:,} "
-                f"(raise it with --max-pixels)"
+                f"{label}: {w}x{h} = {w * h:,} pixels exceeds the limit of {max_pixels:,} (raise it with --max-pixels)"
             )
         if getattr(img, "is_animated", False) and getattr(img, "n_frames", 1) > 1:
             notes.append(f"animated {fmt} with {img.n_frames} frames: using the first")
@@ -156,7 +196,7 @@ def _to_array(img: Image.Image) -> np.ndarray:
     w, h = img.size
     out = np.empty((h, w, 3), dtype=np.uint8)
     for y in range(0, h, _STRIP):
-        out[y:y + _STRIP] = np.asarray(img.crop((0, y, w, min(h, y + _STRIP))), dtype=np.uint8)
+        out[y : y + _STRIP] = np.asarray(img.crop((0, y, w, min(h, y + _STRIP))), dtype=np.uint8)
     return out
 
 

@@ -42,7 +42,7 @@ class MergeSpec:
     value: float = 0.0
 
     @classmethod
-    def parse(cls, text: str | None) -> "MergeSpec":
+    def parse(cls, text: str | None) -> MergeSpec:
         if text is None or text == "off":
             return cls()
         m = re.fullmatch(r"(threshold|ratio|tokens|stride):([0-9.]+)", text.strip())
@@ -134,7 +134,7 @@ def merge_tokens(embd: np.ndarray, width: int, height: int, spec: MergeSpec) -> 
     for a_idx, off in ((right, 1), (down, width)):
         if len(a_idx):
             s_ab = np.sum(unit[a_idx] * unit[a_idx + off], axis=1)
-            heap += [(-float(v), int(a), int(a) + off, 0, 0) for a, v in zip(a_idx, s_ab)]
+            heap += [(-float(v), int(a), int(a) + off, 0, 0) for a, v in zip(a_idx, s_ab, strict=True)]
     heapq.heapify(heap)
     target = spec.target(n)
     count = n
@@ -168,7 +168,7 @@ def merge_tokens(embd: np.ndarray, width: int, height: int, spec: MergeSpec) -> 
             cs = np.fromiter(nbrs[a], dtype=np.int64, count=len(nbrs[a]))
             if len(cs):
                 sims = (usum[cs] @ usum[a]) / (unorm[cs] * unorm[a] + 1e-12)
-                for c, v in zip(cs.tolist(), sims.tolist()):
+                for c, v in zip(cs.tolist(), sims.tolist(), strict=True):
                     lo, hi = (a, c) if a < c else (c, a)
                     heapq.heappush(heap, (-v, lo, hi, int(version[lo]), int(version[hi])))
 

@@ -34,14 +34,15 @@ _FAMILY_MODULES = {
     "qwen3vl": ("Qwen3-VL: qwen3vl (M-RoPE) text + qwen3vl_merger with deepstack", "qwen3vl"),
     "gemma3": ("Gemma 3: gemma3 text (sliding window) + SigLIP gemma3 projector, 896² → 256 tokens", "gemma3"),
     "idefics3": ("SmolVLM: llama text + SigLIP idefics3 projector (pixel shuffle), tiles + global", "idefics3"),
-    "internvl": ("InternVL: qwen2 text + InternViT internvl projector (pixel shuffle), tiles + thumbnail",
-                 "internvl"),
-    "pixtral": ("Pixtral / Mistral Small: llama text + pixtral ViT (2-D RoPE), dynamic with row breaks",
-                "pixtral"),
+    "internvl": ("InternVL: qwen2 text + InternViT internvl projector (pixel shuffle), tiles + thumbnail", "internvl"),
+    "pixtral": ("Pixtral / Mistral Small: llama text + pixtral ViT (2-D RoPE), dynamic with row breaks", "pixtral"),
 }
 # the families whose writer exists in this checkout
-FAMILIES = {name: desc for name, (desc, mod) in _FAMILY_MODULES.items()
-            if importlib.util.find_spec(f"{__name__}.{mod}") is not None}
+FAMILIES = {
+    name: desc
+    for name, (desc, mod) in _FAMILY_MODULES.items()
+    if importlib.util.find_spec(f"{__name__}.{mod}") is not None
+}
 PRESETS = ("tiny", "real")
 
 
@@ -61,8 +62,9 @@ def _check(family: str, preset: str) -> None:
         raise ValueError(f"unknown preset '{preset}' (choose from {', '.join(PRESETS)})")
 
 
-def make_model_pair(outdir: str | os.PathLike[str], family: str = "llava15", preset: str = "tiny",
-                    seed: int = 0) -> ModelPair:
+def make_model_pair(
+    outdir: str | os.PathLike[str], family: str = "llava15", preset: str = "tiny", seed: int = 0
+) -> ModelPair:
     """Write ``outdir/model.gguf`` and ``outdir/mmproj.gguf`` for a family and preset."""
     _check(family, preset)
     out = Path(outdir)
@@ -79,8 +81,9 @@ def default_cache_dir() -> Path:
     return Path(base) / "generated"
 
 
-def cached_model_pair(family: str = "llava15", preset: str = "tiny", seed: int = 0,
-                      cache_dir: str | os.PathLike[str] | None = None) -> ModelPair:
+def cached_model_pair(
+    family: str = "llava15", preset: str = "tiny", seed: int = 0, cache_dir: str | os.PathLike[str] | None = None
+) -> ModelPair:
     """Like make_model_pair, but generated once into a cache directory (atomic, race-safe)."""
     _check(family, preset)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -104,5 +107,12 @@ def cached_model_pair(family: str = "llava15", preset: str = "tiny", seed: int =
 # (``cached_model_pair(family, preset)`` → an object with ``.model`` and ``.mmproj`` paths).
 generated_pairs = SimpleNamespace(FAMILIES=FAMILIES, cached_model_pair=cached_model_pair)
 
-__all__ = ["FAMILIES", "PRESETS", "ModelPair", "make_model_pair", "cached_model_pair", "default_cache_dir",
-           "generated_pairs"]
+__all__ = [
+    "FAMILIES",
+    "PRESETS",
+    "ModelPair",
+    "make_model_pair",
+    "cached_model_pair",
+    "default_cache_dir",
+    "generated_pairs",
+]

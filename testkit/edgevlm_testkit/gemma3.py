@@ -48,15 +48,15 @@ GEMMA3_TEMPLATE = (
     "{%- endif -%}"
     "{%- set loop_messages = messages[1:] -%}"
     "{%- else -%}"
-    "{%- set first_user_prefix = \"\" -%}"
+    '{%- set first_user_prefix = "" -%}'
     "{%- set loop_messages = messages -%}"
     "{%- endif -%}"
     "{%- for message in loop_messages -%}"
     "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}"
+    '{{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}'
     "{%- endif -%}"
     "{%- if (message['role'] == 'assistant') -%}"
-    "{%- set role = \"model\" -%}"
+    '{%- set role = "model" -%}'
     "{%- else -%}"
     "{%- set role = message['role'] -%}"
     "{%- endif -%}"
@@ -72,7 +72,7 @@ GEMMA3_TEMPLATE = (
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- else -%}"
-    "{{ raise_exception(\"Invalid content type\") }}"
+    '{{ raise_exception("Invalid content type") }}'
     "{%- endif -%}"
     "{{ '<end_of_turn>\n' }}"
     "{%- endfor -%}"
@@ -109,21 +109,27 @@ class GemmaVision:
 
 GEMMA3_PRESETS = {
     # tiny widths/depths with the real geometry: 896 px, 14 px patches (64×64), 4×4 pool → 256
-    "tiny": (GemmaText(1024, 128, 2, 4, 2, 256, head_dim=64),
-             GemmaVision(896, 14, 64, 2, 2, 128)),
+    "tiny": (GemmaText(1024, 128, 2, 4, 2, 256, head_dim=64), GemmaVision(896, 14, 64, 2, 2, 128)),
     # Gemma-3-4B-it: text 2560 wide, 8 heads × 256, 4 KV heads, ff 10240, vocab 262144,
     # sliding window 1024, 34 layers → 2 (layer 0 sliding-window, layer 1 global);
     # SigLIP-So400m: 1152 wide, 16 heads, ff 4304, 27 blocks → 2.
-    "real": (GemmaText(262144, 2560, 2, 8, 4, 10240, head_dim=256),
-             GemmaVision(896, 14, 1152, 2, 16, 4304)),
+    "real": (GemmaText(262144, 2560, 2, 8, 4, 10240, head_dim=256), GemmaVision(896, 14, 1152, 2, 16, 4304)),
 }
 
 # Gemma's first tokens (ids 0..106) and the image tokens (<start_of_image> = 255999,
 # <end_of_image> = 256000 in the 262144-token vocabulary).
-_HEAD = ([("<pad>", CONTROL), ("<eos>", CONTROL), ("<bos>", CONTROL), ("<unk>", UNKNOWN),
-          ("<mask>", USER_DEFINED), ("[multimodal]", USER_DEFINED)]
-         + [(f"<unused{i}>", UNUSED) for i in range(99)]
-         + [("<start_of_turn>", CONTROL), ("<end_of_turn>", CONTROL)])
+_HEAD = (
+    [
+        ("<pad>", CONTROL),
+        ("<eos>", CONTROL),
+        ("<bos>", CONTROL),
+        ("<unk>", UNKNOWN),
+        ("<mask>", USER_DEFINED),
+        ("[multimodal]", USER_DEFINED),
+    ]
+    + [(f"<unused{i}>", UNUSED) for i in range(99)]
+    + [("<start_of_turn>", CONTROL), ("<end_of_turn>", CONTROL)]
+)
 START_OF_TURN, END_OF_TURN = 105, 106
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
@@ -139,8 +145,11 @@ def gemma_vocab(n_vocab: int) -> Vocab:
     types = [k for _, k in _HEAD] + [BYTE] * 256
     n_fixed = len(tokens)
     soi = 255999 if n_vocab > 256001 else n_vocab - 3
-    tail = {soi: ("<start_of_image>", USER_DEFINED), soi + 1: ("<end_of_image>", USER_DEFINED),
-            n_vocab - 1: ("<image_soft_token>", USER_DEFINED)}
+    tail = {
+        soi: ("<start_of_image>", USER_DEFINED),
+        soi + 1: ("<end_of_image>", USER_DEFINED),
+        n_vocab - 1: ("<image_soft_token>", USER_DEFINED),
+    }
     pieces = iter(spm_vocab(n_vocab).tokens[259:])  # "▁", chars, "▁word" ..., all distinct
     for i in range(n_fixed, n_vocab):
         if i in tail:
@@ -149,10 +158,24 @@ def gemma_vocab(n_vocab: int) -> Vocab:
             tok, kind = next(pieces), NORMAL
         tokens.append(tok)
         types.append(kind)
-    scores = [0.0 if k != NORMAL else -1000.0 + len(t) * 10.0 - i * 1e-4
-              for i, (t, k) in enumerate(zip(tokens, types))]
-    return Vocab("llama", tokens, scores, types, [], bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-                 pad_id=PAD_ID, pre="default", add_bos=True, extra_ids={"eot": END_OF_TURN})
+    scores = [
+        0.0 if k != NORMAL else -1000.0 + len(t) * 10.0 - i * 1e-4
+        for i, (t, k) in enumerate(zip(tokens, types, strict=True))
+    ]
+    return Vocab(
+        "llama",
+        tokens,
+        scores,
+        types,
+        [],
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        pad_id=PAD_ID,
+        pre="default",
+        add_bos=True,
+        extra_ids={"eot": END_OF_TURN},
+    )
 
 
 def _q4_0_rows(g: RandomGGUF, name: str, shape: tuple[int, int], scale: float, block_rows: int = 8192) -> None:
@@ -252,11 +275,9 @@ def write_gemma3_vision(path: Path, v: GemmaVision, n_text_embd: int, seed: int,
     return g.write()
 
 
-def write_gemma3(outdir: Path, text: GemmaText, vision: GemmaVision, seed: int,
-                 family: str) -> tuple[Path, Path]:
+def write_gemma3(outdir: Path, text: GemmaText, vision: GemmaVision, seed: int, family: str) -> tuple[Path, Path]:
     model = write_gemma3_text(outdir / "model.gguf", text, seed, f"Gemma 3 random ({family})")
-    mmproj = write_gemma3_vision(outdir / "mmproj.gguf", vision, text.n_embd, seed + 1,
-                                 "Gemma 3 SigLIP random")
+    mmproj = write_gemma3_vision(outdir / "mmproj.gguf", vision, text.n_embd, seed + 1, "Gemma 3 SigLIP random")
     return model, mmproj
 
 

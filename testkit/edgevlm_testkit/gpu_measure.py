@@ -20,6 +20,7 @@ from edgevlm.model.gguf_info import read_gguf
 from edgevlm.plan.devices import Device, Probe
 from edgevlm.plan.footprint import Config as PlanConfig
 from edgevlm.plan.footprint import Footprint, Wishes
+
 from .measure import MIB, buffer_lines, largest_image
 
 __all__ = ["DeviceRow", "measure_on_device"]
@@ -42,8 +43,17 @@ def _gpu_free() -> tuple[str, int, int] | None:
     return (gpus[0].name, gpus[0].free, gpus[0].total) if gpus else None
 
 
-def measure_on_device(model: str, mmproj: str, label: str, n_ctx: int, type_kv: str, n_ubatch: int,
-                      image_max_tokens: int | None, gpu: bool = True, n_threads: int = 4) -> list[DeviceRow]:
+def measure_on_device(
+    model: str,
+    mmproj: str,
+    label: str,
+    n_ctx: int,
+    type_kv: str,
+    n_ubatch: int,
+    image_max_tokens: int | None,
+    gpu: bool = True,
+    n_threads: int = 4,
+) -> list[DeviceRow]:
     """Rows of predicted vs logged bytes per buffer on the device, and (GPU) the memory the
     device lost that no log line accounts for, after load and after the first image."""
     text_gf, proj_gf = read_gguf(model), read_gguf(mmproj)
@@ -55,14 +65,36 @@ def measure_on_device(model: str, mmproj: str, label: str, n_ctx: int, type_kv: 
     devices.append(Device("CPU", "host", "cpu", 64 * 2**30, 64 * 2**30, True, "what-if"))
     fp = Footprint(text_gf, proj_gf, Probe(tuple(devices)), Wishes(n_ubatch=n_ubatch))
     ngl = fp.text.n_layer + 1 if gpu else 0
-    cfg = PlanConfig(ngl=ngl, n_ctx=n_ctx, type_k=type_kv, type_v=type_kv, flash_attn=True, mmproj_gpu=gpu,
-                     image_tokens=image_max_tokens or 0, n_batch=max(512, n_ubatch), n_ubatch=n_ubatch)
+    cfg = PlanConfig(
+        ngl=ngl,
+        n_ctx=n_ctx,
+        type_k=type_kv,
+        type_v=type_kv,
+        flash_attn=True,
+        mmproj_gpu=gpu,
+        image_tokens=image_max_tokens or 0,
+        n_batch=max(512, n_ubatch),
+        n_ubatch=n_ubatch,
+    )
     pred = fp.predict(cfg)[0 if gpu else -1]
     free0 = dev[1] if dev else 0
     with logs.capture() as lines:
-        be = Backend(model, mmproj, n_ctx=n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, n_gpu_layers=ngl,
-                     n_threads=n_threads, flash_attn=True, type_k=type_kv, type_v=type_kv, warmup=False,
-                     mmproj_use_gpu=gpu, image_max_tokens=image_max_tokens, op_offload=gpu)
+        be = Backend(
+            model,
+            mmproj,
+            n_ctx=n_ctx,
+            n_batch=cfg.n_batch,
+            n_ubatch=n_ubatch,
+            n_gpu_layers=ngl,
+            n_threads=n_threads,
+            flash_attn=True,
+            type_k=type_kv,
+            type_v=type_kv,
+            warmup=False,
+            mmproj_use_gpu=gpu,
+            image_max_tokens=image_max_tokens,
+            op_offload=gpu,
+        )
         try:
             loaded = _gpu_free()
             w, h = largest_image(fp.proj, image_max_tokens)
@@ -88,14 +120,22 @@ def measure_on_device(model: str, mmproj: str, label: str, n_ctx: int, type_kv: 
         DeviceRow(label, f"KV on {name}", pred.kv, logged("llama_kv_cache", "KV buffer size")),
         DeviceRow(label, f"compute on {name}", pred.compute, logged("sched_reserve", "compute buffer size")),
         DeviceRow(label, "encoder weights", pred.mmproj_weights, clip_model),
-        DeviceRow(label, "encoder compute", pred.mmproj_compute,
-                  int(round(max([v for k, v in got.items() if k.startswith("reserve_compute_meta:")] or [0.0]) * MIB))),
+        DeviceRow(
+            label,
+            "encoder compute",
+            pred.mmproj_compute,
+            int(round(max([v for k, v in got.items() if k.startswith("reserve_compute_meta:")] or [0.0]) * MIB)),
+        ),
     ]
     if gpu and loaded and imaged:
         in_logs = sum(r.logged for r in rows)
         rows += [
-            DeviceRow(label, "outside the logs after load", 0, (free0 - loaded[1]) - sum(
-                r.logged for r in rows if not r.component.startswith("encoder compute"))),
+            DeviceRow(
+                label,
+                "outside the logs after load",
+                0,
+                (free0 - loaded[1]) - sum(r.logged for r in rows if not r.component.startswith("encoder compute")),
+            ),
             DeviceRow(label, "outside the logs after 1st image", 0, (free0 - imaged[1]) - in_logs),
         ]
     return rows

@@ -47,7 +47,7 @@ class _File:
 
     def read(self, start: int, end: int) -> bytes:  # inclusive end
         if isinstance(self.source, bytes):
-            return self.source[start:end + 1]
+            return self.source[start : end + 1]
         with open(self.source, "rb") as fh:
             fh.seek(start)
             return fh.read(end - start + 1)
@@ -160,11 +160,19 @@ class _Handler(BaseHTTPRequestHandler):
     # --- plumbing ---------------------------------------------------------------------
     def _log(self) -> None:
         with self.hub._lock:
-            self.hub.requests.append(Request(self.command, urlsplit(self.path).path, self.headers.get("Range"),
-                                             self.headers.get("Authorization"), self.headers.get("Host", "")))
+            self.hub.requests.append(
+                Request(
+                    self.command,
+                    urlsplit(self.path).path,
+                    self.headers.get("Range"),
+                    self.headers.get("Authorization"),
+                    self.headers.get("Host", ""),
+                )
+            )
 
-    def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              ctype: str = "application/json") -> None:
+    def _send(
+        self, code: int, body: bytes = b"", headers: dict[str, str] | None = None, ctype: str = "application/json"
+    ) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -242,8 +250,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json({"id": repo, "modelId": repo, "sha": r.commit, "private": False, "siblings": sib})
         if rest[0] == "tree":
             prefix = "/".join(rest[2:])
-            return self._json([self._entry(p, f) for p, f in sorted(r.files.items())
-                               if not prefix or p.startswith(prefix.rstrip("/") + "/")])
+            return self._json(
+                [
+                    self._entry(p, f)
+                    for p, f in sorted(r.files.items())
+                    if not prefix or p.startswith(prefix.rstrip("/") + "/")
+                ]
+            )
         if rest[0] == "paths-info" and self.command == "POST":
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length).decode() if length else ""
@@ -260,11 +273,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         f = r.files.get(file)
         if f is None:
-            return self._error(404, "EntryNotFound", f"{file} does not exist on {rev}",
-                               {"X-Repo-Commit": r.commit})
+            return self._error(404, "EntryNotFound", f"{file} does not exist on {rev}", {"X-Repo-Commit": r.commit})
         if _is_lfs(file):  # LFS: the etag is the content's sha256, announced on the redirect
-            meta = {"X-Repo-Commit": r.commit, "X-Linked-Etag": f'"{f.sha256}"',
-                    "X-Linked-Size": str(f.size), "ETag": f'"{f.sha256}"', "Accept-Ranges": "bytes"}
+            meta = {
+                "X-Repo-Commit": r.commit,
+                "X-Linked-Etag": f'"{f.sha256}"',
+                "X-Linked-Size": str(f.size),
+                "ETag": f'"{f.sha256}"',
+                "Accept-Ranges": "bytes",
+            }
         else:  # a file stored in git: its etag is the git blob sha1, served in place
             meta = {"X-Repo-Commit": r.commit, "ETag": f'"{f.git_sha1}"', "Accept-Ranges": "bytes"}
         if self.hub.redirect and _is_lfs(file):
@@ -278,10 +295,17 @@ class _Handler(BaseHTTPRequestHandler):
         if hit is None:
             return self._send(404, b"no such object", ctype="text/plain")
         name = os.path.basename(hit[0])
-        self._content(repo, hit[0], hit[1], {
-            "ETag": f'"{sha}"', "Accept-Ranges": "bytes",
-            # as the hub's CDN does: the client shows this name on its progress bar
-            "Content-Disposition": f"inline; filename*=UTF-8''{quote(name)}; filename=\"{name}\";"})
+        self._content(
+            repo,
+            hit[0],
+            hit[1],
+            {
+                "ETag": f'"{sha}"',
+                "Accept-Ranges": "bytes",
+                # as the hub's CDN does: the client shows this name on its progress bar
+                "Content-Disposition": f"inline; filename*=UTF-8''{quote(name)}; filename=\"{name}\";",
+            },
+        )
 
     def _content(self, repo: str, file: str, f: _File, meta: dict[str, str]) -> None:
         start, end, code = 0, f.size - 1, 200
@@ -335,20 +359,29 @@ def _is_lfs(path: str) -> bool:
 
 # --- generated pairs under registry names --------------------------------------------------
 
-def serve_registry_names(hub: FakeHub, names: list[str] | None = None, preset: str = "tiny",
-                         registry=None) -> dict[str, tuple[str, str, str]]:
+
+def serve_registry_names(
+    hub: FakeHub, names: list[str] | None = None, preset: str = "tiny", registry=None
+) -> dict[str, tuple[str, str, str]]:
     """Serve a generated pair under each registry entry's repo and file names (default quant).
 
     Only entries whose family edgevlm can generate are served (by name for LLaVA, else by
     projector type); returns {name: (repo, model file, mmproj file)}.
     """
     from edgevlm.hub.registry import load_registry
+
     from . import cached_model_pair
 
     reg = registry or load_registry()
     by_name = {"llava-1.5-7b": "llava15", "llava-1.6-mistral-7b": "llava16"}
-    by_type = {"qwen2.5vl_merger": "qwen25vl", "qwen3vl_merger": "qwen3vl", "gemma3": "gemma3",
-               "idefics3": "idefics3", "internvl": "internvl", "pixtral": "pixtral"}
+    by_type = {
+        "qwen2.5vl_merger": "qwen25vl",
+        "qwen3vl_merger": "qwen3vl",
+        "gemma3": "gemma3",
+        "idefics3": "idefics3",
+        "internvl": "internvl",
+        "pixtral": "pixtral",
+    }
     out = {}
     for e in reg.entries:
         fam = by_name.get(e.name) or by_type.get(e.projector_type)

@@ -27,24 +27,41 @@ from .writer import FILE_TYPES, RandomGGUF, decoder_tensors, text_header
 
 SIGLIP_MEAN = [0.5, 0.5, 0.5]
 SIGLIP_STD = [0.5, 0.5, 0.5]
-SCALE_FACTOR = 4          # SmolVLM-256M/500M pixel shuffle (2B / Idefics3-8B: 3 / 2)
-LONGEST_EDGE = 2048       # preprocessor_config.json size.longest_edge (4 × 512)
+SCALE_FACTOR = 4  # SmolVLM-256M/500M pixel shuffle (2B / Idefics3-8B: 3 / 2)
+LONGEST_EDGE = 2048  # preprocessor_config.json size.longest_edge (4 × 512)
 
 # real geometry in both presets; the tiny one shrinks widths and depths only
 IDEFICS3_PRESETS = {
-    "tiny": (TextShape(1024, 128, 2, 4, 2, 256, n_ctx_train=8192, rope_theta=100000.0),
-             VisionShape(512, 16, 64, 2, 4, 128)),
+    "tiny": (
+        TextShape(1024, 128, 2, 4, 2, 256, n_ctx_train=8192, rope_theta=100000.0),
+        VisionShape(512, 16, 64, 2, 4, 128),
+    ),
     # SmolVLM-500M-Instruct: SmolLM2-360M text (960 wide, 15 heads / 5 kv, ff 2560, vocab 49280,
     # 32 layers → 2) and SigLIP base patch16/512 (768 wide, 12 heads, ff 3072, 12 blocks → 2).
-    "real": (TextShape(49280, 960, 2, 15, 5, 2560, n_ctx_train=8192, rope_theta=100000.0),
-             VisionShape(512, 16, 768, 2, 12, 3072)),
+    "real": (
+        TextShape(49280, 960, 2, 15, 5, 2560, n_ctx_train=8192, rope_theta=100000.0),
+        VisionShape(512, 16, 768, 2, 12, 3072),
+    ),
 }
 
 # SmolLM2's tokenizer specials (ids 0..16)
 SMOLLM2_SPECIALS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>", "<file_sep>",
-    "<filename>", "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>",
-    "<jupyter_start>", "<jupyter_text>", "<jupyter_code>", "<jupyter_output>", "<jupyter_script>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<repo_name>",
+    "<reponame>",
+    "<file_sep>",
+    "<filename>",
+    "<gh_stars>",
+    "<issue_start>",
+    "<issue_comment>",
+    "<issue_closed>",
+    "<jupyter_start>",
+    "<jupyter_text>",
+    "<jupyter_code>",
+    "<jupyter_output>",
+    "<jupyter_script>",
     "<empty_output>",
 ]
 N_ADDED = 128  # SmolVLM's added tokens: 49152..49279
@@ -86,8 +103,24 @@ def smolvlm_vocab(n_vocab: int) -> Vocab:
         return True
 
     # what mtmd looks up ("\n\n") and the pieces of its out-of-vocabulary row/col text
-    for w in (nl + nl, "ro", "row", "co", "col", "Us", "Use", "User", "As", "Ass", "Assi", "Assis",
-              "Assist", "Assista", "Assistan", "Assistant"):
+    for w in (
+        nl + nl,
+        "ro",
+        "row",
+        "co",
+        "col",
+        "Us",
+        "Use",
+        "User",
+        "As",
+        "Ass",
+        "Assi",
+        "Assis",
+        "Assist",
+        "Assista",
+        "Assistan",
+        "Assistant",
+    ):
         push(w)
     for w in word_pieces(string.ascii_lowercase, 2 * n_base):
         if not (push(space + w) and push(w)):
@@ -98,8 +131,19 @@ def smolvlm_vocab(n_vocab: int) -> Vocab:
     tokens += added
     types += [CONTROL] * len(added)
     eou = n_vocab - 1
-    return Vocab("gpt2", tokens, [0.0] * len(tokens), types, merges, bos_id=1, eos_id=eou, unk_id=0,
-                 pad_id=2, pre="smollm", add_bos=False)
+    return Vocab(
+        "gpt2",
+        tokens,
+        [0.0] * len(tokens),
+        types,
+        merges,
+        bos_id=1,
+        eos_id=eou,
+        unk_id=0,
+        pad_id=2,
+        pre="smollm",
+        add_bos=False,
+    )
 
 
 # SmolVLM's chat template, with a branch for string content (edgevlm renders each user message as
@@ -134,8 +178,15 @@ def write_smollm_text(path: Path, t: TextShape, seed: int, name: str, weight_typ
     return g.write()
 
 
-def write_siglip_idefics3(path: Path, v: VisionShape, n_text_embd: int, seed: int, name: str,
-                          scale_factor: int = SCALE_FACTOR, longest_edge: int = LONGEST_EDGE) -> Path:
+def write_siglip_idefics3(
+    path: Path,
+    v: VisionShape,
+    n_text_embd: int,
+    seed: int,
+    name: str,
+    scale_factor: int = SCALE_FACTOR,
+    longest_edge: int = LONGEST_EDGE,
+) -> Path:
     g = RandomGGUF(path, "clip", seed, "f16")
     w = g.writer
     w.add_type("mmproj")
@@ -179,6 +230,5 @@ def write_siglip_idefics3(path: Path, v: VisionShape, n_text_embd: int, seed: in
 def write_pair(outdir: Path, preset: str, seed: int, family: str) -> tuple[Path, Path]:
     text, vision = IDEFICS3_PRESETS[preset]
     model = write_smollm_text(outdir / "model.gguf", text, seed, f"SmolVLM random ({family})")
-    mmproj = write_siglip_idefics3(outdir / "mmproj.gguf", vision, text.n_embd, seed + 1,
-                                   "SmolVLM SigLIP random")
+    mmproj = write_siglip_idefics3(outdir / "mmproj.gguf", vision, text.n_embd, seed + 1, "SmolVLM SigLIP random")
     return model, mmproj

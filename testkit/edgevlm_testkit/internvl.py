@@ -27,10 +27,17 @@ MIN_TILES, MAX_TILES = 1, 12  # min_dynamic_patch / max_dynamic_patch of InternV
 
 # Qwen2.5's added tokens after the 14 specials bpe_vocab already has (not special: USER_DEFINED),
 # then InternVL's (special: CONTROL) — ids 151657..151673 in InternVL3-1B's 151674-token vocab.
-QWEN25_EXTRA = ["<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
-                "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
-INTERNVL_SPECIALS = ["<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>",
-                     "<box>", "</box>"]
+QWEN25_EXTRA = [
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+]
+INTERNVL_SPECIALS = ["<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>", "<box>", "</box>"]
 
 # InternVL2.5 / 3 ChatML (tokenizer_config.json), default system message included; content is a
 # string with mtmd's marker where each image goes (mtmd adds <img> ... </img> around it).
@@ -47,13 +54,17 @@ INTERNVL_TEMPLATE = (
 # Real 448-px tile geometry (448/14 = 32 patches a side, pixel shuffle 2 → 16×16 = 256 tokens)
 # in both presets; only widths and depths shrink in "tiny".
 INTERNVL_PRESETS = {
-    "tiny": (TextShape(1024, 128, 2, 4, 2, 256, n_ctx_train=32768, rope_theta=1e6),
-             VisionShape(448, 14, 64, 2, 4, 128, merge=SCALE_FACTOR)),
+    "tiny": (
+        TextShape(1024, 128, 2, 4, 2, 256, n_ctx_train=32768, rope_theta=1e6),
+        VisionShape(448, 14, 64, 2, 4, 128, merge=SCALE_FACTOR),
+    ),
     # InternVL3-1B: Qwen2.5-0.5B text (896 wide, 14 heads / 2 KV heads, ff 4864, vocab 151674,
     # untied lm_head) with 2 of its 24 layers; InternViT-300M-448px-V2_5 (1024 wide, 16 heads,
     # ff 4096) with 2 of its 24 blocks.
-    "real": (TextShape(151674, 896, 2, 14, 2, 4864, n_ctx_train=32768, rope_theta=1e6),
-             VisionShape(448, 14, 1024, 2, 16, 4096, merge=SCALE_FACTOR)),
+    "real": (
+        TextShape(151674, 896, 2, 14, 2, 4864, n_ctx_train=32768, rope_theta=1e6),
+        VisionShape(448, 14, 1024, 2, 16, 4096, merge=SCALE_FACTOR),
+    ),
 }
 
 
@@ -62,8 +73,7 @@ def internvl_vocab(n_vocab: int):
     extra = QWEN25_EXTRA + INTERNVL_SPECIALS
     base = bpe_vocab(n_vocab - len(extra))
     types = list(base.types) + [USER_DEFINED] * len(QWEN25_EXTRA) + [CONTROL] * len(INTERNVL_SPECIALS)
-    return replace(base, tokens=list(base.tokens) + extra, types=types,
-                   scores=list(base.scores) + [0.0] * len(extra))
+    return replace(base, tokens=list(base.tokens) + extra, types=types, scores=list(base.scores) + [0.0] * len(extra))
 
 
 def write_qwen2_text(path: Path, t: TextShape, seed: int, name: str, weight_type: str = "q4_0") -> Path:
@@ -124,8 +134,7 @@ def write_internvit(path: Path, v: VisionShape, n_text_embd: int, seed: int, nam
     return g.write()
 
 
-def write_internvl(outdir: Path, text: TextShape, vision: VisionShape, seed: int,
-                   family: str) -> tuple[Path, Path]:
+def write_internvl(outdir: Path, text: TextShape, vision: VisionShape, seed: int, family: str) -> tuple[Path, Path]:
     model = write_qwen2_text(outdir / "model.gguf", text, seed, f"InternVL3 random ({family})")
     mmproj = write_internvit(outdir / "mmproj.gguf", vision, text.n_embd, seed + 1, "InternViT random")
     return model, mmproj

@@ -30,8 +30,9 @@ def llama_keys(w, t: TextShape) -> None:
     w.add_vocab_size(t.n_vocab)
 
 
-def clip_mlp_header(w, v: VisionShape, name: str, pinpoints: list[int] | None = None,
-                    projector_type: str = "mlp") -> None:
+def clip_mlp_header(
+    w, v: VisionShape, name: str, pinpoints: list[int] | None = None, projector_type: str = "mlp"
+) -> None:
     """A CLIP vision tower with a LLaVA projector: the mmproj's metadata (w: gguf.GGUFWriter)."""
     w.add_name(name)
     w.add_file_type(FILE_TYPES["f16"])
@@ -55,8 +56,15 @@ def clip_mlp_header(w, v: VisionShape, name: str, pinpoints: list[int] | None = 
         w.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
 
 
-def write_clip_mlp(path: Path, v: VisionShape, n_text_embd: int, seed: int, name: str,
-                   pinpoints: list[int] | None = None, projector_type: str = "mlp") -> Path:
+def write_clip_mlp(
+    path: Path,
+    v: VisionShape,
+    n_text_embd: int,
+    seed: int,
+    name: str,
+    pinpoints: list[int] | None = None,
+    projector_type: str = "mlp",
+) -> Path:
     """A CLIP + ``mlp`` projector; ``projector_type`` only relabels it (a file that claims another
     projector type, for the paths that read the metadata alone)."""
     g = RandomGGUF(path, "clip", seed, "f16")
@@ -83,13 +91,16 @@ def write_clip_mlp(path: Path, v: VisionShape, n_text_embd: int, seed: int, name
     return g.write()
 
 
-def write_llava(outdir: Path, text: TextShape, vision: VisionShape, seed: int,
-                family: str) -> tuple[Path, Path]:
+def write_llava(outdir: Path, text: TextShape, vision: VisionShape, seed: int, family: str) -> tuple[Path, Path]:
     tiled = family == "llava16"
     label = "LLaVA-1.6" if tiled else "LLaVA-1.5"
     model = write_llama_text(outdir / "model.gguf", text, seed, f"{label} random ({family})")
     mmproj = write_clip_mlp(
-        outdir / "mmproj.gguf", vision, text.n_embd, seed + 1, f"{label} CLIP random",
+        outdir / "mmproj.gguf",
+        vision,
+        text.n_embd,
+        seed + 1,
+        f"{label} CLIP random",
         pinpoints=LLAVA16_PINPOINTS if tiled else None,
     )
     return model, mmproj

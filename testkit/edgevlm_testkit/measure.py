@@ -16,7 +16,14 @@ from edgevlm.backend.llama import Backend
 from edgevlm.backend.system import cpu_repacks
 from edgevlm.model.gguf_info import projector_info, read_gguf, text_model_info
 from edgevlm.model.projectors import encoder_patches, facts, image_tokens
-from edgevlm.plan.estimate import TextTensors, clip_compute_bytes, kv_bytes, layer_devices, text_compute_bytes, weight_bytes
+from edgevlm.plan.estimate import (
+    TextTensors,
+    clip_compute_bytes,
+    kv_bytes,
+    layer_devices,
+    text_compute_bytes,
+    weight_bytes,
+)
 
 MIB = 2**20
 _LINE = re.compile(r"^(\w+):\s+(\S+)\s+(.*?)\s*=\s*([0-9.]+) MiB")
@@ -89,10 +96,20 @@ def measure(model: str, mmproj: str, cfg: Config, n_threads: int = 2) -> list[Co
     proj_gf = read_gguf(mmproj)
     proj = projector_info(proj_gf)
     with logs.capture() as lines:
-        be = Backend(model, mmproj, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-                     n_gpu_layers=0, n_threads=n_threads, flash_attn=cfg.flash_attn,
-                     type_k=cfg.type_k, type_v=cfg.type_v, warmup=False,
-                     image_max_tokens=cfg.image_max_tokens)
+        be = Backend(
+            model,
+            mmproj,
+            n_ctx=cfg.n_ctx,
+            n_batch=cfg.n_batch,
+            n_ubatch=cfg.n_ubatch,
+            n_gpu_layers=0,
+            n_threads=n_threads,
+            flash_attn=cfg.flash_attn,
+            type_k=cfg.type_k,
+            type_v=cfg.type_v,
+            warmup=False,
+            image_max_tokens=cfg.image_max_tokens,
+        )
         try:
             w, h = largest_image(proj, cfg.image_max_tokens)
             rgb = (np.random.default_rng(0).random((h, w, 3)) * 255).astype(np.uint8)
@@ -102,8 +119,9 @@ def measure(model: str, mmproj: str, cfg: Config, n_threads: int = 2) -> list[Co
                     img = next(c for c in chunks if c.kind == "image")
                     be.encode_image(img)
                     n_patches = encoder_patches(proj, img.n_tokens)
-                    view = max(image_tokens(proj, w, h, max_tokens=cfg.image_max_tokens).views,
-                               key=lambda v: v.n_tokens)
+                    view = max(
+                        image_tokens(proj, w, h, max_tokens=cfg.image_max_tokens).views, key=lambda v: v.n_tokens
+                    )
             finally:
                 be.free_bitmap(bm)
         finally:
@@ -121,12 +139,17 @@ def measure(model: str, mmproj: str, cfg: Config, n_threads: int = 2) -> list[Co
         Component("weights (mapped)", mib("load_tensors:CPU_Mapped:model buffer size"), host.mapped),
         Component("weights (repack)", mib("load_tensors:CPU_REPACK:model buffer size"), host.repack),
         Component("kv", mib("llama_kv_cache:CPU:KV buffer size"), kv[-1]),
-        Component("compute", mib("sched_reserve:CPU:compute buffer size"),
-                  text_compute_bytes(text, cfg.n_ctx, cfg.n_ubatch, cfg.n_batch, cfg.flash_attn,
-                                     cfg.type_k, cfg.type_v)),
+        Component(
+            "compute",
+            mib("sched_reserve:CPU:compute buffer size"),
+            text_compute_bytes(text, cfg.n_ctx, cfg.n_ubatch, cfg.n_batch, cfg.flash_attn, cfg.type_k, cfg.type_v),
+        ),
         Component("mmproj weights", int(round(got.get("clip:model", 0.0) * MIB)), proj_gf.weight_bytes),
-        Component("mmproj compute", int(round(max(clip_compute or [0.0]) * MIB)),
-                  clip_compute_bytes(proj, n_patches, cfg.flash_attn, grid=(view.nx, view.ny))),
+        Component(
+            "mmproj compute",
+            int(round(max(clip_compute or [0.0]) * MIB)),
+            clip_compute_bytes(proj, n_patches, cfg.flash_attn, grid=(view.nx, view.ny)),
+        ),
     ]
 
 
@@ -143,5 +166,13 @@ def components_dict(comps: list[Component]) -> dict:
     return {c.name: {**asdict(c), "error": c.error} for c in comps}
 
 
-__all__ = ["Config", "Component", "buffer_lines", "components_dict", "image_tokens", "largest_image", "measure",
-           "naive_estimate"]
+__all__ = [
+    "Config",
+    "Component",
+    "buffer_lines",
+    "components_dict",
+    "image_tokens",
+    "largest_image",
+    "measure",
+    "naive_estimate",
+]

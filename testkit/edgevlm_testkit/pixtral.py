@@ -34,9 +34,25 @@ CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
 # Tekken's first control tokens (ids 0..19); the rest of the 1000 are <SPECIAL_n>.
 TEKKEN_SPECIALS = [
-    "<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
-    "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]",
-    "[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]",
+    "[IMG]",
+    "<pad>",
+    "[IMG_BREAK]",
+    "[IMG_END]",
+    "[PREFIX]",
+    "[MIDDLE]",
+    "[SUFFIX]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
     "[TOOL_CONTENT]",
 ]
 N_SPECIAL = 1000
@@ -90,11 +106,12 @@ class PixtralVision:
 PRESETS = {
     # real geometry (1540 px, 14-px patches, 2×2 merge, 8..1024 tokens), tiny widths; the tiny
     # text model keeps the head_dim != n_embd / n_head quirk (160 / 4 heads, head_dim 32).
-    "tiny": (MistralText(2048, 160, 2, 4, 2, 32, 256, n_ctx_train=32768),
-             PixtralVision(1540, 14, 64, 2, 4, 128, merge=2)),
+    "tiny": (
+        MistralText(2048, 160, 2, 4, 2, 32, 256, n_ctx_train=32768),
+        PixtralVision(1540, 14, 64, 2, 4, 128, merge=2),
+    ),
     # Mistral-Small-3.1-24B-Instruct-2503 (40 text layers, 24 ViT blocks) cut to 2 and 2.
-    "real": (MistralText(131072, 5120, 2, 32, 8, 128, 32768),
-             PixtralVision(1540, 14, 1024, 2, 16, 4096, merge=2)),
+    "real": (MistralText(131072, 5120, 2, 32, 8, 128, 32768), PixtralVision(1540, 14, 1024, 2, 16, 4096, merge=2)),
 }
 
 
@@ -132,8 +149,9 @@ def tekken_vocab(n_vocab: int) -> Vocab:
         if len(tokens) >= n_vocab:
             break
     scores = [0.0] * len(tokens)
-    return Vocab("gpt2", tokens, scores, types, merges, bos_id=1, eos_id=2, unk_id=0, pad_id=11,
-                 pre="tekken", add_bos=True)
+    return Vocab(
+        "gpt2", tokens, scores, types, merges, bos_id=1, eos_id=2, unk_id=0, pad_id=11, pre="tekken", add_bos=True
+    )
 
 
 def _q4_0(g: RandomGGUF, name: str, shape: tuple[int, int], scale: float | None = None) -> None:
@@ -236,6 +254,7 @@ def write_pixtral_vision(path: Path, v: PixtralVision, n_text_embd: int, seed: i
 def write_pair(outdir: Path, preset: str, seed: int, family: str) -> tuple[Path, Path]:
     text, vision = PRESETS[preset]
     model = write_mistral_text(outdir / "model.gguf", text, seed, f"Mistral Small 3.1 random ({family})")
-    mmproj = write_pixtral_vision(outdir / "mmproj.gguf", vision, text.n_embd, seed + 1,
-                                  "Mistral Small 3.1 Pixtral ViT random")
+    mmproj = write_pixtral_vision(
+        outdir / "mmproj.gguf", vision, text.n_embd, seed + 1, "Mistral Small 3.1 Pixtral ViT random"
+    )
     return model, mmproj

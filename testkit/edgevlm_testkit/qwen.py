@@ -49,8 +49,7 @@ def write_qwen2vl_text(path: Path, t: TextShape, seed: int, name: str, weight_ty
     return g.write()
 
 
-def write_qwen_vision(path: Path, v: VisionShape, n_text_embd: int, seed: int, name: str,
-                      v25: bool) -> Path:
+def write_qwen_vision(path: Path, v: VisionShape, n_text_embd: int, seed: int, name: str, v25: bool) -> Path:
     g = RandomGGUF(path, "clip", seed, "f16")
     w = g.writer
     w.add_name(name)
@@ -97,13 +96,11 @@ def write_qwen_vision(path: Path, v: VisionShape, n_text_embd: int, seed: int, n
     return g.write()
 
 
-def write_qwen(outdir: Path, text: TextShape, vision: VisionShape, seed: int,
-               family: str) -> tuple[Path, Path]:
+def write_qwen(outdir: Path, text: TextShape, vision: VisionShape, seed: int, family: str) -> tuple[Path, Path]:
     v25 = family == "qwen25vl"
     label = "Qwen2.5-VL" if v25 else "Qwen2-VL"
     model = write_qwen2vl_text(outdir / "model.gguf", text, seed, f"{label} random ({family})")
-    mmproj = write_qwen_vision(outdir / "mmproj.gguf", vision, text.n_embd, seed + 1,
-                               f"{label} ViT random", v25)
+    mmproj = write_qwen_vision(outdir / "mmproj.gguf", vision, text.n_embd, seed + 1, f"{label} ViT random", v25)
     return model, mmproj
 
 

@@ -44,13 +44,21 @@ QWEN3VL_TEMPLATE = (
 # the graph's final concat).
 QWEN3VL_PRESETS = {
     # tiny widths/depths, the real image geometry (16 px patches, merge 2, 48×48 position table)
-    "tiny": (TextShape(1024, 128, 2, 4, 2, 256, n_ctx_train=262144, rope_theta=5e6),
-             VisionShape(768, 16, 64, 2, 4, 128, merge=2), (0,), True),
+    "tiny": (
+        TextShape(1024, 128, 2, 4, 2, 256, n_ctx_train=262144, rope_theta=5e6),
+        VisionShape(768, 16, 64, 2, 4, 128, merge=2),
+        (0,),
+        True,
+    ),
     # Qwen3-VL-2B-Instruct: text 2048 wide, 16 heads (head_dim 128), 8 KV heads, ff 6144,
     # vocab 151936, tied embeddings, 28 layers → 2; ViT 1024 wide, 16 heads, ff 4096,
     # 24 blocks → 2, deepstack_visual_indexes [5, 11, 17] of 24 → block 0 (see above).
-    "real": (TextShape(151936, 2048, 2, 16, 8, 6144, n_ctx_train=262144, rope_theta=5e6),
-             VisionShape(768, 16, 1024, 2, 16, 4096, merge=2), (0,), True),
+    "real": (
+        TextShape(151936, 2048, 2, 16, 8, 6144, n_ctx_train=262144, rope_theta=5e6),
+        VisionShape(768, 16, 1024, 2, 16, 4096, merge=2),
+        (0,),
+        True,
+    ),
 }
 
 
@@ -62,8 +70,9 @@ def mrope_sections(head_dim: int) -> list[int]:
     return [t, h, half - t - h, 0]
 
 
-def write_qwen3vl_text(path: Path, t: TextShape, seed: int, name: str, n_deepstack: int,
-                       tied: bool, weight_type: str = "q4_0") -> Path:
+def write_qwen3vl_text(
+    path: Path, t: TextShape, seed: int, name: str, n_deepstack: int, tied: bool, weight_type: str = "q4_0"
+) -> Path:
     g = RandomGGUF(path, "qwen3vl", seed, weight_type)
     text_header(g, t, name)
     w = g.writer
@@ -98,8 +107,9 @@ def write_qwen3vl_text(path: Path, t: TextShape, seed: int, name: str, n_deepsta
     return g.write()
 
 
-def write_qwen3vl_vision(path: Path, v: VisionShape, n_text_embd: int, seed: int, name: str,
-                         deepstack: tuple[int, ...]) -> Path:
+def write_qwen3vl_vision(
+    path: Path, v: VisionShape, n_text_embd: int, seed: int, name: str, deepstack: tuple[int, ...]
+) -> Path:
     g = RandomGGUF(path, "clip", seed, "f16")
     w = g.writer
     w.add_name(name)
@@ -150,8 +160,8 @@ def write_qwen3vl_vision(path: Path, v: VisionShape, n_text_embd: int, seed: int
 
 def write_pair(outdir: Path, preset: str, seed: int, family: str) -> tuple[Path, Path]:
     text, vision, deepstack, tied = QWEN3VL_PRESETS[preset]
-    model = write_qwen3vl_text(outdir / "model.gguf", text, seed, f"Qwen3-VL random ({family})",
-                               len(deepstack), tied)
-    mmproj = write_qwen3vl_vision(outdir / "mmproj.gguf", vision, text.n_embd, seed + 1,
-                                  "Qwen3-VL ViT random", tuple(deepstack))
+    model = write_qwen3vl_text(outdir / "model.gguf", text, seed, f"Qwen3-VL random ({family})", len(deepstack), tied)
+    mmproj = write_qwen3vl_vision(
+        outdir / "mmproj.gguf", vision, text.n_embd, seed + 1, "Qwen3-VL ViT random", tuple(deepstack)
+    )
     return model, mmproj

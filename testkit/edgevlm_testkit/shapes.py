@@ -46,9 +46,13 @@ LLAVA16_PINPOINTS = [336, 672, 672, 336, 672, 672, 1008, 336, 336, 1008]
 
 # Qwen2-VL: 14 px patches merged 2×2 → one token per 28×28 px.
 QWEN_PRESETS = {
-    "tiny": (TextShape(1024, 128, 2, 4, 2, 256, n_ctx_train=32768, rope_theta=1e6),
-             VisionShape(560, 14, 64, 2, 4, 128, merge=2)),
+    "tiny": (
+        TextShape(1024, 128, 2, 4, 2, 256, n_ctx_train=32768, rope_theta=1e6),
+        VisionShape(560, 14, 64, 2, 4, 128, merge=2),
+    ),
     # Qwen2-VL-2B text shapes with 2 layers; its 675M ViT (1280 wide) with 2 blocks.
-    "real": (TextShape(151936, 1536, 2, 12, 2, 8960, n_ctx_train=32768, rope_theta=1e6),
-             VisionShape(560, 14, 1280, 2, 16, 5120, merge=2)),
+    "real": (
+        TextShape(151936, 1536, 2, 12, 2, 8960, n_ctx_train=32768, rope_theta=1e6),
+        VisionShape(560, 14, 1280, 2, 16, 5120, merge=2),
+    ),
 }

@@ -19,11 +19,60 @@ from dataclasses import dataclass
 # llama.cpp / gguf token types
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
-_WORDS = (
-    "the of and to in is it that for on with as was are this be at by an or from image "
-    "picture photo shows a red green blue white black cat dog sky tree house car person "
-    "text left right top bottom small large there two one describe what color see"
-).split()
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "it",
+    "that",
+    "for",
+    "on",
+    "with",
+    "as",
+    "was",
+    "are",
+    "this",
+    "be",
+    "at",
+    "by",
+    "an",
+    "or",
+    "from",
+    "image",
+    "picture",
+    "photo",
+    "shows",
+    "a",
+    "red",
+    "green",
+    "blue",
+    "white",
+    "black",
+    "cat",
+    "dog",
+    "sky",
+    "tree",
+    "house",
+    "car",
+    "person",
+    "text",
+    "left",
+    "right",
+    "top",
+    "bottom",
+    "small",
+    "large",
+    "there",
+    "two",
+    "one",
+    "describe",
+    "what",
+    "color",
+    "see",
+]
 
 
 @dataclass(frozen=True)
@@ -99,13 +148,24 @@ def byte_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
 
 
 QWEN_SPECIALS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
 ]
 
 
@@ -144,9 +204,18 @@ def bpe_vocab(n_vocab: int) -> Vocab:
     scores = [0.0] * len(tokens)
     eot = ids["<|im_end|>"]
     return Vocab(
-        "gpt2", tokens, scores, types, merges,
-        bos_id=ids["<|endoftext|>"], eos_id=eot, unk_id=None, pad_id=ids["<|endoftext|>"],
-        pre="qwen2", add_bos=False, extra_ids={"eot": eot},
+        "gpt2",
+        tokens,
+        scores,
+        types,
+        merges,
+        bos_id=ids["<|endoftext|>"],
+        eos_id=eot,
+        unk_id=None,
+        pad_id=ids["<|endoftext|>"],
+        pre="qwen2",
+        add_bos=False,
+        extra_ids={"eot": eot},
     )
 
 

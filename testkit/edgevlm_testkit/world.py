@@ -44,8 +44,12 @@ __all__ = [
 ]
 
 COLOURS = {
-    "red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 70, 220),
-    "yellow": (240, 215, 40), "white": (248, 248, 248), "black": (18, 18, 18),
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (40, 70, 220),
+    "yellow": (240, 215, 40),
+    "white": (248, 248, 248),
+    "black": (18, 18, 18),
 }
 SHAPES = ("circle", "square", "triangle")
 LETTERS = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -89,8 +93,13 @@ def _overlaps(box, boxes, gap) -> bool:
     return any(x0 < b[2] + gap and b[0] < x1 + gap and y0 < b[3] + gap and b[1] < y1 + gap for b in boxes)
 
 
-def make_scene(rng: random.Random, kind: str = "plain", size: tuple[int, int] | None = None,
-               letter_p: float = 0.4, n_shapes: int | None = None) -> Scene:
+def make_scene(
+    rng: random.Random,
+    kind: str = "plain",
+    size: tuple[int, int] | None = None,
+    letter_p: float = 0.4,
+    n_shapes: int | None = None,
+) -> Scene:
     """A random scene (``kind`` "plain" or "detail"); ``size`` fixes the canvas."""
     if size is None:
         if kind == "detail":
@@ -156,8 +165,9 @@ def _shade(c: tuple[int, int, int], f: float) -> tuple[int, int, int]:
     return tuple(int(min(255, v * (1 - 0.35 * f) + 60 * f * (v > 100))) for v in c)
 
 
-def render(scene: Scene, box: tuple[float, float, float, float] | None = None,
-           out: tuple[int, int] | None = None) -> Image.Image:
+def render(
+    scene: Scene, box: tuple[float, float, float, float] | None = None, out: tuple[int, int] | None = None
+) -> Image.Image:
     """Draw ``box`` (canvas pixels, default the whole canvas) of the scene at size ``out``
     (default: the box's own size)."""
     x0, y0, x1, y1 = box or (0, 0, scene.width, scene.height)
@@ -171,7 +181,7 @@ def render(scene: Scene, box: tuple[float, float, float, float] | None = None,
         end = _shade(bg, 1.0)
         for i in range(256):
             t = i / 255
-            strip.putpixel((0, i), tuple(int(a + (b - a) * t) for a, b in zip(bg, end)))
+            strip.putpixel((0, i), tuple(int(a + (b - a) * t) for a, b in zip(bg, end, strict=True)))
         # the gradient runs top to bottom over the whole canvas; crop the visible part
         t0, t1 = y0 / scene.height, y1 / scene.height
         col = strip.resize((1, max(2, round(oh / max(t1 - t0, 1e-6)))), Image.Resampling.BILINEAR)
@@ -224,7 +234,7 @@ def groups(scene: Scene) -> list[tuple[tuple[str, str], list[Shape]]]:
 
 
 def describe(scene: Scene) -> str:
-    """"a red square, two blue circles and the letter K": groups of one colour and shape, left to
+    """ "a red square, two blue circles and the letter K": groups of one colour and shape, left to
     right by their leftmost member, then the letter."""
     items = [f"{NUMBER_WORDS[len(v)]} {c} {_plural(k, len(v))}" for (c, k), v in groups(scene)]
     if scene.letter is not None:

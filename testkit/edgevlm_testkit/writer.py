@@ -41,8 +41,7 @@ class RandomGGUF:
     def _add(self, name: str, data: np.ndarray, qtype: str) -> None:
         add_tensor(self.writer, name, data, qtype)
 
-    def weight(self, name: str, shape: tuple[int, ...], scale: float | None = None,
-               qtype: str | None = None) -> None:
+    def weight(self, name: str, shape: tuple[int, ...], scale: float | None = None, qtype: str | None = None) -> None:
         """A random matrix (or conv kernel) ~ N(0, scale²); scale defaults to 1/sqrt(fan_in)."""
         fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
         s = scale if scale is not None else 1.0 / np.sqrt(max(fan_in, 1))
@@ -63,8 +62,7 @@ class RandomGGUF:
         if bias:
             self.zeros(f"{name}.bias", n)
 
-    def linear(self, name: str, n_out: int, n_in: int, bias: bool = True,
-               qtype: str | None = None) -> None:
+    def linear(self, name: str, n_out: int, n_in: int, bias: bool = True, qtype: str | None = None) -> None:
         self.weight(f"{name}.weight", (n_out, n_in), qtype=qtype)
         if bias:
             self.bias(f"{name}.bias", n_out)

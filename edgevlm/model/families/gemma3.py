@@ -14,8 +14,9 @@ __all__ = ["image_tokens"]
 GEMMA3_POOL = 4  # clip.cpp: hparams.n_merge for PROJECTOR_TYPE_GEMMA3
 
 
-def image_tokens(proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None,
-                 max_tokens: int | None = None) -> ImageTokens:
+def image_tokens(
+    proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+) -> ImageTokens:
     """Always the same: the size, min_tokens and max_tokens do not change a fixed view."""
     merge = int(proj.meta.get("clip.vision.projector.scale_factor") or GEMMA3_POOL)
     patches = proj.image_size // proj.patch_size

@@ -51,8 +51,9 @@ def tile_tokens(proj: ProjectorInfo) -> int:
     return (side * side) // (s * s)
 
 
-def _calc_size_preserved_ratio(width: int, height: int, align: int, min_pixels: int, max_pixels: int,
-                               longest_edge: int) -> tuple[int, int]:
+def _calc_size_preserved_ratio(
+    width: int, height: int, align: int, min_pixels: int, max_pixels: int, longest_edge: int
+) -> tuple[int, int]:
     """mtmd-image.cpp ``img_tool::calc_size_preserved_ratio`` in float32 like the C++."""
     if width <= 0 or height <= 0:
         return 0, 0
@@ -85,8 +86,9 @@ def _calc_size_preserved_ratio(width: int, height: int, align: int, min_pixels: 
     return w_bar, h_bar
 
 
-def refined_size(proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None,
-                 max_tokens: int | None = None) -> tuple[int, int]:
+def refined_size(
+    proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+) -> tuple[int, int]:
     """Size of the image the tiles are cut from (a multiple of the tile size, or 0)."""
     tile = proj.image_size
     longest = int(proj.meta.get(KEY_LONGEST, 0) or 0)
@@ -108,8 +110,9 @@ def refined_size(proj: ProjectorInfo, width: int, height: int, min_tokens: int |
     return _calc_size_preserved_ratio(width, height, tile, max(0, min_pixels), max(0, max_pixels), longest)
 
 
-def grid(proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None,
-         max_tokens: int | None = None) -> tuple[int, int]:
+def grid(
+    proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+) -> tuple[int, int]:
     """(columns, rows) of tiles."""
     rw, rh = refined_size(proj, width, height, min_tokens, max_tokens)
     tile = proj.image_size
@@ -134,8 +137,9 @@ def separator_tokens(nx: int, ny: int) -> int:
     return n
 
 
-def image_tokens(proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None,
-                 max_tokens: int | None = None) -> ImageTokens:
+def image_tokens(
+    proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+) -> ImageTokens:
     tile = proj.image_size
     side = tile // proj.patch_size // scale_factor(proj)
     per = tile_tokens(proj)
@@ -143,5 +147,9 @@ def image_tokens(proj: ProjectorInfo, width: int, height: int, min_tokens: int |
     nx, ny = grid(proj, width, height, min_tokens, max_tokens)
     n_tiles = nx * ny if nx > 0 and ny > 0 else 0
     views = [view] * (n_tiles + 1)  # tiles row-major, then the global view
-    return ImageTokens(per * len(views), per * len(views), views,
-                       text_tokens=separator_tokens(nx, ny) if n_tiles else separator_tokens(0, 0))
+    return ImageTokens(
+        per * len(views),
+        per * len(views),
+        views,
+        text_tokens=separator_tokens(nx, ny) if n_tiles else separator_tokens(0, 0),
+    )

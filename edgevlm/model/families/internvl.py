@@ -69,8 +69,9 @@ def tile_grid(proj: ProjectorInfo, width: int, height: int) -> tuple[int, int]:
     return cw // size, ch // size
 
 
-def image_tokens(proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None,
-                 max_tokens: int | None = None) -> ImageTokens:
+def image_tokens(
+    proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+) -> ImageTokens:
     size, patch = proj.image_size, proj.patch_size
     merge = _meta_int(proj, "clip.vision.projector.scale_factor", 1)  # clip's n_merge default
     side = size // patch

@@ -51,8 +51,9 @@ def tiled_tokens(proj: ProjectorInfo, width: int, height: int) -> ImageTokens:
     return ImageTokens(sum(v.n_tokens for v in views), sum(v.n_pos for v in views), views)
 
 
-def image_tokens(proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None,
-                 max_tokens: int | None = None) -> ImageTokens:
+def image_tokens(
+    proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+) -> ImageTokens:
     if proj.image_grid_pinpoints:
         return tiled_tokens(proj, width, height)
     return fixed_tokens(proj)

@@ -25,8 +25,9 @@ def _merge(proj: ProjectorInfo) -> int:
     return int(proj.spatial_merge_size or 1)
 
 
-def grid(proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None,
-         max_tokens: int | None = None) -> tuple[int, int, int, int]:
+def grid(
+    proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+) -> tuple[int, int, int, int]:
     """(resized width, height, nx, ny): the image as the encoder sees it and its token grid
     (merged tokens, [IMG_BREAK] not counted)."""
     align = proj.patch_size * _merge(proj)
@@ -37,8 +38,9 @@ def grid(proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = 
     return w, h, w // align, h // align
 
 
-def image_tokens(proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None,
-                 max_tokens: int | None = None) -> ImageTokens:
+def image_tokens(
+    proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+) -> ImageTokens:
     w, h, nx, ny = grid(proj, width, height, min_tokens, max_tokens)
     n = nx * ny + ny - 1  # one [IMG_BREAK] per row except the last (clip_n_output_tokens)
     # View.nx/ny: the token grid without the breaks (mtmd itself reports nx = n, ny = 1 for

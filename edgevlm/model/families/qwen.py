@@ -12,8 +12,9 @@ __all__ = ["QWEN_MAX_TOKENS", "QWEN_MIN_TOKENS", "image_tokens"]
 QWEN_MIN_TOKENS, QWEN_MAX_TOKENS = 8, 4096
 
 
-def image_tokens(proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None,
-                 max_tokens: int | None = None) -> ImageTokens:
+def image_tokens(
+    proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+) -> ImageTokens:
     merge = int(proj.spatial_merge_size or 2)
     align = proj.patch_size * merge
     area = align * align

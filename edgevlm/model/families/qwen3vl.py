@@ -21,8 +21,9 @@ __all__ = ["QWEN3VL_MAX_TOKENS", "QWEN3VL_MIN_TOKENS", "image_tokens"]
 QWEN3VL_MIN_TOKENS, QWEN3VL_MAX_TOKENS = 8, 4096
 
 
-def image_tokens(proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None,
-                 max_tokens: int | None = None) -> ImageTokens:
+def image_tokens(
+    proj: ProjectorInfo, width: int, height: int, min_tokens: int | None = None, max_tokens: int | None = None
+) -> ImageTokens:
     merge = int(proj.spatial_merge_size or 2)  # clip.cpp: n_merge = 2 unless the key says so
     align = proj.patch_size * merge
     area = align * align

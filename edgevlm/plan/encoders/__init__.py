@@ -1,4 +1,4 @@
-"""Vision-encoder compute graphs beyond the built-in ones (``plan.compute``: LLaVA's CLIP and the
+"""Vision-encoder compute graphs beyond the built-in ones (``plan.clipgraph``: LLaVA's CLIP and the
 Qwen2/2.5-VL ViTs), one module per graph named in the projector-facts table's ``encoder_graph``.
 A module exports ``compute_bytes(proj, n_patches, flash_attn, grid=None) -> int``: the clip
 compute buffer for one chunk of ``n_patches`` patches, replayed node by node through

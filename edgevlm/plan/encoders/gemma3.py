@@ -27,9 +27,19 @@ from ..graphalloc import F16, F32, Graph, replay
 __all__ = ["compute_bytes", "gemma3_graph", "pool_size"]
 
 
-def gemma3_graph(n_patches: int, patch_size: int, n_embd: int, n_head: int, n_ff: int,
-                 n_layer: int, n_mmproj_embd: int, n_merge: int, flash_attn: bool,
-                 conv_type: str = F16, proj_type: str = F16) -> Graph:
+def gemma3_graph(
+    n_patches: int,
+    patch_size: int,
+    n_embd: int,
+    n_head: int,
+    n_ff: int,
+    n_layer: int,
+    n_mmproj_embd: int,
+    n_merge: int,
+    flash_attn: bool,
+    conv_type: str = F16,
+    proj_type: str = F16,
+) -> Graph:
     g = Graph()
     W = g.EXT
     E, H, F, P, p = n_embd, n_head, n_ff, n_patches, patch_size
@@ -51,7 +61,7 @@ def gemma3_graph(n_patches: int, patch_size: int, n_embd: int, n_head: int, n_ff
     x = g.view(x, (P, E), op="RESHAPE")
     x = g.view(x, (E, P), op="TRANSPOSE", nb=(4 * P, 4, 4 * P * E, 4 * P * E))
     x = g.op("CONT", F32, (E, P), x)
-    x = g.op("ADD", F32, (E, P), x, W)                       # patch bias
+    x = g.op("ADD", F32, (E, P), x, W)  # patch bias
     # build_vit: learned position embeddings (the weight itself, no positions input)
     x = g.op("ADD", F32, (E, P), x, W)
     x = g.view(x, (E, N), op="RESHAPE")
@@ -80,14 +90,14 @@ def gemma3_graph(n_patches: int, patch_size: int, n_embd: int, n_head: int, n_ff
             deferred = g.op("CONT", proj_type, (E, n_mmproj_embd), wt, name="inp_proj_t")
         cur = vit_attention(g, q, k, v, il, D, H, N, E, flash_attn)
         cur = linear(cur, E, f"attn_out-{il}")
-        cur = g.op("ADD", F32, (E, N), cur, inpL)            # ffn_inp
+        cur = g.op("ADD", F32, (E, N), cur, inpL)  # ffn_inp
         inpL = cur
         cur = norm(cur)
         cur = linear(cur, F, f"ffn_up-{il}")
-        cur = g.op("UNARY", F32, (F, N), cur)                # GELU (tanh)
+        cur = g.op("UNARY", F32, (F, N), cur)  # GELU (tanh)
         cur = linear(cur, E, f"ffn_down-{il}")
-        inpL = g.op("ADD", F32, (E, N), inpL, cur)           # layer_out
-    x = norm(inpL)                                           # v.post_ln
+        inpL = g.op("ADD", F32, (E, N), inpL, cur)  # layer_out
+    x = norm(inpL)  # v.post_ln
     x = g.view(x, (E, N, 1), op="RESHAPE")
     if deferred is None:  # no layers: the projection copy comes first in the final expand
         wt = g.view(W, (E, n_mmproj_embd), op="TRANSPOSE")
@@ -102,7 +112,7 @@ def gemma3_graph(n_patches: int, patch_size: int, n_embd: int, n_head: int, n_ff
     x = g.view(x, (E, s * s, 1), op="TRANSPOSE", nb=(4 * s * s, 4, 4 * s * s * E, 4 * s * s * E))
     x = g.op("CONT", F32, (E, s * s, 1), x)
     x = g.op("RMS_NORM", F32, (E, s * s, 1), x)
-    x = g.op("MUL", F32, (E, s * s, 1), x, W)                # mm.soft_emb_norm
+    x = g.op("MUL", F32, (E, s * s, 1), x, W)  # mm.soft_emb_norm
     g.op("MUL_MAT", F32, (n_mmproj_embd, s * s, 1), deferred, x, name="inp_proj")
     return g
 
@@ -112,8 +122,18 @@ def pool_size(proj: ProjectorInfo) -> int:
     return int(proj.meta.get("clip.vision.projector.scale_factor") or 4)
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool,
-                  grid: tuple[int, int] | None = None) -> int:
+def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
     """clip's compute buffer for one Gemma 3 image (always the whole 896² view: 4096 patches)."""
-    return replay(gemma3_graph(n_patches, proj.patch_size, proj.n_embd, proj.n_head, proj.n_ff,
-                               proj.n_layer, proj.n_mmproj_embd, pool_size(proj), flash_attn))
+    return replay(
+        gemma3_graph(
+            n_patches,
+            proj.patch_size,
+            proj.n_embd,
+            proj.n_head,
+            proj.n_ff,
+            proj.n_layer,
+            proj.n_mmproj_embd,
+            pool_size(proj),
+            flash_attn,
+        )
+    )

@@ -48,9 +48,21 @@ def _conv_type(path: str | None) -> str:
     return F16
 
 
-def graph(patch_size: int, n_embd: int, n_head: int, n_ff: int, n_layer: int, n_px: int, n_py: int,
-          n_mmproj_embd: int, scale: int, flash_attn: bool, conv_type: str = F16,
-          has_patch_bias: bool = True, has_post_ln: bool = True) -> Graph:
+def graph(
+    patch_size: int,
+    n_embd: int,
+    n_head: int,
+    n_ff: int,
+    n_layer: int,
+    n_px: int,
+    n_py: int,
+    n_mmproj_embd: int,
+    scale: int,
+    flash_attn: bool,
+    conv_type: str = F16,
+    has_patch_bias: bool = True,
+    has_post_ln: bool = True,
+) -> Graph:
     g = Graph()
     W = g.EXT
     E, Hh, Ff, p = n_embd, n_head, n_ff, patch_size
@@ -93,17 +105,17 @@ def graph(patch_size: int, n_embd: int, n_head: int, n_ff: int, n_layer: int, n_
         v = g.view(v, (D, Hh, N, 1), op="RESHAPE")
         cur = vit_attention(g, q, k, v, il, D, Hh, N, E, flash_attn)
         cur = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
-        cur = g.op("ADD", F32, (E, N), cur, inpL)          # ffn_inp
+        cur = g.op("ADD", F32, (E, N), cur, inpL)  # ffn_inp
         inpL = cur
         cur = norm(cur)
         up = g.op("ADD", F32, (Ff, N), g.op("MUL_MAT", F32, (Ff, N), W, cur, name=f"ffn_up-{il}"), W)
-        cur = g.op("UNARY", F32, (Ff, N), up)               # GELU
+        cur = g.op("UNARY", F32, (Ff, N), up)  # GELU
         cur = g.op("ADD", F32, (E, N), g.op("MUL_MAT", F32, (E, N), W, cur), W)
-        inpL = g.op("ADD", F32, (E, N), inpL, cur)          # layer_out
+        inpL = g.op("ADD", F32, (E, N), inpL, cur)  # layer_out
     x = inpL
     if has_post_ln:
         x = norm(x)
-    x = g.view(x, (E, N, 1), op="RESHAPE")                  # restore the batch dim
+    x = g.view(x, (E, N, 1), op="RESHAPE")  # restore the batch dim
 
     # build_patch_merge_permute (pixel shuffle)
     w_, h_ = n_px, n_py
@@ -116,22 +128,33 @@ def graph(patch_size: int, n_embd: int, n_head: int, n_ff: int, n_layer: int, n_
     x = g.view(x, (E * s, w_ // s, h_), op="RESHAPE")
     x = g.view(x, (E * s, h_, w_ // s), op="PERMUTE", nb=(4, 4 * E * s * w_ // s, 4 * E * s, 4 * E * w_ * h_))
     x = g.op("CONT", F32, (E * s * s, h_ // s, w_ // s), x)
-    x = g.view(x, (E * s * s, w_ // s, h_ // s), op="PERMUTE",
-               nb=(4, 4 * E * s * s * h_ // s, 4 * E * s * s, 4 * E * w_ * h_))
+    x = g.view(
+        x, (E * s * s, w_ // s, h_ // s), op="PERMUTE", nb=(4, 4 * E * s * s * h_ // s, 4 * E * s * s, 4 * E * w_ * h_)
+    )
     n_out = (w_ // s) * (h_ // s)
     x = g.op("CONT", F32, (E * s * s, n_out), x, name="pixel_shuffle")
     g.op("MUL_MAT", F32, (n_mmproj_embd, n_out), W, x, name="mm_fc")
     return g
 
 
-def compute_bytes(proj, n_patches: int, flash_attn: bool,
-                  grid: tuple[int, int] | None = None) -> int:
+def compute_bytes(proj, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
     """clip's compute buffer for one tile of ``n_patches`` patches (``encoder_patches``: the
     whole (image_size / patch)² view)."""
     side = math.isqrt(max(n_patches, 1))
     if side * side != n_patches:
         side = proj.image_size // proj.patch_size
     scale = int(proj.meta.get(_KEY_SCALE, 1) or 1)
-    g = graph(proj.patch_size, proj.n_embd, proj.n_head, proj.n_ff, proj.n_layer, side, side,
-              proj.n_mmproj_embd, max(scale, 1), flash_attn, _conv_type(proj.path or None))
+    g = graph(
+        proj.patch_size,
+        proj.n_embd,
+        proj.n_head,
+        proj.n_ff,
+        proj.n_layer,
+        side,
+        side,
+        proj.n_mmproj_embd,
+        max(scale, 1),
+        flash_attn,
+        _conv_type(proj.path or None),
+    )
     return replay(g)

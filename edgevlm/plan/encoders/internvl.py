@@ -24,9 +24,20 @@ from ..graphalloc import F16, F32, Graph, replay
 __all__ = ["compute_bytes", "internvl_graph"]
 
 
-def internvl_graph(patch_size: int, n_embd: int, n_head: int, n_ff: int, n_layer: int, px: int, py: int,
-                   n_mmproj_embd: int, scale: int, flash_attn: bool, conv_type: str = F16,
-                   vit6b: bool = False) -> Graph:
+def internvl_graph(
+    patch_size: int,
+    n_embd: int,
+    n_head: int,
+    n_ff: int,
+    n_layer: int,
+    px: int,
+    py: int,
+    n_mmproj_embd: int,
+    scale: int,
+    flash_attn: bool,
+    conv_type: str = F16,
+    vit6b: bool = False,
+) -> Graph:
     g = Graph()
     W = g.EXT  # weights (their views and reshapes allocate nothing)
     E, H, F, p = n_embd, n_head, n_ff, patch_size
@@ -78,26 +89,26 @@ def internvl_graph(patch_size: int, n_embd: int, n_head: int, n_ff: int, n_layer
         q, k, v = qkv
         cur = vit_attention(g, q, k, v, il, D, H, N, E, flash_attn)
         cur = linear(cur, E, N, name=f"attn_out-{il}")
-        cur = g.op("MUL", F32, (E, N), cur, W)        # ls1
+        cur = g.op("MUL", F32, (E, N), cur, W)  # ls1
         ffn_inp = g.op("ADD", F32, (E, N), cur, inpL)
         cur = norm(ffn_inp, (E, N))
         cur = linear(cur, F, N, name=f"ffn_up-{il}")
-        cur = g.op("UNARY", F32, (F, N), cur)         # GELU
+        cur = g.op("UNARY", F32, (F, N), cur)  # GELU
         cur = linear(cur, E, N, name=f"ffn_down-{il}")
-        cur = g.op("MUL", F32, (E, N), cur, W)        # ls2
+        cur = g.op("MUL", F32, (E, N), cur, W)  # ls2
         inpL = g.op("ADD", F32, (E, N), ffn_inp, cur)  # layer_out
 
-    x = g.view(inpL, (E, N, 1), op="RESHAPE")        # build_vit restores the batch dim
+    x = g.view(inpL, (E, N, 1), op="RESHAPE")  # build_vit restores the batch dim
     x = g.view(x, (E, P, 1), op="VIEW", nb=(4, 4 * E, 4 * E * N, 4 * E * N))  # drop CLS
     x = g.op("CONT", F32, (E, P, 1), x)
     # pixel shuffle
     s = scale
     x = g.view(x, (E * s, py // s, px, 1), op="RESHAPE")
-    x = g.view(x, (E * s, px, py // s, 1), op="PERMUTE",
-               nb=(4, 4 * E * s * (py // s), 4 * E * s, 4 * E * P))
+    x = g.view(x, (E * s, px, py // s, 1), op="PERMUTE", nb=(4, 4 * E * s * (py // s), 4 * E * s, 4 * E * P))
     x = g.op("CONT", F32, (E * s * s, py // s, px // s, 1), x)
-    x = g.view(x, (E * s * s, px // s, py // s, 1), op="PERMUTE",
-               nb=(4, 4 * E * s * s * (py // s), 4 * E * s * s, 4 * E * P))
+    x = g.view(
+        x, (E * s * s, px // s, py // s, 1), op="PERMUTE", nb=(4, 4 * E * s * s * (py // s), 4 * E * s * s, 4 * E * P)
+    )
     T = (px // s) * (py // s)
     x = g.op("CONT", F32, (E * s * s, T, 1), x)
     # projector: LayerNorm(eps 1e-5) → Linear → GELU → Linear
@@ -111,8 +122,7 @@ def internvl_graph(patch_size: int, n_embd: int, n_head: int, n_ff: int, n_layer
     return g
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool,
-                  grid: tuple[int, int] | None = None) -> int:
+def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
     """clip's compute buffer for one ``internvl`` chunk of ``n_patches`` patches (one tile:
     (image_size / patch_size)², the thumbnail has the same size)."""
     side = math.isqrt(max(n_patches, 1))
@@ -120,5 +130,18 @@ def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool,
         side = proj.image_size // proj.patch_size
     scale = int((proj.meta or {}).get("clip.vision.projector.scale_factor", 1) or 1)
     vit6b = proj.n_embd == 3200 and proj.n_layer == 45
-    return replay(internvl_graph(proj.patch_size, proj.n_embd, proj.n_head, proj.n_ff, proj.n_layer,
-                                 side, side, proj.n_mmproj_embd, scale, flash_attn, vit6b=vit6b))
+    return replay(
+        internvl_graph(
+            proj.patch_size,
+            proj.n_embd,
+            proj.n_head,
+            proj.n_ff,
+            proj.n_layer,
+            side,
+            side,
+            proj.n_mmproj_embd,
+            scale,
+            flash_attn,
+            vit6b=vit6b,
+        )
+    )

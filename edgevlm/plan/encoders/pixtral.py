@@ -36,9 +36,20 @@ from ..graphalloc import F16, F32, I32, Graph, replay
 __all__ = ["compute_bytes", "grid_bytes", "pixtral_graph"]
 
 
-def pixtral_graph(patch: int, n_embd: int, n_head: int, n_ff: int, n_layer: int, n_text: int,
-                  merge: int, px: int, py: int, flash_attn: bool, conv_type: str = F16,
-                  has_pre_ln: bool = True) -> Graph:
+def pixtral_graph(
+    patch: int,
+    n_embd: int,
+    n_head: int,
+    n_ff: int,
+    n_layer: int,
+    n_text: int,
+    merge: int,
+    px: int,
+    py: int,
+    flash_attn: bool,
+    conv_type: str = F16,
+    has_pre_ln: bool = True,
+) -> Graph:
     """The reserve graph of one ``px × py``-token image (``px·merge × py·merge`` patches)."""
     g = Graph()
     W = g.EXT
@@ -126,8 +137,7 @@ def pixtral_graph(patch: int, n_embd: int, n_head: int, n_ff: int, n_layer: int,
 
 @functools.lru_cache(maxsize=4096)
 def _grid_bytes(patch, n_embd, n_head, n_ff, n_layer, n_text, merge, px, py, flash_attn, has_pre_ln):
-    g = pixtral_graph(patch, n_embd, n_head, n_ff, n_layer, n_text, merge, px, py, flash_attn,
-                      has_pre_ln=has_pre_ln)
+    g = pixtral_graph(patch, n_embd, n_head, n_ff, n_layer, n_text, merge, px, py, flash_attn, has_pre_ln=has_pre_ln)
     return replay(g)
 
 
@@ -135,8 +145,15 @@ def _shape(proj: ProjectorInfo):
     merge = int(proj.spatial_merge_size or 1)
     # the buffer does not depend on the depth beyond a few blocks (blocks reuse the same space)
     n_layer = min(int(proj.n_layer), 3)
-    return (int(proj.patch_size), int(proj.n_embd), int(proj.n_head), int(proj.n_ff), n_layer,
-            int(proj.n_mmproj_embd), merge)
+    return (
+        int(proj.patch_size),
+        int(proj.n_embd),
+        int(proj.n_head),
+        int(proj.n_ff),
+        n_layer,
+        int(proj.n_mmproj_embd),
+        merge,
+    )
 
 
 def grid_bytes(proj: ProjectorInfo, px: int, py: int, flash_attn: bool) -> int:
@@ -152,8 +169,7 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(out))
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool,
-                  grid: tuple[int, int] | None = None) -> int:
+def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
     """The clip compute buffer for one chunk of at most ``n_patches`` patches (before merging).
 
     ``grid``: the chunk's token grid ``(px, py)`` (``View.nx, View.ny`` of

@@ -25,7 +25,6 @@ from ..graphalloc import (
     F32,
     FLAG_INPUT,
     I32,
-    I64,
     TYPE_SIZE,
     Graph,
     Tensor,
@@ -107,8 +106,19 @@ class _DAG:
         return g
 
 
-def _graph(n_patches: int, patch: int, E: int, H: int, F: int, n_layer: int, n_out: int,
-           deepstack: list[int], merge: int, flash_attn: bool, interpolate: bool = True) -> Graph:
+def _graph(
+    n_patches: int,
+    patch: int,
+    E: int,
+    H: int,
+    F: int,
+    n_layer: int,
+    n_out: int,
+    deepstack: list[int],
+    merge: int,
+    flash_attn: bool,
+    interpolate: bool = True,
+) -> Graph:
     d = _DAG()
     W = d.W
     P, p = n_patches, patch
@@ -137,7 +147,7 @@ def _graph(n_patches: int, patch: int, E: int, H: int, F: int, n_layer: int, n_o
     x = d.op("ADD", F32, (E, P), x, W, name="patch_bias")
     # learned position embeddings, bilinearly resized to the patch grid, then the same shuffle
     if interpolate:
-        pe = d.op("UPSCALE", F32, (P, 1, E), W)           # (width, height, n_embd)
+        pe = d.op("UPSCALE", F32, (P, 1, E), W)  # (width, height, n_embd)
         pe = d.view(pe, (E, P, 1), op="PERMUTE", nb=(4 * P, 4, 4 * P, 4 * P * E))
         pe = d.op("CONT", F32, (E, P), pe)
     else:
@@ -214,10 +224,21 @@ def _graph(n_patches: int, patch: int, E: int, H: int, F: int, n_layer: int, n_o
     return d.graph()
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool,
-                  grid: tuple[int, int] | None = None) -> int:
+def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
     """clip's compute buffer (bytes, CPU) for one image of ``n_patches`` patches (tokens × 4)."""
     merge = int(proj.spatial_merge_size or 2)
     n_head = proj.n_head or 1
-    return replay(_graph(n_patches, proj.patch_size, proj.n_embd, n_head, proj.n_ff, proj.n_layer,
-                         proj.n_mmproj_embd, deepstack_layers(proj), merge, flash_attn))
+    return replay(
+        _graph(
+            n_patches,
+            proj.patch_size,
+            proj.n_embd,
+            n_head,
+            proj.n_ff,
+            proj.n_layer,
+            proj.n_mmproj_embd,
+            deepstack_layers(proj),
+            merge,
+            flash_attn,
+        )
+    )
