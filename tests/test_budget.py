@@ -192,3 +192,21 @@ def test_chat_sends_labelled_views(model_pair, tmp_path):
         assert r.stats.image_tokens == 576 * len(msg.labels) == 2304
         text = "".join(p.text for p in eng.formatter.render([("user", "Q", msg.labels)]) if p.kind == "text")
         assert "global view: " in text and "tile row" in text
+
+
+def test_budget_finds_the_pair_of_a_model_name(tmp_path):
+    """``--model demo`` (a name) finds its projector as chat does; without either file, one line."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    pic = root / "examples" / "shapes.png"
+    by_name = run_cli("budget", str(pic), "--model", "demo", "--json")
+    by_path = run_cli(
+        "budget", str(pic), "--model", str(root / "models" / "edgevlm-demo.gguf"),
+        "--mmproj", str(root / "models" / "mmproj-edgevlm-demo.gguf"), "--json",
+    )  # fmt: skip
+    assert by_name.returncode == 0 and by_path.returncode == 0, (by_name.stderr, by_path.stderr)
+    assert json.loads(by_name.stdout) == json.loads(by_path.stdout)
+    alone = run_cli("budget", str(pic))
+    assert alone.returncode == 2 and alone.stderr.strip().count("\n") == 0, alone.stderr
+    assert "--mmproj" in alone.stderr and "Traceback" not in alone.stderr

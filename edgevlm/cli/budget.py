@@ -14,13 +14,13 @@ __all__ = ["budget"]
 
 @click.command()
 @click.argument("image", type=click.Path(dir_okay=False))
-@click.option("--mmproj", required=True, type=click.Path(dir_okay=False), help="Vision projector GGUF.")
+@click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector GGUF (found for model names).")
 @click.option(
     "--model",
     "-m",
-    type=click.Path(dir_okay=False),
-    help="The text model GGUF: with it, mtmd itself counts the tokens (needed for projector "
-    "types edgevlm has no arithmetic for; its vocabulary is read, not its weights).",
+    help="The text model: a GGUF path, or a downloaded registry name, hf: spec or demo. With it, mtmd itself "
+    "counts the tokens (needed for projector types edgevlm has no arithmetic for; its vocabulary is read, not "
+    "its weights) and the budget is the plan's, as chat's.",
 )
 @click.option("--image-tokens", type=click.IntRange(1), help="Token budget for this image.")
 @click.option(
@@ -42,14 +42,28 @@ def budget(image, mmproj, model, image_tokens, tiles, scorer, overlay, max_pixel
 
     \b
     edgevlm budget photo.jpg --mmproj mmproj.gguf --image-tokens 2304 --overlay views.png
+    edgevlm budget photo.jpg --model demo
     """
+    import os
+
     from ..errors import UnsupportedModel
+    from ..hub.registry import resolve
     from ..model.gguf_info import load_projector
     from ..model.projectors import facts
     from ..plan.planner import image_budget
     from ..vision.budget import ImageBudget, draw_overlay
     from ..vision.images import load_image
+    from .common import CLIError, echo_err
 
+    if model is not None and not (mmproj is not None and os.path.isfile(model)):
+        r = resolve(model, mmproj)  # a name: its files, when they are here (budget downloads nothing)
+        for n in r.notes:
+            echo_err(f"note: {n}")
+        if r.mmproj is None:
+            raise CLIError(f"{r.name}: no vision projector found; pass --mmproj", 2)
+        model, mmproj = r.local_paths()
+    if mmproj is None:
+        raise CLIError("give the vision projector (--mmproj), or the model (--model) to find it", 2)
     proj = load_projector(mmproj)
     img = load_image(image, max_pixels)
     # the budget chat, serve and caption give this picture with default options: with the text
