@@ -75,7 +75,7 @@ def load(
     - ``backend_options`` override the plan's ``Backend`` arguments (``flash_attn``, ``n_batch``,
       ``progress_callback`` ...).
     """
-    keywords = dict(
+    keywords: dict[str, Any] = dict(  # Wishes' fields, each of its own type
         n_ctx=n_ctx,
         n_gpu_layers=n_gpu_layers,
         kv=kv,

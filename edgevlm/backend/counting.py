@@ -70,6 +70,10 @@ class MtmdTokenizer:
     touches the mtmd context holds ``mtmd_lock``: counting runs in request threads while the
     model's own thread encodes."""
 
+    mtmd: Any  # llama_cpp.mtmd_cpp (ctypes bindings)
+    mctx: Any  # the mtmd context (a ctypes pointer; None once closed)
+    marker: str
+    _counts: OrderedDict[tuple[int, int], ImageTokens]
     mtmd_lock: Any
 
     def placeholder_bitmap(self, width: int, height: int):

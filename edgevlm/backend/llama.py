@@ -16,7 +16,7 @@ import random
 import threading
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from . import logs
 from .counting import CHUNK_AUDIO, CHUNK_IMAGE, CHUNK_TEXT, Chunk, Chunks, MtmdTokenizer  # noqa: F401
 from .sampling import SamplingParams
 from .system import cpu_extra_buffers, default_threads, install_log_sink
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
 
 __all__ = ["Backend", "Chunk", "Chunks", "SamplingParams"]
 
@@ -156,7 +159,7 @@ class Backend(MtmdTokenizer):
                     op_offload=op_offload,
                 )
                 with _llama_defaults(n_seq_max, progress_callback):
-                    self.llama = llama_cpp.Llama(self.model_path, **kwargs)
+                    self.llama: Llama | None = llama_cpp.Llama(self.model_path, **kwargs)  # None once closed
             except (ValueError, RuntimeError) as exc:
                 raise ModelFileError(f"{self.model_path}: llama.cpp could not load it ({exc})") from None
             params = mtmd_cpp.mtmd_context_params_default()
@@ -217,8 +220,9 @@ class Backend(MtmdTokenizer):
         if getattr(self, "mctx", None):
             self.mtmd.mtmd_free(self.mctx)
             self.mctx = None
-        if getattr(self, "llama", None) is not None:
-            self.llama.close()
+        llama = getattr(self, "llama", None)  # (absent when the constructor failed first)
+        if llama is not None:
+            llama.close()
             self.llama = None
 
     def __enter__(self):
@@ -226,6 +230,12 @@ class Backend(MtmdTokenizer):
 
     def __exit__(self, *exc):
         self.close()
+
+    @property
+    def _llm(self) -> Llama:
+        """The open model (nothing uses the backend after ``close``)."""
+        assert self.llama is not None, "the backend is closed"
+        return self.llama
 
     # --- images and tokenization ------------------------------------------------------
     def bitmap_from_rgb(self, rgb: np.ndarray, image_id: str | None = None):
@@ -243,14 +253,14 @@ class Backend(MtmdTokenizer):
         return bm
 
     def tokenize_text(self, text: str, add_special: bool = False) -> list[int]:
-        return self.llama.tokenize(text.encode("utf-8"), add_bos=add_special, special=True)
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=True)
 
     def tokenize_fragment(self, text: str) -> list[int]:
         """Tokens whose pieces, one after another, are exactly ``text`` (a reply cut by a stop
         string inside a token): the tokenizer's own where they are, else one token per byte
         (a SentencePiece vocabulary puts a space before a fragment's first word)."""
         raw = text.encode("utf-8")
-        toks = self.llama.tokenize(raw, add_bos=False, special=False)
+        toks = self._llm.tokenize(raw, add_bos=False, special=False)
         if b"".join(self.token_bytes(t) for t in toks) == raw:
             return toks
         if self._byte_tokens is None:
@@ -282,7 +292,7 @@ class Backend(MtmdTokenizer):
         with self.mtmd_lock:
             rc = self.mtmd.mtmd_helper_decode_image_chunk(
                 self.mctx,
-                self.llama.ctx,
+                self._llm.ctx,
                 chunk.handle,
                 embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
                 n_past,
@@ -321,10 +331,10 @@ class Backend(MtmdTokenizer):
         if pos.shape[1] == 1:
             pos = np.concatenate([pos, np.zeros((n, 3), np.int32)], axis=1)
         base = embd.ctypes.data
-        batch = lc.llama_batch_ext_init(self.llama.ctx)
+        batch = lc.llama_batch_ext_init(self._llm.ctx)
         step = n if non_causal else self.n_batch
         if non_causal:
-            lc.llama_set_causal_attn(self.llama.ctx, False)
+            lc.llama_set_causal_attn(self._llm.ctx, False)
         try:
             for off in range(0, n, step):
                 lc.llama_batch_ext_clear(batch)
@@ -335,12 +345,12 @@ class Backend(MtmdTokenizer):
                         raise BackendError(f"could not add an embedding to the batch (code {idx})")
                     p = (lc.llama_pos * 4)(*pos[i].tolist())
                     lc.llama_batch_ext_set_pos(batch, idx, p)
-                rc = lc.llama_process(self.llama.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+                rc = lc.llama_process(self._llm.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
                 if rc != 0:
                     raise BackendError(f"decoding merged image tokens failed (code {rc})")
         finally:
             if non_causal:
-                lc.llama_set_causal_attn(self.llama.ctx, True)
+                lc.llama_set_causal_attn(self._llm.ctx, True)
             lc.llama_batch_ext_free(batch)
 
     def decode_tokens(self, tokens: list[int], n_past: int, logits_last: bool = True, seq_id: int = 0) -> int:
@@ -360,7 +370,7 @@ class Backend(MtmdTokenizer):
             last = i + len(part) >= len(tokens)
             if last and logits_last:
                 b.logits[len(part) - 1] = True
-            rc = lc.llama_decode(self.llama.ctx, b)
+            rc = lc.llama_decode(self._llm.ctx, b)
             if rc != 0:
                 raise BackendError(f"llama_decode failed (code {rc}) at position {n_past + i}")
             i += len(part)
@@ -371,7 +381,7 @@ class Backend(MtmdTokenizer):
         output)`` each (at most ``n_batch``). Sample an output with ``sample(s, index)``."""
         lc = self.llama_cpp
         if self._batch_ext is None:
-            self._batch_ext = lc.llama_batch_ext_init(self.llama.ctx)
+            self._batch_ext = lc.llama_batch_ext_init(self._llm.ctx)
         b = self._batch_ext
         lc.llama_batch_ext_clear(b)
         pos = (lc.llama_pos * 4)()
@@ -383,7 +393,7 @@ class Backend(MtmdTokenizer):
             lc.llama_batch_ext_set_pos(b, idx, pos)
             if out:
                 lc.llama_batch_ext_set_output_logits(b, idx, True)
-        rc = lc.llama_process(self.llama.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, b)
+        rc = lc.llama_process(self._llm.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, b)
         if rc != 0:
             raise BackendError(
                 f"llama_decode failed (code {rc}) on a batch of {len(entries)} tokens from several sequences"
@@ -392,34 +402,34 @@ class Backend(MtmdTokenizer):
     def seq_copy(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         """Let sequence ``dst`` share ``src``'s KV cells with positions in [p0, p1) (unified
         cache: no copy, the cells gain a sequence)."""
-        mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
+        mem = self.llama_cpp.llama_get_memory(self._llm.ctx)
         self.llama_cpp.llama_memory_seq_cp(mem, src, dst, p0, p1)
 
     def logits(self, index: int = -1) -> np.ndarray:
         """Logits of batch output ``index`` (-1: the last token evaluated with logits on; a
         view: copy to keep)."""
-        ptr = self.llama_cpp.llama_get_logits_ith(self.llama.ctx, index)
+        ptr = self.llama_cpp.llama_get_logits_ith(self._llm.ctx, index)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def seq_pos_max(self, seq_id: int) -> int:
         """The largest position sequence ``seq_id`` holds in the KV cache (-1: none)."""
-        mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
+        mem = self.llama_cpp.llama_get_memory(self._llm.ctx)
         return int(self.llama_cpp.llama_memory_seq_pos_max(mem, seq_id))
 
     def kv_remove(self, p0: int, p1: int = -1, seq_id: int = 0) -> None:
         """Forget KV cells with positions in [p0, p1) (p1 = -1: to the end)."""
-        mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
+        mem = self.llama_cpp.llama_get_memory(self._llm.ctx)
         self.llama_cpp.llama_memory_seq_rm(mem, seq_id, p0, p1)
 
     def state_save(self, seq_id: int, max_bytes: int | None = None) -> bytes | None:
         """A copy of sequence ``seq_id``'s KV cells (``llama_state_seq_get_data``), or None when
         it would take more than ``max_bytes``."""
         lc = self.llama_cpp
-        n = int(lc.llama_state_seq_get_size(self.llama.ctx, seq_id))
+        n = int(lc.llama_state_seq_get_size(self._llm.ctx, seq_id))
         if n <= 0 or (max_bytes is not None and n > max_bytes):
             return None
         buf = (ctypes.c_ubyte * n)()
-        got = int(lc.llama_state_seq_get_data(self.llama.ctx, buf, n, seq_id))
+        got = int(lc.llama_state_seq_get_data(self._llm.ctx, buf, n, seq_id))
         return bytes(memoryview(buf)[:got]) if got > 0 else None
 
     def state_load(self, data: bytes, seq_id: int) -> bool:
@@ -427,10 +437,10 @@ class Backend(MtmdTokenizer):
         llama.cpp cannot (no room for them)."""
         lc = self.llama_cpp
         buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
-        return int(lc.llama_state_seq_set_data(self.llama.ctx, buf, len(data), seq_id)) == len(data)
+        return int(lc.llama_state_seq_set_data(self._llm.ctx, buf, len(data), seq_id)) == len(data)
 
     def kv_clear(self) -> None:
-        mem = self.llama_cpp.llama_get_memory(self.llama.ctx)
+        mem = self.llama_cpp.llama_get_memory(self._llm.ctx)
         self.llama_cpp.llama_memory_clear(mem, True)
 
     # --- sampling ---------------------------------------------------------------------
@@ -473,7 +483,7 @@ class Backend(MtmdTokenizer):
     def sample(self, sampler, index: int = -1) -> int:
         """Sample from the logits of batch entry ``index`` (-1: the last output) and accept the
         token into the sampler's state."""
-        return int(self.llama_cpp.llama_sampler_sample(sampler, self.llama.ctx, index))
+        return int(self.llama_cpp.llama_sampler_sample(sampler, self._llm.ctx, index))
 
     def free_sampler(self, sampler) -> None:
         self.llama_cpp.llama_sampler_free(sampler)
@@ -489,10 +499,10 @@ class Backend(MtmdTokenizer):
         """A token's text as bytes (a piece of a UTF-8 character, for byte tokens); remembered
         per token: generation asks for every token it samples."""
         if special:
-            return self.llama.detokenize([token], special=True)
+            return self._llm.detokenize([token], special=True)
         piece = self._pieces.get(token)
         if piece is None:
-            piece = self._pieces[token] = self.llama.detokenize([token], special=False)
+            piece = self._pieces[token] = self._llm.detokenize([token], special=False)
         return piece
 
     def token_text(self, token: int) -> str:

@@ -13,9 +13,16 @@ import re
 import sys
 import threading
 from collections.abc import Iterator
+from typing import TypedDict
+
+
+class _State(TypedDict):
+    echo: bool  # print llama.cpp's log to stderr
+    partial: str  # the last line, until its newline comes
+
 
 _lock = threading.Lock()
-_state = {"echo": False, "partial": ""}
+_state: _State = {"echo": False, "partial": ""}
 _listeners: list[list[str]] = []
 
 __all__ = ["buffer_sizes", "capture", "on_text", "set_echo"]

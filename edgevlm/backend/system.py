@@ -144,7 +144,8 @@ def template_renderer(template: str, bos_token: str, eos_token: str) -> Callable
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     fmt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)
-    return lambda messages: fmt(messages=messages).prompt
+    # plain dicts: the templates read keys beyond llama-cpp-python's ChatCompletionRequest*Message TypedDicts
+    return lambda messages: fmt(messages=messages).prompt  # type: ignore[arg-type]
 
 
 def json_grammar(schema: dict | None = None) -> str:

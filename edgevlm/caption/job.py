@@ -197,7 +197,7 @@ class CaptionJob:
         prep = Preparer(None, self.settings, self.digest, self.deliverable, self.index, self.conflicts)
         return not all(prep.settled(it) for it in self.items)
 
-    def recorded_paths(self) -> set[str]:
+    def recorded_paths(self) -> set[str | None]:
         """Paths with a record of these settings, read without locking (``--dry-run``)."""
         log = self.log
         entries = ParquetLog.peek(self.out) if isinstance(log, ParquetLog) else RecordLog.peek(self.out, log.fmt)

@@ -85,7 +85,7 @@ def parquet_row(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _record(row: dict[str, Any]) -> dict[str, Any]:
-    d = {}
+    d: dict[str, Any] = {}
     for k, t in PARQUET_COLUMNS.items():
         v = row.get(k)
         if t == _JSON and v is not None:
@@ -169,7 +169,9 @@ class ParquetLog:
     def _load(self) -> None:
         self.entries, self._shard_of = [], {}
         for f in _shards(self.path):
-            self._next = max(self._next, int(_SHARD.match(os.path.basename(f)).group(1)) + 1)
+            m = _SHARD.match(os.path.basename(f))
+            assert m is not None  # _shards lists only the names it matches
+            self._next = max(self._next, int(m.group(1)) + 1)
             for i, row in enumerate(_read_shard(f)):
                 key = f"{os.path.basename(f)}\0{i}".encode()
                 self.entries.append(Entry(_record(row), key))

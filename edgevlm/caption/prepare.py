@@ -57,7 +57,7 @@ class ResumeIndex:
     Records a rerun redoes — io/runtime errors, every error with ``retry_errors``, duplicates —
     are listed in ``drop``; records of other settings are kept and counted."""
 
-    def __init__(self, entries: list[Entry] = (), digest: str = "", retry_errors: bool = False):
+    def __init__(self, entries: Iterable[Entry] = (), digest: str = "", retry_errors: bool = False):
         self.by_path: dict[str, Entry] = {}
         self.drop: list[Entry] = []
         self.other_settings = 0

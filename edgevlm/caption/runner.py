@@ -195,6 +195,7 @@ class Captioner:
                         if sched is None:  # the file changed after the run decided no model was needed
                             yield self._failed(p, job.prompt, "runtime", "changed while the run started; run again")
                             continue
+                    assert sched is not None  # (checked above when the job was made)
                     try:
                         job.request = job.request or self._request(job)
                         seq = sched.submit(job.request, self.client)
@@ -212,6 +213,7 @@ class Captioner:
                     if waiting is None or self.stop.requested:
                         return
                     continue  # it did not fit beside the others: now it runs alone
+                assert sched is not None  # something is in flight
                 sched.step()
                 for seq in self.client.take_finished():  # written even when abandoning
                     if flying.pop(id(seq), None) is None:
@@ -224,6 +226,7 @@ class Captioner:
                 self.stop.check()
         finally:
             for seq in flying.values():
+                assert sched is not None  # something is in flight
                 sched.cancel(seq)
             if waiting is not None and waiting.request is not None:
                 waiting.request.prompt.release()

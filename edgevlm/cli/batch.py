@@ -369,6 +369,7 @@ class BatchView(StderrView):
                 f"failed: {d.get('custom_id') or '(no custom_id)'}: " + (f"{status} " if status else "") + message
             )
         if self.bar is not None:
+            assert self.task is not None  # added with the bar
             self.bar.update(
                 self.task, completed=self.n, counts=f"answered {summary.answered} · failed {summary.failed}"
             )

@@ -51,7 +51,8 @@ class CLIError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = 1):
         super().__init__(message)
-        self.exit_code = exit_code
+        # click annotates exit_code as a ClassVar, yet reads it from the instance (``ctx.exit(e.exit_code)``)
+        self.exit_code = exit_code  # type: ignore[misc]
 
 
 def handle_errors(fn):

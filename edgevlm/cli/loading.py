@@ -11,7 +11,7 @@ from typing import Any
 from ..api import load
 from ..hub.download import ensure_local
 from ..hub.listing import choose_model
-from ..hub.registry import resolve
+from ..hub.registry import RemoteFile, resolve
 from ..hub.remote import plan_resolved
 from ..plan.devices import probe
 from ..runtime.model import LoadedModel
@@ -57,12 +57,13 @@ def model_paths(
     _echo_notes(r)
     if r.mmproj is None:
         raise CLIError(f"{r.name}: no vision projector found; pass --mmproj", 2)
+
+    def on_file(role: str, rf: RemoteFile) -> None:
+        if not quiet:
+            echo_err(f"pulling {rf.spec} ({role})")
+
     if not r.is_local:
-        res = ensure_local(
-            r,
-            progress=not quiet and sys.stderr.isatty(),
-            on_file=lambda role, rf: quiet or echo_err(f"pulling {rf.spec} ({role})"),
-        )
+        res = ensure_local(r, progress=not quiet and sys.stderr.isatty(), on_file=on_file)
         r = res.resolved
     return r.local_paths()  # type: ignore[return-value]
 

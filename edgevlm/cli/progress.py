@@ -7,6 +7,10 @@ import json
 import sys
 import time
 from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 __all__ = ["ProgressView", "StderrView", "fmt_eta"]
 
@@ -20,8 +24,8 @@ class StderrView:
             mode = "bar" if sys.stderr.isatty() else "none"
         self.mode = mode
         self.quiet = quiet
-        self.bar = None
-        self.task = None
+        self.bar: Progress | None = None  # (rich, imported when a bar is shown)
+        self.task: TaskID | None = None
         self.n = 0
 
     def _emit(self, obj: dict) -> None:
@@ -142,6 +146,7 @@ class ProgressView(StderrView):
             self._emit(ev)
         elif self.bar is not None:
             counts = f"done {summary.done} · skipped {summary.skipped} · failed {summary.failed}"
+            assert self.task is not None  # added with the bar
             self.bar.update(
                 self.task, completed=self.n, rate=f"{rate:.2f}" if rate else "-", eta=fmt_eta(eta), counts=counts
             )

@@ -20,7 +20,7 @@ from typing import IO
 from ..errors import EdgeVLMError
 from ..runtime.engine import Engine
 from ..runtime.session import recall
-from ..vision.images import has_image_ext
+from ..vision.images import LoadedImage, has_image_ext
 
 __all__ = ["ChatLoop", "extract_image_paths"]
 # A path ending in an image extension: quoted, or unquoted with backslash-escaped spaces.
@@ -69,7 +69,7 @@ class ChatLoop:
         self.err = err
         self.interactive = interactive
         self.show_stats = show_stats
-        self.queued: list[str] = []
+        self.queued: list[str | LoadedImage] = []  # paths, and pictures /recall brings back
         self._read = read_line or self._read_stdin
 
     def _read_stdin(self, prompt: str) -> str:
@@ -157,7 +157,7 @@ class ChatLoop:
                 text = m.text.strip().replace("\n", " ")
                 self._say(f"{i + 1:3d} {m.role:9s}{imgs} {text[:70]}{'…' if len(text) > 70 else ''}")
             for p in self.engine.pictures:
-                where = "in context" if p.in_context else f"summary: {p.summary[:60]}"
+                where = "in context" if p.summary is None else f"summary: {p.summary[:60]}"  # (= p.in_context)
                 self._say(f"    image {p.number} ({p.name}, {p.tokens} tokens): {where}")
             self._say(f"context: {self.engine.n_ctx_used:,} / {self.engine.n_ctx:,} tokens")
         elif cmd == "/recall":

@@ -105,7 +105,7 @@ class CaptionActor:
         cap = Captioner(
             self.engine, self.settings, self.model_name, self.digest, index=self.index, prefetch=2, slots=self.parallel
         )
-        out = {"path": [], "result": []}
+        out: dict[str, list[str]] = {"path": [], "result": []}
         for res in cap.run(items):
             out["path"].append(res.item.path)
             out["result"].append(encode_result(res))

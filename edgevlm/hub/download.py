@@ -54,7 +54,7 @@ class Digest:
     source: str  # "registry" | "hub"
 
 
-def expected_digest(rf: RemoteFile) -> Digest | None:
+def expected_digest(rf: RemoteFile) -> Digest:
     """What the file must hash to: the registry's pinned sha256, else the hub's LFS sha256."""
     if rf.sha256:
         return Digest("sha256", rf.sha256.lower(), "registry")
@@ -242,7 +242,9 @@ def ensure_local(
         refs[role] = FileRef(local=res.path, remote=ref.remote)
     from dataclasses import replace
 
-    out.resolved = replace(r, model=refs["model"], mmproj=refs["mmproj"])
+    model = refs["model"]
+    assert model is not None  # r.model, or the FileRef that replaced it
+    out.resolved = replace(r, model=model, mmproj=refs["mmproj"])
     return out
 
 
@@ -312,6 +314,12 @@ def pull(spec: str, mmproj: str | None = None, **kw: Any) -> PullResult:
 # --- removing -----------------------------------------------------------------------------
 
 
+def _hub_file(ref: FileRef) -> RemoteFile:
+    """The hub origin of a registry or ``hf:`` model's file (resolution always gives one)."""
+    assert ref.remote is not None
+    return ref.remote
+
+
 def remove(spec: str) -> list[tuple[str, int]]:
     """``edgevlm rm``: delete a pulled model's files from the hub cache; (file, bytes freed).
 
@@ -321,7 +329,8 @@ def remove(spec: str) -> list[tuple[str, int]]:
     reg = load_registry()
     if spec.startswith("hf:"):
         r = resolve(spec, need_mmproj=False)
-        targets = [r.model.remote]
+        model_rf = _hub_file(r.model)
+        targets = [model_rf]
         siblings: list[RemoteFile] = []
         proj = r.mmproj.remote if r.mmproj else None
         if proj is not None:
@@ -329,7 +338,7 @@ def remove(spec: str) -> list[tuple[str, int]]:
             siblings = [
                 RemoteFile(proj.repo, f, proj.revision)
                 for f in listing
-                if f.lower().endswith(".gguf") and not is_mmproj_name(f) and f != r.model.remote.file
+                if f.lower().endswith(".gguf") and not is_mmproj_name(f) and f != model_rf.file
             ]
     else:
         name, _, quant = spec.partition(":")
@@ -343,9 +352,10 @@ def remove(spec: str) -> list[tuple[str, int]]:
         _, q = reg.lookup(spec)
         quants = [q] if quant else entry.quants
         rfs = {qq: resolve(f"{entry.name}:{qq}", registry=reg) for qq in entry.quants}
-        targets = [rfs[qq].model.remote for qq in quants]
-        siblings = [rfs[qq].model.remote for qq in entry.quants if qq not in quants]
-        proj = rfs[q].mmproj.remote if rfs[q].mmproj else None
+        targets = [_hub_file(rfs[qq].model) for qq in quants]
+        siblings = [_hub_file(rfs[qq].model) for qq in entry.quants if qq not in quants]
+        mm = rfs[q].mmproj
+        proj = mm.remote if mm else None
     removed: list[tuple[str, int]] = []
     for rf in targets:
         for pointer in _pointers(rf):

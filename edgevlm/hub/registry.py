@@ -275,7 +275,10 @@ class FileRef:
 
     @property
     def label(self) -> str:
-        return self.local if self.remote is None else self.remote.spec
+        if self.remote is not None:
+            return self.remote.spec
+        assert self.local is not None  # every FileRef made has a local path, a hub origin or both
+        return self.local
 
     @property
     def name(self) -> str:

@@ -12,7 +12,7 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, overload
 
 import gguf
 
@@ -116,14 +116,19 @@ class _Cursor:
                 raise HeaderIncomplete()
             raise EOFError("header runs past the end of the file")
 
-    def unpack(self, fmt: str):
+    def unpack(self, fmt: str) -> Any:
         n = struct.calcsize(fmt)
         self._need(n)
         v = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += n
         return v[0] if len(v) == 1 else v
 
-    def string(self, decode: bool = True):
+    @overload
+    def string(self, decode: Literal[True] = ...) -> str: ...
+    @overload
+    def string(self, decode: bool) -> str | None: ...
+
+    def string(self, decode: bool = True) -> str | None:
         n = self.unpack("<Q")
         self._need(n)
         raw = self.buf[self.pos : self.pos + n]

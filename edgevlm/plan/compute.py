@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..model.kv_types import KV_DEFAULT, is_quantized
-from .graphalloc import ALIGN, F16, F32, FLAG_INPUT, FLAG_OUTPUT, I32, I64, Graph, pad, replay  # noqa: F401
+from .graphalloc import ALIGN, F16, F32, FLAG_INPUT, FLAG_OUTPUT, I32, I64, Graph, Tensor, pad, replay  # noqa: F401
 
 __all__ = [
     "TextGraph",
@@ -56,7 +56,7 @@ def kv_rotation(type_k: str, type_v: str, head_dim: int) -> tuple[bool, bool, in
     return rot_k, rot_v, nrot_k, 64
 
 
-def hadamard(g: Graph, x, rot, n: int, ne3):
+def hadamard(g: Graph, x: Tensor, rot: Tensor, n: int, ne3: tuple[int, int, int]) -> Tensor:
     r = g.view(x, (n, (ne3[0] * ne3[1] * ne3[2]) // n), op="RESHAPE")
     m = g.op("MUL_MAT", F32, (n, (ne3[0] * ne3[1] * ne3[2]) // n), rot, r)
     return g.view(m, ne3, op="RESHAPE")
@@ -64,9 +64,9 @@ def hadamard(g: Graph, x, rot, n: int, ne3):
 
 def store_and_attend(
     g: Graph,
-    q,
-    k,
-    v,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
     il: int,
     H: int,
     Hkv: int,
@@ -74,12 +74,12 @@ def store_and_attend(
     U: int,
     n_kv: int,
     flash_attn: bool,
-    k_idxs,
-    v_idxs,
-    mask,
-    v_rot,
+    k_idxs: Tensor,
+    v_idxs: Tensor,
+    mask: Tensor,
+    v_rot: Tensor | None,
     nrot_v: int,
-):
+) -> Tensor:
     """K and V into the cache (SET_ROWS), attention over it, the V rotation undone: (H·D, U)."""
     Eq, Ekv = H * D, Hkv * D
     W = g.EXT
@@ -108,7 +108,9 @@ def store_and_attend(
     return cur
 
 
-def attn_output(g: Graph, cur, inpL, il: int, E: int, U: int, last: bool, n_outputs: int, out_ids):
+def attn_output(
+    g: Graph, cur: Tensor, inpL: Tensor, il: int, E: int, U: int, last: bool, n_outputs: int, out_ids: Tensor
+) -> tuple[Tensor, Tensor, int]:
     """The attention's output projection; on the last layer only the output rows go on:
     (cur, residual, rows)."""
     cur = g.op("MUL_MAT", F32, (E, U), g.EXT, cur, name=f"attn_out-{il}")
@@ -119,7 +121,9 @@ def attn_output(g: Graph, cur, inpL, il: int, E: int, U: int, last: bool, n_outp
     return cur, res, n_outputs
 
 
-def swiglu_block(g: Graph, cur, res, il: int, E: int, F: int, T: int, post_norms: bool = False):
+def swiglu_block(
+    g: Graph, cur: Tensor, res: Tensor, il: int, E: int, F: int, T: int, post_norms: bool = False
+) -> Tensor:
     """Residual add, RMS norm, gated FFN (SwiGLU; Gemma's GeGLU has the same nodes), residual add:
     the layer's output (E, T). ``post_norms`` (Gemma 3): an RMS norm on the attention's output
     before the add and on the FFN's output before the second add."""
@@ -137,7 +141,19 @@ def swiglu_block(g: Graph, cur, res, il: int, E: int, F: int, T: int, post_norms
     return g.op("ADD", F32, (E, T), rms(down) if post_norms else down, ffn_inp)
 
 
-def vit_attention(g: Graph, q, k, v, il: int, D: int, H: int, N: int, E: int, flash_attn: bool, nb_heads=None):
+def vit_attention(
+    g: Graph,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    il: int,
+    D: int,
+    H: int,
+    N: int,
+    E: int,
+    flash_attn: bool,
+    nb_heads: tuple[int, int, int, int] | None = None,
+) -> Tensor:
     """clip's ``build_attn`` with no cache and no mask: q, k, v are (D, H, N) views of (E, N)
     rows (``nb_heads``: their permuted strides); flash attention on F16 copies, or KQ → softmax →
     KQV. The result is (E, N)."""
@@ -161,7 +177,7 @@ def vit_attention(g: Graph, q, k, v, il: int, D: int, H: int, N: int, E: int, fl
     return g.op("CONT", F32, (E, N), kqv)
 
 
-def result_head(g: Graph, inpL, E: int, V: int, n_outputs: int) -> None:
+def result_head(g: Graph, inpL: Tensor, E: int, V: int, n_outputs: int) -> None:
     norm = g.op("RMS_NORM", F32, (E, n_outputs), inpL)
     rn = g.op("MUL", F32, (E, n_outputs), norm, g.EXT, flags=FLAG_OUTPUT, name="result_norm")
     g.op("MUL_MAT", F32, (V, n_outputs), g.EXT, rn, flags=FLAG_OUTPUT, name="result_output")
@@ -210,21 +226,21 @@ class TextGraph:
 
 def _text_graph(
     f: TextGraph,
-    n_embd,
-    n_head,
-    n_head_kv,
-    head_dim,
-    n_ff,
-    n_vocab,
-    n_kv,
-    n_tokens,
-    n_outputs,
-    flash_attn,
-    type_k,
-    type_v,
-    n_layer,
-    n_kv_swa=None,
-):
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    head_dim: int,
+    n_ff: int,
+    n_vocab: int,
+    n_kv: int,
+    n_tokens: int,
+    n_outputs: int,
+    flash_attn: bool,
+    type_k: str,
+    type_v: str,
+    n_layer: int,
+    n_kv_swa: int | None = None,
+) -> Graph:
     g = Graph()
     E, H, Hkv, D, F, V, U = n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_tokens
     Ekv = Hkv * D
@@ -272,6 +288,8 @@ def _text_graph(
         inpL = inp_embd = g.view(padded, (E, U), nb=(4, 4 * Ein, 4 * Ein * U, 4 * Ein * U))
     for il, swa in enumerate(layers):
         d = ins[swa]
+        layer_kv = n_kv_swa if swa else n_kv
+        assert layer_kv is not None  # sliding-window layers come only with n_kv_swa (text_compute_bytes)
         cur = rms(inpL, (E, U), name=f"norm-{il}")
         qkv = {}
         for which in f.qkv_order:
@@ -308,7 +326,7 @@ def _text_graph(
             Hkv,
             D,
             U,
-            n_kv_swa if swa else n_kv,
+            layer_kv,
             flash_attn,
             d["k_idxs"],
             d["v_idxs"],

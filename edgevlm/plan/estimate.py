@@ -12,9 +12,10 @@ import functools
 import importlib
 import platform
 import re
+import types
 from dataclasses import dataclass
 
-from ..model.gguf_info import GGUFFile
+from ..model.gguf_info import GGUFFile, ProjectorInfo, TensorInfo, TextModelInfo
 from ..model.kv_types import KV_DEFAULT, KV_TYPES
 from ..model.projectors import facts
 from . import clipgraph, compute, graphalloc
@@ -47,7 +48,7 @@ else:
     _REPACK_ROWS = {"Q4_0": 8, "IQ4_NL": 8, "Q4_K": 8, "Q2_K": 8, "MXFP4": 8}
 
 
-def _repackable(t) -> bool:
+def _repackable(t: TensorInfo) -> bool:
     """``t``: a GGUF tensor (ggml order: shape[1] is the row count)."""
     rows = _REPACK_ROWS.get(t.ggml_type)
     return rows is not None and len(t.shape) == 2 and t.shape[1] % rows == 0
@@ -211,23 +212,23 @@ def kv_bytes(
 
 @functools.lru_cache(maxsize=4096)
 def _text_compute(
-    arch,
-    n_embd,
-    n_head,
-    n_head_kv,
-    head_dim,
-    n_ff,
-    n_vocab,
-    n_ctx,
-    n_ubatch,
-    n_batch,
-    flash_attn,
-    type_k,
-    type_v,
-    n_layer,
-    n_deepstack,
-    swa_layers,
-    n_swa,
+    arch: str,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    head_dim: int,
+    n_ff: int,
+    n_vocab: int,
+    n_ctx: int,
+    n_ubatch: int,
+    n_batch: int,
+    flash_attn: bool,
+    type_k: str,
+    type_v: str,
+    n_layer: int,
+    n_deepstack: int,
+    swa_layers: tuple[bool, ...] | None,
+    n_swa: int,
 ) -> int:
     return compute.text_compute_bytes(
         arch,
@@ -251,7 +252,13 @@ def _text_compute(
 
 
 def text_compute_bytes(
-    t, n_ctx: int, n_ubatch: int, n_batch: int, flash_attn: bool, type_k: str = KV_DEFAULT, type_v: str = KV_DEFAULT
+    t: TextModelInfo,
+    n_ctx: int,
+    n_ubatch: int,
+    n_batch: int,
+    flash_attn: bool,
+    type_k: str = KV_DEFAULT,
+    type_v: str = KV_DEFAULT,
 ) -> int:
     """Text compute buffer (``sched_reserve``) for a context of ``n_ctx`` tokens (unpadded:
     llama.cpp clamps the batch to it before padding). Exact for the ``llama``, ``qwen2vl``,
@@ -287,7 +294,7 @@ BUILTIN_GRAPHS = ("mlp", "qwen2vl_merger", "qwen2.5vl_merger")  # in plan.comput
 
 
 @functools.cache
-def _encoder_module(name: str | None):
+def _encoder_module(name: str | None) -> types.ModuleType | None:
     """The ``plan.encoders`` module replaying ``name``'s graph, if there is one."""
     if name is None or name in BUILTIN_GRAPHS:
         return None
@@ -299,18 +306,18 @@ def _encoder_module(name: str | None):
 
 @functools.lru_cache(maxsize=4096)
 def _clip_compute(
-    ptype,
-    image_size,
-    patch_size,
-    n_embd,
-    n_head,
-    n_ff,
-    n_layer,
-    n_patches,
-    n_mmproj_embd,
-    merge,
-    flash_attn,
-    n_wa_pattern,
+    ptype: str,
+    image_size: int,
+    patch_size: int,
+    n_embd: int,
+    n_head: int,
+    n_ff: int,
+    n_layer: int,
+    n_patches: int,
+    n_mmproj_embd: int,
+    merge: int,
+    flash_attn: bool,
+    n_wa_pattern: int,
 ) -> int:
     return clipgraph.clip_compute_bytes(
         ptype,
@@ -328,7 +335,9 @@ def _clip_compute(
     )
 
 
-def clip_compute_bytes(proj, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
+def clip_compute_bytes(
+    proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None
+) -> int:
     """Vision encoder compute buffer for one chunk of ``n_patches`` patches (before merging).
 
     Exact for the projectors whose encoder graph the facts table names and edgevlm replays

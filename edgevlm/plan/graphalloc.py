@@ -9,6 +9,7 @@ Pure Python: no llama.cpp import.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["ALIGN", "INPLACE_OPS", "TYPE_SIZE", "Graph", "pad", "replay", "Tensor"]
@@ -84,9 +85,9 @@ def _contig_nb(type_: str, ne: tuple) -> tuple:
     return (nb0, nb1, nb2, nb3)
 
 
-def _ne4(ne) -> tuple:
-    ne = tuple(int(x) for x in ne)
-    return ne + (1,) * (4 - len(ne))
+def _ne4(ne: Sequence[int]) -> tuple:
+    ne4 = tuple(int(x) for x in ne)
+    return ne4 + (1,) * (4 - len(ne4))
 
 
 class Graph:
@@ -108,7 +109,7 @@ class Graph:
         self.nodes.append(t)
         return t
 
-    def view(self, a: Tensor, ne, name="", op="VIEW", nb=None):
+    def view(self, a: Tensor, ne: Sequence[int], name: str = "", op: str = "VIEW", nb: tuple | None = None) -> Tensor:
         """reshape/view/permute of an own tensor (view_src = the root, like ggml)."""
         ne = _ne4(ne)
         root = a.view_src if a.view_src is not None else a

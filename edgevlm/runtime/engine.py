@@ -18,7 +18,7 @@ forgets only its own conversation, and ``close()`` ends only its own requests â€
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -31,6 +31,7 @@ from ..vision.budget import ImageBudget, ImagePlan, render_views
 from ..vision.images import DEFAULT_MAX_PIXELS, LoadedImage, load_image
 from ..vision.merge import MergeSpec
 from .conversation import Conversation, Message, Picture
+from .items import Prompt
 from .scheduler import Client, GenerationResponse, Request, Scheduler, Sequence
 from .session import Footprint, RoomReport, SessionOptions, Summaries, make_room
 from .stats import TurnStats
@@ -198,7 +199,7 @@ class Engine:
         """The views of one picture under this engine's image budget (decided before encoding)."""
         return self.image_budget.plan(image)
 
-    def render(self, messages: list[Message] | None = None, keep_images: bool = True):
+    def render(self, messages: list[Message] | None = None, keep_images: bool = True) -> Prompt:
         """The prompt of ``messages`` (default: the conversation) as the scheduler sees it."""
         msgs = self.messages if messages is None else messages
         return self.scheduler.render(msgs, self.options.system, self.options.merge, keep_images)
@@ -234,7 +235,7 @@ class Engine:
         seed: int | None = None,
         stop: Iterable[str] = (),
         grammar: str | None = None,
-    ) -> Iterator[GenerationResponse]:
+    ) -> Generator[GenerationResponse, None, None]:
         """Add a user turn and stream the reply. The last response carries stats. ``grammar``
         (GBNF, e.g. ``backend.system.json_grammar(schema)``) constrains the reply."""
         t_start = time.perf_counter()  # TTFT counts image decoding, budgeting and the guard too
@@ -293,7 +294,7 @@ class Engine:
                 raise MemoryBusy(f"the context stayed busy with other requests for {BUSY_WAIT_S:g} s; try again")
             self.scheduler.step()
 
-    def _reply(self, turn: _Turn) -> Iterator[GenerationResponse]:
+    def _reply(self, turn: _Turn) -> Generator[GenerationResponse, None, None]:
         steps = self.scheduler.stream(turn.seq)
         try:
             for r in steps:

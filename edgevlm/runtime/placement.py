@@ -90,7 +90,7 @@ class Placer:
                     own, k = victim, 0
                 else:
                     own = self.evict(victim)
-            if restore and self.restore(own, saved, hk, request, reserve):
+            if restore and saved is not None and self.restore(own, saved, hk, request, reserve):
                 pass
             elif k > 0 and src is not own and src.kv:
                 self.kv.share(src, own, k)
@@ -182,7 +182,7 @@ class Placer:
         best = max((o for o in self.kv.slots if o is not s and o.kv), key=lambda o: o.lcp(items), default=None)
         k = min(best.lcp(items), cap) if best is not None else 0
         m = len(s.kv)
-        if k > m and s.lcp(items) == m:
+        if k > m and best is not None and s.lcp(items) == m:  # (k > m: there is a best)
             self.kv.share(best, s, k)
             taken = seq.pending[: k - m]
             seq.pending = seq.pending[k - m :]

@@ -43,7 +43,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +56,7 @@ from ..vision.merge import MergeSpec, grid_shape, merge_tokens
 from .conversation import Message
 from .encoder import Encoder
 from .hostcache import HostKVCache
-from .items import ImageCache, Item, Prompt
+from .items import ImageCache, ImageUnit, Item, Prompt
 from .kvcells import KVCells, Slot
 from .placement import Placer
 from .prompt import PromptRenderer
@@ -400,7 +400,7 @@ class Scheduler:
             return False
         return True
 
-    def _make_feed(self, s: Slot, it: Item, unit, emb: np.ndarray) -> _Feed:
+    def _make_feed(self, s: Slot, it: Item, unit: ImageUnit, emb: np.ndarray) -> _Feed:
         be, seq = self.backend, s.seq
         chunk = unit.chunk(it.key[2])
         pos = s.pos
@@ -527,7 +527,7 @@ class Scheduler:
             if slot is not None:
                 self._finish(slot, "interrupted")
 
-    def stream(self, seq: Sequence) -> Iterator[GenerationResponse]:
+    def stream(self, seq: Sequence) -> Generator[GenerationResponse, None, None]:
         """Yield ``seq``'s reply as it is generated (stepping every request in flight); the last
         response has the finish reason and stats. Closing the iterator cancels the request."""
         try:

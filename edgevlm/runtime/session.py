@@ -23,13 +23,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ..errors import ContextExceeded, InputError
 from ..vision.images import LoadedImage
 from .conversation import Conversation, Message, Picture
 
-__all__ = ["DEFAULT_SUMMARY_PROMPT", "Footprint", "RoomReport", "SessionOptions", "Summaries", "make_room", "recall"]
+__all__ = [
+    "DEFAULT_SUMMARY_PROMPT",
+    "Footprint",
+    "RoomCounters",
+    "RoomReport",
+    "SessionOptions",
+    "Summaries",
+    "make_room",
+    "recall",
+]
 
 DEFAULT_SUMMARY_PROMPT = (
     "In one or two short sentences, describe image {n} ({name}) from earlier in this "
@@ -63,6 +72,15 @@ class Footprint:
     rendered: Any = None
 
 
+class RoomCounters(TypedDict):
+    """``RoomReport.counters``: the ``TurnStats`` fields making room set."""
+
+    summarized_images: int
+    evicted_tokens: int
+    rebuild_tokens: int
+    dropped_turns: int
+
+
 @dataclass
 class RoomReport:
     summarized: list[Picture] = field(default_factory=list)
@@ -71,7 +89,7 @@ class RoomReport:
     prev_cells: int = 0  # cells of the earlier turns (after replacement), for rebuild counting
     rendered: Any = None  # the last render of the conversation, reused by the turn
 
-    def counters(self, cached_n: int) -> dict[str, int]:
+    def counters(self, cached_n: int) -> RoomCounters:
         rebuild = max(0, self.prev_cells - cached_n) if (self.summarized or self.dropped_turns) else 0
         return {
             "summarized_images": len(self.summarized),

@@ -94,13 +94,16 @@ class Server:
 
     def start(self) -> None:
         if self._load is None:
+            assert self.engine is not None  # given loaded
             self._ready(self.engine)
             return
         threading.Thread(target=self._load_in_thread, name="edgevlm-load", daemon=True).start()
 
     def _load_in_thread(self) -> None:
+        load = self._load
+        assert load is not None  # (start runs this thread only then)
         try:
-            self._ready(self._load())
+            self._ready(load())
         except BaseException as exc:  # reported on /health and to the CLI
             self.error = exc
             if self._on_error is not None:
@@ -149,11 +152,13 @@ class Server:
     async def _sse(self, job: Job, req: ChatRequest, model: str) -> AsyncIterator[str]:
         chunks = ChunkStream(job.id, model, job.created)
         held: list[tuple[str, Any]] = []  # an event taken while gathering text, not handled yet
+        service = self.service
+        assert service is not None  # (chat checked it; it is never unset)
         try:
             yield chunks.event({"role": "assistant", "content": ""})
             while True:
                 try:
-                    kind, value = held.pop() if held else await next_event(job, self.service.worker)
+                    kind, value = held.pop() if held else await next_event(job, service.worker)
                 except EdgeVLMError as exc:  # no answer in time, or the worker is gone
                     kind, value = "error", exc
                 if kind == "text":
@@ -459,7 +464,8 @@ def create_app(
             Route("/status", guarded(status, v1=False), methods=["GET"]),
             Route("/metrics", guarded(metrics, v1=False), methods=["GET"]),
         ],
-        exception_handlers={HTTPException: http_error},
+        # starlette types every handler's exc as Exception, though it calls each with its own class
+        exception_handlers={HTTPException: http_error},  # type: ignore[dict-item]
         lifespan=lifespan,
     )
     app.state.server = server

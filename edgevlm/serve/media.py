@@ -49,14 +49,15 @@ def _resolve(host: str, port: int, allow_private: bool) -> str:
         raise _refuse(f"cannot resolve {host} ({exc.strerror or exc})") from None
     if not infos:
         raise _refuse(f"cannot resolve {host} (no address)")
+    # (an AF_INET/AF_INET6 sockaddr starts with the host string; typeshed also allows AF_PACKET's int)
     for info in infos:
-        ip = ipaddress.ip_address(info[4][0].split("%")[0])
+        ip = ipaddress.ip_address(str(info[4][0]).split("%")[0])
         if not allow_private and not ip.is_global:
             raise _refuse(
                 f"{host} resolves to {ip}, a non-public address (start the server with "
                 f"--allow-private-urls to fetch from it)"
             )
-    return infos[0][4][0]
+    return str(infos[0][4][0])
 
 
 def _pinned(url: str, address: str) -> tuple[str, dict[str, str], dict[str, str]]:

@@ -18,7 +18,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from ..backend.sampling import SERVE_REPLY, SamplingParams
 from ..errors import EdgeVLMError, ImageError, InputError, MemoryBusy
@@ -102,13 +102,19 @@ def _bad(message: str, param: str | None = None, code: str | None = None) -> API
     return APIError(message, 400, param, code)
 
 
-def _number(body: dict, key: str, lo: float, hi: float, default: float | None) -> float | None:
+def _number(body: dict, key: str, lo: float, hi: float, default: float) -> float:
     v = body.get(key)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
         raise _bad(f"'{key}' must be a number from {lo:g} to {hi:g}, not {v!r}", key)
     return float(v)
+
+
+@overload
+def _integer(body: dict, key: str, lo: int, default: int) -> int: ...
+@overload
+def _integer(body: dict, key: str, lo: int, default: None = None) -> int | None: ...
 
 
 def _integer(body: dict, key: str, lo: int, default: int | None = None) -> int | None:
@@ -247,8 +253,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(opts, dict):
         raise _bad("'stream_options' must be an object", "stream_options")
     kind, schema = _response_format(body)
-    model = body.get("model") if isinstance(body.get("model"), str) else ""
-    ext = body.get("edgevlm") if isinstance(body.get("edgevlm"), dict) else {}
+    raw_model, raw_ext = body.get("model"), body.get("edgevlm")
+    model = raw_model if isinstance(raw_model, str) else ""
+    ext = raw_ext if isinstance(raw_ext, dict) else {}
     if ext.get("evict", "off") not in ("off", "summary"):
         raise _bad("edgevlm.evict must be off or summary", "edgevlm.evict")
     return ChatRequest(

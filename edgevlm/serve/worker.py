@@ -276,7 +276,8 @@ class Worker:
         if not isinstance(exc, EdgeVLMError):  # a fault, not the request: its traceback once
             log.error("request %s failed", job.id, exc_info=exc)
             with contextlib.suppress(AttributeError):
-                exc.edgevlm_logged = True  # (the HTTP side does not log it again)
+                # a mark on any exception (read back with getattr): the HTTP side does not log it again
+                setattr(exc, "edgevlm_logged", True)  # noqa: B010
         job.emit("error", exc)
 
     def _step(self) -> None:
@@ -386,6 +387,7 @@ class Worker:
                 raise APIError("no room to summarise an old picture", 400, "messages", "context_length_exceeded")
             self._step()
             self._forward_all()
+        assert isinstance(seq, Sequence)  # submit gives a Sequence or WAIT
         return "".join(r.text for r in self.sched.stream(seq))
 
     def _in_order(self, now: float) -> list[Job]:
@@ -426,6 +428,7 @@ class Worker:
                 )
                 continue
             try:
+                assert job.prompt is not None  # rendered before it waits; dropped only once it ends
                 seq = self.sched.submit(
                     Request(
                         job.prompt, job.max_tokens, job.sampling, job.stops, new_images=frozenset(job.prompt.units)
@@ -440,6 +443,7 @@ class Worker:
             if seq == WAIT:
                 blocked = True
                 continue
+            assert isinstance(seq, Sequence)  # submit gives a Sequence or WAIT
             self._waiting.remove(job)
             job.seq = seq
             self._running[id(job)] = job
@@ -454,6 +458,7 @@ class Worker:
 
     def _forward(self, job: Job, now: float) -> None:
         seq = job.seq
+        assert seq is not None  # a running job has its sequence
         if not seq.done and (job.cancelled or now > job.deadline):
             job.timed_out = not job.cancelled
             self.sched.cancel(seq)
@@ -473,10 +478,12 @@ class Worker:
 
     def _finish(self, job: Job) -> None:
         seq = job.seq
+        assert seq is not None  # a running job has its sequence
         if seq.error is not None:
             self._fail(job, seq.error)
             return
         st = seq.stats
+        assert st is not None  # done: the scheduler's _finish made them
         self._remember(seq.reply, list(seq.tokens))
         c = self.counters
         if job.cancelled:

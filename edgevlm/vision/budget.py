@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 from ..model.gguf_info import ProjectorInfo
 from ..model.projectors import facts, image_tokens
@@ -90,7 +91,7 @@ def fit_size(w: int, h: int, ok: Callable[[int, int], bool], steps: int = 30) ->
     return (max(1, int(w * lo)), max(1, int(h * lo))) if lo > 0 else None
 
 
-def _plan_dynamic(proj, w, h, budget, max_tokens) -> ImagePlan:
+def _plan_dynamic(proj: ProjectorInfo, w: int, h: int, budget: int | None, max_tokens: int | None) -> ImagePlan:
     notes = []
     sw, sh = w, h
     if budget is not None:
@@ -107,7 +108,7 @@ def _plan_dynamic(proj, w, h, budget, max_tokens) -> ImagePlan:
     return ImagePlan("dynamic", (w, h), budget, t.n_tokens, (v,), notes=tuple(notes))
 
 
-def _plan_tiled(proj, w, h, budget) -> ImagePlan:
+def _plan_tiled(proj: ProjectorInfo, w: int, h: int, budget: int | None) -> ImagePlan:
     size = proj.image_size
     full = image_tokens(proj, w, h)
     if budget is None or full.n_tokens <= budget:
@@ -127,26 +128,26 @@ def _plan_tiled(proj, w, h, budget) -> ImagePlan:
             notes = [f"resized {w}x{h} → {sw}x{sh}: {t.n_chunks} view(s) fit {budget} tokens"]
         v = PlannedView("image", (0, 0, w, h), (sw, sh), t.n_tokens)
         return ImagePlan("tiled", (w, h), budget, t.n_tokens, (v,), notes=tuple(notes))
-    best = None
+    best: tuple[int, int, int, tuple[int, int]] | None = None
     for cw, ch in sorted(proj.image_grid_pinpoints or [], key=lambda p: p[0] * p[1]):
         s = min(cw / w, ch / h)
         sw, sh = max(1, int(w * s)), max(1, int(h * s))
         if sw <= size and sh <= size:
             continue
-        t = image_tokens(proj, sw, sh).n_tokens
-        if t <= budget and (best is None or t > best[2]):
-            best = (sw, sh, t, (cw, ch))
+        n = image_tokens(proj, sw, sh).n_tokens
+        if n <= budget and (best is None or n > best[2]):
+            best = (sw, sh, n, (cw, ch))
     notes = []
     if best is None:  # overview only: fit inside one tile
         s = min(size / w, size / h, 1.0)
         sw, sh = max(1, int(w * s)), max(1, int(h * s))
-        t = image_tokens(proj, sw, sh).n_tokens
+        n = image_tokens(proj, sw, sh).n_tokens
         notes.append(f"budget {budget} < one grid: overview only ({sw}x{sh})")
     else:
-        sw, sh, t, pin = best
+        sw, sh, n, pin = best
         notes.append(f"grid {pin[0] // size}x{pin[1] // size} tiles + overview fits {budget} tokens")
-    v = PlannedView("image", (0, 0, w, h), (sw, sh), t)
-    return ImagePlan("tiled", (w, h), budget, t, (v,), notes=tuple(notes))
+    v = PlannedView("image", (0, 0, w, h), (sw, sh), n)
+    return ImagePlan("tiled", (w, h), budget, n, (v,), notes=tuple(notes))
 
 
 def candidate_grid(w: int, h: int, native: int, k: int) -> tuple[int, int]:
@@ -187,7 +188,7 @@ def choose_tiles(scores: list[float], k: int, scorer: str = DEFAULT_SCORER) -> t
     return {i for i in order[:k] if scores[i] >= floor}, floor, order
 
 
-def _plan_fixed(img: LoadedImage, proj, budget, tiles, scorer) -> ImagePlan:
+def _plan_fixed(img: LoadedImage, proj: ProjectorInfo, budget: int | None, tiles: str | int, scorer: str) -> ImagePlan:
     w, h = img.width, img.height
     per_view = image_tokens(proj, w, h).n_tokens
     glob = PlannedView("global view" if budget and budget >= 2 * per_view else "image", (0, 0, w, h), (w, h), per_view)
@@ -306,7 +307,8 @@ def draw_overlay(img: LoadedImage, plan: ImagePlan, path: str, max_side: int = 2
         canvas = canvas.resize((max(1, int(img.width * scale)), max(1, int(img.height * scale))))
     draw = ImageDraw.Draw(canvas, "RGBA")
     lw = max(2, int(min(canvas.size) / 200))
-    font = ImageFont.load_default(size=max(12, min(canvas.size) // 30))
+    # given a size, load_default always returns a FreeTypeFont (its bitmap fallback is for size=None)
+    font = cast(ImageFont.FreeTypeFont, ImageFont.load_default(size=max(12, min(canvas.size) // 30)))
     for v in plan.views:
         x0, y0, x1, y1 = (int(c * scale) for c in v.box)
         if v.label in ("global view", "image"):

@@ -159,8 +159,8 @@ def load_image(
             raise ImageError(
                 f"{label}: {w}x{h} = {w * h:,} pixels exceeds the limit of {max_pixels:,} (raise it with --max-pixels)"
             )
-        if getattr(img, "is_animated", False) and getattr(img, "n_frames", 1) > 1:
-            notes.append(f"animated {fmt} with {img.n_frames} frames: using the first")
+        if getattr(img, "is_animated", False) and (n_frames := getattr(img, "n_frames", 1)) > 1:
+            notes.append(f"animated {fmt} with {n_frames} frames: using the first")
             img.seek(0)
         try:
             img.load()
@@ -220,7 +220,7 @@ def from_rgb(rgb: np.ndarray, source: str, fmt: str = "array", notes: tuple[str,
     rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
     digest = hashlib.sha256()
     digest.update(f"{rgb.shape[1]}x{rgb.shape[0]}".encode())
-    digest.update(memoryview(rgb).cast("B"))  # the buffer itself: no copy of the pixels
+    digest.update(rgb.data.cast("B"))  # the buffer itself (a memoryview): no copy of the pixels
     return LoadedImage(rgb, source, fmt, digest.hexdigest(), tuple(notes))
 
 

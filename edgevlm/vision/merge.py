@@ -107,7 +107,9 @@ def merge_tokens(embd: np.ndarray, width: int, height: int, spec: MergeSpec) -> 
         ident = np.arange(n)
         return MergeResult(embd, ident, ident, 1.0)
     if spec.mode == "stride":  # baseline: keep every k-th token, no averaging
-        return uniform_prune(embd, spec.target(n))
+        keep = spec.target(n)
+        assert keep is not None  # stride always has a target
+        return uniform_prune(embd, keep)
     assert width * height == n, (width, height, n)
     x = embd.astype(np.float64)
     norms = np.linalg.norm(x, axis=1, keepdims=True)

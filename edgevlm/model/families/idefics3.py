@@ -36,7 +36,7 @@ KEY_LONGEST = "clip.vision.preproc_image_size"
 ROW_COL_TOKENS = 6  # <row_1_col_1> .. <row_6_col_6> in SmolVLM's vocabulary
 
 
-def _f32(x) -> np.float32:
+def _f32(x: float) -> np.float32:
     return np.float32(x)
 
 

@@ -33,7 +33,7 @@ def candidates(proj: ProjectorInfo) -> list[tuple[int, int]]:
     size = proj.image_size
     lo = _meta_int(proj, "clip.vision.preproc_min_tiles", 1)
     hi = _meta_int(proj, "clip.vision.preproc_max_tiles", 12)
-    out = []
+    out: list[tuple[int, int]] = []
     if lo < 1:
         return out
     for a in range(lo, hi + 1):

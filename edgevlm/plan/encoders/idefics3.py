@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 
+from ...model.gguf_info import ProjectorInfo
 from ..compute import vit_attention
 from ..graphalloc import F16, F32, Graph, replay
 
@@ -137,7 +138,7 @@ def graph(
     return g
 
 
-def compute_bytes(proj, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
+def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
     """clip's compute buffer for one tile of ``n_patches`` patches (``encoder_patches``: the
     whole (image_size / patch)² view)."""
     side = math.isqrt(max(n_patches, 1))

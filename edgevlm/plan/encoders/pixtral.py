@@ -141,7 +141,7 @@ def _grid_bytes(patch, n_embd, n_head, n_ff, n_layer, n_text, merge, px, py, fla
     return replay(g)
 
 
-def _shape(proj: ProjectorInfo):
+def _shape(proj: ProjectorInfo) -> tuple[int, int, int, int, int, int, int]:
     merge = int(proj.spatial_merge_size or 1)
     # the buffer does not depend on the depth beyond a few blocks (blocks reuse the same space)
     n_layer = min(int(proj.n_layer), 3)

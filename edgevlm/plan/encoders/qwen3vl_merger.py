@@ -19,6 +19,8 @@ more tensors; on the presets measured both give the same buffer, whose peak lies
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ...model.gguf_info import ProjectorInfo
 from ..graphalloc import (
     F16,
@@ -48,9 +50,9 @@ def deepstack_layers(proj: ProjectorInfo) -> list[int]:
     return sorted({min(n - 1, i * n // 24) for i in _DEFAULT_DEEPSTACK}) if n else []
 
 
-def _ne4(ne) -> tuple:
-    ne = tuple(int(x) for x in ne)
-    return ne + (1,) * (4 - len(ne))
+def _ne4(ne: Sequence[int]) -> tuple:
+    ne4 = tuple(int(x) for x in ne)
+    return ne4 + (1,) * (4 - len(ne4))
 
 
 def _contig_nb(type_: str, ne: tuple) -> tuple:
@@ -67,18 +69,18 @@ class _DAG:
         self.leafs: list[Tensor] = []
         self._seen: set[int] = set()
 
-    def input(self, name: str, type_: str, ne) -> Tensor:
-        ne = _ne4(ne)
-        return Tensor("NONE", type_, ne, _contig_nb(type_, ne), flags=FLAG_INPUT, name=name)
+    def input(self, name: str, type_: str, ne: Sequence[int]) -> Tensor:
+        ne4 = _ne4(ne)
+        return Tensor("NONE", type_, ne4, _contig_nb(type_, ne4), flags=FLAG_INPUT, name=name)
 
-    def op(self, op: str, type_: str, ne, *src: Tensor | None, name: str = "") -> Tensor:
-        ne = _ne4(ne)
-        return Tensor(op, type_, ne, _contig_nb(type_, ne), list(src), name=name)
+    def op(self, op: str, type_: str, ne: Sequence[int], *src: Tensor | None, name: str = "") -> Tensor:
+        ne4 = _ne4(ne)
+        return Tensor(op, type_, ne4, _contig_nb(type_, ne4), list(src), name=name)
 
-    def view(self, a: Tensor, ne, nb=None, op: str = "VIEW") -> Tensor:
-        ne = _ne4(ne)
+    def view(self, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None, op: str = "VIEW") -> Tensor:
+        ne4 = _ne4(ne)
         root = a.view_src if a.view_src is not None else a
-        return Tensor(op, a.type, ne, tuple(nb) if nb else _contig_nb(a.type, ne), [a], view_src=root)
+        return Tensor(op, a.type, ne4, tuple(nb) if nb else _contig_nb(a.type, ne4), [a], view_src=root)
 
     def expand(self, t: Tensor) -> None:
         """ggml_build_forward_expand / _order: add t and its unvisited ancestors, sources first."""
