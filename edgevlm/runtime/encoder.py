@@ -5,6 +5,11 @@ image unit when they are ready (or the error, for the request that waits on it a
 llama.cpp's context is driven by the scheduler's thread; mtmd's by this one (under the
 backend's mtmd lock, which counting and tokenizing share), so a long encode of a new picture
 holds up nobody's tokens but its own request's.
+
+When no stream generates there is nobody to keep going, and an encode beside prompt work only
+makes both share the cores (on a CPU, two teams of threads on the same cores spend much of it
+waiting for each other: 20 % more CPU time per request, measured with scripts/bench_serve.py).
+Then the step loop encodes the next chunk itself (``run_here``) and the two take turns.
 """
 
 from __future__ import annotations
@@ -50,6 +55,21 @@ class Encoder:
                 self._cond.wait(timeout)
 
     @property
+    def busy(self) -> bool:
+        """An encode is running (in the thread, or in the step loop)."""
+        return self._busy is not None
+
+    def run_here(self) -> bool:
+        """Encode the next queued chunk in the caller's thread; False when none is queued or the
+        encoder thread is on one already."""
+        with self._cond:
+            if self._busy is not None or not self._queue:
+                return False
+            job = self._busy = self._queue.popleft()
+        self._encode(job)
+        return True
+
+    @property
     def pending(self) -> int:
         return len(self._queue) + (self._busy is not None)
 
@@ -60,15 +80,19 @@ class Encoder:
                     self._cond.wait()
                 if self._stop:
                     return
-                unit, ci = self._busy = self._queue.popleft()
-            try:
-                unit.encode(ci, self.backend)  # (a closed unit raises: its request ends with that)
-            except Exception as exc:  # this picture's request ends with it; the thread goes on
-                unit.errors[ci] = exc
-            finally:
-                with self._cond:
-                    self._busy = None
-                    self._cond.notify_all()
+                job = self._busy = self._queue.popleft()
+            self._encode(job)
+
+    def _encode(self, job: tuple[ImageUnit, int]) -> None:
+        unit, ci = job
+        try:
+            unit.encode(ci, self.backend)  # (a closed unit raises: its request ends with that)
+        except Exception as exc:  # this picture's request ends with it; the encoder goes on
+            unit.errors[ci] = exc
+        finally:
+            with self._cond:
+                self._busy = None
+                self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..backend.sampling import LIBRARY_REPLY, SamplingParams
+from .feed import Feed
 from .items import Item, Prompt
 from .stats import TurnStats
 from .textstream import TextStream
@@ -90,7 +91,7 @@ class Sequence:
         self.pending: list[Item] = []  # what the KV cache does not hold yet: the prompt's rest, then a reply token
         self.pending_prompt = 0  # how many of them belong to the prompt (the rest: a reply token)
         self.pending_cells = 0  # the cells they take
-        self.feed: Any = None  # the picture whose embedding rows are being fed (scheduler's)
+        self.feed: Feed | None = None  # the picture whose embedding rows are being fed
         self.asked: dict[tuple[str, int], bool] = {}  # image chunks asked for: were they encoded already
         self.wait_for: tuple[Any, int] | None = None  # (an earlier request, k): it will hold our first k items
         self.times: list[float] = []  # when each token was sampled

@@ -47,16 +47,15 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..backend.llama import Backend
 from ..errors import BackendError, ContextExceeded
 from ..plan.context import ContextBudget
-from ..vision.merge import MergeSpec, grid_shape, merge_tokens
+from ..vision.merge import MergeSpec
 from .conversation import Message
 from .encoder import Encoder
+from .feed import make_feed
 from .hostcache import HostKVCache
-from .items import ImageCache, ImageUnit, Item, Prompt
+from .items import ImageCache, Item, Prompt
 from .kvcells import KVCells, Slot
 from .placement import Placer
 from .prompt import PromptRenderer
@@ -74,22 +73,6 @@ class SchedulerOptions:
     max_running: int | None = None  # requests generating at once (None: one per sequence id)
     cache_ram: int = 0  # host RAM for idle conversations moved out of the KV cache (0: drop them)
     prefill_share: float = 1.0  # prompt work per step beside running streams, as a share of their own
-
-
-@dataclass
-class _Feed:
-    """A picture chunk on its way into the KV cache, a slice of rows per step."""
-
-    rows: np.ndarray  # embeddings to feed (merged ones, when merging)
-    positions: np.ndarray  # (n,) or (n, 4) M-RoPE positions
-    non_causal: bool
-    final: Item  # the item as it will stand in the KV cache
-    counters: dict[str, int]  # what it adds to the request's stats once fed
-    done: int = 0
-
-    @property
-    def left(self) -> int:
-        return len(self.rows) - self.done
 
 
 class Scheduler:
@@ -257,52 +240,64 @@ class Scheduler:
                 return []
             done: list[Sequence] = []
             gen = [s for s in running if s.seq.generating]
-            room = self.backend.n_batch - len(gen)
-            rows = self.costs.rows(len(gen), room)  # prompt rows this step (stepcost)
-            groups = [(s, 1) for s in gen]
-            picture: tuple[Slot, int] | None = None
-            prompts = sorted(
-                (s for s in running if not s.seq.generating),  # (running: in arrival order)
-                key=lambda s: s.seq.pending_cells,
-            )
-            for s in prompts:
-                if rows <= 0:
-                    break
-                if self.placer.catch_up(s):
-                    continue
-                seq = s.seq
-                if not seq.pending[0].is_text:
-                    if picture is None and self._feed_ready(s, done):
-                        n = seq.feed.left if seq.feed.non_causal else min(rows, seq.feed.left)
-                        picture = (s, n)
-                        rows -= n
-                    continue
-                n = 0
-                while n < min(rows, len(seq.pending)) and seq.pending[n].is_text:
-                    n += 1
-                groups.append((s, n))
-                rows -= n
-            t0 = time.perf_counter()
-            text_rows = sum(n for _, n in groups[len(gen) :])
-            if groups:
-                self._run(groups, done)
-                self.costs.measured(len(gen), text_rows, (time.perf_counter() - t0) * 1000)
-            if picture is not None:
-                t1 = time.perf_counter()
-                self._feed_rows(*picture, done)
-                self.costs.measured_rows(picture[1], (time.perf_counter() - t1) * 1000)
-            self.llama_ms += (time.perf_counter() - t0) * 1000
-            idle = not groups and picture is None and not done
-            c = self.counters
-            c["steps"] += 1
-            c["mixed_steps"] += bool(gen and (text_rows or picture is not None))
-            c["generated"] += len(gen)
-            c["prompt_rows"] += text_rows
-            c["image_rows"] += picture[1] if picture is not None else 0
-            c["encoder_waits"] += idle
+            if not gen and self.encoder.run_here():
+                # nobody generates: an encode is this step's work, not beside prompt work (encoder)
+                self.counters["steps"] += 1
+                return []
+            idle = not gen and self.encoder.busy  # ... and while the thread encodes, prompt work waits
+            if not idle:
+                done, idle = self._step(running, gen)
         if idle:  # every request waits for a picture the encoder is on: wait with it
             self.encoder.wait(0.05)
         return done
+
+    def _step(self, running: list[Slot], gen: list[Slot]) -> tuple[list[Sequence], bool]:
+        """One step's decode (``step``): its finished requests, and whether it found nothing to do."""
+        done: list[Sequence] = []
+        room = self.backend.n_batch - len(gen)
+        rows = self.costs.rows(len(gen), room)  # prompt rows this step (stepcost)
+        groups = [(s, 1) for s in gen]
+        picture: tuple[Slot, int] | None = None
+        prompts = sorted(
+            (s for s in running if not s.seq.generating),  # (running: in arrival order)
+            key=lambda s: s.seq.pending_cells,
+        )
+        for s in prompts:
+            if rows <= 0:
+                break
+            if self.placer.catch_up(s):
+                continue
+            seq = s.seq
+            if not seq.pending[0].is_text:
+                if picture is None and self._feed_ready(s, done):
+                    n = seq.feed.left if seq.feed.non_causal else min(rows, seq.feed.left)
+                    picture = (s, n)
+                    rows -= n
+                continue
+            n = 0
+            while n < min(rows, len(seq.pending)) and seq.pending[n].is_text:
+                n += 1
+            groups.append((s, n))
+            rows -= n
+        t0 = time.perf_counter()
+        text_rows = sum(n for _, n in groups[len(gen) :])
+        if groups:
+            self._run(groups, done)
+            self.costs.measured(len(gen), text_rows, (time.perf_counter() - t0) * 1000)
+        if picture is not None:
+            t1 = time.perf_counter()
+            self._feed_rows(*picture, done)
+            self.costs.measured_rows(picture[1], (time.perf_counter() - t1) * 1000)
+        self.llama_ms += (time.perf_counter() - t0) * 1000
+        idle = not groups and picture is None and not done
+        c = self.counters
+        c["steps"] += 1
+        c["mixed_steps"] += bool(gen and (text_rows or picture is not None))
+        c["generated"] += len(gen)
+        c["prompt_rows"] += text_rows
+        c["image_rows"] += picture[1] if picture is not None else 0
+        c["encoder_waits"] += idle
+        return done, idle
 
     def _run(self, groups: list[tuple[Slot, int]], done: list[Sequence]) -> None:
         """Decode the next ``n`` pending text items of each slot in one batch and sample the
@@ -394,36 +389,11 @@ class Scheduler:
             seq.c["encoded"] += 1
             seq.c["encode_ms"] += unit.encode_ms.get(ci, 0.0)
         try:
-            seq.feed = self._make_feed(s, it, unit, emb)
+            seq.feed = make_feed(self.backend, s.pos, it, unit, emb, seq.request.new_images)
         except Exception as exc:
             self._fail(s, exc, "preparing the picture", done)
             return False
         return True
-
-    def _make_feed(self, s: Slot, it: Item, unit: ImageUnit, emb: np.ndarray) -> _Feed:
-        be, seq = self.backend, s.seq
-        chunk = unit.chunk(it.key[2])
-        pos = s.pos
-        if not it.merged:
-            rows = range(chunk.n_tokens)
-            positions = be.image_positions(chunk, pos, rows) if be.use_mrope else pos + np.arange(chunk.n_tokens)
-            counts = {"image_tokens_in": it.n_tokens, "image_tokens_out": it.n_tokens}
-            return _Feed(emb, positions, be.non_causal, it, counts)
-        ci, spec = it.key[2], it.key[3]
-        res = unit.merged.get((ci, spec))
-        if res is None:
-            w, h = grid_shape(chunk.n_tokens, chunk.nx, chunk.ny)
-            res = merge_tokens(emb, w, h, spec)
-            unit.merged[(ci, spec)] = res
-        if be.use_mrope:
-            positions = be.image_positions(chunk, pos, res.representative)
-        else:
-            positions = pos + np.arange(res.n_out)
-        final = Item(it.key, res.n_out, it.n_pos if be.use_mrope else res.n_out)
-        counters = {"image_tokens_in": res.n_in, "image_tokens_out": res.n_out, "merge_map_size": res.n_in}
-        if it.key[1] in seq.request.new_images:
-            counters["image_tokens"] = res.n_out - it.n_tokens
-        return _Feed(res.embd, positions, be.non_causal, final, counters)
 
     def _feed_rows(self, s: Slot, n: int, done: list[Sequence]) -> None:
         """Feed the next ``n`` rows of ``s``'s picture; once all are in, it stands in the slot's
