@@ -51,11 +51,28 @@ import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
+from edgevlm.backend.system import cpu_extra_buffers  # noqa: E402
 from edgevlm_testkit import cached_model_pair  # noqa: E402
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the pinned version whose vendored llama.cpp llama-server is built from
 SERVERS = ("edgevlm", "llama-server", "llama-cpp-python")
 PROMPTS = ["What is in this picture?", "What colours does it have?", "Describe it in one sentence."]
+# The same kernels on every side: where edgevlm loads without the CPU's extra buffer types (an AMX
+# build, whose matmul segfaults in this llama.cpp: docs/install.md), llama-server gets --no-repack
+# and llama-cpp-python's server the same model parameter (it has no flag for it).
+EXTRA_BUFFERS = cpu_extra_buffers()
+LLAMA_CPP_SERVER = f"""
+import runpy, sys
+import llama_cpp.llama_cpp as lc
+default = lc.llama_model_default_params
+def params():
+    p = default()
+    p.use_extra_bufts = {EXTRA_BUFFERS}
+    return p
+lc.llama_model_default_params = params
+sys.argv = ["llama_cpp.server", *sys.argv[1:]]
+runpy.run_module("llama_cpp.server", run_name="__main__")
+"""
 
 
 # --- the servers -----------------------------------------------------------------------------
@@ -195,6 +212,7 @@ def start(
             "-fa",
             "on",
             "--no-webui",
+            *([] if EXTRA_BUFFERS else ["--no-repack"]),
         ]
     else:
         try:
@@ -203,8 +221,8 @@ def start(
             return "llama_cpp.server is not installed (pip install -e '.[bench]')"
         cmd = [
             sys.executable,
-            "-m",
-            "llama_cpp.server",
+            "-c",
+            LLAMA_CPP_SERVER,
             "--model",
             str(model),
             "--clip_model_path",
@@ -463,11 +481,16 @@ def main() -> None:
     if "llama-server" in servers and llama_server is None:
         llama_server = build_llama_server(args.cache)
     logdir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    kernels = (
+        "with the CPU's extra buffer types"
+        if EXTRA_BUFFERS
+        else ("without the CPU's extra buffer types (this CPU's AMX build segfaults with them)")
+    )
     results: dict[str, Any] = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "chats": [],
         "decode": [],
-        "notes": [],
+        "notes": [f"every server loads {kernels}"],
     }
     if args.model:
         chat_pair = (Path(args.model), Path(args.mmproj))

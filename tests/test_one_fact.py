@@ -57,3 +57,21 @@ def test_command_defaults_are_the_dataclasses():
     assert _default("serve", "--max-body") == ServeOptions.max_body_bytes
     assert _default("caption", "--ray-batch") == _default("batch", "--ray-batch") == DEFAULT_BATCH
     assert DEFAULT_PARALLEL == IN_FLIGHT_MAX and LIBRARY_REPLY.max_tokens == DEFAULT_REPLY_TOKENS
+
+
+def test_request_sampling_defaults_are_the_servers_and_can_be_set():
+    """``serve --temp`` (and top_k, top_p, min_p) sets how requests that name none sample; the
+    defaults are ``ServeOptions.sampling``; a request's own value wins."""
+    from edgevlm.backend.sampling import SamplingParams
+    from edgevlm.serve.openai import parse_chat_request
+
+    for command in ("serve", "batch"):
+        assert _default(command, "--temp") == ServeOptions.sampling.temperature == SERVE_REPLY.sampling.temperature
+        assert _default(command, "--top-k") == ServeOptions.sampling.top_k
+        assert _default(command, "--top-p") == ServeOptions.sampling.top_p
+        assert _default(command, "--min-p") == ServeOptions.sampling.min_p
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    assert parse_chat_request(body).sampling == ServeOptions.sampling
+    greedy = SamplingParams(temperature=0.0, top_k=5)
+    assert parse_chat_request(body, greedy).sampling == greedy
+    assert parse_chat_request({**body, "temperature": 0.5}, greedy).sampling.temperature == 0.5

@@ -231,3 +231,37 @@ def test_drop_paste_and_the_summary_of_an_old_picture(browser, tiny_site):
     by_id(d, "input").send_keys("And now?" + Keys.ENTER)  # the shorter history goes on
     wait(d, lambda d: len(css(d, ".msg.assistant .meta")) == 4, timeout=120, what="reply 4")
     assert "(0 cached)" not in css(d, ".msg.assistant .meta")[3].text
+
+
+def test_the_demo_model_answers_on_the_page(browser, tmp_path):
+    """The README's screenshot: the trained demo model, greedy, answers a question about one of
+    the examples right, beside the memory panel. Written to test-artifacts/readme-page.png, and to
+    docs/page.png when EDGEVLM_DOCS_SHOTS=1."""
+    from types import SimpleNamespace
+
+    from selenium.webdriver.common.keys import Keys
+
+    root = Path(__file__).resolve().parent.parent
+    models = root / "models"
+    demo = SimpleNamespace(model=models / "edgevlm-demo.gguf", mmproj=models / "mmproj-edgevlm-demo.gguf")
+    s = Served(demo, "--temp", "0", "--parallel", "2", "--model-id", "demo")
+    try:
+        d = browser
+        d.get(s.url + "/")
+        wait(d, lambda d: by_id(d, "model").text == "demo", what="model name")
+        wait(d, lambda d: "sequences busy" in by_id(d, "server").text and css(d, "#devices .bar"), what="panel")
+        by_id(d, "file").send_keys(str(root / "examples" / "shapes.png"))
+        wait(d, lambda d: "64 tokens" in by_id(d, "attachments").text, what="picture cost")
+        by_id(d, "input").send_keys("What shape is red?" + Keys.ENTER)
+        wait(d, lambda d: css(d, ".msg.assistant .meta"), timeout=120, what="the reply's end")
+        assert css(d, ".msg.assistant .text")[0].text.strip() == "square"
+        by_id(d, "input").send_keys("How many circles are there?" + Keys.ENTER)  # the picture is cached
+        wait(d, lambda d: len(css(d, ".msg.assistant .meta")) == 2, timeout=120, what="the second reply")
+        assert css(d, ".msg.assistant .text")[1].text.strip() == "2"
+        assert "cached" in css(d, ".msg.assistant .meta")[1].text
+        wait(d, lambda d: "2 served" in by_id(d, "server").text, what="panel update")
+        shot(d, "readme-page")
+        if os.environ.get("EDGEVLM_DOCS_SHOTS") == "1":
+            shutil.copyfile(ARTIFACTS / "readme-page.png", root / "docs" / "page.png")
+    finally:
+        assert "Traceback" not in s.stop()

@@ -18,6 +18,7 @@ from .common import (
     merge_option,
     plan_options,
     ray_options,
+    request_sampling_options,
     threads_option,
     tiles_option,
 )
@@ -50,6 +51,7 @@ status_code or "error") · 2 the file is unusable (unreadable, not a batch file)
     type=click.IntRange(1),
     help="Reply length for requests that name no max_tokens.",
 )
+@request_sampling_options(ServeOptions.sampling)
 @click.option(
     "--parallel",
     type=AutoInt(),
@@ -98,6 +100,7 @@ def batch(
     model,
     mmproj,
     max_tokens,
+    sampling,
     parallel,
     timeout,
     allow_path,
@@ -151,6 +154,7 @@ def batch(
         model_id="edgevlm",
         queue=parallel or DEFAULT_PARALLEL,
         max_tokens=max_tokens,
+        sampling=sampling,
         timeout_s=timeout,
         host_allowance=wishes.host_allowance,
         allow_private_urls=allow_private_urls,

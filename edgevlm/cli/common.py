@@ -297,6 +297,53 @@ def sampling_options(max_tokens: int, d: SamplingParams):
     return deco
 
 
+def request_sampling_options(d: SamplingParams):
+    """--temp, --top-k, --top-p, --min-p of ``serve`` and ``batch``: how requests that name none
+    are sampled (defaults: ``ServeOptions.sampling``); the command gets one ``sampling`` argument."""
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, temp, top_k, top_p, min_p, **kwargs):
+            return fn(*args, sampling=SamplingParams(temp, top_k, top_p, min_p), **kwargs)
+
+        for opt in reversed(
+            [
+                click.option(
+                    "--temp",
+                    default=d.temperature,
+                    show_default=True,
+                    type=click.FloatRange(0, 2),
+                    help="Temperature of requests that name none (0 = greedy).",
+                ),
+                click.option(
+                    "--top-k",
+                    default=d.top_k,
+                    show_default=True,
+                    type=click.IntRange(0),
+                    help="top_k of requests that name none.",
+                ),
+                click.option(
+                    "--top-p",
+                    default=d.top_p,
+                    show_default=True,
+                    type=click.FloatRange(0, 1),
+                    help="top_p of requests that name none.",
+                ),
+                click.option(
+                    "--min-p",
+                    default=d.min_p,
+                    show_default=True,
+                    type=click.FloatRange(0, 1),
+                    help="min_p of requests that name none.",
+                ),
+            ]
+        ):
+            wrapper = opt(wrapper)
+        return wrapper
+
+    return deco
+
+
 @dataclass(frozen=True)
 class RayRun:
     """What --ray, --actors and --ray-batch say (``address`` None: not on Ray)."""

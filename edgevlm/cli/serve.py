@@ -18,6 +18,7 @@ from .common import (
     max_pixels_option,
     merge_option,
     plan_options,
+    request_sampling_options,
     threads_option,
     tiles_option,
 )
@@ -78,6 +79,7 @@ __all__ = ["serve"]
     type=click.IntRange(1),
     help="Reply length for requests that name no max_tokens.",
 )
+@request_sampling_options(ServeOptions.sampling)
 @click.option(
     "--timeout",
     default=ServeOptions.timeout_s,
@@ -115,6 +117,7 @@ def serve(
     api_key,
     max_body,
     max_tokens,
+    sampling,
     timeout,
     allow_private_urls,
     allow_path,
@@ -172,6 +175,7 @@ def serve(
         queue=queue,
         max_body_bytes=max_body,
         max_tokens=max_tokens,
+        sampling=sampling,
         timeout_s=timeout,
         allow_private_urls=allow_private_urls,
         allow_paths=tuple(allow_path),

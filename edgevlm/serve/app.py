@@ -135,7 +135,7 @@ class Server:
                 raise APIError(f"the body is not valid JSON ({exc})") from None
             del body
             lease.resize(lease.held // BODY_COPIES)  # the bytes are dropped; the parsed body stays
-            req = parse_chat_request(data)
+            req = parse_chat_request(data, self.options.sampling)
             del data
             job = await service.submit(req, request.is_disconnected, lease)
         except BaseException:

@@ -27,7 +27,7 @@ async def answer_line(service: ChatService, line: BatchLine) -> dict[str, Any]:
         return error_line(line)
     assert line.custom_id is not None and line.body is not None
     try:
-        req = parse_chat_request(line.body)
+        req = parse_chat_request(line.body, service.options.sampling)
         return response_line(line.custom_id, 200, await service.complete(req))
     except asyncio.CancelledError:
         raise

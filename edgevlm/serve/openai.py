@@ -40,7 +40,7 @@ __all__ = [
     "usage_body",
 ]
 
-DEFAULT_TEMPERATURE = SERVE_REPLY.sampling.temperature  # as llama-server when a request names none
+DEFAULT_SAMPLING = SERVE_REPLY.sampling  # as llama-server when a request names none (--temp ... change it)
 MAX_STOPS = 16
 
 
@@ -85,7 +85,7 @@ class ChatRequest:
     system: str | None = None
     model: str = ""
     max_tokens: int | None = None
-    sampling: SamplingParams = SamplingParams(DEFAULT_TEMPERATURE)
+    sampling: SamplingParams = DEFAULT_SAMPLING
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
@@ -200,8 +200,9 @@ def _unsupported(body: dict) -> None:
         raise _bad("'logprobs' is not supported by this server yet", "logprobs", "unsupported_parameter")
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
-    """Validate a ``/v1/chat/completions`` body; raise ``APIError`` (400) naming the field."""
+def parse_chat_request(body: Any, defaults: SamplingParams = DEFAULT_SAMPLING) -> ChatRequest:
+    """Validate a ``/v1/chat/completions`` body; raise ``APIError`` (400) naming the field.
+    ``defaults``: the sampling of a request that names none (``ServeOptions.sampling``)."""
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object")
     msgs = body.get("messages")
@@ -240,10 +241,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise _bad(f"'stop' must be a string or a list of at most {MAX_STOPS} strings", "stop")
     seed = _integer(body, "seed", -(2**63))
     sampling = SamplingParams(
-        temperature=_number(body, "temperature", 0, 2, DEFAULT_TEMPERATURE),
-        top_k=_integer(body, "top_k", 0, SamplingParams.top_k),
-        top_p=_number(body, "top_p", 0, 1, SamplingParams.top_p),
-        min_p=_number(body, "min_p", 0, 1, SamplingParams.min_p),
+        temperature=_number(body, "temperature", 0, 2, defaults.temperature),
+        top_k=_integer(body, "top_k", 0, defaults.top_k),
+        top_p=_number(body, "top_p", 0, 1, defaults.top_p),
+        min_p=_number(body, "min_p", 0, 1, defaults.min_p),
         seed=seed,
     )
     stream = body.get("stream", False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backend.sampling import SERVE_REPLY
+from ..backend.sampling import SERVE_REPLY, SamplingParams
 from ..plan.context import IN_FLIGHT_MAX, ContextBudget
 
 __all__ = ["ServeOptions", "serve_layout", "serve_sequences", "serve_slots"]
@@ -22,6 +22,7 @@ class ServeOptions:
     queue: int = 16  # requests that may wait for a free sequence; more get 503 + Retry-After
     max_body_bytes: int = 32 * 2**20  # a larger request body gets 413
     max_tokens: int = SERVE_REPLY.max_tokens  # replies of requests that name no max_tokens
+    sampling: SamplingParams = SERVE_REPLY.sampling  # how requests that name no temperature, top_k ... sample
     timeout_s: float = 600.0  # a request ends after this long (waiting included)
     retry_after_s: int = 2  # what a 503 tells clients to wait
     allow_private_urls: bool = False  # image URLs resolving to loopback / private / link-local
