@@ -53,6 +53,7 @@ def test_one_shot_streams_and_counts(engine, images):
     st = last.stats
     assert st.predicted_n == 8 or st.finish_reason == "stop"
     assert st.image_tokens > 0 and st.images_encoded >= 1 and st.cached_n == 0
+    assert st.prompt_ms >= st.image_encode_ms > 0  # (the encode is part of the prompt's time)
     assert st.prompt_n == in_kv_after_prompt(st) and st.prompt_n > st.image_tokens
     assert st.n_ctx == 4096 and 0 < st.n_ctx_used <= st.n_ctx
     assert st.ttft_ms > 0 and st.prompt_per_second > 0 and st.peak_rss_bytes > 0

@@ -47,7 +47,8 @@ class CaptionSummary:
     generated_tokens: int = 0
     prompt_tokens: int = 0  # evaluated (cached ones excluded)
     cached_tokens: int = 0  # reused from the KV cache (the shared prefix)
-    engine_ms: float = 0.0  # inside encode + prefill + decode (TurnStats prompt_ms + predicted_ms)
+    engine_ms: float = 0.0  # llama.cpp's prefill + decode, attributed by tokens (prompt_ms - encode + predicted_ms)
+    encode_ms: float = 0.0  # the vision encoder's (it runs beside the step loop while replies are generated)
     load_ms: float = 0.0  # reading/decoding/resizing images (background thread)
     wait_ms: float = 0.0  # the model waiting for the next image
     write_ms: float = 0.0  # records, sidecars (fsync included)
@@ -88,7 +89,7 @@ class CaptionSummary:
         for k in ("remaining", "images_per_s", "tokens_per_s", "cached_per_image", "engine_share", "exit_code"):
             d[k] = getattr(self, k)
         d["elapsed_s"] = round(self.elapsed_s, 3)
-        for k in ("engine_ms", "load_ms", "wait_ms", "write_ms"):
+        for k in ("engine_ms", "encode_ms", "load_ms", "wait_ms", "write_ms"):
             d[k] = round(d[k], 1)
         return d
 
@@ -300,7 +301,9 @@ class CaptionJob:
         s.generated_tokens += st.get("predicted_n", 0)
         s.prompt_tokens += st.get("prompt_n", 0)
         s.cached_tokens += st.get("cached_n", 0)
-        s.engine_ms += st.get("prompt_ms", 0.0) + st.get("predicted_ms", 0.0)
+        encode = st.get("image_encode_ms", 0.0)
+        s.encode_ms += encode
+        s.engine_ms += st.get("prompt_ms", 0.0) - encode + st.get("predicted_ms", 0.0)
 
     def _write(self, res: CaptionResult) -> CaptionResult:
         """Stage the deliverable (a failure there fails this image), append the record, then

@@ -388,6 +388,7 @@ class Scheduler:
         else:
             seq.c["encoded"] += 1
             seq.c["encode_ms"] += unit.encode_ms.get(ci, 0.0)
+            seq.prompt_ms += unit.encode_ms.get(ci, 0.0)  # (prompt_ms: image encoding included)
         try:
             seq.feed = make_feed(self.backend, s.pos, it, unit, emb, seq.request.new_images)
         except Exception as exc:
