@@ -46,6 +46,7 @@ import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
 from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
+from edgevlm_testkit.peers import same_kernels  # noqa: E402
 
 SYSTEM = (
     "A chat between a curious human and an artificial intelligence assistant. "
@@ -164,6 +165,7 @@ class LibrarySide:
             handler_cls = lcf.MTMDChatHandler
         self.handler_name = handler_cls.__name__
         handler = handler_cls(clip_model_path=str(mmproj), verbose=False)
+        same_kernels()  # as edgevlm loads (no AMX buffers where they crash)
         self.llm = llama_cpp.Llama(
             str(model),
             n_ctx=n_ctx,

@@ -61,15 +61,10 @@ PROMPTS = ["What is in this picture?", "What colours does it have?", "Describe i
 # build, whose matmul segfaults in this llama.cpp: docs/install.md), llama-server gets --no-repack
 # and llama-cpp-python's server the same model parameter (it has no flag for it).
 EXTRA_BUFFERS = cpu_extra_buffers()
-LLAMA_CPP_SERVER = f"""
+LLAMA_CPP_SERVER = """
 import runpy, sys
-import llama_cpp.llama_cpp as lc
-default = lc.llama_model_default_params
-def params():
-    p = default()
-    p.use_extra_bufts = {EXTRA_BUFFERS}
-    return p
-lc.llama_model_default_params = params
+from edgevlm_testkit.peers import same_kernels
+same_kernels()
 sys.argv = ["llama_cpp.server", *sys.argv[1:]]
 runpy.run_module("llama_cpp.server", run_name="__main__")
 """

@@ -101,6 +101,9 @@ def run_library(pair, images, n_ctx, max_tokens, threads):
     import llama_cpp
     from llama_cpp.llama_chat_format import Llava15ChatHandler
 
+    from edgevlm_testkit.peers import same_kernels
+
+    same_kernels()  # as edgevlm loads (no AMX buffers where they crash)
     llm = llama_cpp.Llama(
         str(pair.model),
         n_ctx=n_ctx,

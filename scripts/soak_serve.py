@@ -292,11 +292,12 @@ def host_limit(status: dict) -> dict[str, Any]:
             "image_cache": host["image_cache_bytes"],
             "process": host["process_reserve_bytes"],
             "allowance": host["allowance_bytes"],
+            "kv_cache": host.get("kv_cache_bytes", 0),
             "limit": host["limit_bytes"],
         }
     predicted = mem.get("predicted", {})
     cpu = next((v for k, v in predicted.items() if k.lower().startswith("cpu")), 0)
-    return {"buffers": cpu, "image_cache": None, "process": None, "allowance": None, "limit": None}
+    return {"buffers": cpu, "image_cache": None, "process": None, "allowance": None, "kv_cache": None, "limit": None}
 
 
 def main() -> None:
@@ -415,7 +416,8 @@ def main() -> None:
         console.print(
             f"planned for the host: buffers {host['buffers'] / mib:,.1f} MiB + image cache "
             f"{host['image_cache'] / mib:,.1f} MiB + process {host['process'] / mib:,.1f} MiB + allowance for "
-            f"requests {host['allowance'] / mib:,.1f} MiB = {limit / mib:,.1f} MiB; "
+            f"requests {host['allowance'] / mib:,.1f} MiB + host KV cache {host['kv_cache'] / mib:,.1f} MiB = "
+            f"{limit / mib:,.1f} MiB; "
             f"peak / planned = {sampler.peak / limit:.2f}"
         )
     else:

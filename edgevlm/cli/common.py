@@ -267,6 +267,23 @@ class Reply:
     stop: tuple[str, ...] = ()
 
 
+def _sampler_options(d: SamplingParams, of: str = "", max_temp: float | None = None) -> list:
+    """--temp, --top-k, --top-p, --min-p with ``d``'s defaults (``of``: whose, in the help)."""
+    return [
+        click.option("--temp", default=d.temperature, show_default=True, type=click.FloatRange(0, max_temp),
+                     help=f"Temperature{of} (0 = greedy)."),
+        click.option("--top-k", default=d.top_k, show_default=True, type=click.IntRange(0), help=f"top_k{of}."),
+        click.option("--top-p", default=d.top_p, show_default=True, type=click.FloatRange(0, 1), help=f"top_p{of}."),
+        click.option("--min-p", default=d.min_p, show_default=True, type=click.FloatRange(0, 1), help=f"min_p{of}."),
+    ]  # fmt: skip
+
+
+def _apply(wrapper, options: list):
+    for opt in reversed(options):
+        wrapper = opt(wrapper)
+    return wrapper
+
+
 def sampling_options(max_tokens: int, d: SamplingParams):
     """-n/--max-tokens, --temp, --top-k, --top-p, --min-p, --seed, --stop, their defaults from
     the command's own options (``ReplyDefaults``, ``CaptionSettings``); the command gets them as
@@ -278,21 +295,12 @@ def sampling_options(max_tokens: int, d: SamplingParams):
             sampling = SamplingParams(temp, top_k, top_p, min_p, seed)
             return fn(*args, reply=Reply(max_tokens, sampling, tuple(stop)), **kwargs)
 
-        for opt in reversed(
-            [
-                click.option("--max-tokens", "-n", default=max_tokens, show_default=True, type=click.IntRange(1)),
-                click.option(
-                    "--temp", default=d.temperature, show_default=True, type=click.FloatRange(0), help="0 = greedy."
-                ),
-                click.option("--top-k", default=d.top_k, show_default=True, type=click.IntRange(0)),
-                click.option("--top-p", default=d.top_p, show_default=True, type=click.FloatRange(0, 1)),
-                click.option("--min-p", default=d.min_p, show_default=True, type=click.FloatRange(0, 1)),
-                click.option("--seed", type=int, help="Seed for sampling (reproducible with --temp > 0)."),
-                click.option("--stop", multiple=True, help="Stop string (repeatable)."),
-            ]
-        ):
-            wrapper = opt(wrapper)
-        return wrapper
+        return _apply(wrapper, [
+            click.option("--max-tokens", "-n", default=max_tokens, show_default=True, type=click.IntRange(1)),
+            *_sampler_options(d),
+            click.option("--seed", type=int, help="Seed for sampling (reproducible with --temp > 0)."),
+            click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        ])  # fmt: skip
 
     return deco
 
@@ -306,40 +314,7 @@ def request_sampling_options(d: SamplingParams):
         def wrapper(*args, temp, top_k, top_p, min_p, **kwargs):
             return fn(*args, sampling=SamplingParams(temp, top_k, top_p, min_p), **kwargs)
 
-        for opt in reversed(
-            [
-                click.option(
-                    "--temp",
-                    default=d.temperature,
-                    show_default=True,
-                    type=click.FloatRange(0, 2),
-                    help="Temperature of requests that name none (0 = greedy).",
-                ),
-                click.option(
-                    "--top-k",
-                    default=d.top_k,
-                    show_default=True,
-                    type=click.IntRange(0),
-                    help="top_k of requests that name none.",
-                ),
-                click.option(
-                    "--top-p",
-                    default=d.top_p,
-                    show_default=True,
-                    type=click.FloatRange(0, 1),
-                    help="top_p of requests that name none.",
-                ),
-                click.option(
-                    "--min-p",
-                    default=d.min_p,
-                    show_default=True,
-                    type=click.FloatRange(0, 1),
-                    help="min_p of requests that name none.",
-                ),
-            ]
-        ):
-            wrapper = opt(wrapper)
-        return wrapper
+        return _apply(wrapper, _sampler_options(d, " of requests that name none", 2.0))
 
     return deco
 

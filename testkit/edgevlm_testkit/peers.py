@@ -1,0 +1,32 @@
+"""The peers benchmarks measure edgevlm against (llama-cpp-python's own ``Llama``, its server),
+loaded on the same kernels as edgevlm: where edgevlm loads without the CPU's extra buffer types
+(an AMX build, whose matmul segfaults in the pinned llama.cpp: ``edgevlm.backend.system``), so
+does the peer."""
+
+from __future__ import annotations
+
+from edgevlm.backend.system import cpu_extra_buffers
+
+__all__ = ["same_kernels"]
+
+_done = False
+
+
+def same_kernels() -> bool:
+    """Make every ``llama_cpp.Llama`` this process loads from now on use the CPU's extra buffer
+    types exactly when edgevlm does; returns whether they are used."""
+    global _done
+    extra = cpu_extra_buffers()
+    if not _done:
+        import llama_cpp.llama_cpp as lc
+
+        default = lc.llama_model_default_params
+
+        def params():
+            p = default()
+            p.use_extra_bufts = extra
+            return p
+
+        lc.llama_model_default_params = params
+        _done = True
+    return extra
