@@ -7,8 +7,7 @@ import sys
 
 import click
 
-from ..plan.context import AUTO_CTX_MAX
-from ..serve.options import DEFAULT_PARALLEL, ServeOptions, serve_layout, serve_sequences
+from ..serve.options import DEFAULT_PARALLEL, ServeOptions, serve_layout
 from .common import (
     AutoInt,
     CLIError,
@@ -18,7 +17,7 @@ from .common import (
     merge_option,
     plan_options,
     ray_options,
-    request_sampling_options,
+    request_defaults_options,
     threads_option,
     tiles_option,
 )
@@ -43,15 +42,7 @@ status_code or "error") · 2 the file is unusable (unreadable, not a batch file)
     "(default: the largest registry model that fits; $EDGEVLM_MODEL).",
 )
 @click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
-@click.option(
-    "--max-tokens",
-    "-n",
-    default=ServeOptions.max_tokens,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Reply length for requests that name no max_tokens.",
-)
-@request_sampling_options(ServeOptions.sampling)
+@request_defaults_options
 @click.option(
     "--parallel",
     type=AutoInt(),
@@ -124,7 +115,6 @@ def batch(
     Lines: {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions", "body": {...}}.
     Run the same command again after a crash or Ctrl-C: answered custom_ids are skipped.
     """
-    from dataclasses import replace
 
     from ..caption.prepare import StopToken
     from ..runtime.engine import EngineOptions
@@ -141,18 +131,13 @@ def batch(
     for dup in data.duplicates:
         ui.note(f"note: line {dup.number}: custom_id {dup.custom_id!r} came on an earlier line; not answered")
     # conversations kept as `serve` keeps them (one KV layout for the same requests: a line is
-    # answered as the server answers it); the output buffer is counted for the most of them
-    most = serve_sequences(planning.wishes.n_ctx or AUTO_CTX_MAX, parallel or DEFAULT_PARALLEL)
-    wishes = replace(
-        planning.serving(ServeOptions.host_allowance),
-        images=max(planning.wishes.images, parallel or 1),
-        merge=str(merge),
-        sequences=most,
-    )
+    # answered as the server answers it)
+    wishes = planning.serving(parallel, merge)
     folder = os.path.dirname(os.path.abspath(requests))
     options = ServeOptions(
         model_id="edgevlm",
         queue=parallel or DEFAULT_PARALLEL,
+        follow_ups_first=False,  # lines in file order, as the server answers them one by one
         max_tokens=max_tokens,
         sampling=sampling,
         timeout_s=timeout,

@@ -15,10 +15,11 @@ from ..backend.system import MAX_THREADS
 from ..cluster.connect import DEFAULT_BATCH
 from ..errors import EdgeVLMError
 from ..model.kv_types import KV_CHOICES
+from ..plan.context import AUTO_CTX_MAX
 from ..plan.devices import Probe, format_size, parse_size, probe
 from ..plan.footprint import HOST_RESERVE
 from ..plan.planner import Wishes
-from ..serve.options import ServeOptions
+from ..serve.options import DEFAULT_PARALLEL, ServeOptions, serve_sequences
 from ..vision.images import DEFAULT_MAX_PIXELS
 from ..vision.merge import MergeSpec
 
@@ -145,11 +146,18 @@ class Planning:
     gpu_overhead: int | None = None
     host_allowance: int | None = None  # --host-allowance as given (None: the command's default)
 
-    def serving(self, default_allowance: int) -> Wishes:
-        """The wishes of a command that serves requests in flight: the host allowance given,
-        else ``default_allowance``."""
+    def serving(self, parallel: int | None, merge: MergeSpec, cache_ram: int = 0) -> Wishes:
+        """The wishes of a command that serves requests in flight (``serve``, ``batch``): the host
+        allowance given, else the server's; a picture per request generated at once; and the
+        output buffer counted for the most conversations any planned context keeps."""
+        most = serve_sequences(self.wishes.n_ctx or AUTO_CTX_MAX, parallel or DEFAULT_PARALLEL)
         return replace(
-            self.wishes, host_allowance=default_allowance if self.host_allowance is None else self.host_allowance
+            self.wishes,
+            host_allowance=ServeOptions.host_allowance if self.host_allowance is None else self.host_allowance,
+            images=max(self.wishes.images, parallel or 1),
+            merge=str(merge),
+            cache_ram=cache_ram,
+            sequences=most,
         )
 
     def probe(self) -> Probe:
@@ -305,18 +313,20 @@ def sampling_options(max_tokens: int, d: SamplingParams):
     return deco
 
 
-def request_sampling_options(d: SamplingParams):
-    """--temp, --top-k, --top-p, --min-p of ``serve`` and ``batch``: how requests that name none
-    are sampled (defaults: ``ServeOptions.sampling``); the command gets one ``sampling`` argument."""
+def request_defaults_options(fn):
+    """-n/--max-tokens, --temp, --top-k, --top-p, --min-p of ``serve`` and ``batch``: the reply of
+    requests that name none (defaults: ``ServeOptions``); the command gets ``max_tokens`` and one
+    ``sampling`` argument."""
 
-    def deco(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, temp, top_k, top_p, min_p, **kwargs):
-            return fn(*args, sampling=SamplingParams(temp, top_k, top_p, min_p), **kwargs)
+    @functools.wraps(fn)
+    def wrapper(*args, temp, top_k, top_p, min_p, **kwargs):
+        return fn(*args, sampling=SamplingParams(temp, top_k, top_p, min_p), **kwargs)
 
-        return _apply(wrapper, _sampler_options(d, " of requests that name none", 2.0))
-
-    return deco
+    return _apply(wrapper, [
+        click.option("--max-tokens", "-n", default=ServeOptions.max_tokens, show_default=True,
+                     type=click.IntRange(1), help="Reply length for requests that name no max_tokens."),
+        *_sampler_options(ServeOptions.sampling, " of requests that name none", 2.0),
+    ])  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
 
 import click
 
@@ -18,7 +17,7 @@ from .common import (
     max_pixels_option,
     merge_option,
     plan_options,
-    request_sampling_options,
+    request_defaults_options,
     threads_option,
     tiles_option,
 )
@@ -71,15 +70,7 @@ __all__ = ["serve"]
     help=f"Largest request body (images inline); larger gets 413 [default: "
     f"{format_size(ServeOptions.max_body_bytes)}].",
 )
-@click.option(
-    "--max-tokens",
-    "-n",
-    default=ServeOptions.max_tokens,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Reply length for requests that name no max_tokens.",
-)
-@request_sampling_options(ServeOptions.sampling)
+@request_defaults_options
 @click.option(
     "--timeout",
     default=ServeOptions.timeout_s,
@@ -139,11 +130,10 @@ def serve(
     import uvicorn
 
     from ..api import load
-    from ..plan.context import AUTO_CTX_MAX
     from ..plan.planner import make_plan
     from ..runtime.engine import EngineOptions
     from ..serve.app import create_app
-    from ..serve.options import DEFAULT_PARALLEL, serve_layout, serve_sequences
+    from ..serve.options import serve_layout
     from .common import CLIError
     from .loading import model_paths
     from .render import render_plan
@@ -151,15 +141,7 @@ def serve(
     if parallel is not None and parallel < 1:
         raise CLIError(f"--parallel {parallel}: give 1 or more, or auto", 2)
     cache_ram = ServeOptions.cache_ram if cache_ram is None else cache_ram
-    # the output buffer is counted for the most sequences any planned context gets
-    most = serve_sequences(planning.wishes.n_ctx or AUTO_CTX_MAX, parallel or DEFAULT_PARALLEL)
-    wishes = replace(
-        planning.serving(ServeOptions.host_allowance),
-        images=max(planning.wishes.images, parallel or 1),
-        merge=str(merge),
-        cache_ram=cache_ram,
-        sequences=most,
-    )
+    wishes = planning.serving(parallel, merge, cache_ram)
     spec = model
     model, mmproj = model_paths(model, mmproj, probe_args=planning.probe_args, wishes=wishes)
     measure = planning.probe
@@ -167,7 +149,7 @@ def serve(
     render_plan(plan, file=sys.stderr)
     if not plan.fits:
         raise CLIError(plan.refusal or "does not fit", 1)
-    sequences, slots = serve_layout(plan.n_ctx, plan.image_max_tokens, max_tokens, parallel, most)
+    sequences, slots = serve_layout(plan.n_ctx, plan.image_max_tokens, max_tokens, parallel, wishes.sequences)
     name = spec if spec and not os.path.isfile(spec) else os.path.splitext(os.path.basename(model))[0]
     options = ServeOptions(
         model_id=model_id or name,
