@@ -112,7 +112,7 @@ def answer_batch_file(
     data = read_batch_file(requests)
     model, mmproj = _paths(model, mmproj)
     folder = os.path.dirname(os.path.abspath(requests))
-    options = options or ServeOptions(path_base=os.getcwd(), allow_paths=(folder, os.getcwd()))
+    options = options or ServeOptions(path_base=os.getcwd(), allow_paths=(folder, os.getcwd()), follow_ups_first=False)
     spec = ActorSpec(model, mmproj, wishes or Wishes(), parallel=parallel, verbose=verbose)
     with BatchOutput(data, out) as output:
         if not output.todo():

@@ -21,14 +21,21 @@ __all__ = ["answer_line", "answer_lines", "run_lines"]
 OnLine = Callable[[dict[str, Any], BatchLine], None]
 
 
-async def answer_line(service: ChatService, line: BatchLine) -> dict[str, Any]:
-    """One line's output: the answer, or its error as the server would send it."""
+async def answer_line(service: ChatService, line: BatchLine, order: asyncio.Lock | None = None) -> dict[str, Any]:
+    """One line's output: the answer, or its error as the server would send it. ``order``: held
+    while the line is prepared and queued, so lines that share it are queued in the order they
+    took it (their pictures are decoded one after another; the replies still run together)."""
     if not line.ok:
         return error_line(line)
     assert line.custom_id is not None and line.body is not None
     try:
         req = parse_chat_request(line.body, service.options.sampling)
-        return response_line(line.custom_id, 200, await service.complete(req))
+        if order is None:
+            job = await service.submit(req)
+        else:
+            async with order:
+                job = await service.submit(req)
+        return response_line(line.custom_id, 200, await service.whole(job, req))
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # every failure is an output line, never a crash
@@ -43,6 +50,7 @@ async def answer_lines(
     line as it finishes. ``stop.requested``: start nothing new, finish what runs;
     ``stop.abandoned``: cancel what runs too (a rerun asks again)."""
     stop = stop or StopToken()
+    order = asyncio.Lock()  # lines are queued in file order (asyncio's lock is first come, first served)
     window = max(1, service.capacity)
     source = iter(lines)
     running: dict[asyncio.Task, BatchLine] = {}
@@ -55,7 +63,7 @@ async def answer_lines(
                 if not line.ok:
                     on_line(error_line(line), line)
                     continue
-                running[asyncio.ensure_future(answer_line(service, line))] = line
+                running[asyncio.ensure_future(answer_line(service, line, order))] = line
             if not running:
                 return
             done, _ = await asyncio.wait(list(running), timeout=0.25, return_when=asyncio.FIRST_COMPLETED)

@@ -38,6 +38,10 @@ class ServeOptions:
     # a waiting request starts before longer ones (least prompt to evaluate first) unless one of
     # them has waited this long
     fair_wait_s: float = 10.0
+    # a follow-up (at most SHORT_PROMPT new cells) starts before new pictures and beside --parallel
+    # running requests; False: requests start in arrival order, --parallel at most (batch files:
+    # each line meets the KV cache it meets when the server is sent the lines one by one)
+    follow_ups_first: bool = True
     stream_interval_s: float = 0.02  # a streamed reply's text goes out at most this often (tokens joined)
     # host RAM for idle conversations moved out of the KV cache, copied back when they return
     # (the plan's --cache-ram when serving)

@@ -394,6 +394,8 @@ class Worker:
         """Who starts first: requests that have waited ``fair_wait_s`` (oldest first), then the
         others by the least prompt to evaluate — a follow-up turn whose history is cached goes
         before a new picture, and no request waits behind shorter ones for long."""
+        if not self.options.follow_ups_first:
+            return list(self._waiting)
         fair = self.options.fair_wait_s
         return sorted(
             self._waiting,
@@ -402,9 +404,11 @@ class Worker:
 
     def _admit(self) -> None:
         """Start waiting requests while the scheduler takes them (``_in_order``); once one must
-        wait, only short ones (the scheduler's short lane: a follow-up's few rows) are tried."""
+        wait, only short ones (the scheduler's short lane: a follow-up's few rows) are tried —
+        unless follow-ups do not go first: then nothing more, and never past --parallel."""
         now = time.monotonic()
         blocked = False
+        follow_ups = self.options.follow_ups_first
         for job in self._in_order(now):
             if blocked and job.new_cells > SHORT_PROMPT:
                 continue
@@ -427,6 +431,8 @@ class Worker:
                     ),
                 )
                 continue
+            if not follow_ups and not self.sched.has_free_slot():
+                return
             try:
                 assert job.prompt is not None  # rendered before it waits; dropped only once it ends
                 seq = self.sched.submit(
@@ -441,6 +447,8 @@ class Worker:
                 self._fail(job, exc)
                 continue
             if seq == WAIT:
+                if not follow_ups:
+                    return
                 blocked = True
                 continue
             assert isinstance(seq, Sequence)  # submit gives a Sequence or WAIT
