@@ -20,7 +20,8 @@ import pytest
 from openai import APIStatusError, BadRequestError, OpenAI
 from PIL import Image
 
-from edgevlm.serve.openai import APIError, parse_chat_request
+from edgevlm.serve.openai import parse_chat_request
+from edgevlm.serve.request import APIError
 
 LONG = {"type": "json_schema", "json_schema": {"name": "long", "schema": {"type": "string", "minLength": 3000}}}
 

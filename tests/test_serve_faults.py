@@ -23,8 +23,9 @@ from openai import APIStatusError, BadRequestError, OpenAI
 import edgevlm
 from edgevlm.serve.app import create_app
 from edgevlm.serve.media import fetch_bytes
-from edgevlm.serve.openai import APIError, ImageRef, parse_chat_request
+from edgevlm.serve.openai import parse_chat_request
 from edgevlm.serve.options import ServeOptions
+from edgevlm.serve.request import APIError, ImageRef
 from edgevlm.serve.service import ChatService
 
 from .conftest import run_cli
@@ -114,10 +115,10 @@ def test_a_fault_while_a_request_is_prepared_is_its_500_only(model_pair, caplog)
     vlm = edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=2)
     real = vlm.render
 
-    def render(messages, system=None, merge=None, keep_images=True):
+    def render(messages, system=None, merge=None, keep_images=True, **tooling):
         if any(m.text == "boom" for m in messages):
             raise RuntimeError("injected fault")
-        return real(messages, system, merge, keep_images)
+        return real(messages, system, merge, keep_images, **tooling)
 
     vlm.render = render
     srv = InProcess(vlm, ServeOptions(max_tokens=16))
@@ -251,8 +252,6 @@ def test_waiting_requests_end_when_the_worker_stops(model_pair):
 def test_unsupported_fields_are_a_400_not_ignored():
     base = {"messages": [user("Hi")]}
     for extra, param in (
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "logprobs"),
         ({"functions": [{"name": "f"}]}, "functions"),
@@ -262,6 +261,10 @@ def test_unsupported_fields_are_a_400_not_ignored():
         assert err.value.http_status == 400 and err.value.param == param and err.value.code == "unsupported_parameter"
     # what does not change the answer is still accepted
     parse_chat_request({**base, "tools": [], "tool_choice": "none", "logprobs": False, "user": "u"})
+    # a forced call needs a tool to call
+    with pytest.raises(APIError) as err:
+        parse_chat_request({**base, "tool_choice": "required"})
+    assert err.value.http_status == 400 and err.value.param == "tool_choice"
 
 
 def test_an_image_url_is_fetched_from_the_address_that_was_checked(monkeypatch):

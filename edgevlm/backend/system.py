@@ -137,15 +137,16 @@ def cpu_repacks() -> bool:
     return cpu_extra_buffers() and ("REPACK = 1" in info or "AVX2 = 1" in info or "NEON = 1" in info)
 
 
-def template_renderer(template: str, bos_token: str, eos_token: str) -> Callable[[list[dict]], str]:
+def template_renderer(template: str, bos_token: str, eos_token: str) -> Callable[..., str]:
     """A function rendering ``messages`` with a Jinja chat template exactly as llama-cpp-python
     renders it (its ``Jinja2ChatFormatter``: sandboxed Jinja, ``trim_blocks``/``lstrip_blocks``,
     HF's ``tojson``), with the generation prompt added."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     fmt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)
-    # plain dicts: the templates read keys beyond llama-cpp-python's ChatCompletionRequest*Message TypedDicts
-    return lambda messages: fmt(messages=messages).prompt  # type: ignore[arg-type]
+    # plain dicts: the templates read keys beyond llama-cpp-python's ChatCompletionRequest*Message TypedDicts;
+    # keywords (tools, enable_thinking) reach the template as variables
+    return lambda messages, **kw: fmt(messages=messages, **kw).prompt
 
 
 def json_grammar(schema: dict | None = None) -> str:

@@ -12,11 +12,14 @@ prefix would no longer match).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..backend.system import template_renderer
 from ..errors import InputError
+from .toolformat import TemplateCaps, detect_format, fallback_instructions, probe_caps
 
 __all__ = ["CHATML_TEMPLATE", "LLAVA15_TEMPLATE", "Piece", "PromptFormatter", "fallback_template", "split_pieces"]
 
@@ -75,6 +78,7 @@ class PromptFormatter:
         self.strip_bos = strip_bos
         self._render = template_renderer(self.template, bos_token, eos_token)
         self.stop_texts = [eos_token] if eos_token else []
+        self._caps: TemplateCaps | None = None
 
     def user_content(self, text: str, labels: list[str | None]) -> str:
         """Images first, each at a media marker, then the text (LLaVA: ``<image>\\n{text}``).
@@ -94,20 +98,104 @@ class PromptFormatter:
         has no end token between turns: the model may write the next ``USER:`` itself)."""
         return ["\nUSER:"] if self.template == LLAVA15_TEMPLATE else []
 
-    def render(self, messages: list[tuple[str, str, list[str | None]]]) -> list[Piece]:
-        """``messages`` = [(role, text, image labels)]; assistant text is a sentinel."""
-        rendered = []
+    @property
+    def caps(self) -> TemplateCaps:
+        """What the template renders by itself (tools, tool calls, tool results, thinking)."""
+        if self._caps is None:
+            self._caps = probe_caps(self._render, self.template)
+        return self._caps
+
+    @property
+    def tool_format(self) -> str:
+        """The tool-call format replies are parsed in (``toolformat``): the template's own, or
+        hermes, which the fallback instructions teach."""
+        return detect_format(self.template) if self.caps.tools else "hermes"
+
+    def starts_thinking(self, think: bool | None = None) -> bool:
+        """Whether the generation prompt opens a ``<think>`` block (the reply starts inside it)."""
+        if not self.caps.thinking:
+            return False
+        kw = {} if think is None else {"enable_thinking": think}
+        try:
+            return self._render([{"role": "user", "content": "hi"}], **kw).rstrip().endswith("<think>")
+        except Exception:
+            return False
+
+    def render(
+        self,
+        messages: list[tuple[str, str, list[str | None]]] | list[tuple[str, str, list[str | None], dict[str, Any]]],
+        tools: list[dict[str, Any]] | None = None,
+        think: bool | None = None,
+        tool_required: str | None = None,
+    ) -> list[Piece]:
+        """``messages`` = [(role, text, image labels[, extra])]; assistant text is a sentinel.
+        ``extra``: an assistant's ``tool_calls`` ([{"id", "name", "arguments": dict}]), a tool
+        result's ``tool_call_id`` and ``name``. ``tools`` (OpenAI's shape) go to the template,
+        or — when it has no place for them — into the system prompt as instructions, and calls
+        and results become text the same way (``tool_required``: "any" or a name, said there)."""
+        caps = self.caps if (tools or any(len(m) > 3 for m in messages)) else TemplateCaps()
+        rendered: list[dict[str, Any]] = []
         n_assistant = 0
-        for role, text, labels in messages:
+        for msg in messages:
+            role, text, labels = msg[0], msg[1], msg[2]
+            extra: dict[str, Any] = msg[3] if len(msg) > 3 else {}
             if role == "assistant":
-                rendered.append({"role": role, "content": _SENTINEL.format(n_assistant)})
+                d: dict[str, Any] = {"role": role, "content": _SENTINEL.format(n_assistant)}
                 n_assistant += 1
+                calls = extra.get("tool_calls") or []
+                if calls and caps.tool_calls:
+                    d["tool_calls"] = [
+                        {
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {"name": c["name"], "arguments": c["arguments"]},
+                        }
+                        for c in calls
+                    ]
+                elif calls:  # as the fallback instructions ask for them
+                    d["content"] += "".join(
+                        "\n<tool_call>\n"
+                        + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False)
+                        + "\n</tool_call>"
+                        for c in calls
+                    )
+                rendered.append(d)
+            elif role == "tool":
+                content = self.user_content(text, labels)
+                if caps.tool_role:
+                    rendered.append(
+                        {
+                            "role": "tool",
+                            "content": content,
+                            "tool_call_id": extra.get("tool_call_id", ""),
+                            "name": extra.get("name", ""),
+                        }
+                    )
+                    continue
+                said = f"<tool_response>\n{content}\n</tool_response>"
+                if rendered and rendered[-1].get("edgevlm_results"):  # results of one turn: one user message
+                    rendered[-1]["content"] += "\n" + said
+                else:
+                    rendered.append({"role": "user", "content": said, "edgevlm_results": True})
             elif role == "user":
                 rendered.append({"role": role, "content": self.user_content(text, labels)})
             else:
                 rendered.append({"role": role, "content": text})
+        kw: dict[str, Any] = {}
+        if think is not None and self.caps.think_switch:
+            kw["enable_thinking"] = think
+        if tools and caps.tools:
+            kw["tools"] = tools
+        elif tools:
+            teach = fallback_instructions(tools, tool_required)
+            if rendered and rendered[0]["role"] == "system":
+                rendered[0]["content"] = rendered[0]["content"] + "\n\n" + teach
+            else:
+                rendered.insert(0, {"role": "system", "content": teach})
+        for d in rendered:
+            d.pop("edgevlm_results", None)
         try:
-            prompt = self._render(rendered)
+            prompt = self._render(rendered, **kw)
         except Exception as exc:  # raise_exception() in the template, or a template that breaks
             detail = str(exc).strip() or type(exc).__name__
             raise InputError(f"the model's chat template refused these messages: {detail}") from None

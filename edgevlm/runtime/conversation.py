@@ -14,7 +14,7 @@ __all__ = ["Conversation", "Message", "Picture"]
 
 @dataclass(eq=False)  # one message is one object: equal only to itself (never by pixels)
 class Message:
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool"
     text: str
     images: list[LoadedImage] = field(default_factory=list)  # the views sent, in order
     tokens: list[int] | None = None  # assistant: the exact ids generated
@@ -22,6 +22,18 @@ class Message:
     sources: list[str] = field(default_factory=list)  # the pictures the user gave
     pictures: list[int] = field(default_factory=list)  # per view: the picture's number (1-based)
     notes: list[str] = field(default_factory=list)  # text standing in for evicted pictures
+    tool_calls: list[dict] = field(default_factory=list)  # assistant: [{"id", "name", "arguments": dict}]
+    tool_call_id: str = ""  # tool: the call this is the result of
+    name: str = ""  # tool: the function's name
+
+    @property
+    def extra(self) -> dict:
+        """What a chat template reads beside role and content (tool calls and results)."""
+        if self.role == "assistant" and self.tool_calls:
+            return {"tool_calls": self.tool_calls}
+        if self.role == "tool":
+            return {"tool_call_id": self.tool_call_id, "name": self.name}
+        return {}
 
     @property
     def content_text(self) -> str:

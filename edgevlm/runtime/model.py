@@ -124,14 +124,16 @@ class LoadedModel:
         system: str | None = None,
         merge: MergeSpec | None = None,
         keep_images: bool = True,
+        **tooling: Any,
     ) -> Prompt:
         """The prompt of ``messages`` as the scheduler sees it (default options' system prompt
-        and merging unless given)."""
+        and merging unless given; ``tooling``: tools, think, tool_required)."""
         return self.scheduler.render(
             messages,
             self.options.system if system is None else system,
             self.options.merge if merge is None else merge,
             keep_images,
+            **tooling,
         )
 
     # --- conversations -----------------------------------------------------------------------

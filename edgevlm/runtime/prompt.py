@@ -6,6 +6,7 @@ token for token), and merged image chunks sized as the merge will leave them."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ..backend.llama import Backend, Chunk
 from ..vision.merge import MergeSpec, mergeable
@@ -41,23 +42,27 @@ class PromptRenderer:
         system: str | None = None,
         merge: MergeSpec = MergeSpec(),
         keep_images: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        think: bool | None = None,
+        tool_required: str | None = None,
     ) -> Prompt:
-        """The prompt of a conversation that asks for the next assistant reply."""
+        """The prompt of a conversation that asks for the next assistant reply (``tools``,
+        ``think``, ``tool_required``: as ``PromptFormatter.render`` takes them)."""
         be = self.backend
-        msgs: list[tuple[str, str, list[str | None]]] = []
+        msgs: list[tuple[str, str, list[str | None], dict[str, Any]]] = []
         if system:
-            msgs.append(("system", system, []))
+            msgs.append(("system", system, [], {}))
         imgs = []
         assistant: list[list[int]] = []
         for m in messages:
-            msgs.append((m.role, m.content_text, m.view_labels))
+            msgs.append((m.role, m.content_text, m.view_labels, m.extra))
             imgs.extend(m.images)
             if m.role == "assistant":  # the exact ids generated, when known (else its text)
                 assistant.append(m.tokens if m.tokens is not None else be.tokenize_text(m.text))
         items: list[Item] = text_items([be.bos_id]) if be.add_bos else []
         units: dict[str, ImageUnit] = {}
         merging = self.merging(merge)
-        for piece in self.formatter.render(msgs):
+        for piece in self.formatter.render(msgs, tools, think, tool_required):
             if piece.kind == "text":
                 items += text_items(be.tokenize_text(piece.text))
             elif piece.kind == "assistant":

@@ -47,6 +47,7 @@ class Request:
     counters: Mapping[str, int] = field(default_factory=dict)  # stats a policy adds
     tag: Any = None  # the caller's
     keep_logits: bool = False  # diagnostics: keep the logits the reply starts from
+    preserve: frozenset[int] = frozenset()  # control tokens whose text the reply shows ([TOOL_CALLS])
 
 
 class Client:

@@ -124,9 +124,11 @@ class Scheduler:
         system: str | None = None,
         merge: MergeSpec = MergeSpec(),
         keep_images: bool = True,
+        **tooling: Any,
     ) -> Prompt:
-        """Messages → the prompt of the next reply (``PromptRenderer.render``)."""
-        return self.renderer.render(messages, system, merge, keep_images)
+        """Messages → the prompt of the next reply (``PromptRenderer.render``; ``tooling``: its
+        ``tools``, ``think`` and ``tool_required``)."""
+        return self.renderer.render(messages, system, merge, keep_images, **tooling)
 
     def cells_used(self) -> int:
         """KV cells llama.cpp holds: the accounted items (shared cells once) and the rows of
@@ -439,7 +441,7 @@ class Scheduler:
         seq.times.append(now)
         if be.is_eog(tok):
             return "stop"
-        piece, stopped = seq.text.add(tok, be.token_bytes(tok))
+        piece, stopped = seq.text.add(tok, be.token_bytes(tok, special=tok in seq.request.preserve))
         if piece:
             seq.out.append(GenerationResponse(piece, tok))
         if stopped:

@@ -23,7 +23,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,31 +38,20 @@ from starlette.responses import (
     JSONResponse,
     PlainTextResponse,
     Response,
-    StreamingResponse,
 )
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..errors import EdgeVLMError
 from ..model.projectors import encoder_patches
 from ..plan.devices import format_size
-from ..plan.host import Lease
 from ..runtime.model import LoadedModel
 from ..vision.images import decode_bytes, load_image
+from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
 from .media import fetch_bytes
-from .openai import (
-    APIError,
-    ChatRequest,
-    ChunkStream,
-    ImageRef,
-    error_body,
-    error_for,
-    parse_chat_request,
-    sse,
-    usage_body,
-)
+from .openai import completion_body, error_body, error_for, parse_chat_request, stream_events
 from .options import ServeOptions
-from .service import LOW_DETAIL_TOKENS, ChatService, next_event
+from .request import APIError, ChatRequest, ImageRef
+from .service import LOW_DETAIL_TOKENS, ChatService
 from .worker import Job
 
 __all__ = ["Server", "create_app"]
@@ -121,8 +110,11 @@ class Server:
         if self._load is not None and self.engine is not None:  # ours: loaded here
             self.engine.close()
 
-    # --- one chat request ------------------------------------------------------------------
-    async def chat(self, request: HTTPRequest) -> Response:
+    # --- one request, any API ------------------------------------------------------------------
+    async def accept(self, request: HTTPRequest, parse: Callable[[Any], ChatRequest]) -> tuple[Job, ChatRequest]:
+        """Read a request's body (under a lease on the host allowance, taken before it is read),
+        parse it with its API's ``parse`` (body → ``ChatRequest``), and queue it: the one
+        admission path of every route. Returns once the worker accepted it."""
         service = self.service
         assert service is not None
         service.worker.check_capacity()  # before reading the body
@@ -135,55 +127,23 @@ class Server:
                 raise APIError(f"the body is not valid JSON ({exc})") from None
             del body
             lease.resize(lease.held // BODY_COPIES)  # the bytes are dropped; the parsed body stays
-            req = parse_chat_request(data, self.options.sampling)
+            req = parse(data)
             del data
             job = await service.submit(req, request.is_disconnected, lease)
         except BaseException:
             lease.release()
             raise
-        if req.stream:
-            return StreamingResponse(
-                self._sse(job, req, service.model_name(req)),
-                media_type="text/event-stream",
-                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
-            )
-        return JSONResponse(await service.whole(job, req, request.is_disconnected))
+        return job, req
 
-    async def _sse(self, job: Job, req: ChatRequest, model: str) -> AsyncIterator[str]:
-        chunks = ChunkStream(job.id, model, job.created)
-        held: list[tuple[str, Any]] = []  # an event taken while gathering text, not handled yet
+    async def chat(self, request: HTTPRequest) -> Response:
         service = self.service
-        assert service is not None  # (chat checked it; it is never unset)
-        try:
-            yield chunks.event({"role": "assistant", "content": ""})
-            while True:
-                try:
-                    kind, value = held.pop() if held else await next_event(job, service.worker)
-                except EdgeVLMError as exc:  # no answer in time, or the worker is gone
-                    kind, value = "error", exc
-                if kind == "text":
-                    out = [chunks.text(value.text)]
-                    while not job.events.empty():  # the tokens that came meanwhile, in one write
-                        more = job.events.get_nowait()
-                        if more[0] != "text":
-                            held.append(more)
-                            break
-                        out.append(chunks.text(more[1].text))
-                    yield "".join(out)
-                elif kind == "error":
-                    yield sse(error_for(value)[1])
-                    break
-                elif kind == "done":
-                    seq = value
-                    finish = "length" if job.timed_out else seq.finish_reason
-                    yield chunks.event({}, finish, extra={"edgevlm": job.extension()} if job.extension() else None)
-                    if req.include_usage:
-                        yield chunks.event({}, usage=usage_body(seq.stats))
-                    break
-            yield "data: [DONE]\n\n"
-        finally:  # the client went away (or we are done): free its sequence and memory now
-            assert self.service is not None
-            self.service.finish(job)
+        assert service is not None
+        job, req = await self.accept(request, lambda d: parse_chat_request(d, self.options.sampling))
+        if req.stream:
+            return event_stream(
+                stream_events(service.deltas(job, req), req, job.id, service.model_name(req), job.created)
+            )
+        return JSONResponse(completion_body(await service.whole(job, req, request.is_disconnected)))
 
     def budget(self, body: Any) -> dict[str, Any]:
         """What a picture will cost before anything is encoded (the ``edgevlm budget`` view):
@@ -318,45 +278,11 @@ def _free_now(eng: LoadedModel) -> dict[str, int]:
     return {d.name: d.free_bytes for d in pr.devices}
 
 
-BODY_COPIES = 3  # a body held while read: its chunks, their join, and the parsed JSON
+OPENAI = Dialect("openai", bearer, error_for)
 
 
-async def read_body(
-    request: HTTPRequest, limit: int, lease: Lease | None = None, deadline: float | None = None
-) -> bytes:
-    """The request body (at most ``limit`` bytes); with ``lease``, the memory it takes is held
-    before it is read (the declared length up front, else chunk by chunk)."""
-    too_big = APIError(
-        f"the request body is larger than {limit:,} bytes (the server's --max-body)",
-        413,
-        code="request_too_large",
-        headers={"x-should-retry": "false"},
-    )
-    declared = request.headers.get("content-length")
-    known = int(declared) if declared and declared.isdigit() else None
-    if known is not None and known > limit:
-        raise too_big
-    if lease is not None and known:
-        await _hold(lease, known * BODY_COPIES, deadline)
-    chunks, n = [], 0
-    async for chunk in request.stream():
-        n += len(chunk)
-        if n > limit:
-            raise too_big
-        if lease is not None and (known is None or n > known):
-            await _hold(lease, len(chunk) * BODY_COPIES, deadline)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _hold(lease: Lease, n: int, deadline: float | None) -> None:
-    """``lease.grow`` without blocking the event loop when it has to wait."""
-    if not lease.try_grow(n):
-        await run_in_threadpool(lease.grow, n, deadline)
-
-
-def _error_response(exc: BaseException) -> JSONResponse:
-    status, body, headers = error_for(exc)
+def _error_response(exc: BaseException, dialect: Dialect = OPENAI) -> JSONResponse:
+    status, body, headers = dialect.error(exc)
     if status >= 500 and not isinstance(exc, APIError) and not getattr(exc, "edgevlm_logged", False):
         log.exception("request failed", exc_info=exc)
     return JSONResponse(body, status, headers=headers)
@@ -372,15 +298,20 @@ def create_app(
     startup; ``/health`` says 503 until it returns, and ``on_error`` hears if it fails)."""
     server = Server(model, options, on_error)
 
-    def guarded(handler, v1: bool = True):
+    def guarded(handler, v1: bool = True, dialect: Dialect = OPENAI):
+        """``handler`` behind the API key (in ``dialect``'s header) and the model's readiness;
+        whatever it raises becomes ``dialect``'s error response."""
+
         async def endpoint(request: HTTPRequest) -> Response:
             try:
                 if v1 and options.api_key is not None:
-                    auth = request.headers.get("authorization", "")
-                    token = auth[7:] if auth.lower().startswith("bearer ") else ""
+                    token = dialect.key(request.headers)
                     if not hmac.compare_digest(token.encode(), options.api_key.encode()):
                         raise APIError(
-                            "invalid or missing API key (Authorization: Bearer KEY)", 401, code="invalid_api_key"
+                            f"invalid or missing API key ({dialect.key_hint})",
+                            401,
+                            code="invalid_api_key",
+                            type_="authentication_error",
                         )
                 if v1 and server.state != "ready":
                     raise APIError(
@@ -394,7 +325,7 @@ def create_app(
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                return _error_response(exc)
+                return _error_response(exc, dialect)
 
         return endpoint
 

@@ -12,7 +12,7 @@ from typing import Any
 from ..caption.prepare import StopToken
 from ..runtime.model import LoadedModel
 from .batchfile import BatchLine, error_line, response_line
-from .openai import error_for, parse_chat_request
+from .openai import completion_body, error_for, parse_chat_request
 from .options import ServeOptions
 from .service import ChatService
 
@@ -35,7 +35,7 @@ async def answer_line(service: ChatService, line: BatchLine, order: asyncio.Lock
         else:
             async with order:
                 job = await service.submit(req)
-        return response_line(line.custom_id, 200, await service.whole(job, req))
+        return response_line(line.custom_id, 200, completion_body(await service.whole(job, req)))
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # every failure is an output line, never a crash

@@ -4,7 +4,7 @@ batch files (``edgevlm batch``, its Ray actors) share, so a batch line's body is
 
     service = ChatService(vlm, ServeOptions())       # vlm: a LoadedModel
     service.start()
-    body = await service.complete(parse_chat_request(data))   # a chat.completion dict
+    reply = await service.complete(parse_chat_request(data))  # a Reply (openai.completion_body: its JSON)
     service.stop()
 
 Work per request: the JSON grammar (when asked for) is built and parsed by llama.cpp first,
@@ -28,20 +28,23 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
 from ..backend.system import json_grammar
+from ..errors import InputError
 from ..model.projectors import encoder_patches, image_tokens
 from ..plan.host import HostAllowance, Lease, return_freed_memory
 from ..runtime.conversation import Conversation, Message, Picture
 from ..runtime.model import LoadedModel
+from ..runtime.toolformat import call_grammar, markers
 from ..vision.budget import compact_view, render_views
 from ..vision.images import LoadedImage, decode_bytes, load_image
 from .media import fetch_bytes
-from .openai import APIError, ChatRequest, completion_body
 from .options import ServeOptions
+from .replies import THINK_CLOSE, THINK_OPEN, ReplySplitter
+from .request import APIError, ChatRequest, Delta, Reply
 from .worker import Job, Worker
 
 __all__ = ["ChatService", "LOW_DETAIL_TOKENS", "next_event"]
@@ -159,12 +162,13 @@ class ChatService:
         loop = asyncio.get_running_loop()
         lease = lease or self.lease()
         try:
-            grammar = None
-            if req.response_format != "text":
-                grammar = await loop.run_in_executor(None, json_grammar, req.json_schema)
+            grammar = await loop.run_in_executor(None, self.grammar, req)
+            if grammar is not None:
                 await loop.run_in_executor(None, self.model.backend.check_grammar, grammar)
             conv, places, notices = await loop.run_in_executor(None, self.prepare, req, lease)
             sched = self.model.scheduler
+            tools = [t.to_template() for t in req.offered_tools]
+            forced = {"required": "any", "function": req.tool_name}.get(req.tool_choice) if tools else None
             job = Job(
                 conv,
                 req.system,
@@ -177,6 +181,10 @@ class ChatService:
                 evict=req.evict,
                 places=places,
                 lease=lease,
+                tools=tools or None,
+                tool_required=forced,
+                think=req.think,
+                preserve=self.preserved() if tools else frozenset(),
             )
             self.worker.submit(job)
         except BaseException:
@@ -198,27 +206,118 @@ class ChatService:
         if job.lease is not None:
             job.lease.release()
 
-    async def whole(self, job: Job, req: ChatRequest, gone: Gone | None = None) -> dict[str, Any]:
-        """Wait for the whole reply; the ``chat.completion`` body."""
-        parts: list[str] = []
+    # --- tools and reasoning ------------------------------------------------------------------
+    @property
+    def tool_format(self) -> str:
+        return self.model.scheduler.formatter.tool_format
+
+    def grammar(self, req: ChatRequest) -> str | None:
+        """The grammar sampling follows: a forced tool call (tool_choice required or a named
+        function), else the JSON of response_format, else none."""
+        if req.offered_tools and req.tool_choice in ("required", "function"):
+            names = [t.name for t in req.offered_tools]
+            if req.tool_choice == "function" and req.tool_name not in names:
+                raise APIError(
+                    f"tool_choice names the function {req.tool_name!r}, which is not in 'tools'", 400, "tool_choice"
+                )
+            tools = [t.to_template() for t in req.offered_tools]
+            return call_grammar(
+                tools,
+                self.tool_format,
+                json_grammar,
+                req.tool_name if req.tool_choice == "function" else None,
+                req.parallel_tool_calls,
+            )
+        if req.response_format != "text":
+            return json_grammar(req.json_schema)
+        return None
+
+    def preserved(self) -> frozenset[int]:
+        """Control tokens whose text a reply with tools must show (a marker that is one token,
+        hidden when detokenized plainly: Mistral's [TOOL_CALLS])."""
+        be = self.model.backend
+        out = set()
+        for text in (*markers(self.tool_format), "[ARGS]", "</tool_call>", THINK_OPEN, THINK_CLOSE):
+            try:
+                toks = be.tokenize_text(text)
+            except InputError:
+                continue
+            if len(toks) == 1 and not be.token_bytes(toks[0]) and be.token_bytes(toks[0], special=True):
+                out.add(toks[0])
+        return frozenset(out)
+
+    def splitter(self, req: ChatRequest) -> ReplySplitter:
+        """What turns this request's reply text into answer, reasoning and tool calls."""
+        fmt = self.model.scheduler.formatter
+        return ReplySplitter(
+            self.tool_format,
+            [t.name for t in req.offered_tools],
+            thinking=fmt.starts_thinking(req.think),
+            may_think=fmt.caps.thinking if (req.think is not False) else False,
+        )
+
+    # --- replies -------------------------------------------------------------------------------
+    async def deltas(self, job: Job, req: ChatRequest, gone: Gone | None = None) -> AsyncIterator[Delta | Reply]:
+        """The reply as it comes: ``Delta``s (answer text, reasoning, tool calls; the tokens that
+        arrived meanwhile joined), then the ``Reply``. An error raises (``EdgeVLMError``); the
+        job is finished (its memory given back) however the iteration ends."""
+        split = self.splitter(req)
+        raw: list[str] = []
+        held: tuple[str, Any] | None = None  # an event taken while joining text, not handled yet
         try:
             while True:
-                kind, value = await next_event(job, self.worker, gone)
+                if held is not None:
+                    (kind, value), held = held, None
+                else:
+                    kind, value = await next_event(job, self.worker, gone)
                 if kind == "text":
-                    parts.append(value.text)
+                    pieces = [value.text]
+                    while not job.events.empty():  # the tokens that came meanwhile, in one piece
+                        more = job.events.get_nowait()
+                        if more[0] != "text":
+                            held = more
+                            break
+                        pieces.append(more[1].text)
+                    text = "".join(pieces)
+                    raw.append(text)
+                    for d in _joined(split.feed(text)):
+                        yield d
                 elif kind == "error":
                     raise value
                 elif kind == "done":
-                    break
+                    for d in split.finish():
+                        yield d
+                    yield self._reply(job, req, split, value, "".join(raw))
+                    return
         finally:
             self.finish(job)
-        seq = value
+
+    def _reply(self, job: Job, req: ChatRequest, split: ReplySplitter, seq: Any, raw: str) -> Reply:
         finish = "length" if job.timed_out else seq.finish_reason
-        return completion_body(
-            job.id, self.model_name(req), "".join(parts), finish, seq.stats, job.extension(), job.created
+        finish = "length" if finish == "context" else finish
+        if split.calls and finish == "stop":
+            finish = "tool_calls"
+        return Reply(
+            job.id,
+            job.created,
+            self.model_name(req),
+            split.text,
+            finish or "stop",
+            seq.stats,
+            split.thought,
+            tuple(split.calls),
+            job.extension(),
+            raw,
         )
 
-    async def complete(self, req: ChatRequest) -> dict[str, Any]:
+    async def whole(self, job: Job, req: ChatRequest, gone: Gone | None = None) -> Reply:
+        """Wait for the whole reply."""
+        async for d in self.deltas(job, req, gone):
+            if isinstance(d, Reply):
+                return d
+        raise AssertionError("a reply stream ends with its Reply")  # pragma: no cover
+
+    async def complete(self, req: ChatRequest) -> Reply:
         """A non-streaming request from start to answer."""
         return await self.whole(await self.submit(req), req)
 
@@ -231,6 +330,17 @@ class _Views:
 
     def __init__(self, views: list[LoadedImage], labels: list[str | None], tokens: int, notes: list[str]):
         self.views, self.labels, self.tokens, self.notes = views, labels, tokens, notes
+
+
+def _joined(deltas: list[Delta]) -> list[Delta]:
+    """Consecutive text (or reasoning) deltas as one."""
+    out: list[Delta] = []
+    for d in deltas:
+        if out and d.kind == out[-1].kind and d.kind != "tool_call":
+            out[-1] = Delta(d.kind, out[-1].text + d.text)
+        else:
+            out.append(d)
+    return out
 
 
 if sys.version_info >= (3, 11):

@@ -38,8 +38,8 @@ from ..runtime.model import LoadedModel
 from ..runtime.placement import SHORT_PROMPT
 from ..runtime.scheduler import WAIT, Client, GenerationResponse, Request, Sequence
 from ..runtime.session import Footprint, SessionOptions, Summaries, make_room
-from .openai import APIError, new_id
 from .options import ServeOptions
+from .request import APIError, new_id
 
 __all__ = ["Job", "Worker"]
 
@@ -106,6 +106,10 @@ class Job:
     seq: Sequence | None = None
     new_cells: int = 0  # what its prompt evaluates past the caches (when it was queued)
     queued_at: float = 0.0
+    tools: list[dict[str, Any]] | None = None  # offered to the model (OpenAI's shape, for the template)
+    tool_required: str | None = None  # "any" or a function's name: said where the template cannot
+    think: bool | None = None  # the template's enable_thinking (None: its default)
+    preserve: frozenset[int] = frozenset()  # control tokens the reply shows (a tool-call marker)
 
     def emit(self, kind: str, value: Any = None) -> None:
         if self.ended:
@@ -319,7 +323,7 @@ class Worker:
             return
         conv = job.conversation
         for m in conv.messages:
-            if m.role == "assistant" and m.tokens is None:
+            if m.role == "assistant" and m.tokens is None and not m.tool_calls:
                 m.tokens = self._replies.get(m.text)
         budget = self.sched.budget
         reserve = budget.reply_reserve(job.max_tokens)
@@ -342,7 +346,9 @@ class Worker:
         self._waiting.append(job)
 
     def _render(self, job: Job, messages: list[Message]) -> Prompt:
-        return self.model.render(messages, job.system)
+        return self.model.render(
+            messages, job.system, tools=job.tools, think=job.think, tool_required=job.tool_required
+        )
 
     def _make_room(self, job: Job, reserve: int, image_room: int) -> None:
         """The session policy over the request's history; what it replaced or dropped goes into
@@ -379,7 +385,7 @@ class Worker:
         """A greedy question to the model now (for a summary), in between the steps of the
         requests in flight (until the request's own deadline)."""
         opts = self._session
-        prompt = self._render(job, messages + [Message("user", question)])
+        prompt = self.model.render(messages + [Message("user", question)], job.system)  # (no tools: a summary)
         req = Request(prompt, opts.summary_tokens, SamplingParams(0.0), tuple(self.sched.default_stops))
         while (seq := self.sched.submit(req, self.client)) == WAIT:
             if not self._running or time.monotonic() > job.deadline:
@@ -437,7 +443,12 @@ class Worker:
                 assert job.prompt is not None  # rendered before it waits; dropped only once it ends
                 seq = self.sched.submit(
                     Request(
-                        job.prompt, job.max_tokens, job.sampling, job.stops, new_images=frozenset(job.prompt.units)
+                        job.prompt,
+                        job.max_tokens,
+                        job.sampling,
+                        job.stops,
+                        new_images=frozenset(job.prompt.units),
+                        preserve=job.preserve,
                     ),
                     self.client,
                 )

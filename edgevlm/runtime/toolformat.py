@@ -1,0 +1,285 @@
+"""Tool calls in a model's own words: which format its chat template speaks, what its template
+can render (tools, assistant tool calls, tool results), the text that teaches the format to a
+template that cannot, a reply's calls parsed out of its text, and the grammar that forces a call.
+
+Formats (the families edgevlm runs):
+
+- ``hermes``: Qwen2.5/3-VL, Hermes, InternVL and the fallback —
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (one block per call);
+- ``mistral``: Mistral Small 3.x / Pixtral — ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]``,
+  or the newer ``[TOOL_CALLS]name[ARGS]{...}``;
+- ``llama3``: Llama 3.x — ``{"name": ..., "parameters": {...}}`` (after ``<|python_tag|>`` or alone).
+
+Any format also takes a reply that is nothing but one such JSON object (the JSON fallback).
+Pure functions over strings; no llama.cpp.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "FORMATS",
+    "ParsedCall",
+    "TemplateCaps",
+    "call_grammar",
+    "detect_format",
+    "fallback_instructions",
+    "markers",
+    "parse_calls",
+    "probe_caps",
+]
+
+FORMATS = ("hermes", "mistral", "llama3")
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: str  # a JSON object as text
+    id: str = ""  # when the format carries one (Mistral's 9-character ids)
+
+
+@dataclass(frozen=True)
+class TemplateCaps:
+    """What a chat template renders by itself (found by rendering probes, as llama.cpp does)."""
+
+    tools: bool = False  # the ``tools`` list reaches the prompt
+    tool_calls: bool = False  # an assistant message's ``tool_calls`` reach the prompt
+    tool_role: bool = False  # a ``tool`` message's content reaches the prompt
+    thinking: bool = False  # the template knows <think> (reasoning models)
+    think_switch: bool = False  # it reads ``enable_thinking``
+
+
+def detect_format(template: str) -> str:
+    """The tool-call format a template's model was trained on (hermes when it names none)."""
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<|python_tag|>" in template or ("ipython" in template and "<|eot_id|>" in template):
+        return "llama3"
+    return "hermes"
+
+
+def markers(fmt: str) -> tuple[str, ...]:
+    """Text that starts a tool call in ``fmt`` (a reply holding it is held back while streamed)."""
+    return {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "llama3": ("<|python_tag|>",)}[fmt]
+
+
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "edgevlm_probe_fn",
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {"edgevlm_probe_arg": {"type": "string"}}},
+    },
+}
+
+
+def probe_caps(render: Callable[..., str], template: str) -> TemplateCaps:
+    """Render probe conversations and see what reaches the prompt."""
+
+    def shows(needle: str, messages: list[dict], **kw: Any) -> bool:
+        try:
+            return needle in render(messages, **kw)
+        except Exception:  # a template that refuses the shape does not support it
+            return False
+
+    user = {"role": "user", "content": "hi"}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call00001",
+                "type": "function",
+                "function": {"name": "edgevlm_probe_fn", "arguments": {"edgevlm_probe_arg": "x"}},
+            }
+        ],
+    }
+    result = {
+        "role": "tool",
+        "tool_call_id": "call00001",
+        "name": "edgevlm_probe_fn",
+        "content": "edgevlm_probe_result",
+    }
+    return TemplateCaps(
+        tools=shows("edgevlm_probe_fn", [user], tools=[_PROBE_TOOL]),
+        tool_calls=shows("edgevlm_probe_fn", [user, call], tools=[_PROBE_TOOL]),
+        tool_role=shows("edgevlm_probe_result", [user, call, result], tools=[_PROBE_TOOL]),
+        thinking="<think>" in template,
+        think_switch="enable_thinking" in template,
+    )
+
+
+def fallback_instructions(tools: Sequence[dict[str, Any]], required: str | None = None) -> str:
+    """A system-prompt section that teaches the hermes format, for templates without tools
+    (``required``: "any" or a function name the reply must call)."""
+    lines = [
+        "# Tools",
+        "",
+        "You may call one or more functions to assist with the user query.",
+        "",
+        "You are provided with function signatures within <tools></tools> XML tags:",
+        "<tools>",
+        *(json.dumps(t, ensure_ascii=False) for t in tools),
+        "</tools>",
+        "",
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:",
+        "<tool_call>",
+        '{"name": <function-name>, "arguments": <args-json-object>}',
+        "</tool_call>",
+    ]
+    if required == "any":
+        lines += ["", "You must call at least one function."]
+    elif required:
+        lines += ["", f"You must call the function {required}."]
+    return "\n".join(lines)
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_MISTRAL_NEW = re.compile(r"\[TOOL_CALLS\]\s*([A-Za-z0-9_.\-]+)\s*\[ARGS\]\s*", re.S)
+
+
+def _call(obj: Any, names: set[str] | None) -> ParsedCall | None:
+    """A JSON value that is a call: {"name", "arguments"|"parameters"} (arguments as an object
+    or as JSON text), naming a known tool when ``names`` is given."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict) and "name" not in obj:  # {"function": {...}} as OpenAI sends
+        obj = obj["function"]
+    name = obj.get("name")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(name, str) or not name or (names is not None and name not in names):
+        return None
+    if isinstance(args, str):
+        try:
+            args = json.loads(args or "{}")
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    cid = obj.get("id") if isinstance(obj.get("id"), str) else ""
+    return ParsedCall(name, json.dumps(args, ensure_ascii=False), cid)
+
+
+def _json_values(text: str) -> list[Any]:
+    """The JSON values written one after another in ``text`` (whitespace between); [] when
+    anything else is there."""
+    dec = json.JSONDecoder()
+    out: list[Any] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        if i >= n:
+            return out
+        try:
+            v, i = dec.raw_decode(text, i)
+        except ValueError:
+            return []
+        out.append(v)
+
+
+def _calls_in(values: list[Any], names: set[str] | None) -> list[ParsedCall] | None:
+    flat: list[Any] = []
+    for v in values:
+        flat += v if isinstance(v, list) else [v]
+    calls = [_call(v, names) for v in flat]
+    if not calls or any(c is None for c in calls):
+        return None
+    return [c for c in calls if c is not None]
+
+
+def parse_calls(text: str, fmt: str, names: Sequence[str] | None = None) -> tuple[str, list[ParsedCall]]:
+    """(the reply's text without its calls, the calls). Text that only looks like a call (bad
+    JSON, an unknown function) stays text."""
+    known = set(names) if names is not None else None
+    if fmt == "hermes" and "<tool_call>" in text:
+        calls: list[ParsedCall] = []
+        for m in _HERMES.finditer(text):
+            got = _calls_in(_json_values(m.group(1)), known)
+            if got is None:
+                return text, []
+            calls += got
+        return text[: text.index("<tool_call>")].strip(), calls
+    if fmt == "mistral" and "[TOOL_CALLS]" in text:
+        head, _, rest = text.partition("[TOOL_CALLS]")
+        if _MISTRAL_NEW.match("[TOOL_CALLS]" + rest):
+            found: list[ParsedCall] = []
+            pos, body = 0, "[TOOL_CALLS]" + rest
+            for m in _MISTRAL_NEW.finditer(body):
+                try:
+                    args, end = json.JSONDecoder().raw_decode(body, m.end())
+                except ValueError:
+                    return text, []
+                one = _call({"name": m.group(1), "arguments": args}, known)
+                if one is None:
+                    return text, []
+                found.append(one)
+                pos = end
+            return (head.strip(), found) if body[pos:].strip() in ("", "</s>") else (text, [])
+        listed = _calls_in(_json_values(rest.replace("</s>", "")), known)
+        return (head.strip(), listed) if listed else (text, [])
+    body = text.split("<|python_tag|>", 1)[1] if fmt == "llama3" and "<|python_tag|>" in text else text
+    if body.strip().startswith(("{", "[")):  # the JSON fallback: the whole reply is the call(s)
+        got = _calls_in(_json_values(body), known)
+        if got:
+            return "", got
+    return text, []
+
+
+# --- grammar ---------------------------------------------------------------------------------
+
+
+def call_schema(tools: Sequence[dict[str, Any]], fmt: str, name: str | None = None) -> dict[str, Any]:
+    """The JSON Schema of one call object in ``fmt`` to one of ``tools`` (or to ``name``)."""
+    key = "parameters" if fmt == "llama3" else "arguments"
+    options = []
+    for t in tools:
+        fn = t["function"]
+        if name is not None and fn["name"] != name:
+            continue
+        params = fn.get("parameters") or {"type": "object"}
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, key: params},
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
+        )
+    if not options:
+        raise ValueError(f"no tool named {name!r}")
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+_ROOT = re.compile(r"^root\s*::=", re.M)
+
+
+def call_grammar(
+    tools: Sequence[dict[str, Any]],
+    fmt: str,
+    to_gbnf: Callable[[dict[str, Any]], str],
+    name: str | None = None,
+    parallel: bool = True,
+) -> str:
+    """GBNF for a reply that is nothing but tool calls in ``fmt`` (one, or one or more with
+    ``parallel``), each to one of ``tools`` (or to ``name``) with arguments that fit its schema.
+    ``to_gbnf``: a JSON Schema → GBNF converter whose start rule is ``root``."""
+    body = _ROOT.sub("edgevlm-call ::=", to_gbnf(call_schema(tools, fmt, name)), count=1)
+    if fmt == "hermes":
+        block = '"<tool_call>\\n" edgevlm-call "\\n</tool_call>"'
+        root = f'root ::= {block} ("\\n" {block})*' if parallel else f"root ::= {block}"
+    elif fmt == "mistral":
+        more = ' ("," edgevlm-call)*' if parallel else ""
+        root = f'root ::= "[TOOL_CALLS]" "[" edgevlm-call{more} "]"'
+    else:  # llama3 and the JSON fallback: one object
+        root = "root ::= edgevlm-call"
+    return root + "\n" + body

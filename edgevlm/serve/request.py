@@ -1,0 +1,211 @@
+"""The one request model every API route shares, and the one reply it gets.
+
+Each API module (``openai``: chat completions, ``responses``, ``anthropic``, ``ollama``) turns
+its body into a ``ChatRequest`` — validated, one clear message naming the field that is wrong,
+raised as ``APIError`` — and a ``Reply`` (or the stream of ``Delta``s before it) into its own
+body and events. Admission, budgeting, the guard, tool calls and reasoning happen once, in
+``service.ChatService``, for all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+from ..backend.sampling import SERVE_REPLY, SamplingParams
+from ..errors import InputError
+
+__all__ = [
+    "APIError",
+    "ChatMessage",
+    "ChatRequest",
+    "DEFAULT_SAMPLING",
+    "Delta",
+    "ImageRef",
+    "Reply",
+    "Tool",
+    "ToolCall",
+    "bad",
+    "integer",
+    "new_id",
+    "number",
+]
+
+DEFAULT_SAMPLING = SERVE_REPLY.sampling  # as llama-server when a request names none (--temp ... change it)
+
+
+class APIError(InputError):
+    """A request an API refuses: an HTTP status, and the fields APIs put in their error bodies
+    (each API module maps them to its own shape)."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.http_status = status
+        self.param = param
+        self.code = code
+        self.type = type_
+        self.headers = headers or {}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    """A 400 for what the client sent, naming the field."""
+    return APIError(message, 400, param, code)
+
+
+def number(body: dict, key: str, lo: float, hi: float, default: float) -> float:
+    """``body[key]``: a number from ``lo`` to ``hi`` (``default`` when absent), else a 400."""
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise bad(f"'{key}' must be a number from {lo:g} to {hi:g}, not {v!r}", key)
+    return float(v)
+
+
+@overload
+def integer(body: dict, key: str, lo: int, default: int) -> int: ...
+@overload
+def integer(body: dict, key: str, lo: int, default: None = None) -> int | None: ...
+
+
+def integer(body: dict, key: str, lo: int, default: int | None = None) -> int | None:
+    """``body[key]``: an integer of at least ``lo`` (``default`` when absent), else a 400."""
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise bad(f"'{key}' must be an integer of at least {lo}, not {v!r}", key)
+    return v
+
+
+def new_id(prefix: str = "chatcmpl-") -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    url: str  # a data: URI, an http(s) URL, or a path under --allow-path
+    detail: str = "auto"  # auto | low | high
+    name: str = ""  # edgevlm extension: the picture's file name, for summaries that mention it
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call: its name, what it does, and a JSON Schema of its arguments."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def to_template(self) -> dict[str, Any]:
+        """As chat templates read ``tools`` (OpenAI's shape, which HF templates expect)."""
+        fn: dict[str, Any] = {"name": self.name, "parameters": self.parameters}
+        if self.description:
+            fn["description"] = self.description
+        return {"type": "function", "function": fn}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model made (or an earlier one the client sends back)."""
+
+    id: str
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's convention; other APIs parse it)
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The arguments parsed (an object; {} when they are not one)."""
+        try:
+            v = json.loads(self.arguments or "{}")
+        except ValueError:
+            return {}
+        return v if isinstance(v, dict) else {}
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # user | assistant | tool
+    text: str
+    images: tuple[ImageRef, ...] = ()
+    index: int = 0  # its place in the request's message list (for errors and edgevlm.dropped)
+    tool_calls: tuple[ToolCall, ...] = ()  # assistant: the calls it made
+    tool_call_id: str = ""  # tool: the call this is the result of
+    name: str = ""  # tool: the function's name (when the client gives it)
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[ChatMessage, ...]
+    system: str | None = None
+    model: str = ""
+    max_tokens: int | None = None
+    sampling: SamplingParams = DEFAULT_SAMPLING
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    response_format: str = "text"  # text | json_object | json_schema
+    json_schema: dict | None = None
+    evict: bool = False  # edgevlm extension: old pictures may become summaries to make room
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"  # auto | none | required | function (then tool_name)
+    tool_name: str = ""
+    parallel_tool_calls: bool = True
+    think: bool | None = None  # reasoning on/off where the template has a switch (None: its default)
+
+    @property
+    def images(self) -> list[ImageRef]:
+        return [im for m in self.messages for im in m.images]
+
+    @property
+    def offered_tools(self) -> tuple[Tool, ...]:
+        """The tools the model is told about (none with tool_choice "none")."""
+        return () if self.tool_choice == "none" else self.tools
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A piece of a streamed reply: answer text, reasoning text, or a whole tool call."""
+
+    kind: str  # text | reasoning | tool_call
+    text: str = ""
+    call: ToolCall | None = None
+    index: int = 0  # tool_call: its place among the reply's calls
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A finished reply, in no API's shape yet."""
+
+    id: str
+    created: int
+    model: str
+    text: str  # the answer (without reasoning and tool-call markup)
+    finish: str  # stop | length | tool_calls
+    stats: Any  # runtime.stats.TurnStats: prompt_n, cached_n, predicted_n, timings
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    extension: dict[str, Any] = field(default_factory=dict)  # the edgevlm object (notices ...)
+    raw: str = ""  # the text as generated (tool-call markup and reasoning included)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.stats.prompt_n + self.stats.cached_n)
+
+    @property
+    def cached_tokens(self) -> int:
+        return int(self.stats.cached_n)
+
+    @property
+    def completion_tokens(self) -> int:
+        return int(self.stats.predicted_n)
