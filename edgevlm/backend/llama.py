@@ -485,6 +485,11 @@ class Backend(MtmdTokenizer):
         token into the sampler's state."""
         return int(self.llama_cpp.llama_sampler_sample(sampler, self._llm.ctx, index))
 
+    def accept(self, sampler, token: int) -> None:
+        """Tell the sampler ``token`` was chosen (one put in, not sampled: its grammar and
+        penalties follow)."""
+        self.llama_cpp.llama_sampler_accept(sampler, token)
+
     def free_sampler(self, sampler) -> None:
         self.llama_cpp.llama_sampler_free(sampler)
 

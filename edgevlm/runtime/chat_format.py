@@ -143,7 +143,7 @@ class PromptFormatter:
                 d: dict[str, Any] = {"role": role, "content": _SENTINEL.format(n_assistant)}
                 n_assistant += 1
                 calls = extra.get("tool_calls") or []
-                if calls and caps.tool_calls:
+                if calls and caps.tools and caps.tool_calls:
                     d["tool_calls"] = [
                         {
                             "id": c["id"],
@@ -162,7 +162,7 @@ class PromptFormatter:
                 rendered.append(d)
             elif role == "tool":
                 content = self.user_content(text, labels)
-                if caps.tool_role:
+                if caps.tools and caps.tool_role:  # (a template without tools: taught as the fallback says)
                     rendered.append(
                         {
                             "role": "tool",

@@ -34,6 +34,19 @@ class GenerationResponse:
 
 
 @dataclass(frozen=True)
+class ThinkCap:
+    """A cap on a reply's reasoning: after ``budget`` tokens inside ``<think>`` (the reply starts
+    inside one when ``inside``, or opens one first thing), ``close`` — the tokens of
+    ``</think>`` — are put in as if sampled, and the answer follows."""
+
+    budget: int
+    close: tuple[int, ...]
+    inside: bool = False
+    open_text: str = "<think>"
+    close_text: str = "</think>"
+
+
+@dataclass(frozen=True)
 class Request:
     """A prompt to evaluate and reply to."""
 
@@ -48,6 +61,7 @@ class Request:
     tag: Any = None  # the caller's
     keep_logits: bool = False  # diagnostics: keep the logits the reply starts from
     preserve: frozenset[int] = frozenset()  # control tokens whose text the reply shows ([TOOL_CALLS])
+    think: ThinkCap | None = None  # a reasoning budget
 
 
 class Client:
@@ -115,6 +129,12 @@ class Sequence:
         self.stats: TurnStats | None = None
         self.error: BaseException | None = None
         self.first_logits: np.ndarray | None = None
+        cap = request.think
+        self.thinking = cap is not None and cap.inside  # inside <think> now
+        self.thought = 0  # reasoning tokens so far
+        self.forced: deque[int] = deque()  # tokens put in next instead of sampled
+        if cap is not None and cap.inside and cap.budget <= 0:
+            self.forced.extend(cap.close)  # no reasoning at all: closed before the first token
 
     @property
     def tag(self) -> Any:

@@ -435,21 +435,46 @@ class Scheduler:
         ts = time.perf_counter()
         if seq.request.keep_logits and seq.first_logits is None:
             seq.first_logits = be.logits(index).copy()
-        tok = be.sample(seq.sampler, index)
+        if seq.forced:  # (a reasoning budget closing </think>): put in, the sampler told
+            tok = seq.forced.popleft()
+            be.accept(seq.sampler, tok)
+        else:
+            tok = be.sample(seq.sampler, index)
         now = time.perf_counter()
         seq.predicted_ms += (now - ts) * 1000
         seq.times.append(now)
         if be.is_eog(tok):
             return "stop"
+        before = len(seq.text.text)
         piece, stopped = seq.text.add(tok, be.token_bytes(tok, special=tok in seq.request.preserve))
         if piece:
             seq.out.append(GenerationResponse(piece, tok))
         if stopped:
             return "stop"
+        if seq.request.think is not None:
+            self._cap_thinking(seq, before)
         if len(seq.tokens) >= seq.request.max_tokens:
             return "length"
         seq.pending = [Item(("t", tok), 1, 1)]
         return None
+
+    @staticmethod
+    def _cap_thinking(seq: Sequence, before: int) -> None:
+        """Count reasoning tokens; at the budget, close the block (``ThinkCap``)."""
+        cap = seq.request.think
+        assert cap is not None
+        text = seq.text.text
+        if not seq.thinking:
+            # a reply that opens <think> first thing (only there: later it is just text)
+            if seq.thought == 0 and text.lstrip().startswith(cap.open_text) and before < len(cap.open_text) + 8:
+                seq.thinking = True
+            return
+        if text.find(cap.close_text, max(0, before - len(cap.close_text))) >= 0:
+            seq.thinking = False  # closed by the model (or by us)
+            return
+        seq.thought += 1
+        if seq.thought >= cap.budget and not seq.forced:
+            seq.forced.extend(cap.close)
 
     def _fail(self, s: Slot, exc: BaseException, what: str, done: list[Sequence]) -> None:
         s.seq.error = (

@@ -46,6 +46,10 @@ class ServeOptions:
     # host RAM for idle conversations moved out of the KV cache, copied back when they return
     # (the plan's --cache-ram when serving)
     cache_ram: int = 1024 * MIB
+    # most tokens a thinking model's <think> block may take before </think> is put in (as
+    # llama-server's --reasoning-budget): -1 no cap, 0 no reasoning (the template's switch, or the
+    # block closed at once); a request's own budget (Anthropic's thinking.budget_tokens) is kept under it
+    reasoning_budget: int = -1
 
 
 def serve_slots(n_ctx: int, image_max_tokens: int | None, max_tokens: int, parallel: int | None = None) -> int:

@@ -162,6 +162,7 @@ class ChatRequest:
     tool_name: str = ""
     parallel_tool_calls: bool = True
     think: bool | None = None  # reasoning on/off where the template has a switch (None: its default)
+    think_budget: int | None = None  # most reasoning tokens (None: the server's --reasoning-budget)
 
     @property
     def images(self) -> list[ImageRef]:

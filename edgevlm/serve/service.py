@@ -38,6 +38,7 @@ from ..model.projectors import encoder_patches, image_tokens
 from ..plan.host import HostAllowance, Lease, return_freed_memory
 from ..runtime.conversation import Conversation, Message, Picture
 from ..runtime.model import LoadedModel
+from ..runtime.requests import ThinkCap
 from ..runtime.toolformat import call_grammar, markers
 from ..vision.budget import compact_view, render_views
 from ..vision.images import LoadedImage, decode_bytes, load_image
@@ -183,8 +184,9 @@ class ChatService:
                 lease=lease,
                 tools=tools or None,
                 tool_required=forced,
-                think=req.think,
+                think=self.think_switch(req),
                 preserve=self.preserved() if tools else frozenset(),
+                think_cap=self.think_cap(req),
             )
             self.worker.submit(job)
         except BaseException:
@@ -246,14 +248,38 @@ class ChatService:
                 out.add(toks[0])
         return frozenset(out)
 
+    def budget_for(self, req: ChatRequest) -> int:
+        """The request's reasoning budget: its own under the server's (-1: no cap)."""
+        server = self.options.reasoning_budget
+        own = req.think_budget if req.think_budget is not None else -1
+        if server < 0:
+            return own
+        return server if own < 0 else min(own, server)
+
+    def think_switch(self, req: ChatRequest) -> bool | None:
+        """The template's ``enable_thinking``: the request's, else off for a budget of 0."""
+        if req.think is not None:
+            return req.think
+        return False if self.budget_for(req) == 0 else None
+
+    def think_cap(self, req: ChatRequest) -> ThinkCap | None:
+        """A cap on the reply's <think> block, for templates that have one."""
+        fmt = self.model.scheduler.formatter
+        budget = self.budget_for(req)
+        think = self.think_switch(req)
+        if budget < 0 or not fmt.caps.thinking or think is False and fmt.caps.think_switch:
+            return None
+        close = tuple(self.model.backend.tokenize_text("\n" + THINK_CLOSE + "\n\n"))
+        return ThinkCap(budget, close, inside=fmt.starts_thinking(think))
+
     def splitter(self, req: ChatRequest) -> ReplySplitter:
         """What turns this request's reply text into answer, reasoning and tool calls."""
         fmt = self.model.scheduler.formatter
         return ReplySplitter(
             self.tool_format,
             [t.name for t in req.offered_tools],
-            thinking=fmt.starts_thinking(req.think),
-            may_think=fmt.caps.thinking if (req.think is not False) else False,
+            thinking=fmt.starts_thinking(self.think_switch(req)),
+            may_think=fmt.caps.thinking and self.think_switch(req) is not False,
         )
 
     # --- replies -------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from ..runtime.conversation import Conversation, Message
 from ..runtime.items import Prompt
 from ..runtime.model import LoadedModel
 from ..runtime.placement import SHORT_PROMPT
+from ..runtime.requests import ThinkCap
 from ..runtime.scheduler import WAIT, Client, GenerationResponse, Request, Sequence
 from ..runtime.session import Footprint, SessionOptions, Summaries, make_room
 from .options import ServeOptions
@@ -110,6 +111,7 @@ class Job:
     tool_required: str | None = None  # "any" or a function's name: said where the template cannot
     think: bool | None = None  # the template's enable_thinking (None: its default)
     preserve: frozenset[int] = frozenset()  # control tokens the reply shows (a tool-call marker)
+    think_cap: ThinkCap | None = None  # a reasoning budget
 
     def emit(self, kind: str, value: Any = None) -> None:
         if self.ended:
@@ -449,6 +451,7 @@ class Worker:
                         job.stops,
                         new_images=frozenset(job.prompt.units),
                         preserve=job.preserve,
+                        think=job.think_cap,
                     ),
                     self.client,
                 )

@@ -103,6 +103,37 @@ def cached_model_pair(
     return ModelPair(family, preset, seed, final / "model.gguf", final / "mmproj.gguf")
 
 
+def with_chat_template(pair: ModelPair, template: str, cache_dir: str | os.PathLike[str] | None = None) -> ModelPair:
+    """``pair`` with another ``tokenizer.chat_template`` in its text model (gguf's
+    gguf_new_metadata copy; the projector is shared), cached by the template's hash."""
+    import hashlib
+    import subprocess
+    import sys
+
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    digest = hashlib.sha256(template.encode()).hexdigest()[:12]
+    final = root / f"{pair.model.parent.name}-t{digest}"
+    model = final / "model.gguf"
+    if not model.is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=root))
+        try:
+            (tmp / "template.jinja").write_text(template)
+            subprocess.run(
+                [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(pair.model), str(tmp / "model.gguf"),
+                 "--chat-template-file", str(tmp / "template.jinja"), "--force"],
+                check=True, capture_output=True,
+            )  # fmt: skip
+            try:
+                os.rename(tmp, final)
+            except OSError:  # another process won the race; its copy is identical
+                if not model.is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ModelPair(pair.family, pair.preset, pair.seed, model, pair.mmproj)
+
+
 # What the ``edgevlm.generated_pairs`` entry point names: the families and a cached pair of one
 # (``cached_model_pair(family, preset)`` → an object with ``.model`` and ``.mmproj`` paths).
 generated_pairs = SimpleNamespace(FAMILIES=FAMILIES, cached_model_pair=cached_model_pair)
@@ -115,4 +146,5 @@ __all__ = [
     "cached_model_pair",
     "default_cache_dir",
     "generated_pairs",
+    "with_chat_template",
 ]
