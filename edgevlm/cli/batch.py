@@ -92,6 +92,7 @@ def batch(
     mmproj,
     max_tokens,
     sampling,
+    reasoning_budget,
     parallel,
     timeout,
     allow_path,
@@ -140,6 +141,7 @@ def batch(
         follow_ups_first=False,  # lines in file order, as the server answers them one by one
         max_tokens=max_tokens,
         sampling=sampling,
+        reasoning_budget=reasoning_budget,
         timeout_s=timeout,
         host_allowance=wishes.host_allowance,
         allow_private_urls=allow_private_urls,

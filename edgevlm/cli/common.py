@@ -314,9 +314,9 @@ def sampling_options(max_tokens: int, d: SamplingParams):
 
 
 def request_defaults_options(fn):
-    """-n/--max-tokens, --temp, --top-k, --top-p, --min-p of ``serve`` and ``batch``: the reply of
-    requests that name none (defaults: ``ServeOptions``); the command gets ``max_tokens`` and one
-    ``sampling`` argument."""
+    """-n/--max-tokens, --temp, --top-k, --top-p, --min-p, --reasoning-budget of ``serve`` and
+    ``batch``: the reply of requests that name none (defaults: ``ServeOptions``); the command gets
+    ``max_tokens``, ``reasoning_budget`` and one ``sampling`` argument."""
 
     @functools.wraps(fn)
     def wrapper(*args, temp, top_k, top_p, min_p, **kwargs):
@@ -326,6 +326,10 @@ def request_defaults_options(fn):
         click.option("--max-tokens", "-n", default=ServeOptions.max_tokens, show_default=True,
                      type=click.IntRange(1), help="Reply length for requests that name no max_tokens."),
         *_sampler_options(ServeOptions.sampling, " of requests that name none", 2.0),
+        click.option("--reasoning-budget", default=ServeOptions.reasoning_budget, show_default=True,
+                     type=click.IntRange(-1), metavar="N",
+                     help="Thinking models: most tokens of a <think> block, then </think> is put in "
+                          "(-1 no cap, 0 no reasoning)."),
     ])  # fmt: skip
 
 
