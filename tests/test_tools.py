@@ -83,6 +83,9 @@ def test_each_format_parses_into_calls_and_anything_else_stays_text():
     assert calls == [ParsedCall("zoom", '{"box": "left"}')]
     # the JSON fallback: a reply that is nothing but a call, in any format
     assert parse_calls(' {"name": "zoom", "arguments": {"box": "left"}}', "hermes", names)[1][0].name == "zoom"
+    # a last call cut off by max_tokens: the whole calls before it stand
+    cut = '<tool_call>\n{"name": "zoom", "arguments": {"box": "left"}}\n</tool_call>\n<tool_call>\n{"name": "zo'
+    assert parse_calls(cut, "hermes", names)[1] == [ParsedCall("zoom", '{"box": "left"}')]
     # what only looks like a call stays text: an unknown function, broken JSON, JSON that is an answer
     for reply in (
         '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>',
@@ -105,6 +108,10 @@ def test_a_streamed_reply_never_shows_half_a_marker_and_splits_reasoning():
     calls = [d.call for d in shown if d.kind == "tool_call"]
     assert [(c.name, c.arguments) for c in calls] == [("zoom", '{"box": "left"}')]
     assert split.calls and split.text == "Sure." and split.thought == "I should zoom."
+    # blanks around the reasoning are never streamed (what streams is what the whole reply says)
+    spaced = ReplySplitter(thinking=True)
+    got = [d for piece in ("\n Hm", "m \n", "\n</th", "ink>\n\nOK") for d in spaced.feed(piece)] + spaced.finish()
+    assert [(d.kind, d.text) for d in got] == [("reasoning", "Hm"), ("reasoning", "m"), ("text", "OK")]
     # without tools offered, the same text is an answer, markers and all
     plain = ReplySplitter()
     assert "".join(d.text for d in plain.feed("<tool_call>x") + plain.finish()) == "<tool_call>x"

@@ -206,6 +206,8 @@ def parse_calls(text: str, fmt: str, names: Sequence[str] | None = None) -> tupl
         for m in _HERMES.finditer(text):
             got = _calls_in(_json_values(m.group(1)), known)
             if got is None:
+                if calls and not m.group(0).rstrip().endswith("</tool_call>"):
+                    break  # a last call cut off (max_tokens): the whole ones before it stand
                 return text, []
             calls += got
         return text[: text.index("<tool_call>")].strip(), calls

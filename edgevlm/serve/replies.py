@@ -84,12 +84,13 @@ class ReplySplitter:
     def _reasoning(self, out: list[Delta]) -> None:
         i = self.buf.find(THINK_CLOSE)
         if i >= 0:
-            self._say(out, "reasoning", self.buf[:i])
+            self._say(out, "reasoning", self.buf[:i].rstrip())
             self.buf = self.buf[i + len(THINK_CLOSE) :].lstrip()
             self.phase = "content"
             return
         keep = _partial(self.buf, THINK_CLOSE)
-        self._say(out, "reasoning", self.buf[: len(self.buf) - keep])
+        keep += len(self.buf[: len(self.buf) - keep]) - len(self.buf[: len(self.buf) - keep].rstrip())
+        self._say(out, "reasoning", self.buf[: len(self.buf) - keep])  # (blanks wait: they may end it)
         self.buf = self.buf[len(self.buf) - keep :]
 
     def _content(self, out: list[Delta]) -> None:
@@ -126,6 +127,10 @@ class ReplySplitter:
                 self._answer_started = True
             self.content.append(text)
         else:
+            if not self.reasoning:
+                text = text.lstrip()
+                if not text:
+                    return
             self.reasoning.append(text)
         out.append(Delta(kind, text))
 
@@ -136,7 +141,7 @@ class ReplySplitter:
         if self.phase in ("start", "content"):
             self._say(out, "text", self.buf)
         elif self.phase == "reasoning":  # never closed (cut by max_tokens): all of it was reasoning
-            self._say(out, "reasoning", self.buf)
+            self._say(out, "reasoning", self.buf.rstrip())
         else:
             text, calls = parse_calls(self.held + self.buf, self.fmt, self.names)
             if calls:
@@ -156,4 +161,4 @@ class ReplySplitter:
 
     @property
     def thought(self) -> str:
-        return "".join(self.reasoning).strip()
+        return "".join(self.reasoning)  # (what was streamed: no blanks at either end)
