@@ -186,7 +186,12 @@ def test_the_host_allowance_refuses_waits_and_is_shown(model_pair):
         assert host["allowance_bytes"] == 48 * 2**20 and host["in_use_bytes"] == 0
         assert 0 < host["peak_in_use_bytes"] <= host["allowance_bytes"] and host["refused"] >= 1
         assert host["limit_bytes"] == (
-            host["buffers_bytes"] + host["image_cache_bytes"] + host["process_reserve_bytes"] + host["allowance_bytes"]
+            host["buffers_bytes"]
+            + host["image_cache_bytes"]
+            + host["kv_cache_bytes"]
+            + host["responses_store_bytes"]
+            + host["process_reserve_bytes"]
+            + host["allowance_bytes"]
         )
         assert host["rss_bytes"] > 0  # (this test process holds more than the server: not compared)
     finally:

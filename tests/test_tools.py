@@ -211,6 +211,11 @@ def test_a_forced_call_parses_and_its_result_with_a_picture_is_answered(family, 
         assert with_picture.choices[0].finish_reason in ("stop", "length", "tool_calls")
         picture_tokens = with_picture.usage.prompt_tokens - text_only.usage.prompt_tokens
         assert picture_tokens >= 16  # the picture's tokens are in the prompt
+        # the call itself is in the prompt too (its name and arguments, as the template writes them)
+        history[1] = {"role": "assistant", "content": ""}
+        no_call = answer("Radar:")
+        arguments = len(vlm.backend.tokenize_text(call.function.arguments))
+        assert text_only.usage.prompt_tokens - no_call.usage.prompt_tokens >= arguments
         assert srv.status()["requests"]["failed"] == 0
     finally:
         srv.stop()

@@ -1,9 +1,11 @@
 """The OpenAI-compatible HTTP app (Starlette): ``create_app(model, options)``.
 
 Routes: ``GET /`` (the web page, ``static/``), ``POST /v1/chat/completions`` (text and images,
-streamed or not, JSON output by grammar), ``POST /v1/edgevlm/budget`` (what a picture will cost),
-``GET /v1/models``, ``GET /health`` (503 while the model loads), ``GET /status`` (the plan, slots,
-queue, memory predicted and measured, counters) and ``GET /metrics`` (Prometheus text). Every
+streamed or not, JSON output by grammar), ``POST /v1/responses`` (OpenAI's Responses API;
+``GET``/``DELETE /v1/responses/{id}``: the responses kept for ``previous_response_id``),
+``POST /v1/edgevlm/budget`` (what a picture will cost), ``GET /v1/models``, ``GET /health`` (503
+while the model loads), ``GET /status`` (the plan, slots, queue, memory predicted and measured,
+counters) and ``GET /metrics`` (Prometheus text). Every
 ``/v1`` route asks for the API key when one is set. Every error is OpenAI's
 ``{"error": {"message", "type", "param", "code"}}`` with a 4xx for anything the client sent.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -46,11 +49,14 @@ from ..model.projectors import encoder_patches
 from ..plan.devices import format_size
 from ..runtime.model import LoadedModel
 from ..vision.images import decode_bytes, load_image
+from . import anthropic, ollama
 from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
 from .media import fetch_bytes
 from .openai import completion_body, error_body, error_for, parse_chat_request, stream_events
 from .options import ServeOptions
 from .request import APIError, ChatRequest, ImageRef
+from .responses import ResponsesCall, ResponseStore, parse_responses_request
+from .responses_reply import reply_body, stream_response
 from .service import LOW_DETAIL_TOKENS, ChatService
 from .worker import Job
 
@@ -76,6 +82,7 @@ class Server:
         self.error: BaseException | None = None
         self._load = None if isinstance(model, LoadedModel) else model
         self._on_error = on_error
+        self.responses = ResponseStore(options.responses_store, options.responses_store_bytes)
 
     @property
     def state(self) -> str:
@@ -145,6 +152,72 @@ class Server:
             )
         return JSONResponse(completion_body(await service.whole(job, req, request.is_disconnected)))
 
+    async def messages(self, request: HTTPRequest) -> Response:
+        """Anthropic's ``POST /v1/messages``."""
+        service = self.service
+        assert service is not None
+        job, req = await self.accept(request, lambda d: anthropic.parse_messages_request(d, self.options.sampling))
+        if req.stream:
+            prompt = job.prompt  # (None once the reply ended: its counts come with message_delta)
+            return event_stream(
+                anthropic.stream_events(
+                    service.deltas(job, req), job.id, service.model_name(req), prompt.cells if prompt else 0
+                )
+            )
+        return JSONResponse(anthropic.message_body(await service.whole(job, req, request.is_disconnected)))
+
+    async def create_response(self, request: HTTPRequest) -> Response:
+        """OpenAI's ``POST /v1/responses``: the conversation (an earlier response's, by
+        ``previous_response_id``, then this input) is kept with its reply unless ``store`` is false."""
+        service = self.service
+        assert service is not None
+        calls: list[ResponsesCall] = []
+
+        def parse(data: Any) -> ChatRequest:
+            calls.append(parse_responses_request(data, self.options.sampling, self.responses))
+            return calls[-1].request
+
+        job, req = await self.accept(request, parse)
+        call, model = calls[-1], service.model_name(req)
+        keep = functools.partial(self.responses.keep, call)
+        if req.stream:
+            return event_stream(stream_response(service.deltas(job, req), call, model, job.created, keep))
+        reply = await service.whole(job, req, request.is_disconnected)
+        return JSONResponse(keep(reply, reply_body(call, model, job.created, reply)))
+
+    async def stored_response(self, request: HTTPRequest) -> Response:
+        """``GET /v1/responses/{id}`` (a stored response) and ``DELETE`` (forget it)."""
+        rid = request.path_params["response_id"]
+        if request.method == "DELETE" and self.responses.delete(rid):
+            return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
+        stored = self.responses.get(rid) if request.method == "GET" else None
+        if stored is None:
+            raise APIError(f"no response {rid!r} is stored here", 404, "response_id", "not_found")
+        return JSONResponse(stored.body)
+
+    async def ollama_reply(self, request: HTTPRequest, generate: bool = False) -> Response:
+        """Ollama's ``POST /api/chat`` (and ``/api/generate``): NDJSON when streamed, its default."""
+        service = self.service
+        assert service is not None
+        started = time.monotonic()
+        parse = ollama.parse_generate if generate else ollama.parse_chat
+        try:
+            job, req = await self.accept(request, lambda d: parse(d, self.options.sampling))
+        except ollama.LoadOnly as load:  # (no messages: "load the model", which is loaded)
+            return JSONResponse(ollama.load_body(load.model or self.options.model_id, generate))
+        model = service.model_name(req)
+        if req.stream:
+            events = ollama.stream_events(service.deltas(job, req), model, generate, started)
+            return event_stream(events, ollama.MEDIA_TYPE)
+        reply = await service.whole(job, req, request.is_disconnected)
+        return JSONResponse(ollama.reply_body(reply, generate, started))
+
+    @functools.cached_property
+    def ollama_facts(self) -> ollama.ModelFacts:
+        """What Ollama's listings say of the model (read once, when the model is ready)."""
+        assert self.engine is not None
+        return ollama.facts_of(self.engine, self.options.model_id)
+
     def budget(self, body: Any) -> dict[str, Any]:
         """What a picture will cost before anything is encoded (the ``edgevlm budget`` view):
         ``{"image_url": {"url": ...}, "detail": ...}`` → the plan of its views."""
@@ -210,8 +283,8 @@ class Server:
     def _host(self, rss: int) -> dict[str, Any]:
         """What the host's memory is planned for, beside the RSS measured now: the model's
         buffers (the plan), the image cache's bound, the host KV cache of idle conversations
-        (--cache-ram), the process itself (--host-reserve) and the requests in flight and
-        waiting (the allowance, and what they hold of it now)."""
+        (--cache-ram), the Responses store's bound, the process itself (--host-reserve) and the
+        requests in flight and waiting (the allowance, and what they hold of it now)."""
         eng, service = self.engine, self.service
         assert eng is not None and service is not None
         plan = eng.plan
@@ -220,12 +293,15 @@ class Server:
         cache = image_cache_bound(eng)
         kv_cache = eng.scheduler.host_cache.max_bytes
         host = service.host.to_dict()
-        limit = buffers + cache + kv_cache + reserve + host["allowance_bytes"]
+        stored = self.responses.max_bytes  # conversations kept for previous_response_id
+        limit = buffers + cache + kv_cache + reserve + host["allowance_bytes"] + stored
         return {
             "buffers_bytes": buffers,
             "image_cache_bytes": cache,
             "kv_cache_bytes": kv_cache,
             "kv_cache_used_bytes": eng.scheduler.host_cache.nbytes,
+            "responses_store_bytes": stored,
+            "responses_store_used_bytes": self.responses.nbytes,
             "process_reserve_bytes": reserve,
             **host,
             "limit_bytes": limit,
@@ -279,6 +355,8 @@ def _free_now(eng: LoadedModel) -> dict[str, int]:
 
 
 OPENAI = Dialect("openai", bearer, error_for)
+ANTHROPIC = Dialect("anthropic", anthropic.api_key, anthropic.error_for, "x-api-key: KEY")
+OLLAMA = Dialect("ollama", ollama.api_key, ollama.error_for)
 
 
 def _error_response(exc: BaseException, dialect: Dialect = OPENAI) -> JSONResponse:
@@ -331,6 +409,15 @@ def create_app(
 
     async def chat(request: HTTPRequest) -> Response:
         return await server.chat(request)
+
+    async def messages(request: HTTPRequest) -> Response:
+        return await server.messages(request)
+
+    async def create_response(request: HTTPRequest) -> Response:
+        return await server.create_response(request)
+
+    async def stored_response(request: HTTPRequest) -> Response:
+        return await server.stored_response(request)
 
     async def budget(request: HTTPRequest) -> Response:
         body = await read_body(request, options.max_body_bytes)
@@ -388,9 +475,13 @@ def create_app(
             Route("/", page, methods=["GET"]),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
             Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
+            Route("/v1/messages", guarded(messages, dialect=ANTHROPIC), methods=["POST"]),
+            Route("/v1/responses", guarded(create_response), methods=["POST"]),
+            Route("/v1/responses/{response_id}", guarded(stored_response), methods=["GET", "DELETE"]),
             Route("/v1/edgevlm/budget", guarded(budget), methods=["POST"]),
             Route("/v1/models", guarded(models), methods=["GET"]),
             Route("/v1/models/{model}", guarded(model_card), methods=["GET"]),
+            *ollama_routes(server, guarded),
             Route("/health", guarded(health, v1=False), methods=["GET"]),
             Route("/status", guarded(status, v1=False), methods=["GET"]),
             Route("/metrics", guarded(metrics, v1=False), methods=["GET"]),
@@ -420,3 +511,70 @@ def _model_card(server: Server) -> dict[str, Any]:
             "image_max_tokens": eng.plan.image_max_tokens if eng.plan else None,
         }
     return card
+
+
+def ollama_routes(server: Server, guarded: Callable[..., Any]) -> list[Route]:
+    """Ollama's API (``/api/...``), on the main port and on ``--ollama-port``: chat and generate
+    behind the API key (``Authorization: Bearer``) with errors as ``{"error": ...}``; the model
+    listings too; ``/api/version`` open, as a health check."""
+
+    async def chat(request: HTTPRequest) -> Response:
+        return await server.ollama_reply(request)
+
+    async def generate(request: HTTPRequest) -> Response:
+        return await server.ollama_reply(request, generate=True)
+
+    async def facts() -> ollama.ModelFacts:
+        return await run_in_threadpool(lambda: server.ollama_facts)
+
+    async def tags(request: HTTPRequest) -> Response:
+        return JSONResponse(ollama.tags_body(await facts()))
+
+    async def ps(request: HTTPRequest) -> Response:
+        return JSONResponse(ollama.ps_body(await facts(), server.started))
+
+    async def show(request: HTTPRequest) -> Response:
+        body = await read_body(request, server.options.max_body_bytes)
+        try:
+            data = json.loads(body or b"{}")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise APIError(f"the body is not valid JSON ({exc})") from None
+        name = (data.get("model") or data.get("name")) if isinstance(data, dict) else None
+        if not isinstance(name, str) or not name:
+            raise APIError("'model' must name a model", 400, "model")
+        f = await facts()
+        if not f.matches(name):
+            raise ollama.not_found(name)
+        return JSONResponse(ollama.show_body(f, server.options))
+
+    async def version(request: HTTPRequest) -> Response:
+        return JSONResponse({"version": ollama.VERSION})
+
+    return [
+        Route("/api/chat", guarded(chat, dialect=OLLAMA), methods=["POST"]),
+        Route("/api/generate", guarded(generate, dialect=OLLAMA), methods=["POST"]),
+        Route("/api/tags", guarded(tags, dialect=OLLAMA), methods=["GET"]),
+        Route("/api/show", guarded(show, dialect=OLLAMA), methods=["POST"]),
+        Route("/api/ps", guarded(ps, dialect=OLLAMA), methods=["GET"]),
+        Route("/api/version", guarded(version, v1=False, dialect=OLLAMA), methods=["GET"]),
+    ]
+
+
+def ollama_app(app: Starlette) -> Starlette:
+    """Ollama's API alone, for a second listener (``edgevlm serve --ollama-port``): ``app``'s
+    ``/api/...`` routes (the same server and model behind them: ``app``'s lifespan runs it, so
+    this app needs none) and ``/`` answering "Ollama is running", as Ollama's root does."""
+    routes = [r for r in app.routes if isinstance(r, Route) and r.path.startswith("/api/")]
+
+    async def running(request: HTTPRequest) -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
+        return JSONResponse({"error": f"{request.method} {request.url.path}: {exc.detail}"}, exc.status_code)
+
+    out = Starlette(
+        routes=[Route("/", running, methods=["GET"]), *routes],
+        exception_handlers={HTTPException: http_error},  # type: ignore[dict-item]
+    )
+    out.state.server = app.state.server
+    return out

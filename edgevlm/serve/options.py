@@ -19,6 +19,9 @@ CELLS_PER_CONVERSATION = 256  # a context keeps a conversation per this many cel
 class ServeOptions:
     model_id: str = "edgevlm"  # the name /v1/models lists (any name is accepted in requests)
     api_key: str | None = None  # Bearer token every /v1 route asks for (None: open)
+    # a second port on the same host answering Ollama's API alone (/api/chat, /api/generate, /api/tags
+    # ... and "/": "Ollama is running"), as Ollama's 11434 does; None: /api/... on the main port only
+    ollama_port: int | None = None
     queue: int = 16  # requests that may wait for a free sequence; more get 503 + Retry-After
     max_body_bytes: int = 32 * 2**20  # a larger request body gets 413
     max_tokens: int = SERVE_REPLY.max_tokens  # replies of requests that name no max_tokens
@@ -46,6 +49,11 @@ class ServeOptions:
     # host RAM for idle conversations moved out of the KV cache, copied back when they return
     # (the plan's --cache-ram when serving)
     cache_ram: int = 1024 * MIB
+    # /v1/responses kept in memory for previous_response_id and GET /v1/responses/{id} (least
+    # recently used given up first): at most this many, holding at most this many bytes (their
+    # texts and picture URLs — a data URI is the picture's bytes in base64 — never pixels)
+    responses_store: int = 256
+    responses_store_bytes: int = 64 * MIB
     # most tokens a thinking model's <think> block may take before </think> is put in (as
     # llama-server's --reasoning-budget): -1 no cap, 0 no reasoning (the template's switch, or the
     # block closed at once); a request's own budget (Anthropic's thinking.budget_tokens) is kept under it

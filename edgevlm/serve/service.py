@@ -125,7 +125,19 @@ class ChatService:
                 views += adm.views
                 labels += mine.labels
                 numbers += [n] * len(adm.views)
-            conv.messages.append(Message(m.role, m.text, views, labels=labels, pictures=numbers))
+            calls = [{"id": c.id, "name": c.name, "arguments": c.args} for c in m.tool_calls]
+            conv.messages.append(
+                Message(
+                    m.role,
+                    m.text,
+                    views,
+                    labels=labels,
+                    pictures=numbers,
+                    tool_calls=calls,
+                    tool_call_id=m.tool_call_id,
+                    name=m.name,
+                )
+            )
             places.append(m.index)
         return conv, places, notices
 
