@@ -42,6 +42,13 @@ __all__ = ["serve"]
     help="Port (0: any free one, printed at start).",
 )
 @click.option(
+    "--ollama-port",
+    default=ServeOptions.ollama_port,
+    type=click.IntRange(0, 65535),
+    help="Also answer Ollama's API on this port (11434 is Ollama's own): /api/chat, /api/generate, "
+    "/api/tags ... and GET / for clients that talk to Ollama (Open WebUI); /api/... is on --port too.",
+)
+@click.option(
     "--parallel",
     type=AutoInt(),
     default="auto",
@@ -102,6 +109,7 @@ def serve(
     mmproj,
     host,
     port,
+    ollama_port,
     parallel,
     queue,
     cache_ram,
@@ -127,13 +135,17 @@ def serve(
     edgevlm serve -m llava-1.5-7b --port 8080
     curl http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' \\
       -d '{"messages": [{"role": "user", "content": "Hi"}]}'
+
+    Ollama's clients (Open WebUI, the ollama library) find it with --ollama-port 11434, or at
+    http://127.0.0.1:8080 itself (/api/chat, /api/generate, /api/tags ...).
     """
     import uvicorn
 
     from ..api import load
     from ..plan.planner import make_plan
     from ..runtime.engine import EngineOptions
-    from ..serve.app import create_app
+    from ..serve.app import create_app, ollama_app
+    from ..serve.listen import Listener
     from ..serve.options import serve_layout
     from .common import CLIError
     from .loading import model_paths
@@ -155,6 +167,7 @@ def serve(
     options = ServeOptions(
         model_id=model_id or name,
         api_key=api_key,
+        ollama_port=ollama_port,
         queue=queue,
         max_body_bytes=max_body,
         max_tokens=max_tokens,
@@ -184,9 +197,14 @@ def serve(
             verbose=verbose,
         )
         where = ", ".join(f"http://{h}:{p}" for h, p in bound(server)) or f"http://{host}:{port}"
+        beside = server.beside
+        ollama = ", ".join(f"http://{h}:{p}" for h, p in bound(beside)) if beside is not None else ""
+        if server.should_exit:  # (stopping already: a port it could not listen on, Ctrl-C)
+            return vlm
         echo_err(
             f"ready: {where}/v1 · model {options.model_id} · {vlm.scheduler.max_running} request(s) "
             f"at once · {vlm.scheduler.n_slots} conversations kept · context {vlm.n_ctx} · queue {queue}"
+            + (f" · Ollama's API: {ollama or f'http://{host}:{ollama_port}'}" if beside is not None else "")
         )
         return vlm
 
@@ -196,16 +214,23 @@ def serve(
         server.should_exit = True
 
     app = create_app(load_model, options, on_error=failed)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=host, port=port, log_level="info" if verbose else "warning", access_log=verbose, lifespan="on"
-        )
+    level = "info" if verbose else "warning"
+    server = Listener(
+        uvicorn.Config(app, host=host, port=port, log_level=level, access_log=verbose, lifespan="on"),
+        None
+        if ollama_port is None
+        else uvicorn.Config(
+            ollama_app(app), host=host, port=ollama_port, log_level=level, access_log=verbose, lifespan="off"
+        ),
     )
     echo_err(
         f"edgevlm serve: loading {os.path.basename(model)} ({slots} request(s) at once); "
         f"GET /health answers 503 until it is ready"
     )
     server.run()
+    if server.beside is not None and server.beside.failed:
+        echo_err(f"Error: --ollama-port {ollama_port}: cannot listen on {host}:{ollama_port}")
+        outcome["code"] = outcome["code"] or 1
     sys.exit(outcome["code"] or (0 if server.started else 1))
 
 

@@ -1,13 +1,17 @@
-"""The OpenAI-compatible HTTP app (Starlette): ``create_app(model, options)``.
+"""The HTTP app (Starlette): ``create_app(model, options)``.
 
 Routes: ``GET /`` (the web page, ``static/``), ``POST /v1/chat/completions`` (text and images,
-streamed or not, JSON output by grammar), ``POST /v1/responses`` (OpenAI's Responses API;
-``GET``/``DELETE /v1/responses/{id}``: the responses kept for ``previous_response_id``),
-``POST /v1/edgevlm/budget`` (what a picture will cost), ``GET /v1/models``, ``GET /health`` (503
-while the model loads), ``GET /status`` (the plan, slots, queue, memory predicted and measured,
-counters) and ``GET /metrics`` (Prometheus text). Every
-``/v1`` route asks for the API key when one is set. Every error is OpenAI's
-``{"error": {"message", "type", "param", "code"}}`` with a 4xx for anything the client sent.
+streamed or not, JSON output by grammar, tool calls), ``POST /v1/responses`` (OpenAI's Responses
+API; ``GET``/``DELETE /v1/responses/{id}``: the responses kept for ``previous_response_id``),
+``POST /v1/messages`` (Anthropic's Messages API), ``POST /v1/edgevlm/budget`` (what a picture
+will cost), ``GET /v1/models``, ``GET /health`` (503 while the model loads), ``GET /status`` (the
+plan, slots, queue, memory predicted and measured, counters) and ``GET /metrics`` (Prometheus
+text); Ollama's API under ``/api/`` (``ollama_routes``; ``ollama_app``: the same routes alone,
+for ``--ollama-port``). Every API route asks for the API key, when one is set, in its API's own
+header, and answers errors in its own shape (a ``Dialect``: OpenAI's ``{"error": {"message",
+"type", "param", "code"}}``, Anthropic's ``{"type": "error", "error": {...}}``, Ollama's
+``{"error": "..."}``), with a 4xx for anything the client sent. All of them share one admission
+path (``Server.accept``) and one request model (``request.ChatRequest``).
 
 Work per request: the body is read (at most ``max_body_bytes``, under a lease on the host
 allowance taken before it is read), parsed, its pictures fetched, decoded, budgeted and run past
@@ -49,7 +53,7 @@ from ..model.projectors import encoder_patches
 from ..plan.devices import format_size
 from ..runtime.model import LoadedModel
 from ..vision.images import decode_bytes, load_image
-from . import anthropic, ollama
+from . import anthropic, ollama, ollama_models
 from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
 from .media import fetch_bytes
 from .openai import completion_body, error_body, error_for, parse_chat_request, stream_events
@@ -158,11 +162,8 @@ class Server:
         assert service is not None
         job, req = await self.accept(request, lambda d: anthropic.parse_messages_request(d, self.options.sampling))
         if req.stream:
-            prompt = job.prompt  # (None once the reply ended: its counts come with message_delta)
             return event_stream(
-                anthropic.stream_events(
-                    service.deltas(job, req), job.id, service.model_name(req), prompt.cells if prompt else 0
-                )
+                anthropic.stream_events(service.deltas(job, req), job.id, service.model_name(req), job.prompt_cells)
             )
         return JSONResponse(anthropic.message_body(await service.whole(job, req, request.is_disconnected)))
 
@@ -213,10 +214,10 @@ class Server:
         return JSONResponse(ollama.reply_body(reply, generate, started))
 
     @functools.cached_property
-    def ollama_facts(self) -> ollama.ModelFacts:
+    def ollama_facts(self) -> ollama_models.ModelFacts:
         """What Ollama's listings say of the model (read once, when the model is ready)."""
         assert self.engine is not None
-        return ollama.facts_of(self.engine, self.options.model_id)
+        return ollama_models.facts_of(self.engine, self.options.model_id)
 
     def budget(self, body: Any) -> dict[str, Any]:
         """What a picture will cost before anything is encoded (the ``edgevlm budget`` view):
@@ -524,14 +525,14 @@ def ollama_routes(server: Server, guarded: Callable[..., Any]) -> list[Route]:
     async def generate(request: HTTPRequest) -> Response:
         return await server.ollama_reply(request, generate=True)
 
-    async def facts() -> ollama.ModelFacts:
+    async def facts() -> ollama_models.ModelFacts:
         return await run_in_threadpool(lambda: server.ollama_facts)
 
     async def tags(request: HTTPRequest) -> Response:
-        return JSONResponse(ollama.tags_body(await facts()))
+        return JSONResponse(ollama_models.tags_body(await facts()))
 
     async def ps(request: HTTPRequest) -> Response:
-        return JSONResponse(ollama.ps_body(await facts(), server.started))
+        return JSONResponse(ollama_models.ps_body(await facts(), server.started))
 
     async def show(request: HTTPRequest) -> Response:
         body = await read_body(request, server.options.max_body_bytes)
@@ -545,7 +546,7 @@ def ollama_routes(server: Server, guarded: Callable[..., Any]) -> list[Route]:
         f = await facts()
         if not f.matches(name):
             raise ollama.not_found(name)
-        return JSONResponse(ollama.show_body(f, server.options))
+        return JSONResponse(ollama_models.show_body(f, server.options))
 
     async def version(request: HTTPRequest) -> Response:
         return JSONResponse({"version": ollama.VERSION})

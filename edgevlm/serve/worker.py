@@ -105,6 +105,7 @@ class Job:
     ended: bool = False  # its final event ("done" or "error") was sent
     prompt: Prompt | None = None
     seq: Sequence | None = None
+    prompt_cells: int = 0  # its prompt's tokens (kept once the prompt itself is let go)
     new_cells: int = 0  # what its prompt evaluates past the caches (when it was queued)
     queued_at: float = 0.0
     tools: list[dict[str, Any]] | None = None  # offered to the model (OpenAI's shape, for the template)
@@ -343,6 +344,7 @@ class Worker:
                 "context_length_exceeded",
                 headers={"x-should-retry": "false"},
             )
+        job.prompt_cells = job.prompt.cells
         job.emit("accepted")
         job.new_cells, job.queued_at = self.sched.new_cells(job.prompt), time.monotonic()
         self._waiting.append(job)
