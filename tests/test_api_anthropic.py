@@ -133,6 +133,17 @@ def test_usage_counts_the_prompt_and_its_cache_reads(server):
     assert again.usage.cache_read_input_tokens >= openai["prompt_tokens"] - 2 and again.usage.input_tokens <= 2
 
 
+def test_count_tokens_counts_what_a_request_would_send(server):
+    c = client(server)
+    msgs = [ask("How many?", png(seed=4))]
+    counted = c.messages.count_tokens(model="m", messages=msgs, system="Be brief.")
+    sent = c.messages.create(model="m", max_tokens=2, extra_body=GREEDY, messages=msgs, system="Be brief.").usage
+    assert counted.input_tokens == sent.input_tokens + sent.cache_read_input_tokens
+    assert counted.input_tokens > c.messages.count_tokens(model="m", messages=[ask("How many?")]).input_tokens + 16
+    # nothing ran: no reply was generated for the count
+    assert httpx.get(server.url + "/status", timeout=10).json()["slots"]["busy"] == 0
+
+
 def test_a_conversation_that_can_never_fit_is_a_400_in_anthropics_shape(server):
     pics = [png(64, 48, seed=20 + i) for i in range(4)]  # 4 × 576 tokens > a 2048 context
     with pytest.raises(anthropic.BadRequestError) as err:

@@ -144,8 +144,9 @@ def serve(
     from ..api import load
     from ..plan.planner import make_plan
     from ..runtime.engine import EngineOptions
-    from ..serve.app import create_app, ollama_app
+    from ..serve.app import create_app
     from ..serve.listen import Listener
+    from ..serve.ollama_routes import ollama_app
     from ..serve.options import serve_layout
     from .common import CLIError
     from .loading import model_paths

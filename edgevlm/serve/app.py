@@ -3,11 +3,11 @@
 Routes: ``GET /`` (the web page, ``static/``), ``POST /v1/chat/completions`` (text and images,
 streamed or not, JSON output by grammar, tool calls), ``POST /v1/responses`` (OpenAI's Responses
 API; ``GET``/``DELETE /v1/responses/{id}``: the responses kept for ``previous_response_id``),
-``POST /v1/messages`` (Anthropic's Messages API), ``POST /v1/edgevlm/budget`` (what a picture
-will cost), ``GET /v1/models``, ``GET /health`` (503 while the model loads), ``GET /status`` (the
-plan, slots, queue, memory predicted and measured, counters) and ``GET /metrics`` (Prometheus
-text); Ollama's API under ``/api/`` (``ollama_routes``; ``ollama_app``: the same routes alone,
-for ``--ollama-port``). Every API route asks for the API key, when one is set, in its API's own
+``POST /v1/messages`` (Anthropic's Messages API; ``/v1/messages/count_tokens``),
+``POST /v1/edgevlm/budget`` (what a picture will cost), ``GET /v1/models``, ``GET /health`` (503
+while the model loads), ``GET /status`` (the plan, slots, queue, memory predicted and measured,
+counters) and ``GET /metrics`` (Prometheus text); Ollama's API under ``/api/``
+(``ollama_routes``). Every API route asks for the API key, when one is set, in its API's own
 header, and answers errors in its own shape (a ``Dialect``: OpenAI's ``{"error": {"message",
 "type", "param", "code"}}``, Anthropic's ``{"type": "error", "error": {...}}``, Ollama's
 ``{"error": "..."}``), with a 4xx for anything the client sent. All of them share one admission
@@ -56,6 +56,7 @@ from ..vision.images import decode_bytes, load_image
 from . import anthropic, ollama, ollama_models
 from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
 from .media import fetch_bytes
+from .ollama_routes import ollama_routes
 from .openai import completion_body, error_body, error_for, parse_chat_request, stream_events
 from .options import ServeOptions
 from .request import APIError, ChatRequest, ImageRef
@@ -122,7 +123,9 @@ class Server:
             self.engine.close()
 
     # --- one request, any API ------------------------------------------------------------------
-    async def accept(self, request: HTTPRequest, parse: Callable[[Any], ChatRequest]) -> tuple[Job, ChatRequest]:
+    async def accept(
+        self, request: HTTPRequest, parse: Callable[[Any], ChatRequest], count_only: bool = False
+    ) -> tuple[Job, ChatRequest]:
         """Read a request's body (under a lease on the host allowance, taken before it is read),
         parse it with its API's ``parse`` (body → ``ChatRequest``), and queue it: the one
         admission path of every route. Returns once the worker accepted it."""
@@ -140,7 +143,7 @@ class Server:
             lease.resize(lease.held // BODY_COPIES)  # the bytes are dropped; the parsed body stays
             req = parse(data)
             del data
-            job = await service.submit(req, request.is_disconnected, lease)
+            job = await service.submit(req, request.is_disconnected, lease, count_only)
         except BaseException:
             lease.release()
             raise
@@ -166,6 +169,21 @@ class Server:
                 anthropic.stream_events(service.deltas(job, req), job.id, service.model_name(req), job.prompt_cells)
             )
         return JSONResponse(anthropic.message_body(await service.whole(job, req, request.is_disconnected)))
+
+    async def count_tokens(self, request: HTTPRequest) -> Response:
+        """Anthropic's ``POST /v1/messages/count_tokens``: the prompt's tokens, pictures, tools and
+        system included, rendered as a request would be (nothing is run)."""
+        service = self.service
+        assert service is not None
+
+        def parse(data: Any) -> ChatRequest:
+            if isinstance(data, dict) and data.get("max_tokens") is None:
+                data = {**data, "max_tokens": 1}  # (no reply is asked for)
+            return anthropic.parse_messages_request(data, self.options.sampling)
+
+        job, _ = await self.accept(request, parse, count_only=True)
+        service.finish(job)
+        return JSONResponse({"input_tokens": job.prompt_cells})
 
     async def create_response(self, request: HTTPRequest) -> Response:
         """OpenAI's ``POST /v1/responses``: the conversation (an earlier response's, by
@@ -357,7 +375,6 @@ def _free_now(eng: LoadedModel) -> dict[str, int]:
 
 OPENAI = Dialect("openai", bearer, error_for)
 ANTHROPIC = Dialect("anthropic", anthropic.api_key, anthropic.error_for, "x-api-key: KEY")
-OLLAMA = Dialect("ollama", ollama.api_key, ollama.error_for)
 
 
 def _error_response(exc: BaseException, dialect: Dialect = OPENAI) -> JSONResponse:
@@ -413,6 +430,9 @@ def create_app(
 
     async def messages(request: HTTPRequest) -> Response:
         return await server.messages(request)
+
+    async def count_tokens(request: HTTPRequest) -> Response:
+        return await server.count_tokens(request)
 
     async def create_response(request: HTTPRequest) -> Response:
         return await server.create_response(request)
@@ -477,6 +497,7 @@ def create_app(
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
             Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
             Route("/v1/messages", guarded(messages, dialect=ANTHROPIC), methods=["POST"]),
+            Route("/v1/messages/count_tokens", guarded(count_tokens, dialect=ANTHROPIC), methods=["POST"]),
             Route("/v1/responses", guarded(create_response), methods=["POST"]),
             Route("/v1/responses/{response_id}", guarded(stored_response), methods=["GET", "DELETE"]),
             Route("/v1/edgevlm/budget", guarded(budget), methods=["POST"]),
@@ -512,70 +533,3 @@ def _model_card(server: Server) -> dict[str, Any]:
             "image_max_tokens": eng.plan.image_max_tokens if eng.plan else None,
         }
     return card
-
-
-def ollama_routes(server: Server, guarded: Callable[..., Any]) -> list[Route]:
-    """Ollama's API (``/api/...``), on the main port and on ``--ollama-port``: chat and generate
-    behind the API key (``Authorization: Bearer``) with errors as ``{"error": ...}``; the model
-    listings too; ``/api/version`` open, as a health check."""
-
-    async def chat(request: HTTPRequest) -> Response:
-        return await server.ollama_reply(request)
-
-    async def generate(request: HTTPRequest) -> Response:
-        return await server.ollama_reply(request, generate=True)
-
-    async def facts() -> ollama_models.ModelFacts:
-        return await run_in_threadpool(lambda: server.ollama_facts)
-
-    async def tags(request: HTTPRequest) -> Response:
-        return JSONResponse(ollama_models.tags_body(await facts()))
-
-    async def ps(request: HTTPRequest) -> Response:
-        return JSONResponse(ollama_models.ps_body(await facts(), server.started))
-
-    async def show(request: HTTPRequest) -> Response:
-        body = await read_body(request, server.options.max_body_bytes)
-        try:
-            data = json.loads(body or b"{}")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise APIError(f"the body is not valid JSON ({exc})") from None
-        name = (data.get("model") or data.get("name")) if isinstance(data, dict) else None
-        if not isinstance(name, str) or not name:
-            raise APIError("'model' must name a model", 400, "model")
-        f = await facts()
-        if not f.matches(name):
-            raise ollama.not_found(name)
-        return JSONResponse(ollama_models.show_body(f, server.options))
-
-    async def version(request: HTTPRequest) -> Response:
-        return JSONResponse({"version": ollama.VERSION})
-
-    return [
-        Route("/api/chat", guarded(chat, dialect=OLLAMA), methods=["POST"]),
-        Route("/api/generate", guarded(generate, dialect=OLLAMA), methods=["POST"]),
-        Route("/api/tags", guarded(tags, dialect=OLLAMA), methods=["GET"]),
-        Route("/api/show", guarded(show, dialect=OLLAMA), methods=["POST"]),
-        Route("/api/ps", guarded(ps, dialect=OLLAMA), methods=["GET"]),
-        Route("/api/version", guarded(version, v1=False, dialect=OLLAMA), methods=["GET"]),
-    ]
-
-
-def ollama_app(app: Starlette) -> Starlette:
-    """Ollama's API alone, for a second listener (``edgevlm serve --ollama-port``): ``app``'s
-    ``/api/...`` routes (the same server and model behind them: ``app``'s lifespan runs it, so
-    this app needs none) and ``/`` answering "Ollama is running", as Ollama's root does."""
-    routes = [r for r in app.routes if isinstance(r, Route) and r.path.startswith("/api/")]
-
-    async def running(request: HTTPRequest) -> Response:
-        return PlainTextResponse("Ollama is running")
-
-    async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
-        return JSONResponse({"error": f"{request.method} {request.url.path}: {exc.detail}"}, exc.status_code)
-
-    out = Starlette(
-        routes=[Route("/", running, methods=["GET"]), *routes],
-        exception_handlers={HTTPException: http_error},  # type: ignore[dict-item]
-    )
-    out.state.server = app.state.server
-    return out

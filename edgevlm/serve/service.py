@@ -167,10 +167,13 @@ class ChatService:
         return _Views([v for _, v in pairs], [lb for lb, _ in pairs], plan.total_tokens, list(plan.notes))
 
     # --- requests ----------------------------------------------------------------------------
-    async def submit(self, req: ChatRequest, gone: Gone | None = None, lease: Lease | None = None) -> Job:
+    async def submit(
+        self, req: ChatRequest, gone: Gone | None = None, lease: Lease | None = None, count_only: bool = False
+    ) -> Job:
         """Prepare the request and queue it; returns once the worker accepted it (an error it
         refuses with — 400 too long, 503 busy — is raised). The job holds ``lease`` (or a new
-        one) from here on; whoever ends the job releases it (``finish``)."""
+        one) from here on; whoever ends the job releases it (``finish``). ``count_only``: the
+        prompt is rendered and counted (``job.prompt_cells``), never run."""
         self.worker.check_capacity()  # before any work
         loop = asyncio.get_running_loop()
         lease = lease or self.lease()
@@ -199,6 +202,7 @@ class ChatService:
                 think=self.think_switch(req),
                 preserve=self.preserved() if tools else frozenset(),
                 think_cap=self.think_cap(req),
+                count_only=count_only,
             )
             self.worker.submit(job)
         except BaseException:

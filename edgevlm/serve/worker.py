@@ -106,6 +106,7 @@ class Job:
     prompt: Prompt | None = None
     seq: Sequence | None = None
     prompt_cells: int = 0  # its prompt's tokens (kept once the prompt itself is let go)
+    count_only: bool = False  # rendered and counted, never run (Anthropic's count_tokens)
     new_cells: int = 0  # what its prompt evaluates past the caches (when it was queued)
     queued_at: float = 0.0
     tools: list[dict[str, Any]] | None = None  # offered to the model (OpenAI's shape, for the template)
@@ -334,6 +335,12 @@ class Worker:
             self._make_room(job, reserve, budget.image_room(job.max_tokens))
         job.prompt = self._render(job, conv.messages)
         job.conversation = Conversation()  # the prompt holds what it needs: the views' pixels can go
+        job.prompt_cells = job.prompt.cells
+        if job.count_only:  # counted: nothing more to do
+            job.prompt.release()
+            job.emit("accepted")
+            job.emit("done", None)
+            return
         if job.prompt.cells + reserve > self.sched.n_ctx:
             raise APIError(
                 f"this request needs {job.prompt.cells:,} tokens and {reserve:,} for the reply, "
@@ -344,7 +351,6 @@ class Worker:
                 "context_length_exceeded",
                 headers={"x-should-retry": "false"},
             )
-        job.prompt_cells = job.prompt.cells
         job.emit("accepted")
         job.new_cells, job.queued_at = self.sched.new_cells(job.prompt), time.monotonic()
         self._waiting.append(job)
