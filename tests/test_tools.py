@@ -8,6 +8,7 @@ reasoning budget. Real llama.cpp on generated pairs, the app on uvicorn, the off
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -281,6 +282,88 @@ def test_thinking_is_split_off_and_capped_by_the_reasoning_budget():
         r = srv.client().chat.completions.create(model="m", messages=[ASK], max_tokens=24, temperature=0)
         assert r.choices[0].finish_reason == "length" and not r.choices[0].message.content
         assert r.choices[0].message.model_extra["reasoning_content"]
+    finally:
+        srv.stop()
+        vlm.close()
+
+
+def test_ids_and_turns_are_put_as_each_template_wants_them():
+    """Mistral's templates refuse ids that are not nine letters and digits (Ollama's clients send
+    none, OpenAI's are longer): they are mapped, the same for a call and its result. Templates
+    that want user and assistant turns to alternate (Gemma 3's) get a tool result and the user's
+    next words as one turn."""
+    call = [("assistant", "", [], {"tool_calls": [{"id": "call_0", "name": "zoom", "arguments": {"box": "left"}}]})]
+    result = [("tool", "the left half", [], {"tool_call_id": "call_0", "name": "zoom"})]
+    for family, template, then in (("pixtral", "mistral_tools", []), ("gemma3", None, [("user", "And now?", [], {})])):
+        pair = pair_with(family, template)
+        vlm = edgevlm.load(pair.model, pair.mmproj, n_ctx=2048, n_threads=2)
+        try:
+            pieces = vlm.scheduler.formatter.render([("user", "Hi", [], {}), *call, *result, *then], [TOOLS[1]])
+            text = "".join(p.text for p in pieces if p.kind == "text")
+            if template == "mistral_tools":
+                (cid,) = set(re.findall(r'"(?:id|call_id)": "(\w+)"', text))
+                assert len(cid) == 9 and cid.isalnum()
+            else:
+                assert "the left half" in text and "And now?" in text
+        finally:
+            vlm.close()
+
+
+def test_a_schema_with_references_is_a_forced_call():
+    """Pydantic, LangChain and agent SDKs write arguments with "$defs" and "$ref"."""
+    box = {
+        "type": "object",
+        "$defs": {"Box": {"type": "object", "properties": {"side": {"enum": ["left", "right"]}}, "required": ["side"]}},
+        "properties": {"box": {"$ref": "#/$defs/Box"}},
+        "required": ["box"],
+    }
+    tools = [{"type": "function", "function": {"name": "zoom", "parameters": box}}, TOOLS[0]]
+    vlm, srv = serve("qwen2vl", "hermes_tools")
+    try:
+        r = srv.client().chat.completions.create(
+            model="m",
+            messages=[ASK],
+            tools=tools,
+            tool_choice={"type": "function", "function": {"name": "zoom"}},
+            parallel_tool_calls=False,
+            max_tokens=300,
+            temperature=0,
+        )
+        (call,) = r.choices[0].message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), box)
+    finally:
+        srv.stop()
+        vlm.close()
+
+
+def test_a_grammar_on_a_template_that_always_thinks_closes_the_block_first():
+    """A template that opens <think> with no switch to turn it off (Qwen3-VL-Thinking's): under
+    a grammar (JSON output, a forced call) the reply closes the block at once, and no token is
+    put in past the grammar (which would abort llama.cpp), whatever the reasoning budget."""
+    vlm, srv = serve("internvl", "think_always", reasoning_budget=4)
+    try:
+        c = srv.client()
+        r = c.chat.completions.create(
+            model="m", messages=[ASK], response_format={"type": "json_object"}, max_tokens=200, temperature=0
+        )
+        if r.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(r.choices[0].message.content), dict)
+        assert "{" not in (r.choices[0].message.model_extra or {}).get("reasoning_content", "")
+        r = c.chat.completions.create(
+            model="m",
+            messages=[ASK],
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=300,
+            temperature=0,
+        )
+        (call,) = r.choices[0].message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        # without a grammar the same server still thinks, within its budget
+        r = c.chat.completions.create(model="m", messages=[ASK], max_tokens=24, temperature=0)
+        assert len(vlm.backend.tokenize_text(r.choices[0].message.model_extra["reasoning_content"])) <= 5
+        assert srv.status()["requests"]["failed"] == 0
     finally:
         srv.stop()
         vlm.close()

@@ -12,6 +12,7 @@ prefix would no longer match).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -134,6 +135,8 @@ class PromptFormatter:
         or — when it has no place for them — into the system prompt as instructions, and calls
         and results become text the same way (``tool_required``: "any" or a name, said there)."""
         caps = self.caps if (tools or any(len(m) > 3 for m in messages)) else TemplateCaps()
+        # Mistral's templates want ids of nine letters and digits
+        ids = _mistral_id if caps.tools and self.tool_format == "mistral" else str
         rendered: list[dict[str, Any]] = []
         n_assistant = 0
         for msg in messages:
@@ -146,7 +149,7 @@ class PromptFormatter:
                 if calls and caps.tools and caps.tool_calls:
                     d["tool_calls"] = [
                         {
-                            "id": c["id"],
+                            "id": ids(c["id"]),
                             "type": "function",
                             "function": {"name": c["name"], "arguments": c["arguments"]},
                         }
@@ -167,7 +170,7 @@ class PromptFormatter:
                         {
                             "role": "tool",
                             "content": content,
-                            "tool_call_id": extra.get("tool_call_id", ""),
+                            "tool_call_id": ids(extra.get("tool_call_id", "")),
                             "name": extra.get("name", ""),
                         }
                     )
@@ -178,7 +181,11 @@ class PromptFormatter:
                 else:
                     rendered.append({"role": "user", "content": said, "edgevlm_results": True})
             elif role == "user":
-                rendered.append({"role": role, "content": self.user_content(text, labels)})
+                content = self.user_content(text, labels)
+                if rendered and rendered[-1].get("edgevlm_results"):  # after the results: one user turn
+                    rendered[-1]["content"] += "\n" + content
+                else:
+                    rendered.append({"role": role, "content": content})
             else:
                 rendered.append({"role": role, "content": text})
         kw: dict[str, Any] = {}
@@ -202,6 +209,15 @@ class PromptFormatter:
         if self.strip_bos and self.bos_token and prompt.startswith(self.bos_token):
             prompt = prompt[len(self.bos_token) :]  # llama.cpp adds BOS itself
         return split_pieces(prompt, self.marker)
+
+
+def _mistral_id(cid: str) -> str:
+    """A tool call's id as Mistral's templates accept it: nine letters and digits (another id
+    maps to a stable one, the same for a call and its result)."""
+    if re.fullmatch(r"[A-Za-z0-9]{9}", cid):
+        return cid
+    digest = hashlib.sha1(cid.encode()).hexdigest()[:9]
+    return "".join(c.upper() if i % 2 else c for i, c in enumerate(digest))
 
 
 def split_pieces(prompt: str, marker: str) -> list[Piece]:

@@ -243,12 +243,16 @@ def parse_calls(text: str, fmt: str, names: Sequence[str] | None = None) -> tupl
 def call_schema(tools: Sequence[dict[str, Any]], fmt: str, name: str | None = None) -> dict[str, Any]:
     """The JSON Schema of one call object in ``fmt`` to one of ``tools`` (or to ``name``)."""
     key = "parameters" if fmt == "llama3" else "arguments"
+    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
     options = []
-    for t in tools:
-        fn = t["function"]
-        if name is not None and fn["name"] != name:
-            continue
+    defs: dict[str, Any] = {}
+    for i, fn in enumerate(chosen):
         params = fn.get("parameters") or {"type": "object"}
+        if '"$ref"' in json.dumps(params):
+            # a schema with local references ("#/$defs/X", pydantic's) moves whole under the
+            # top's $defs, its references with it (the converter resolves paths of objects)
+            defs[f"edgevlm-args-{i}"] = _rebase_refs(params, f"#/$defs/edgevlm-args-{i}")
+            params = {"$ref": f"#/$defs/edgevlm-args-{i}"}
         options.append(
             {
                 "type": "object",
@@ -259,7 +263,21 @@ def call_schema(tools: Sequence[dict[str, Any]], fmt: str, name: str | None = No
         )
     if not options:
         raise ValueError(f"no tool named {name!r}")
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, "$defs": defs} if defs else schema
+
+
+def _rebase_refs(node: Any, at: str) -> Any:
+    """``node`` with every local ``$ref`` ("#/...") put under ``at`` (a schema moved there)."""
+    if isinstance(node, list):
+        return [_rebase_refs(v, at) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _rebase_refs(v, at) for k, v in node.items()}
+    ref = out.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = at + ref[1:]
+    return out
 
 
 _ROOT = re.compile(r"^root\s*::=", re.M)

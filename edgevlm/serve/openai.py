@@ -235,7 +235,8 @@ def parse_chat_request(body: Any, defaults: SamplingParams = DEFAULT_SAMPLING) -
         raise bad("'messages' holds no user or assistant message", "messages")
     _unsupported(body)
     tools, choice, tool_name = parse_tools(body.get("tools"), body.get("tool_choice"))
-    parallel = body.get("parallel_tool_calls", True)
+    parallel = body.get("parallel_tool_calls")
+    parallel = True if parallel is None else parallel
     if not isinstance(parallel, bool):
         raise bad("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
     if integer(body, "n", 1, 1) != 1:
@@ -250,7 +251,7 @@ def parse_chat_request(body: Any, defaults: SamplingParams = DEFAULT_SAMPLING) -
         stops = tuple(s for s in stop if s)
     else:
         raise bad(f"'stop' must be a string or a list of at most {MAX_STOPS} strings", "stop")
-    stream = body.get("stream", False)
+    stream = body.get("stream") or False  # (null: the default)
     if not isinstance(stream, bool):
         raise bad("'stream' must be true or false", "stream")
     opts = body.get("stream_options") or {}

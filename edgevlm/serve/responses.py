@@ -434,6 +434,8 @@ def reply_message(reply: Reply, index: int, max_tool_calls: int | None = None) -
     if reply.tool_calls:
         calls = reply.tool_calls[:max_tool_calls] if max_tool_calls else reply.tool_calls
         return ChatMessage("assistant", reply.text, (), index, calls)
+    if reply.reasoning:  # (templates leave earlier reasoning out: the answer alone goes on)
+        return ChatMessage("assistant", reply.text, (), index)
     return ChatMessage("assistant", reply.raw or reply.text, (), index)
 
 

@@ -26,6 +26,8 @@ ends with a 503, and one whose worker is gone with a 500 — a batch line never 
 from __future__ import annotations
 
 import asyncio
+import functools
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,6 +52,7 @@ from .worker import Job, Worker
 
 __all__ = ["ChatService", "LOW_DETAIL_TOKENS", "next_event"]
 
+_ROOT = re.compile(r"^root\s*::=", re.M)
 LOW_DETAIL_TOKENS = 256  # image_url.detail = "low": a dynamic encoder's budget, and no tiles
 EVENT_GRACE_S = 30.0  # past its deadline, a request waits this much longer for its last event
 Gone = Callable[[], Awaitable[bool]]  # whether the client went away (HTTP disconnect)
@@ -200,7 +203,7 @@ class ChatService:
                 tools=tools or None,
                 tool_required=forced,
                 think=self.think_switch(req),
-                preserve=self.preserved() if tools else frozenset(),
+                preserve=self.preserved,
                 think_cap=self.think_cap(req),
                 count_only=count_only,
             )
@@ -229,9 +232,24 @@ class ChatService:
     def tool_format(self) -> str:
         return self.model.scheduler.formatter.tool_format
 
+    @staticmethod
+    def constrained(req: ChatRequest) -> bool:
+        """Whether the reply follows a grammar (a forced call, or JSON output)."""
+        forced = bool(req.offered_tools) and req.tool_choice in ("required", "function")
+        return forced or req.response_format != "text"
+
     def grammar(self, req: ChatRequest) -> str | None:
         """The grammar sampling follows: a forced tool call (tool_choice required or a named
-        function), else the JSON of response_format, else none."""
+        function), else the JSON of response_format, else none. A reply that starts inside
+        <think> (a template without a switch) is made to close it first: the grammar has no
+        room for reasoning, and tokens put in past a grammar would break it."""
+        g = self._grammar(req)
+        if g is not None and self.model.scheduler.formatter.starts_thinking(self.think_switch(req)):
+            g = _ROOT.sub("edgevlm-answer ::=", g, count=1)
+            g = 'root ::= "\\n' + THINK_CLOSE + '\\n\\n" edgevlm-answer\n' + g
+        return g
+
+    def _grammar(self, req: ChatRequest) -> str | None:
         if req.offered_tools and req.tool_choice in ("required", "function"):
             names = [t.name for t in req.offered_tools]
             if req.tool_choice == "function" and req.tool_name not in names:
@@ -250,9 +268,10 @@ class ChatService:
             return json_grammar(req.json_schema)
         return None
 
+    @functools.cached_property
     def preserved(self) -> frozenset[int]:
-        """Control tokens whose text a reply with tools must show (a marker that is one token,
-        hidden when detokenized plainly: Mistral's [TOOL_CALLS])."""
+        """Control tokens whose text a reply must show: tool-call markers and <think> tags that
+        are one token each, hidden when detokenized plainly (Mistral's [TOOL_CALLS])."""
         be = self.model.backend
         out = set()
         for text in (*markers(self.tool_format), "[ARGS]", "</tool_call>", THINK_OPEN, THINK_CLOSE):
@@ -273,7 +292,10 @@ class ChatService:
         return server if own < 0 else min(own, server)
 
     def think_switch(self, req: ChatRequest) -> bool | None:
-        """The template's ``enable_thinking``: the request's, else off for a budget of 0."""
+        """The template's ``enable_thinking``: off under a grammar (which has no room for
+        reasoning), else the request's, else off for a budget of 0."""
+        if self.constrained(req):
+            return False
         if req.think is not None:
             return req.think
         return False if self.budget_for(req) == 0 else None
@@ -284,6 +306,8 @@ class ChatService:
         budget = self.budget_for(req)
         think = self.think_switch(req)
         if budget < 0 or not fmt.caps.thinking or think is False and fmt.caps.think_switch:
+            return None
+        if self.constrained(req):  # (the grammar closes <think> itself: nothing may be put in past it)
             return None
         close = tuple(self.model.backend.tokenize_text("\n" + THINK_CLOSE + "\n\n"))
         return ThinkCap(budget, close, inside=fmt.starts_thinking(think))
