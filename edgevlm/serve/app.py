@@ -155,7 +155,8 @@ class Server:
         job, req = await self.accept(request, lambda d: parse_chat_request(d, self.options.sampling))
         if req.stream:
             return event_stream(
-                stream_events(service.deltas(job, req), req, job.id, service.model_name(req), job.created)
+                stream_events(service.deltas(job, req), req, job.id, service.model_name(req), job.created),
+                finish=functools.partial(service.finish, job),
             )
         return JSONResponse(completion_body(await service.whole(job, req, request.is_disconnected)))
 
@@ -166,7 +167,8 @@ class Server:
         job, req = await self.accept(request, lambda d: anthropic.parse_messages_request(d, self.options.sampling))
         if req.stream:
             return event_stream(
-                anthropic.stream_events(service.deltas(job, req), job.id, service.model_name(req), job.prompt_cells)
+                anthropic.stream_events(service.deltas(job, req), job.id, service.model_name(req), job.prompt_cells),
+                finish=functools.partial(service.finish, job),
             )
         return JSONResponse(anthropic.message_body(await service.whole(job, req, request.is_disconnected)))
 
@@ -200,7 +202,8 @@ class Server:
         call, model = calls[-1], service.model_name(req)
         keep = functools.partial(self.responses.keep, call)
         if req.stream:
-            return event_stream(stream_response(service.deltas(job, req), call, model, job.created, keep))
+            events = stream_response(service.deltas(job, req), call, model, job.created, keep)
+            return event_stream(events, finish=functools.partial(service.finish, job))
         reply = await service.whole(job, req, request.is_disconnected)
         return JSONResponse(keep(reply, reply_body(call, model, job.created, reply)))
 
@@ -227,7 +230,7 @@ class Server:
         model = service.model_name(req)
         if req.stream:
             events = ollama.stream_events(service.deltas(job, req), model, generate, started)
-            return event_stream(events, ollama.MEDIA_TYPE)
+            return event_stream(events, ollama.MEDIA_TYPE, functools.partial(service.finish, job))
         reply = await service.whole(job, req, request.is_disconnected)
         return JSONResponse(ollama.reply_body(reply, generate, started))
 

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import StreamingResponse
@@ -73,8 +74,15 @@ async def _hold(lease: Lease, n: int, deadline: float | None) -> None:
         await run_in_threadpool(lease.grow, n, deadline)
 
 
-def event_stream(events: AsyncIterator[str], media_type: str = "text/event-stream") -> StreamingResponse:
-    """A streamed reply (server-sent events, or Ollama's NDJSON), never buffered by a proxy."""
+def event_stream(
+    events: AsyncIterator[str], media_type: str = "text/event-stream", finish: Callable[[], None] | None = None
+) -> StreamingResponse:
+    """A streamed reply (server-sent events, or Ollama's NDJSON), never buffered by a proxy.
+    ``finish`` runs once the response is over, however it ended — also for a client gone before
+    the first event, when ``events`` never started and its own cleanup never runs."""
     return StreamingResponse(
-        events, media_type=media_type, headers={"cache-control": "no-cache", "x-accel-buffering": "no"}
+        events,
+        media_type=media_type,
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        background=BackgroundTask(finish) if finish is not None else None,
     )
