@@ -66,3 +66,20 @@ def run_cli(*args: str, input: str | None = None, timeout: float = 300) -> subpr
         timeout=timeout,
         env=env,
     )
+
+
+STRICT_KEY = "sekrit"
+
+
+@pytest.fixture(scope="module")
+def strict_server(model_pair):
+    """A real ``edgevlm serve`` on the tiny LLaVA pair for the API tests: one sequence and no
+    queue (a second request while one runs is refused), a 2048 context (four 576-token pictures
+    never fit), replies of 16 tokens unless asked, and the API key ``STRICT_KEY``."""
+    from .test_serve import Served
+
+    s = Served(model_pair("llava15"), "--parallel", "1", "--queue", "0", "--ctx", "2048", "--max-tokens", "16",
+               "--api-key", STRICT_KEY)  # fmt: skip
+    yield s
+    err = s.stop()
+    assert "Traceback" not in err, err

@@ -21,12 +21,13 @@ from edgevlm.serve.options import ServeOptions
 from edgevlm.serve.request import APIError
 from edgevlm_testkit import cached_model_pair, with_chat_template
 
+from .conftest import STRICT_KEY
 from .test_serve import Served, png, user
 from .test_serve_faults import InProcess
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 
-KEY = "sekrit"
+KEY = STRICT_KEY
 TAGS = {
     "type": "object",
     "additionalProperties": False,
@@ -52,25 +53,8 @@ def ask(text: str, *pictures: bytes) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(model_pair):
-    """One sequence and no queue (a second request while one runs is refused), a 2048 context
-    (four 576-token pictures never fit), an API key."""
-    s = Served(
-        model_pair("llava15"),
-        "--parallel",
-        "1",
-        "--queue",
-        "0",
-        "--ctx",
-        "2048",
-        "--max-tokens",
-        "16",
-        "--api-key",
-        KEY,
-    )
-    yield s
-    err = s.stop()
-    assert "Traceback" not in err, err
+def server(strict_server):
+    return strict_server
 
 
 def client(s: Served, **kw) -> anthropic.Anthropic:

@@ -23,11 +23,12 @@ from edgevlm.serve.request import APIError, ChatMessage, ImageRef, Reply
 from edgevlm.serve.responses import ResponseStore, Stored, parse_responses_request, reply_message
 from edgevlm_testkit import cached_model_pair, with_chat_template
 
+from .conftest import STRICT_KEY
 from .test_serve import Served, data_uri, png
 from .test_serve_faults import InProcess
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
-KEY = "sekrit"
+KEY = STRICT_KEY
 TAGS = {
     "type": "object",
     "additionalProperties": False,
@@ -53,25 +54,8 @@ def ask(text: str, *pictures: bytes, detail: str = "auto") -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(model_pair):
-    """One sequence and no queue (a second request while one runs is refused), a 2048 context
-    (four 576-token pictures never fit), an API key."""
-    s = Served(
-        model_pair("llava15"),
-        "--parallel",
-        "1",
-        "--queue",
-        "0",
-        "--ctx",
-        "2048",
-        "--max-tokens",
-        "16",
-        "--api-key",
-        KEY,
-    )
-    yield s
-    err = s.stop()
-    assert "Traceback" not in err, err
+def server(strict_server):
+    return strict_server
 
 
 def client(s: Served | InProcess, key: str = KEY) -> openai.OpenAI:
