@@ -1,4 +1,5 @@
-"""``edgevlm budget``: what an image costs before the encoder runs, and which views it becomes."""
+"""``edgevlm budget``: what an image costs before the encoder runs, and which views it becomes;
+for a clip, which frames are kept, at what size, and what they cost."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ __all__ = ["budget"]
 
 
 @click.command()
-@click.argument("image", type=click.Path(dir_okay=False))
+@click.argument("image", metavar="IMAGE|CLIP", type=click.Path(dir_okay=False))
 @click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector GGUF (found for model names).")
 @click.option(
     "--model",
@@ -33,16 +34,36 @@ __all__ = ["budget"]
     show_default=True,
     help="How tile detail is scored.",
 )
-@click.option("--overlay", type=click.Path(dir_okay=False), help="Write a PNG showing the views.")
+@click.option(
+    "--video-tokens",
+    type=click.IntRange(1),
+    help="Token budget for a whole clip (default: with --model, three quarters of the plan's context; "
+    "without, 8 pictures' worth of the projector's default image budget).",
+)
+@click.option("--max-frames", type=click.IntRange(1), help="A clip: at most this many frames.")
+@click.option(
+    "--fps",
+    type=click.FloatRange(min=0, min_open=True),
+    default=4.0,
+    show_default=True,
+    help="A clip: at most this many frames per second are looked at (a cap, not a promise).",
+)
+@click.option(
+    "--overlay", type=click.Path(dir_okay=False), help="Write a PNG showing the views (a clip: a contact sheet)."
+)
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
-@click.option("--json", "as_json", is_flag=True, help="Print the image plan as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the image (or clip) plan as JSON.")
 @handle_errors
-def budget(image, mmproj, model, image_tokens, tiles, scorer, overlay, max_pixels, as_json) -> None:
-    """Show how an image is split and budgeted before the encoder runs.
+def budget(
+    image, mmproj, model, image_tokens, video_tokens, max_frames, fps, tiles, scorer, overlay, max_pixels, as_json
+) -> None:
+    """Show how an image is split and budgeted before the encoder runs; for a clip
+    (MP4/WebM/MOV/MKV/AVI, animated GIF/WebP), which frames are kept and what they cost.
 
     \b
     edgevlm budget photo.jpg --mmproj mmproj.gguf --image-tokens 2304 --overlay views.png
     edgevlm budget photo.jpg --model demo
+    edgevlm budget clip.mp4 --mmproj mmproj.gguf --video-tokens 4096 --overlay frames.png
     """
     import os
 
@@ -65,6 +86,10 @@ def budget(image, mmproj, model, image_tokens, tiles, scorer, overlay, max_pixel
     if mmproj is None:
         raise CLIError("give the vision projector (--mmproj), or the model (--model) to find it", 2)
     proj = load_projector(mmproj)
+    from ..vision.video import is_video_file
+
+    if is_video_file(image):  # by extension, else by content (animated GIF/WebP too)
+        return _budget_clip(image, model, mmproj, proj, image_tokens, video_tokens, max_frames, fps, overlay, as_json)
     img = load_image(image, max_pixels)
     # the budget chat, serve and caption give this picture with default options: with the text
     # model, the plan's (memory may lower a dynamic one; mtmd gets it as its own limit); without,
@@ -118,3 +143,91 @@ def budget(image, mmproj, model, image_tokens, tiles, scorer, overlay, max_pixel
         console.print(f"note: {n}")
     if overlay:
         console.print(f"overlay written to {overlay}")
+
+
+def _budget_clip(path, model, mmproj, proj, image_tokens, video_tokens, max_frames, fps, overlay, as_json) -> None:
+    """``edgevlm budget CLIP``: the frames chosen under the clip's budget, as chat would send them."""
+    from ..backend.sampling import CHAT_REPLY
+    from ..errors import UnsupportedModel
+    from ..model.projectors import facts
+    from ..plan.context import ContextBudget
+    from ..plan.planner import image_budget
+    from ..vision.sheet import draw_contact_sheet
+    from ..vision.video import VideoBudget, default_video_tokens, plan_video
+
+    vb = VideoBudget(tokens=video_tokens, max_frames=max_frames, fps=fps)
+    if model is not None:  # the plan's context and per-picture budget; mtmd counts
+        from ..backend.counting import ImageCounter
+        from ..plan.devices import probe
+        from ..plan.planner import Wishes, make_plan
+
+        plan = make_plan(model, mmproj, probe(), Wishes(image_tokens=image_tokens))
+        per_picture, mtmd_cap = plan.image_max_tokens or None, plan.backend_options()["image_max_tokens"]
+        room = ContextBudget(plan.n_ctx).image_room(CHAT_REPLY.max_tokens)  # what chat gives a first turn
+        source = f"the room pictures have in the plan's {plan.n_ctx}-token context, as chat gives it"
+        with ImageCounter(model, mmproj, image_max_tokens=mtmd_cap) as counter:
+            vp, frames = plan_video(path, counter.proj_info, vb, room, per_picture, path, mtmd_max_tokens=mtmd_cap)
+    else:
+        try:
+            per_picture = image_budget(proj, image_tokens)[0]
+            mtmd_cap = per_picture if facts(proj).dynamic else None
+            room = None
+            if video_tokens is None:
+                vb = VideoBudget(default_video_tokens(proj, per_picture), max_frames, fps)
+            source = f"8 pictures of this projector's default {per_picture}-token image budget"
+            vp, frames = plan_video(path, proj, vb, None, per_picture, path, mtmd_max_tokens=mtmd_cap)
+        except UnsupportedModel as exc:
+            raise UnsupportedModel(f"{exc}; give the text model (--model) and mtmd counts them") from None
+    notes = [n for n in vp.notes if not n.startswith("budget ")]
+    if video_tokens is None:
+        notes.insert(0, f"budget {vp.budget} tokens for the clip: {source} (--video-tokens changes it)")
+    elif room is not None and vp.budget < video_tokens:
+        notes.insert(0, f"budget {vp.budget} tokens: the {source} is less than --video-tokens {video_tokens}")
+    if overlay:
+        draw_contact_sheet(frames, vp, overlay)
+    if as_json:
+        d = {"video": path, **vp.to_dict(), "notes": notes}
+        click.echo(json.dumps(d, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    kept = vp.kept
+    title = (
+        f"{path} {vp.width}x{vp.height} · {vp.duration:.1f} s at {vp.source_fps:g} fps · {len(kept)} of "
+        f"{len(vp.frames)} frames · total {vp.total_tokens} tokens (budget {vp.budget})"
+    )
+    t = Table(title=title, title_justify="left", box=None)
+    for col in ("frame", "time", "sent as", "tokens", "kept"):
+        t.add_column(col, justify="right" if col in ("frame", "tokens") else "left")
+    rows = vp.frames
+    i = 0
+    while i < len(rows):
+        f = rows[i]
+        j = i
+        while not f.kept and j + 1 < len(rows) and not rows[j + 1].kept:
+            j += 1
+        if j - i >= 2:  # a run of frames left out: one row, its reasons counted
+            counts: dict[str, int] = {}
+            for r in rows[i : j + 1]:
+                counts[r.reason] = counts.get(r.reason, 0) + 1
+            why = ", ".join(f"{k} ×{n}" for k, n in counts.items())
+            t.add_row(f"{f.index}–{rows[j].index}", f"{f.label}–{rows[j].label}", "", "", f"- {why}")
+            i = j + 1
+            continue
+        pair = " (pair)" if f.mergeable else ""
+        t.add_row(
+            str(f.index),
+            f.label,
+            f"{f.size[0]}x{f.size[1]}" if f.kept else "",
+            str(f.tokens) if f.kept else "",
+            (f"yes{pair}" if f.reason == "kept" else f"yes, {f.reason}{pair}") if f.kept else f"- {f.reason}",
+        )
+        i += 1
+    console.print(t)
+    console.print(f"rule: {vp.rule}")
+    for n in notes:
+        console.print(f"note: {n}")
+    if overlay:
+        console.print(f"contact sheet written to {overlay}")

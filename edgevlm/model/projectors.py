@@ -27,6 +27,7 @@ from .gguf_info import ProjectorInfo
 from .tokens import ImageTokens, View, smart_resize
 
 __all__ = [
+    "DEFAULT_DYNAMIC_IMAGE_TOKENS",
     "encoder_patches",
     "facts",
     "image_tokens",
@@ -40,6 +41,9 @@ __all__ = [
     "view_patches",
     "view_tokens",
 ]
+
+# a dynamic-resolution encoder's picture when no budget is asked for (its default budget)
+DEFAULT_DYNAMIC_IMAGE_TOKENS = 1024
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from ..backend.system import cpu_repacks
 from ..errors import InputError
 from ..model.gguf_info import GGUFFile, ProjectorInfo, TextModelInfo, projector_info, text_model_info
 from ..model.kv_types import KV_CHOICES, is_quantized
-from ..model.projectors import encoder_patches
+from ..model.projectors import DEFAULT_DYNAMIC_IMAGE_TOKENS, encoder_patches
 from ..vision.merge import MergeSpec
 from .context import DEFAULT_REPLY_TOKENS
 from .devices import Device, Probe
@@ -41,7 +41,6 @@ __all__ = [
 ]
 
 MIB = 2**20
-DEFAULT_DYNAMIC_IMAGE_TOKENS = 1024
 # Free RAM the plan leaves to the process itself (--host-reserve): measured here, Python with
 # edgevlm and llama.cpp's runtime take ~65 MiB, and decoding, resizing and tiling a 12-megapixel
 # JPEG adds ~170 MiB at its peak; the buffers the plan counts (weights, KV, compute, encoder) are

@@ -20,6 +20,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from ..errors import ImageError
 
 __all__ = [
+    "flatten",
     "DEFAULT_MAX_PIXELS",
     "IMAGE_EXTENSIONS",
     "LoadedImage",
@@ -110,7 +111,8 @@ class LoadedImage:
         return int(self.rgb.shape[0])
 
 
-def _flatten(img: Image.Image) -> Image.Image:
+def flatten(img: Image.Image) -> Image.Image:
+    """``img`` as RGB (transparency over white, palettes expanded), without a copy when it is."""
     if img.mode == "RGB":
         return img  # (convert() would copy it: a full decode more at the peak)
     if img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info):
@@ -165,7 +167,7 @@ def load_image(
         try:
             img.load()
             img = ImageOps.exif_transpose(img) or img
-            rgb_img = _flatten(img)
+            rgb_img = flatten(img)
             rgb = _to_array(rgb_img)
         except ImageError:
             raise
