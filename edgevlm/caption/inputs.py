@@ -32,6 +32,7 @@ from typing import IO
 
 from ..errors import InputError
 from ..vision.images import has_image_ext
+from ..vision.video import is_video_path, looks_like_video
 
 __all__ = [
     "common_root",
@@ -147,7 +148,11 @@ class _Finder:
         self.found.items.append(InputItem(path, rel, explicit))
 
     def _candidate(self, path: str) -> bool:
-        return has_image_ext(path) or sniff(read_head(path)) is not None
+        """A picture or a clip, by extension or by its first bytes."""
+        if has_image_ext(path) or is_video_path(path):
+            return True
+        head = read_head(path, 64)
+        return sniff(head) is not None or looks_like_video(head)
 
     def directory(self, root: str) -> None:
         root_n = _norm(root)

@@ -87,6 +87,7 @@ class CaptionRecord:
     existing: str | None = None  # the caption that was there before (txt / metadata formats)
     text: str | None = None  # what was written there (existing caption combined per --existing)
     created: str = ""
+    frames: tuple[float, ...] | None = None  # a video: the seconds of the frames the model saw
 
     @property
     def ok(self) -> bool:
@@ -118,6 +119,8 @@ class CaptionRecord:
         for key in ("raw_caption", "json", "target", "existing", "text"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
+        if self.frames is not None:
+            d["frames"] = list(self.frames)
         if self.notes:
             d["notes"] = list(self.notes)
         return d

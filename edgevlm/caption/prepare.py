@@ -10,12 +10,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import EdgeVLMError, InputError
 from ..vision.budget import ImageBudget, render_views
 from ..vision.images import LoadedImage, load_image
+from ..vision.video import VideoBudget, is_video_path, looks_like_video, plan_video
 from .inputs import InputItem
 from .outputs import Entry
 from .settings import CaptionSettings
@@ -40,6 +41,7 @@ class Prepared:
     width: int | None = None
     height: int | None = None
     planned_tokens: int = 0
+    frames: tuple[float, ...] | None = None  # a video: the seconds of the frames chosen
     notes: list[str] = field(default_factory=list)
     existing: str | None = None
     error: str | None = None
@@ -97,8 +99,12 @@ class Preparer:
         deliverable: Plain,
         index: ResumeIndex,
         conflicts: dict[str, str],
+        video: VideoBudget = VideoBudget(),
+        room: int | None = None,
     ):
         self.budget = budget  # None: no model (every input is known to be done)
+        self.video = video  # how a clip's frames are chosen
+        self.room = room  # the tokens a clip may take (the image room of one caption request)
         self.settings = settings
         self.digest = digest
         self.out = deliverable
@@ -196,6 +202,8 @@ class Preparer:
             self.index.supersede(prev)  # the file changed: its old record goes at the end
         if self.out.kind != "plain" or "{existing}" in s.prompt:
             p.existing = self.out.existing(item)
+        if is_video_path(item.path) or looks_like_video(data[:64]):
+            return self._clip(p, data)
         img = load_image(data, s.max_pixels, name=item.path)
         p.width, p.height = img.width, img.height
         p.notes = list(img.notes)
@@ -205,6 +213,28 @@ class Preparer:
             p.planned_tokens = plan.total_tokens
             p.notes += list(plan.notes)
             p.views = render_views(img, plan)
+        return p
+
+    def _clip(self, p: Prepared, data: bytes) -> Prepared:
+        """A video: its frames chosen under the video budget and the caption's image room, each
+        a view labelled with its timestamp; the record keeps their seconds."""
+        if self.budget is None:
+            raise InputError("a video needs the model's projector to be planned")
+        plan, frames = plan_video(
+            data,
+            self.budget.proj,
+            replace(self.video, merge=False),  # (frames go one by one: no temporal pairs)
+            room=self.room,
+            image_budget_tokens=self.budget.tokens,
+            mtmd_max_tokens=self.budget.mtmd_max_tokens,
+            name=p.item.path,
+        )
+        p.width, p.height = plan.width, plan.height
+        p.image = frames[0]
+        p.views = [(f.label, img) for f, img in zip(plan.kept, frames, strict=True)]
+        p.planned_tokens = plan.total_tokens
+        p.frames = tuple(round(f.t, 3) for f in plan.kept)
+        p.notes += [f"{len(frames)} frame(s) of {plan.duration:.1f} s: {plan.rule}", *plan.notes]
         return p
 
 

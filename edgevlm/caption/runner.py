@@ -31,6 +31,7 @@ from ..errors import BackendError, ContextExceeded, EdgeVLMError, ImageError, In
 from ..runtime.conversation import Message
 from ..runtime.scheduler import WAIT, Client, Request, Sequence
 from ..vision.merge import MergeSpec
+from ..vision.video import VideoBudget
 from .inputs import InputItem, discover
 from .outputs import CaptionRecord
 from .prepare import Prefetcher, Prepared, Preparer, ResumeIndex, StopToken, strip_label
@@ -109,14 +110,15 @@ class Captioner:
         self.merge = MergeSpec.parse(settings.merge)
         self.grammar = json_grammar(json.loads(settings.json_schema)) if settings.json_schema else None
         self.slots = 1
-        budget = None
+        budget, room, video = None, None, VideoBudget()
         if engine is not None:
             sched = engine.scheduler
             budget = engine.image_budget_for(
                 replace(engine.options, image_tokens=settings.image_tokens or None, tiles=settings.tiles)
             )
             self.slots = max(1, min(slots or sched.max_running, sched.max_running))
-        self.preparer = Preparer(budget, settings, digest, self.out, self.index, conflicts or {})
+            room, video = sched.budget.image_room(settings.max_tokens), settings.video
+        self.preparer = Preparer(budget, settings, digest, self.out, self.index, conflicts or {}, video, room)
 
     def run(self, items: Iterable[InputItem]) -> Iterator[CaptionResult]:
         pf = Prefetcher(items, self.preparer, max(self.prefetch, self.slots), self.stop)
@@ -283,6 +285,7 @@ class Captioner:
             caption=caption,
             prompt=job.prompt,
             image_tokens=stats.image_tokens,
+            frames=p.frames,
             stats=st,
             raw_caption=raw if raw != caption else None,
             json=parsed,

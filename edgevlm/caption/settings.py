@@ -14,6 +14,7 @@ from ..plan.context import IN_FLIGHT_MAX, ContextBudget
 from ..plan.footprint import DEFAULT_DYNAMIC_IMAGE_TOKENS
 from ..vision.images import DEFAULT_MAX_PIXELS
 from ..vision.merge import MergeSpec
+from ..vision.video import VideoBudget
 from .text import DEFAULT_PROMPT, check_template
 
 __all__ = ["DEFAULT_IN_FLIGHT", "CaptionSettings", "caption_slots", "model_identity"]
@@ -42,6 +43,7 @@ class CaptionSettings:
     tiles: str | int = "auto"
     merge: str = "off"  # visual token merging after the projector (off, ratio:R, ...)
     json_schema: str | None = None  # a JSON Schema (as JSON text) the answer must follow
+    video: VideoBudget = VideoBudget()  # a clip's frames (--video-tokens, --max-frames, --fps)
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_file_bytes: int = 1 << 30
 
@@ -63,7 +65,11 @@ class CaptionSettings:
         """``output``: where captions go (a txt run after a jsonl run must write its sidecars)."""
         d = asdict(self)
         d.pop("max_file_bytes")
-        for key, off in (("merge", "off"), ("json_schema", None)):  # older records stay valid
+        for key, off in (
+            ("merge", "off"),
+            ("json_schema", None),
+            ("video", asdict(VideoBudget())),
+        ):  # older records stay valid
             if d[key] == off:
                 d.pop(key)
         if self.temperature <= 0:  # greedy: sampling knobs do not change the caption

@@ -20,6 +20,7 @@ from .common import (
     request_defaults_options,
     threads_option,
     tiles_option,
+    video_options,
 )
 from .progress import StderrView
 from .signals import StopSignals
@@ -70,6 +71,7 @@ status_code or "error") · 2 the file is unusable (unreadable, not a batch file)
     help="Fetch image URLs that resolve to loopback, private or link-local addresses.",
 )
 @tiles_option
+@video_options
 @merge_option
 @plan_options
 @threads_option
@@ -98,6 +100,7 @@ def batch(
     allow_path,
     allow_private_urls,
     tiles,
+    video,
     merge,
     planning,
     threads,
@@ -149,7 +152,11 @@ def batch(
         allow_paths=tuple(dict.fromkeys([folder, os.getcwd(), *map(os.path.abspath, allow_path)])),
     )
     engine_options = EngineOptions(
-        image_tokens=wishes.image_tokens, tiles=tiles, merge=merge, max_image_pixels=max_pixels
+        image_tokens=wishes.image_tokens,
+        tiles=tiles,
+        merge=merge,
+        max_image_pixels=max_pixels,
+        video=video,
     )
     output = BatchOutput(data, out).open()
     token = StopToken()

@@ -25,6 +25,7 @@ from .common import (
     sampling_options,
     threads_option,
     tiles_option,
+    video_options,
 )
 from .progress import ProgressView
 from .signals import StopSignals
@@ -159,6 +160,7 @@ def output_options(fn):
 @click.option("--clean", is_flag=True, help='Strip preambles ("The image shows ..."), quotes, line breaks.')
 @sampling_options(CaptionSettings.max_tokens, CaptionSettings().sampling())
 @tiles_option
+@video_options
 @merge_option
 @json_schema_option('each caption (the parsed object goes into the record as "json")')
 @plan_options
@@ -204,6 +206,7 @@ def caption(
     clean,
     reply,
     tiles,
+    video,
     merge,
     json_schema,
     planning,
@@ -262,6 +265,7 @@ def caption(
         stop=reply.stop,
         image_tokens=planning.wishes.image_tokens,
         tiles=tiles,
+        video=video,
         merge=str(merge),
         max_pixels=max_pixels,
         max_file_bytes=max_file_size,

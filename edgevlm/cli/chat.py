@@ -19,6 +19,7 @@ from .common import (
     sampling_options,
     threads_option,
     tiles_option,
+    video_options,
 )
 
 __all__ = ["chat"]
@@ -41,6 +42,14 @@ __all__ = ["chat"]
     type=click.Path(dir_okay=False),
     help="Image for the first message (repeatable).",
 )
+@click.option(
+    "--video",
+    "videos",
+    multiple=True,
+    type=click.Path(dir_okay=False, exists=True),
+    help="Video for the first message (repeatable): frames chosen under its budget, each with its timestamp.",
+)
+@video_options
 @click.option("--system", help="System prompt.")
 @sampling_options(CHAT_REPLY.max_tokens, CHAT_REPLY.sampling)
 @tiles_option
@@ -71,6 +80,8 @@ def chat(
     model,
     mmproj,
     images,
+    videos,
+    video,
     system,
     reply,
     tiles,
@@ -92,9 +103,10 @@ def chat(
     Interactive:  edgevlm chat -m model.gguf --mmproj mmproj.gguf
     Scripted:     printf '/image a.png\\nWhat is it?\\n' | edgevlm chat -m ... --mmproj ...
     Structured:   edgevlm chat -m ... -i photo.jpg --json-schema tags.json "Tag this picture"
+    Video:        edgevlm chat -m ... --video clip.mp4 --video-tokens 2048 "What happens, and when?"
     """
     from ..backend.system import json_grammar
-    from ..runtime.engine import EngineOptions
+    from ..runtime.engine import Clip, EngineOptions
     from ..runtime.session import SessionOptions
     from .loading import load_engine, model_paths
     from .repl import ChatLoop
@@ -110,6 +122,7 @@ def chat(
         merge=merge,
         max_image_pixels=max_pixels,
         session=session,
+        video=video,
     )
     s = reply.sampling
     gen = dict(
@@ -129,21 +142,22 @@ def chat(
         echo_err(f"note: --merge ignored: {vlm.backend.proj_info.projector_type} tokens are not on a spatial grid")
     try:
         engine = vlm.default_conversation
+        clips = [Clip(v, v) for v in videos]
         if prompt is not None:
-            code = _one_shot(engine, prompt, list(images), gen, show_stats, as_json)
+            code = _one_shot(engine, prompt, [*images, *clips], gen, show_stats, as_json)
         else:
             loop = ChatLoop(engine, gen, interactive=sys.stdin.isatty(), show_stats=show_stats)
-            loop.queued = list(images)
+            loop.queued = [*images, *clips]
             code = loop.run()
     finally:
         vlm.close()
     sys.exit(code)
 
 
-def _one_shot(engine, prompt: str, images: list[str], gen: dict, show_stats: bool, as_json: bool) -> int:
+def _one_shot(engine, prompt: str, images: list, gen: dict, show_stats: bool, as_json: bool) -> int:
     loaded = engine.load_images(images)  # bad images fail before any work
     for img in loaded:
-        for note in img.notes:
+        for note in getattr(img, "notes", ()):  # (a clip's notes come when its frames are chosen)
             echo_err(f"note: {img.source}: {note}")
     if as_json:
         try:

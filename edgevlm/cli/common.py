@@ -22,6 +22,7 @@ from ..plan.planner import Wishes
 from ..serve.options import DEFAULT_PARALLEL, ServeOptions, serve_sequences
 from ..vision.images import DEFAULT_MAX_PIXELS
 from ..vision.merge import MergeSpec
+from ..vision.video import VideoBudget
 
 __all__ = [
     "AutoInt",
@@ -402,6 +403,24 @@ def merge_option(fn):
         show_default=True,
         help="Merge similar adjacent image tokens: off, threshold:T, ratio:R or tokens:N.",
     )(fn)
+
+
+def video_options(fn):
+    """--video-tokens, --max-frames, --fps: how a clip's frames are chosen (defaults:
+    ``VideoBudget``); the command gets one ``video`` argument."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, video_tokens, max_frames, fps, **kwargs):
+        return fn(*args, video=VideoBudget(tokens=video_tokens, max_frames=max_frames, fps=fps), **kwargs)
+
+    return _apply(wrapper, [
+        click.option("--video-tokens", type=click.IntRange(1), default=VideoBudget.tokens,
+                     help="A clip's tokens, all frames together (default: the room the context has left)."),
+        click.option("--max-frames", type=click.IntRange(1), default=VideoBudget.max_frames,
+                     help="At most this many frames of a clip (default: as the budget allows)."),
+        click.option("--fps", type=click.FloatRange(0, min_open=True), default=VideoBudget.fps, show_default=True,
+                     help="At most this many frames a second are looked at (a cap, not a promise)."),
+    ])  # fmt: skip
 
 
 def threads_option(fn):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import IO
 
 from ..errors import EdgeVLMError
-from ..runtime.engine import Engine
+from ..runtime.engine import Clip, Engine
 from ..runtime.session import recall
 from ..vision.images import LoadedImage, has_image_ext
 
@@ -27,6 +27,7 @@ __all__ = ["ChatLoop", "extract_image_paths"]
 _PATH_RE = re.compile(r"""(?:'([^']+)'|"([^"]+)"|((?:\\ |[^\s'"])+))""", re.VERBOSE)
 HELP = """commands:
   /image PATH   attach an image to the next message (repeatable)
+  /video PATH   attach a video: frames chosen under the room left, each with its timestamp
   /reset        forget the conversation (cached image encodings are kept)
   /stats        statistics of the last reply
   /history      what the conversation holds (pictures in context or as summaries)
@@ -69,7 +70,7 @@ class ChatLoop:
         self.err = err
         self.interactive = interactive
         self.show_stats = show_stats
-        self.queued: list[str | LoadedImage] = []  # paths, and pictures /recall brings back
+        self.queued: list[str | LoadedImage | Clip] = []  # paths, and pictures /recall brings back
         self._read = read_line or self._read_stdin
 
     def _read_stdin(self, prompt: str) -> str:
@@ -144,6 +145,16 @@ class ChatLoop:
                     continue
                 self.queued.append(path)
                 self._say(f"queued {path} ({len(self.queued)} image(s) for the next message)")
+        elif cmd == "/video":
+            if not args:
+                self._say("Error: /video needs a path")
+            for a in args:
+                path = os.path.expanduser(a)
+                if not os.path.isfile(path):
+                    self._say(f"Error: {path}: no such video file")
+                    continue
+                self.queued.append(Clip(path, path))  # (frames are chosen when the message is sent)
+                self._say(f"queued {path} ({len(self.queued)} picture(s)/clip(s) for the next message)")
         elif cmd == "/reset":
             self.engine.reset()
             self.queued.clear()

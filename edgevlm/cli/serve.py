@@ -20,6 +20,7 @@ from .common import (
     request_defaults_options,
     threads_option,
     tiles_option,
+    video_options,
 )
 
 __all__ = ["serve"]
@@ -98,6 +99,7 @@ __all__ = ["serve"]
 )
 @click.option("--model-id", help="The model's name in /v1/models (default: the model file's name).")
 @tiles_option
+@video_options
 @merge_option
 @plan_options
 @threads_option
@@ -123,6 +125,7 @@ def serve(
     allow_path,
     model_id,
     tiles,
+    video,
     merge,
     planning,
     threads,
@@ -181,7 +184,11 @@ def serve(
         cache_ram=plan.cache_ram,
     )
     engine_options = EngineOptions(
-        image_tokens=wishes.image_tokens, tiles=tiles, merge=merge, max_image_pixels=max_pixels
+        image_tokens=wishes.image_tokens,
+        tiles=tiles,
+        merge=merge,
+        max_image_pixels=max_pixels,
+        video=video,
     )
     outcome = {"code": 0}
 

@@ -17,6 +17,7 @@ forgets only its own conversation, and ``close()`` ends only its own requests â€
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,7 @@ from ..plan.planner import Plan
 from ..vision.budget import ImageBudget, ImagePlan, render_views
 from ..vision.images import DEFAULT_MAX_PIXELS, LoadedImage, load_image
 from ..vision.merge import MergeSpec
+from ..vision.video import VideoBudget, is_video_path, plan_video
 from .conversation import Conversation, Message, Picture
 from .items import Prompt
 from .scheduler import Client, GenerationResponse, Request, Scheduler, Sequence
@@ -38,7 +40,7 @@ from .stats import TurnStats
 
 BUSY_WAIT_S = 120.0  # a turn waits this long for cells other clients' requests hold
 
-__all__ = ["Admitted", "ChatResult", "Engine", "EngineOptions", "GenerationResponse", "Message", "ModelRuntime"]
+__all__ = ["Admitted", "ChatResult", "Clip", "Engine", "EngineOptions", "GenerationResponse", "Message", "ModelRuntime"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,17 @@ class EngineOptions:
     merge: MergeSpec = MergeSpec()  # visual token merging after the projector (off by default)
     max_image_pixels: int = DEFAULT_MAX_PIXELS
     session: SessionOptions = SessionOptions()  # what happens when the context runs out
+    video: VideoBudget = VideoBudget()  # a clip's frames: tokens (None: the room left), frames, fps cap
+
+
+@dataclass(frozen=True)
+class Clip:
+    """A video a turn carries (a path, or its bytes): its frames are chosen under the room the
+    turn has left when the turn is made (``vision.video.plan_video``), each sent as a view
+    labelled with its timestamp."""
+
+    source: str | bytes
+    name: str = "video"
 
 
 @dataclass(frozen=True)
@@ -190,10 +203,20 @@ class Engine:
     def __exit__(self, *exc):
         self.close()
 
-    def load_images(self, images: Iterable[Any]) -> list[LoadedImage]:
-        return [
-            img if isinstance(img, LoadedImage) else load_image(img, self.options.max_image_pixels) for img in images
-        ]
+    def load_images(self, images: Iterable[Any]) -> list[LoadedImage | Clip]:
+        """Pictures decoded (paths, bytes, PIL images, arrays) and clips named (a ``Clip``, or a
+        path with a video extension: decoded when the turn is made, under its room)."""
+        out: list[LoadedImage | Clip] = []
+        for img in images:
+            if isinstance(img, (LoadedImage, Clip)):
+                out.append(img)
+            elif isinstance(img, str) and is_video_path(img):
+                if not os.path.isfile(img):
+                    raise InputError(f"{img}: no such video file")
+                out.append(Clip(img, img))
+            else:
+                out.append(load_image(img, self.options.max_image_pixels))
+        return out
 
     def plan_image(self, image: LoadedImage) -> ImagePlan:
         """The views of one picture under this engine's image budget (decided before encoding)."""
@@ -245,13 +268,19 @@ class Engine:
         originals = self.load_images(images)
         reserve = self.scheduler.budget.reply_reserve(max_tokens)
         kept = 0 if self.options.session.enabled else self.conversation.image_tokens_in_context()
-        views, labels, pics = self._budget(originals)
+        n_before = len(self.pictures)
+        try:
+            views, labels, pics = self._budget(originals, self.scheduler.budget.image_room(max_tokens) - kept)
+        except BaseException:  # (a clip that cannot be decoded or does not fit: nothing of the turn stays)
+            del self.pictures[n_before:]
+            raise
         try:
             loaded = self._admit(views, self.scheduler.budget.image_room(max_tokens) - kept)
         except BaseException:
             del self.pictures[len(self.pictures) - len(originals) :]
             raise
-        msg = Message("user", text, loaded, labels=labels, sources=[im.source for im in originals], pictures=pics)
+        sources = [im.name if isinstance(im, Clip) else im.source for im in originals]
+        msg = Message("user", text, loaded, labels=labels, sources=sources, pictures=pics)
         self.messages.append(msg)
         try:
             room = RoomReport()
@@ -334,11 +363,24 @@ class Engine:
     def _ask(self, question: str, messages: list[Message]) -> str:
         return self.complete(question, self.options.session.summary_tokens, messages)
 
-    def _budget(self, images: list[LoadedImage]) -> tuple[list[LoadedImage], list[str | None], list[int]]:
+    def _budget(
+        self, images: list[LoadedImage | Clip], room: int
+    ) -> tuple[list[LoadedImage], list[str | None], list[int]]:
+        """The views of the turn's pictures and clips (a clip: its frames, within the ``room``
+        its pictures leave), their labels, and their picture numbers."""
         views: list[LoadedImage] = []
         labels: list[str | None] = []
         pics: list[int] = []
+        room -= sum(self.plan_image(im).total_tokens for im in images if isinstance(im, LoadedImage))
         for img in images:
+            if isinstance(img, Clip):
+                frames, stamps, tokens = self._clip(img, room)
+                room -= tokens
+                self.pictures.append(Picture(len(self.pictures) + 1, frames[0], tokens))
+                views += frames
+                labels += stamps
+                pics += [len(self.pictures)] * len(frames)
+                continue
             ip = self.plan_image(img)
             self.notices.extend(f"{img.source}: {n}" for n in ip.notes)
             self.pictures.append(Picture(len(self.pictures) + 1, img, ip.total_tokens))
@@ -347,6 +389,25 @@ class Engine:
                 labels.append(label)
                 pics.append(len(self.pictures))
         return views, labels, pics
+
+    def _clip(self, clip: Clip, room: int) -> tuple[list[LoadedImage], list[str | None], int]:
+        """A clip's frames, chosen under its budget and the room left: the frames (their source
+        the clip's name), their timestamp labels, their tokens."""
+        plan, frames = plan_video(  # (one that cannot fit: ContextExceeded)
+            clip.source,
+            self.backend.proj_info,
+            replace(self.options.video, merge=False),  # (frames go one by one: no temporal pairs)
+            room=max(room, 0),
+            image_budget_tokens=self.image_budget.tokens,
+            mtmd_max_tokens=self.image_budget.mtmd_max_tokens,
+            name=clip.name,
+        )
+        kept = plan.kept
+        self.notices.append(
+            f"{clip.name}: {len(kept)} frame(s) of {plan.duration:.1f} s, {plan.total_tokens:,} tokens ({plan.rule})"
+        )
+        self.notices.extend(f"{clip.name}: {n}" for n in plan.notes)
+        return frames, [f.label for f in kept], plan.total_tokens
 
     def _admit(self, images: list[LoadedImage], cells_free: int) -> list[LoadedImage]:
         """Run each new image past the guard (memory now, image room left); may shrink it."""

@@ -23,9 +23,11 @@ in the log once); every other request goes on.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import hmac
+import io
 import json
 import logging
 import threading
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from PIL import Image as PILImage
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -53,6 +56,7 @@ from ..model.projectors import encoder_patches
 from ..plan.devices import format_size
 from ..runtime.model import LoadedModel
 from ..vision.images import decode_bytes, load_image
+from ..vision.video import plan_video
 from . import anthropic, ollama, ollama_models
 from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
 from .media import fetch_bytes
@@ -245,6 +249,8 @@ class Server:
         ``{"image_url": {"url": ...}, "detail": ...}`` → the plan of its views."""
         eng, service = self.engine, self.service
         assert eng is not None and service is not None
+        if isinstance(body, dict) and "video_url" in body:
+            return self.clip_budget(body)
         ref = body.get("image_url") if isinstance(body, dict) else None
         url = ref.get("url") if isinstance(ref, dict) else ref
         if not isinstance(url, str) or not url:
@@ -269,6 +275,35 @@ class Server:
             "n_ctx": eng.n_ctx,
             "image_room": eng.scheduler.budget.image_room(self.options.max_tokens),
         }
+
+    def clip_budget(self, body: dict[str, Any]) -> dict[str, Any]:
+        """What a video will cost: ``{"video_url": {"url": ...}}`` → the frames chosen under the
+        room a request has (each with its timestamp, tokens, and why it was kept or skipped),
+        and small JPEG thumbnails of the kept ones (what the model will see)."""
+        eng, service = self.engine, self.service
+        assert eng is not None and service is not None
+        ref = body.get("video_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str) or not url:
+            raise APIError('give {"video_url": {"url": ...}}', 400, "video_url")
+        raw_name = body.get("name")
+        name = raw_name if isinstance(raw_name, str) else ""
+        room = eng.scheduler.budget.image_room(self.options.max_tokens)
+        with service.lease("this video") as lease:
+            data = fetch_bytes(ImageRef(url, "auto", name, "video"), self.options, name or "video")
+            lease.grow(len(data), service.host_deadline())
+            plan, frames = plan_video(
+                data,
+                eng.backend.proj_info,
+                replace(eng.options.video, merge=False),
+                room=room,
+                image_budget_tokens=eng.image_budget.tokens,
+                mtmd_max_tokens=eng.image_budget.mtmd_max_tokens,
+                name=name or "video",
+            )
+            del data
+            thumbs = [thumbnail_uri(f.rgb) for f in frames]
+        return {"kind": "video", **plan.to_dict(), "thumbnails": thumbs, "n_ctx": eng.n_ctx, "image_room": room}
 
     # --- the rest --------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -355,6 +390,15 @@ class Server:
                 f"edgevlm_process_rss_bytes {st['memory']['measured']['process_rss_bytes']}",
             ]
         return "\n".join(lines) + "\n"
+
+
+def thumbnail_uri(rgb: Any, height: int = 72) -> str:
+    """A small JPEG of a frame as a data: URI (for the page)."""
+    img = PILImage.fromarray(rgb)
+    img.thumbnail((height * 4, height))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def image_cache_bound(eng: LoadedModel) -> int:

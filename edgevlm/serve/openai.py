@@ -92,8 +92,17 @@ def _content(raw: Any, where: str, role: str) -> tuple[str, tuple[ImageRef, ...]
                 raise bad(f"{at}.image_url.detail must be auto, low or high", at)
             name = part.get("name") if isinstance(part.get("name"), str) else ""
             images.append(ImageRef(url, detail, name[:200]))
+        elif kind in ("video_url", "input_video"):
+            if role not in ("user", "tool"):
+                raise bad(f"{at}: only user and tool messages may carry videos", at)
+            ref = part.get(kind) if kind == "video_url" else part.get("video_url")
+            url = ref.get("url") if isinstance(ref, dict) else ref
+            if not isinstance(url, str) or not url:
+                raise bad(f'{at}.video_url must be a URL string or {{"url": ...}}', at)
+            name = part.get("name") if isinstance(part.get("name"), str) else ""
+            images.append(ImageRef(url, "auto", name[:200], "video"))
         else:
-            raise bad(f"{at}: content part type {kind!r} is not supported (text and image_url are)", at)
+            raise bad(f"{at}: content part type {kind!r} is not supported (text, image_url and video_url are)", at)
     return "\n".join(texts), tuple(images)
 
 

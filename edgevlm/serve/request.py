@@ -97,6 +97,7 @@ class ImageRef:
     url: str  # a data: URI, an http(s) URL, or a path under --allow-path
     detail: str = "auto"  # auto | low | high
     name: str = ""  # edgevlm extension: the picture's file name, for summaries that mention it
+    kind: str = "image"  # image | video (a clip: frames chosen under the room left)
 
 
 @dataclass(frozen=True)

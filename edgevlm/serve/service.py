@@ -44,10 +44,11 @@ from ..runtime.requests import ThinkCap
 from ..runtime.toolformat import call_grammar, markers
 from ..vision.budget import compact_view, render_views
 from ..vision.images import LoadedImage, decode_bytes, load_image
+from ..vision.video import plan_video
 from .media import fetch_bytes
 from .options import ServeOptions
 from .replies import THINK_CLOSE, THINK_OPEN, ReplySplitter
-from .request import APIError, ChatRequest, Delta, Reply
+from .request import APIError, ChatRequest, Delta, ImageRef, Reply
 from .worker import Job, Worker
 
 __all__ = ["ChatService", "LOW_DETAIL_TOKENS", "next_event"]
@@ -117,9 +118,12 @@ class ChatService:
             last = i == len(req.messages) - 1
             for ref in m.images:
                 n = len(conv.pictures) + 1
-                label = ref.name or f"image {n}"
-                mine = self._picture(ref, label, low if ref.detail == "low" else model.image_budget, lease)
-                notices += [f"image {n}: {note}" for note in mine.notes]
+                label = ref.name or f"{ref.kind} {n}"
+                if ref.kind == "video":
+                    mine = self._clip(ref, label, room if (last or not req.evict) else model.n_ctx, lease)
+                else:
+                    mine = self._picture(ref, label, low if ref.detail == "low" else model.image_budget, lease)
+                notices += [f"{ref.kind} {n}: {note}" for note in mine.notes]
                 adm = model.admit(mine.views, room if (last or not req.evict) else model.n_ctx)
                 if last or not req.evict:
                     room -= adm.tokens
@@ -168,6 +172,32 @@ class ChatService:
         finally:
             lease.shrink(compressed)  # the bytes are dropped (what the body holds is its own share)
         return _Views([v for _, v in pairs], [lb for lb, _ in pairs], plan.total_tokens, list(plan.notes))
+
+    def _clip(self, ref: ImageRef, label: str, room: int, lease: Lease) -> _Views:
+        """One video: its bytes, its frames chosen under the model's video budget and ``room``
+        (decoded as a stream: one frame at a time beside the kept ones), each labelled with its
+        timestamp; the frames (compact) stay held."""
+        deadline = self.host_deadline()
+        data = fetch_bytes(ref, self.options, label)
+        lease.grow(len(data), deadline)
+        try:
+            budget = self.model.image_budget
+            plan, frames = plan_video(  # (a clip that cannot fit: ContextExceeded, a 400)
+                data,
+                self.model.backend.proj_info,
+                replace(self.model.options.video, merge=False),  # (frames go one by one)
+                room=max(room, 0),
+                image_budget_tokens=budget.tokens,
+                mtmd_max_tokens=budget.mtmd_max_tokens,
+                name=ref.name or label,
+            )
+            views = [compact_view(f, self.model.backend.proj_info) for f in frames]
+            lease.grow(sum(self.view_bytes(v) for v in views), deadline)
+        finally:
+            lease.shrink(len(data))
+        kept = plan.kept
+        notes = [f"{len(kept)} frame(s) of {plan.duration:.1f} s, {plan.total_tokens:,} tokens ({plan.rule})"]
+        return _Views(views, [f.label for f in kept], plan.total_tokens, notes + list(plan.notes))
 
     # --- requests ----------------------------------------------------------------------------
     async def submit(

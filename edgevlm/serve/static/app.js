@@ -78,10 +78,12 @@ function userBubble(text, pictures) {
   if (pictures.length) {
     const pics = el("div", "pics");
     for (const p of pictures) {
-      const img = el("img");
-      img.src = p.url;
-      img.alt = p.name || "picture";
-      pics.appendChild(img);
+      for (const src of p.video ? (p.budget ? p.budget.thumbnails : []) : [p.url]) {  // a clip: its frames
+        const img = el("img");
+        img.src = src;
+        img.alt = p.name || "picture";
+        pics.appendChild(img);
+      }
     }
     node.appendChild(pics);
   }
@@ -125,7 +127,10 @@ async function send() {
   if (!text && !pictures.length) return;
   if (state.controller) return;
   const content = [{ type: "text", text }];
-  for (const p of pictures) content.push({ type: "image_url", image_url: { url: p.url }, name: p.name });
+  for (const p of pictures) {
+    if (p.video) content.push({ type: "video_url", video_url: { url: p.url }, name: p.name });
+    else content.push({ type: "image_url", image_url: { url: p.url }, name: p.name });
+  }
   const message = { role: "user", content: pictures.length ? content : text };
   state.history.push(message);
   state.bubbles.push(userBubble(text, pictures));
@@ -249,7 +254,8 @@ function drawBudget(canvas, image, budget) {
 }
 
 async function addPicture(file) {
-  const item = { name: file.name || "pasted picture", url: null, budget: null, error: null };
+  const video = (file.type || "").startsWith("video/");
+  const item = { name: file.name || "pasted picture", url: null, budget: null, error: null, video };
   const node = el("li", "att");
   const canvas = node.appendChild(el("canvas"));
   canvas.setAttribute("role", "img");
@@ -277,7 +283,8 @@ async function addPicture(file) {
   try {
     const resp = await api("/v1/edgevlm/budget", {
       method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ image_url: { url: item.url }, name: item.name }),
+      body: JSON.stringify(video ? { video_url: { url: item.url }, name: item.name }
+                                 : { image_url: { url: item.url }, name: item.name }),
     });
     if (!resp.ok) throw new Error(await errorText(resp));
     item.budget = await resp.json();
@@ -289,6 +296,20 @@ async function addPicture(file) {
     return;
   }
   const b = item.budget;
+  if (video) {  // its frames, as the model will see them, and what they cost
+    canvas.remove();
+    const strip = node.insertBefore(el("div", "frames"), cost);
+    const kept = b.frames.filter((f) => f.kept);
+    kept.forEach((f, i) => {
+      const img = strip.appendChild(el("img"));
+      img.src = b.thumbnails[i];
+      img.alt = `${item.name} at ${f.label}`;
+      img.title = `${f.label} · ${fmt(f.tokens)} tokens`;
+    });
+    cost.textContent = `${kept.length} of ${b.frames.length} frames · ${fmt(b.total_tokens)} tokens of ${fmt(b.budget)} · ${b.duration.toFixed(1)} s`;
+    cost.title = b.rule + (b.notes && b.notes.length ? "; " + b.notes.join("; ") : "");
+    return;
+  }
   const views = b.views.filter((v) => v.selected).length;
   let text = `${fmt(b.total_tokens)} tokens · ${b.kind}`;
   if (views > 1) text += ` · ${views} views (overview + tiles)`;
@@ -303,8 +324,8 @@ async function addPicture(file) {
 
 function addFiles(files) {
   for (const f of files) {
-    if (f.type && !f.type.startsWith("image/") && f.type !== "application/octet-stream") {
-      note(`${f.name}: not a picture (${f.type}), not attached`, "note error");
+    if (f.type && !/^(image|video)\//.test(f.type) && f.type !== "application/octet-stream") {
+      note(`${f.name}: not a picture or a video (${f.type}), not attached`, "note error");
       continue;
     }
     addPicture(f);
