@@ -265,3 +265,32 @@ def test_the_demo_model_answers_on_the_page(browser, tmp_path):
             shutil.copyfile(ARTIFACTS / "readme-page.png", root / "docs" / "page.png")
     finally:
         assert "Traceback" not in s.stop()
+
+
+def test_a_clip_is_attached_with_its_frames_and_answered(browser):
+    """Attach a video: the page shows the frames the server chose (thumbnails, each with its
+    timestamp) and their cost before sending, sends it as a video_url part, and the demo model
+    answers about it."""
+    from types import SimpleNamespace
+
+    from selenium.webdriver.common.keys import Keys
+
+    root = Path(__file__).resolve().parent.parent
+    models = root / "models"
+    demo = SimpleNamespace(model=models / "edgevlm-demo.gguf", mmproj=models / "mmproj-edgevlm-demo.gguf")
+    s = Served(demo, "--temp", "0", "--model-id", "demo")
+    try:
+        d = browser
+        d.get(s.url + "/")
+        wait(d, lambda d: by_id(d, "model").text == "demo", what="model name")
+        by_id(d, "file").send_keys(str(root / "examples" / "shapes.mp4"))
+        wait(d, lambda d: "2 of 24 frames · 128 tokens" in by_id(d, "attachments").text, what="clip cost")
+        frames = css(d, "#attachments .frames img")
+        assert [f.get_attribute("alt") for f in frames] == ["shapes.mp4 at [0:00.0]", "shapes.mp4 at [0:03.0]"]
+        by_id(d, "input").send_keys("Describe the image." + Keys.ENTER)
+        wait(d, lambda d: css(d, ".msg.assistant .meta"), timeout=120, what="the reply's end")
+        assert css(d, ".msg.assistant .text")[0].text.strip() == "a white triangle and a green square"
+        assert len(css(d, ".msg.user .pics img")) == 2  # the frames it sent
+        shot(d, "clip")
+    finally:
+        assert "Traceback" not in s.stop()
