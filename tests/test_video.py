@@ -188,7 +188,8 @@ def test_static_clip_costs_one_frame(family, clips, projs):
 @pytest.mark.parametrize("family", ["qwen2vl", "qwen3vl", "llava15", "gemma3"])
 def test_scene_cut_keeps_the_second_scene(family, clips, projs):
     proj = projs[family]
-    two = 2 * image_tokens(proj, W, H).n_tokens  # room for two frames, not more
+    it = image_tokens(proj, W, H)
+    two = 2 * (it.n_tokens + it.text_tokens)  # room for two frames (and the text mtmd puts around them), not more
     plan, frames = plan_video(clips["cut"], proj, VideoBudget(tokens=two, merge=True))
     kept = plan.kept
     assert len(kept) == 2 and kept[0].t == 0.0 and kept[1].t >= 2.0 and kept[1].reason == "scene cut"

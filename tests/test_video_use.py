@@ -198,3 +198,87 @@ def test_a_clips_default_per_frame_budget_is_the_planners(model_pair):
     for family in ALL_FAMILIES:
         proj = load_projector(model_pair(family).mmproj)
         assert per_picture(proj, None) == image_budget(proj)[0], family
+
+
+def _colour_cut(path, seconds: int = 4, fps: int = 10) -> str:
+    """Full red, then full green of the same luma: a cut only colour shows."""
+    import av
+    import numpy as np
+
+    from .test_video import CODEC
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream(CODEC, rate=fps)
+        s.width, s.height, s.pix_fmt = 160, 120, "yuv420p"
+        for i in range(seconds * fps):
+            img = np.zeros((120, 160, 3), np.uint8)
+            img[:] = (200, 0, 0) if i < seconds * fps // 2 else (0, 102, 0)
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return str(path)
+
+
+def test_a_clips_whole_footprint_fits_and_two_clips_share_the_room(model_pair, tmp_path):
+    """With the default budget a long clip takes the room its turn has, labels and all: the turn
+    fits (the labels' tokens were once left out and a 20 s clip overflowed). Two clips in one
+    message each get frames."""
+    long = make_clip(tmp_path / "long.mp4", 20)
+    pair = model_pair("qwen2vl")
+    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2) as vlm:
+        eng = vlm.conversation()
+        r = eng.chat("What happens?", [Clip(long, "long.mp4")], max_tokens=2, temperature=0)
+        assert r.stats.n_ctx_used <= 4096 and len(eng.messages[0].images) >= 10
+        eng.reset()
+        eng.chat("And these?", [Clip(long, "a.mp4"), Clip(long, "b.mp4")], max_tokens=2, temperature=0)
+        a, b = eng.pictures
+        assert a.tokens > 0 and b.tokens > 0
+        assert a.tokens + b.tokens <= vlm.scheduler.budget.image_room(2)
+        # each clip's summary is remembered by all its frames: two clips that start alike differ
+        short = make_clip(tmp_path / "short.mp4", 4)
+        eng.reset()
+        eng.chat("Now?", [Clip(short, "short.mp4"), Clip(long, "long.mp4")], max_tokens=2, temperature=0)
+        assert eng.pictures[0].image.sha256 != eng.pictures[1].image.sha256
+
+
+def test_a_follow_up_after_a_clip_is_answered_with_evict(model_pair, clips):
+    """The page's follow-ups send the whole history with edgevlm.evict: the earlier clip is
+    planned as it was when it was the last message, so the follow-up fits."""
+    pair = model_pair("llava15")
+    vlm = edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=2)
+    srv = InProcess(vlm, ServeOptions(max_tokens=4))
+    try:
+        c = srv.client()
+        first = [
+            {"type": "text", "text": "What happens?"},
+            {"type": "video_url", "video_url": {"url": uri(clips["moving"])}},
+        ]
+        r = c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": first}], max_tokens=4, temperature=0
+        )
+        history = [
+            {"role": "user", "content": first},
+            {"role": "assistant", "content": r.choices[0].message.content or ""},
+            {"role": "user", "content": "And then?"},
+        ]
+        again = c.chat.completions.create(
+            model="m", messages=history, max_tokens=4, temperature=0, extra_body={"edgevlm": {"evict": "summary"}}
+        )
+        assert again.choices[0].finish_reason in ("stop", "length")
+        assert again.usage.prompt_tokens_details.cached_tokens > 0  # the same frames: the prefix is reused
+    finally:
+        srv.stop()
+        vlm.close()
+
+
+def test_colour_cuts_are_seen_and_huge_frames_refused(tmp_path, model_pair):
+    from edgevlm.errors import InputError
+    from edgevlm.model.gguf_info import load_projector
+    from edgevlm.vision.video import plan_video
+
+    proj = load_projector(model_pair("qwen2vl").mmproj)
+    plan, _ = plan_video(_colour_cut(tmp_path / "colour.mp4"), proj, VideoBudget(tokens=4000))
+    assert [f.t for f in plan.kept] == [0.0, 2.0] and plan.kept[1].reason == "scene cut"
+    with pytest.raises(InputError, match="over the 10,000-pixel limit"):
+        plan_video(_colour_cut(tmp_path / "c2.mp4"), proj, VideoBudget(tokens=4000), max_pixels=10_000)

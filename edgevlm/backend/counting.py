@@ -213,6 +213,18 @@ class ImageCounter(MtmdTokenizer):
         self._counts: OrderedDict[tuple[int, int], ImageTokens] = OrderedDict()
         self.proj_info = replace(self.proj_info, counter=self.count_tokens)
 
+    def tokenize_text(self, text: str) -> list[int]:
+        """``text``'s token ids in the model's vocabulary (special tokens parsed), as
+        ``Backend.tokenize_text`` gives them."""
+        lc = self._llama_cpp
+        vocab = lc.llama_model_get_vocab(self.model)
+        raw = text.encode("utf-8")
+        buf = (lc.llama_token * (len(raw) + 8))()
+        n = lc.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, True)
+        if n < 0:
+            raise BackendError(f"could not tokenize {text!r}")
+        return list(buf[:n])
+
     def close(self) -> None:
         if self.mctx:
             self.mtmd.mtmd_free(self.mctx)

@@ -101,10 +101,12 @@ class Preparer:
         conflicts: dict[str, str],
         video: VideoBudget = VideoBudget(),
         room: int | None = None,
+        frame_text: int = 0,
     ):
         self.budget = budget  # None: no model (every input is known to be done)
         self.video = video  # how a clip's frames are chosen
         self.room = room  # the tokens a clip may take (the image room of one caption request)
+        self.frame_text = frame_text  # what a frame's label takes beside it (video.frame_text_tokens)
         self.settings = settings
         self.digest = digest
         self.out = deliverable
@@ -202,7 +204,7 @@ class Preparer:
             self.index.supersede(prev)  # the file changed: its old record goes at the end
         if self.out.kind != "plain" or "{existing}" in s.prompt:
             p.existing = self.out.existing(item)
-        if is_video_path(item.path) or looks_like_video(data[:64]):
+        if is_video_path(item.path) or looks_like_video(data):  # (animated GIF/WebP: whole)
             return self._clip(p, data)
         img = load_image(data, s.max_pixels, name=item.path)
         p.width, p.height = img.width, img.height
@@ -228,6 +230,8 @@ class Preparer:
             image_budget_tokens=self.budget.tokens,
             mtmd_max_tokens=self.budget.mtmd_max_tokens,
             name=p.item.path,
+            frame_text=self.frame_text,
+            max_pixels=self.settings.max_pixels,
         )
         p.width, p.height = plan.width, plan.height
         p.image = frames[0]

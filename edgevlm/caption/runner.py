@@ -31,7 +31,7 @@ from ..errors import BackendError, ContextExceeded, EdgeVLMError, ImageError, In
 from ..runtime.conversation import Message
 from ..runtime.scheduler import WAIT, Client, Request, Sequence
 from ..vision.merge import MergeSpec
-from ..vision.video import VideoBudget
+from ..vision.video import VideoBudget, frame_text_tokens
 from .inputs import InputItem, discover
 from .outputs import CaptionRecord
 from .prepare import Prefetcher, Prepared, Preparer, ResumeIndex, StopToken, strip_label
@@ -110,7 +110,7 @@ class Captioner:
         self.merge = MergeSpec.parse(settings.merge)
         self.grammar = json_grammar(json.loads(settings.json_schema)) if settings.json_schema else None
         self.slots = 1
-        budget, room, video = None, None, VideoBudget()
+        budget, room, video, frame_text = None, None, VideoBudget(), 0
         if engine is not None:
             sched = engine.scheduler
             budget = engine.image_budget_for(
@@ -118,7 +118,10 @@ class Captioner:
             )
             self.slots = max(1, min(slots or sched.max_running, sched.max_running))
             room, video = sched.budget.image_room(settings.max_tokens), settings.video
-        self.preparer = Preparer(budget, settings, digest, self.out, self.index, conflicts or {}, video, room)
+            frame_text = frame_text_tokens(engine.backend.tokenize_text)
+        self.preparer = Preparer(
+            budget, settings, digest, self.out, self.index, conflicts or {}, video, room, frame_text
+        )
 
     def run(self, items: Iterable[InputItem]) -> Iterator[CaptionResult]:
         pf = Prefetcher(items, self.preparer, max(self.prefetch, self.slots), self.stop)

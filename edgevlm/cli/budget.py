@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import click
 
+from ..vision.video import VideoBudget
 from .common import Tiles, handle_errors, max_pixels_option
 
 __all__ = ["budget"]
@@ -37,14 +38,14 @@ __all__ = ["budget"]
 @click.option(
     "--video-tokens",
     type=click.IntRange(1),
-    help="Token budget for a whole clip (default: with --model, three quarters of the plan's context; "
+    help="Token budget for a whole clip (default: with --model, the room chat gives a first turn's pictures; "
     "without, 8 pictures' worth of the projector's default image budget).",
 )
 @click.option("--max-frames", type=click.IntRange(1), help="A clip: at most this many frames.")
 @click.option(
     "--fps",
     type=click.FloatRange(min=0, min_open=True),
-    default=4.0,
+    default=VideoBudget.fps,
     show_default=True,
     help="A clip: at most this many frames per second are looked at (a cap, not a promise).",
 )
@@ -153,7 +154,7 @@ def _budget_clip(path, model, mmproj, proj, image_tokens, video_tokens, max_fram
     from ..plan.context import ContextBudget
     from ..plan.planner import image_budget
     from ..vision.sheet import draw_contact_sheet
-    from ..vision.video import VideoBudget, default_video_tokens, plan_video
+    from ..vision.video import VideoBudget, default_video_tokens, frame_text_tokens, plan_video
 
     vb = VideoBudget(tokens=video_tokens, max_frames=max_frames, fps=fps)
     if model is not None:  # the plan's context and per-picture budget; mtmd counts
@@ -166,7 +167,10 @@ def _budget_clip(path, model, mmproj, proj, image_tokens, video_tokens, max_fram
         room = ContextBudget(plan.n_ctx).image_room(CHAT_REPLY.max_tokens)  # what chat gives a first turn
         source = f"the room pictures have in the plan's {plan.n_ctx}-token context, as chat gives it"
         with ImageCounter(model, mmproj, image_max_tokens=mtmd_cap) as counter:
-            vp, frames = plan_video(path, counter.proj_info, vb, room, per_picture, path, mtmd_max_tokens=mtmd_cap)
+            text = frame_text_tokens(counter.tokenize_text)  # (as chat counts each frame's label)
+            vp, frames = plan_video(
+                path, counter.proj_info, vb, room, per_picture, path, mtmd_max_tokens=mtmd_cap, frame_text=text
+            )
     else:
         try:
             per_picture = image_budget(proj, image_tokens)[0]

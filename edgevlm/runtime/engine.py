@@ -17,6 +17,7 @@ forgets only its own conversation, and ``close()`` ends only its own requests â€
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Generator, Iterable
@@ -31,7 +32,7 @@ from ..plan.planner import Plan
 from ..vision.budget import ImageBudget, ImagePlan, render_views
 from ..vision.images import DEFAULT_MAX_PIXELS, LoadedImage, load_image
 from ..vision.merge import MergeSpec
-from ..vision.video import VideoBudget, is_video_path, plan_video
+from ..vision.video import VideoBudget, frame_text_tokens, is_video_path, plan_video
 from .conversation import Conversation, Message, Picture
 from .items import Prompt
 from .scheduler import Client, GenerationResponse, Request, Scheduler, Sequence
@@ -372,11 +373,15 @@ class Engine:
         labels: list[str | None] = []
         pics: list[int] = []
         room -= sum(self.plan_image(im).total_tokens for im in images if isinstance(im, LoadedImage))
+        clips_left = sum(1 for im in images if isinstance(im, Clip))
         for img in images:
-            if isinstance(img, Clip):
-                frames, stamps, tokens = self._clip(img, room)
+            if isinstance(img, Clip):  # the clips share what the pictures leave, each an equal part
+                frames, stamps, tokens = self._clip(img, room // clips_left)
                 room -= tokens
-                self.pictures.append(Picture(len(self.pictures) + 1, frames[0], tokens))
+                clips_left -= 1
+                key = hashlib.sha256("".join(f.sha256 for f in frames).encode()).hexdigest()
+                # (its summary is remembered by all its frames, not the first alone)
+                self.pictures.append(Picture(len(self.pictures) + 1, replace(frames[0], sha256=key), tokens))
                 views += frames
                 labels += stamps
                 pics += [len(self.pictures)] * len(frames)
@@ -401,6 +406,8 @@ class Engine:
             image_budget_tokens=self.image_budget.tokens,
             mtmd_max_tokens=self.image_budget.mtmd_max_tokens,
             name=clip.name,
+            frame_text=frame_text_tokens(self.backend.tokenize_text),
+            max_pixels=self.options.max_image_pixels,
         )
         kept = plan.kept
         self.notices.append(

@@ -56,7 +56,7 @@ from ..model.projectors import encoder_patches
 from ..plan.devices import format_size
 from ..runtime.model import LoadedModel
 from ..vision.images import decode_bytes, load_image
-from ..vision.video import plan_video
+from ..vision.video import frame_text_tokens, plan_video
 from . import anthropic, ollama, ollama_models
 from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
 from .media import fetch_bytes
@@ -288,7 +288,10 @@ class Server:
             raise APIError('give {"video_url": {"url": ...}}', 400, "video_url")
         raw_name = body.get("name")
         name = raw_name if isinstance(raw_name, str) else ""
-        room = eng.scheduler.budget.image_room(self.options.max_tokens)
+        max_tokens = body.get("max_tokens")  # (the reply the request will ask for: its room)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            max_tokens = self.options.max_tokens
+        room = eng.scheduler.budget.image_room(max_tokens)
         with service.lease("this video") as lease:
             data = fetch_bytes(ImageRef(url, "auto", name, "video"), self.options, name or "video")
             lease.grow(len(data), service.host_deadline())
@@ -300,6 +303,9 @@ class Server:
                 image_budget_tokens=eng.image_budget.tokens,
                 mtmd_max_tokens=eng.image_budget.mtmd_max_tokens,
                 name=name or "video",
+                frame_text=frame_text_tokens(eng.backend.tokenize_text),
+                max_pixels=eng.options.max_image_pixels,
+                hold=lambda n: lease.grow(n, service.host_deadline()),
             )
             del data
             thumbs = [thumbnail_uri(f.rgb) for f in frames]

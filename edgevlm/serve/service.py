@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import re
 import sys
 import time
@@ -44,7 +45,7 @@ from ..runtime.requests import ThinkCap
 from ..runtime.toolformat import call_grammar, markers
 from ..vision.budget import compact_view, render_views
 from ..vision.images import LoadedImage, decode_bytes, load_image
-from ..vision.video import plan_video
+from ..vision.video import frame_text_tokens, plan_video
 from .media import fetch_bytes
 from .options import ServeOptions
 from .replies import THINK_CLOSE, THINK_OPEN, ReplySplitter
@@ -112,23 +113,38 @@ class ChatService:
             tiles="off",
             tokens=min(model.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS),
         )
+        full_room = room
         conv, places = Conversation(), []
         for i, m in enumerate(req.messages):
             views, labels, numbers = [], [], []
-            last = i == len(req.messages) - 1
-            for ref in m.images:
-                n = len(conv.pictures) + 1
+            # the last message's pictures (all of them, without evict) must fit the room left;
+            # an earlier one's, with evict, may give way later: planned as if it were the last
+            bound = i == len(req.messages) - 1 or not req.evict
+            avail = room if bound else full_room
+            base = len(conv.pictures)
+            done: dict[int, tuple[_Views, Any]] = {}
+            clips_left = sum(1 for r in m.images if r.kind == "video")
+            # pictures first, then the clips share what they leave (each an equal part)
+            for j in sorted(range(len(m.images)), key=lambda j: m.images[j].kind == "video"):
+                ref = m.images[j]
+                n = base + j + 1
                 label = ref.name or f"{ref.kind} {n}"
                 if ref.kind == "video":
-                    mine = self._clip(ref, label, room if (last or not req.evict) else model.n_ctx, lease)
+                    mine = self._clip(ref, label, avail // clips_left, lease)
+                    clips_left -= 1
                 else:
                     mine = self._picture(ref, label, low if ref.detail == "low" else model.image_budget, lease)
                 notices += [f"{ref.kind} {n}: {note}" for note in mine.notes]
-                adm = model.admit(mine.views, room if (last or not req.evict) else model.n_ctx)
-                if last or not req.evict:
+                adm = model.admit(mine.views, avail)
+                avail -= adm.tokens
+                if bound:
                     room -= adm.tokens
                 notices += adm.notices
-                conv.pictures.append(Picture(n, replace(mine.views[0], source=ref.name), mine.tokens))
+                done[j] = (mine, adm)
+            for j, ref in enumerate(m.images):
+                mine, adm = done[j]
+                n = base + j + 1
+                conv.pictures.append(Picture(n, replace(mine.views[0], source=ref.name, sha256=mine.key), mine.tokens))
                 views += adm.views
                 labels += mine.labels
                 numbers += [n] * len(adm.views)
@@ -180,6 +196,13 @@ class ChatService:
         deadline = self.host_deadline()
         data = fetch_bytes(ref, self.options, label)
         lease.grow(len(data), deadline)
+        decoding = 0  # the decode's peak, held while frames are decoded
+
+        def hold(n: int) -> None:
+            nonlocal decoding
+            lease.grow(n, deadline)
+            decoding = n
+
         try:
             budget = self.model.image_budget
             plan, frames = plan_video(  # (a clip that cannot fit: ContextExceeded, a 400)
@@ -190,14 +213,18 @@ class ChatService:
                 image_budget_tokens=budget.tokens,
                 mtmd_max_tokens=budget.mtmd_max_tokens,
                 name=ref.name or label,
+                frame_text=frame_text_tokens(self.model.backend.tokenize_text),
+                max_pixels=self.model.options.max_image_pixels,
+                hold=hold,
             )
             views = [compact_view(f, self.model.backend.proj_info) for f in frames]
             lease.grow(sum(self.view_bytes(v) for v in views), deadline)
         finally:
-            lease.shrink(len(data))
+            lease.shrink(len(data) + decoding)
         kept = plan.kept
         notes = [f"{len(kept)} frame(s) of {plan.duration:.1f} s, {plan.total_tokens:,} tokens ({plan.rule})"]
-        return _Views(views, [f.label for f in kept], plan.total_tokens, notes + list(plan.notes))
+        key = hashlib.sha256("".join(v.sha256 for v in views).encode()).hexdigest()
+        return _Views(views, [f.label for f in kept], plan.total_tokens, notes + list(plan.notes), key)
 
     # --- requests ----------------------------------------------------------------------------
     async def submit(
@@ -422,10 +449,14 @@ class ChatService:
 
 
 class _Views:
-    """A picture made ready: its views (compact), their labels, its planned tokens, notes."""
+    """A picture made ready: its views (compact), their labels, its planned tokens, notes, and
+    the key its summary is remembered by (a picture's content; a clip's: all its frames')."""
 
-    def __init__(self, views: list[LoadedImage], labels: list[str | None], tokens: int, notes: list[str]):
+    def __init__(
+        self, views: list[LoadedImage], labels: list[str | None], tokens: int, notes: list[str], key: str = ""
+    ):
         self.views, self.labels, self.tokens, self.notes = views, labels, tokens, notes
+        self.key = key or views[0].sha256
 
 
 def _joined(deltas: list[Delta]) -> list[Delta]:

@@ -1,5 +1,5 @@
 """Reading clips for the video planner: what is a video (by extension, by its first bytes), and
-a reader that gives grey thumbnails of the frames shown at chosen times (a first, cheap pass)
+a reader that gives small colour thumbnails of the frames shown at chosen times (a first, cheap pass)
 and then the chosen frames at their planned size (a second pass) — with PyAV for containers
 (MP4, WebM, MOV, MKV, AVI: seeking once the keyframe spacing is known) and Pillow for animated
 GIF, WebP and PNG. Never all frames held; FFmpeg's errors become one ``InputError`` line."""
@@ -28,10 +28,13 @@ __all__ = [
     "need_av",
     "one_line",
     "open_clip",
+    "use_threads",
+    "decode_bytes_of",
+    "DECODE_THREADS",
 ]
 
 VIDEO_EXTS = (".mp4", ".webm", ".mov", ".mkv", ".avi", ".m4v")
-THUMB = 32  # side of the grey thumbnails compared
+THUMB = 32  # side of the colour thumbnails compared (grey would miss a cut between colours of one luma)
 ANIMATED_IMAGE_FORMATS = ("GIF", "WEBP", "PNG")  # read with Pillow when they have > 1 frame
 IMAGE_BRANDS = (b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1", b"avif", b"avis")
 
@@ -115,7 +118,7 @@ class ClipReader:
     fps: float
 
     def scan(self, times: list[float]) -> Iterator[tuple[float, Any, np.ndarray]]:
-        """(frame time, key for ``frames``, 32×32 grey float32 thumbnail in 0..1) of the frame
+        """(frame time, key for ``frames``, 32×32×3 colour float32 thumbnail in 0..1) of the frame
         shown at each of ``times`` (sorted); a frame shown at several is given once."""
         raise NotImplementedError
 
@@ -155,7 +158,7 @@ class AVReader(ClipReader):
         if not c.streams.video:
             raise InputError(f"{self.name}: no video stream in this file")
         s = c.streams.video[0]
-        s.thread_type = "AUTO"
+        use_threads(s)
         self._stream = s
         self._tb = s.time_base or 0
         cc = s.codec_context
@@ -195,7 +198,7 @@ class AVReader(ClipReader):
         self._container.close()
         self._container = self._open()
         self._stream = self._container.streams.video[0]
-        self._stream.thread_type = "AUTO"
+        use_threads(self._stream)
         return end
 
     def _time(self, frame: Any, count: int) -> float:
@@ -211,7 +214,7 @@ class AVReader(ClipReader):
             self._container.close()
             self._container = self._open()
             self._stream = self._container.streams.video[0]
-            self._stream.thread_type = "AUTO"
+            use_threads(self._stream)
         self._read = True
         c, s, av = self._container, self._stream, self._av
         it = c.decode(s)
@@ -262,7 +265,7 @@ class AVReader(ClipReader):
         tol = 0.5 / self.fps
         spacing = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
         for ft, frame in self._walk(times, tol, key_tol=spacing / 2):
-            g = frame.to_ndarray(format="gray", width=THUMB, height=THUMB, interpolation="AREA")
+            g = frame.to_ndarray(format="rgb24", width=THUMB, height=THUMB, interpolation="AREA")
             yield ft, ft, g.astype(np.float32) / 255.0
 
     def frames(self, keys: list[Any], size: tuple[int, int]) -> Iterator[np.ndarray]:
@@ -329,7 +332,7 @@ class PillowReader(ClipReader):
             if i == last:
                 continue
             last = i
-            g = self._frame(i).convert("L").resize((THUMB, THUMB), Image.Resampling.BOX)
+            g = self._frame(i).convert("RGB").resize((THUMB, THUMB), Image.Resampling.BOX)
             yield self._starts[i], i, np.asarray(g, dtype=np.float32) / 255.0
 
     def frames(self, keys: list[Any], size: tuple[int, int]) -> Iterator[np.ndarray]:
@@ -345,7 +348,35 @@ class PillowReader(ClipReader):
         self._img.close()
 
 
-def open_clip(source: str | bytes, name: str) -> ClipReader:
+DECODE_THREADS = 2  # FFmpeg's decoder threads: each may hold a frame (the decode's memory grows with them)
+DECODE_FRAMES = DECODE_THREADS + 4  # full-size frames a decode holds at most (threads, references, ours)
+
+
+def use_threads(stream: Any) -> None:
+    """Frame and slice threads for a stream, at most ``DECODE_THREADS`` of them."""
+    stream.thread_type = "AUTO"
+    stream.thread_count = DECODE_THREADS
+
+
+def decode_bytes_of(clip: ClipReader) -> int:
+    """The host memory a clip's decoding takes at its peak: a few full-size frames in FFmpeg's
+    planes and ours (RGB), whatever the clip's length."""
+    return clip.width * clip.height * 3 * DECODE_FRAMES
+
+
+def open_clip(source: str | bytes, name: str, max_pixels: int | None = None) -> ClipReader:
+    """A clip opened for reading (its header read). ``max_pixels``: a frame larger than this is
+    refused, as a picture that large is (a decompression bomb in a small file)."""
+    clip = _open_clip(source, name)
+    if max_pixels is not None and clip.width * clip.height > max_pixels:
+        clip.close()
+        raise InputError(
+            f"{name}: frames of {clip.width}x{clip.height} are over the {max_pixels:,}-pixel limit (--max-pixels)"
+        )
+    return clip
+
+
+def _open_clip(source: str | bytes, name: str) -> ClipReader:
     if isinstance(source, bytes):
         head = source[:16]
         if not source:

@@ -25,11 +25,14 @@ DEFAULT_VIDEO_PICTURES = 8  # no budget and no room known: a clip gets 8 picture
 
 
 class FrameCosts:
-    """Token counts for frame sizes (memoised: the searches ask many)."""
+    """Token counts for frame sizes (memoised: the searches ask many). ``tokens`` is what a frame
+    takes of the context: its image tokens, the text mtmd puts around it and ``overhead`` (the
+    timestamp label and the newline the prompt writes beside it); ``image`` its image tokens."""
 
-    def __init__(self, proj: ProjectorInfo, mtmd_max_tokens: int | None):
+    def __init__(self, proj: ProjectorInfo, mtmd_max_tokens: int | None, overhead: int = 0):
         self.proj = proj
         self.cap = mtmd_max_tokens
+        self.overhead = overhead
         self._memo: dict[tuple[int, int], Any] = {}
 
     def of(self, w: int, h: int) -> Any:
@@ -40,6 +43,10 @@ class FrameCosts:
         return hit
 
     def tokens(self, w: int, h: int) -> int:
+        it = self.of(w, h)
+        return int(it.n_tokens + it.text_tokens + self.overhead)
+
+    def image(self, w: int, h: int) -> int:
         return int(self.of(w, h).n_tokens)
 
     def shape(self, w: int, h: int) -> tuple:
@@ -81,5 +88,6 @@ def aspect_kept(w: int, h: int, a: int, b: int) -> bool:
 def best_size(costs: FrameCosts, w: int, h: int, limit: int, per_frame: int) -> tuple[int, int] | None:
     """The largest size, aspect kept and never upscaled, whose chunk costs ≤ ``limit`` and the
     per-picture budget; None when not even the smallest does."""
-    lim = min(limit, per_frame)
-    return fit_size(w, h, lambda a, b: aspect_kept(w, h, a, b) and costs.tokens(a, b) <= lim)
+    return fit_size(
+        w, h, lambda a, b: aspect_kept(w, h, a, b) and costs.tokens(a, b) <= limit and costs.image(a, b) <= per_frame
+    )

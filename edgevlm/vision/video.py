@@ -7,7 +7,7 @@ and never holds more than a few frames:
 
 1. **Candidates.** Timestamps at ``min(--fps, the clip's own rate)`` over the clip, at most
    ``MAX_CANDIDATES`` (a longer clip is sampled evenly instead). Each candidate becomes a 32×32
-   grey thumbnail and is compared with the last *distinct* one (``frame_difference``: the mean
+   colour thumbnail and is compared with the last *distinct* one (``frame_difference``: the mean
    absolute difference, 0..1, or the share of pixels clearly changed when larger, so a small
    moving object counts): below ``VideoBudget.similar`` it is a near-duplicate and skipped, so
    a static shot costs one frame. A mean difference of ``SCENE_CUT`` or more from the previous
@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
@@ -63,11 +64,13 @@ from ..errors import ContextExceeded, EdgeVLMError, InputError
 from ..model.gguf_info import ProjectorInfo
 from ..model.projectors import facts
 from . import framecost
-from .clipread import VIDEO_EXTS, is_video_file, is_video_path, looks_like_video, one_line, open_clip
+from .clipread import VIDEO_EXTS, decode_bytes_of, is_video_file, is_video_path, looks_like_video, one_line, open_clip
 from .framecost import DEFAULT_VIDEO_PICTURES, FrameCosts, aspect_kept, best_size, compact_size, default_video_tokens
 from .images import LoadedImage, from_rgb
 
 __all__ = [
+    "FRAME_TEXT",
+    "FRAME_TEXT_MARGIN",
     "DEFAULT_VIDEO_PICTURES",
     "MAX_CANDIDATES",
     "MERGE_PROJECTORS",
@@ -80,6 +83,7 @@ __all__ = [
     "default_video_tokens",
     "format_timestamp",
     "frame_difference",
+    "frame_text_tokens",
     "is_video_file",
     "is_video_path",
     "looks_like_video",
@@ -93,7 +97,17 @@ SCENE_CUT = 0.15  # mean |Δ| from the previous candidate that marks a cut
 MIN_FRAME_TOKENS = 64  # the floor a frame keeps before more frames are preferred to sharper ones
 COMPACT_VIEWS = 4  # frames are kept at most this many encoder views in pixels when mtmd counts the same
 # projectors whose encoder merges two consecutive frames into one chunk (temporal patch of 2)
+# the text the prompt puts beside each frame (``chat_format.user_content``: "label: <marker>\n"),
+# at the widest label of a clip under an hour, with a token of margin for the tokenizer's joins
+FRAME_TEXT = "[00:00.0]: \n"
+FRAME_TEXT_MARGIN = 1
 MERGE_PROJECTORS = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+
+
+def frame_text_tokens(tokenize: Callable[[str], list[int]]) -> int:
+    """What each frame's label and newline take in the prompt, for ``plan_video(frame_text=)``,
+    with the model's tokenizer."""
+    return len(tokenize(FRAME_TEXT)) + FRAME_TEXT_MARGIN
 
 
 def format_timestamp(t: float) -> str:
@@ -209,8 +223,8 @@ class _Candidate:
 
 
 def frame_difference(a: np.ndarray, b: np.ndarray) -> float:
-    """How different two grey thumbnails (0..1) are, 0..1: the mean absolute difference, or the
-    share of pixels that changed by ``CHANGED`` or more when that is larger — a small object
+    """How different two colour thumbnails (0..1) are, 0..1: the mean absolute difference, or the
+    share of pixel values that changed by ``CHANGED`` or more when that is larger — a small object
     moving over a still scene (a 200-px square on 1080p) changes the mean by under 1% but a few
     percent of the pixels clearly."""
     d = np.abs(a - b)
@@ -304,7 +318,7 @@ def _choose_count(
     def best(limit: int) -> tuple[int, int] | None:
         return best_size(costs, w, h, limit, per_frame)
 
-    full = best(per_frame)
+    full = best(budget + per_frame + costs.overhead)  # (the per-picture cap bounds its image tokens)
     t_full = costs.tokens(*full) if full else costs.tokens(w, h)
     scaled = [(max(1, round(w / d)), max(1, round(h / d))) for d in (1, 2, 4, 8, 16, 32, 64)]
     t_min = min(costs.tokens(a, b) for a, b in scaled if aspect_kept(w, h, a, b))
@@ -364,6 +378,9 @@ def plan_video(
     image_budget_tokens: int | None = None,
     name: str = "video",
     mtmd_max_tokens: int | None = None,
+    frame_text: int = 0,
+    max_pixels: int | None = None,
+    hold: Callable[[int], None] | None = None,
 ) -> tuple[VideoPlan, list[LoadedImage]]:
     """Choose a clip's frames and their size under a token budget; decode only those.
 
@@ -372,7 +389,12 @@ def plan_video(
     per-picture budget the encoder memory was planned for (no frame costs more; default: the
     projector's). ``mtmd_max_tokens``: mtmd's own image_max_tokens when it differs from that
     budget (a dynamic projector's count follows it; default: ``image_budget_tokens`` for
-    dynamic projectors, as ``edgevlm budget`` and the plan set it).
+    dynamic projectors, as ``edgevlm budget`` and the plan set it). ``frame_text``: the tokens
+    each frame's label and newline take in the prompt (``FRAME_TEXT`` tokenized): counted against
+    the budget with the frame, so a clip's whole footprint stays within the room.
+    ``max_pixels``: frames larger than this are refused (``--max-pixels``, as for pictures).
+    ``hold(nbytes)``: called once the size is known and before any frame is decoded, with the
+    host memory decoding will take at its peak (``clipread.decode_bytes_of``): a server leases it.
 
     Returns the plan and the kept frames (``LoadedImage``, ``source=name``), in time order, at
     their planned size. A file that is not a readable clip is an ``InputError`` naming it.
@@ -402,12 +424,14 @@ def plan_video(
     if total_budget <= 0:
         raise ContextExceeded(f"{name}: no room left in the context for a clip ({total_budget} tokens)")
     cap = mtmd_max_tokens if mtmd_max_tokens is not None else (per_picture if kind == "dynamic" else None)
-    costs = FrameCosts(proj, cap)
+    costs = FrameCosts(proj, cap, frame_text)
     merge = budget.merge and proj.projector_type in MERGE_PROJECTORS
     unit = 2 if merge else 1
 
-    clip = open_clip(source, name)
+    clip = open_clip(source, name, max_pixels)
     try:
+        if hold is not None:
+            hold(decode_bytes_of(clip))
         w, h = clip.width, clip.height
         if _choose_count(costs, w, h, 1, 1, total_budget, per_picture, unit)[0] == 0:
             _too_small(name, proj, total_budget, room, costs, w, h, per_picture, unit)
@@ -450,7 +474,10 @@ def plan_video(
             else:
                 groups = _pairs(chosen, merge, at_cuts=False)
         size = compact_size(costs, *size, max_pixels=COMPACT_VIEWS * proj.image_size**2)
-        per_chunk = costs.tokens(*size)
+        per_chunk = costs.image(*size)
+        text = costs.tokens(*size) - per_chunk
+        if text:
+            notes.append(f"each frame's timestamp and the text around it: {text} tokens more (within the budget)")
         rule = _rule(
             kind,
             proj.projector_type,

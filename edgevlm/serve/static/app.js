@@ -68,6 +68,10 @@ function addToLog(node) {
   return node;
 }
 
+function maxTokens() {
+  return Number($("max-tokens").value) || 256;
+}
+
 function note(text, cls = "note") {
   return addToLog(el("p", cls, text));
 }
@@ -123,6 +127,10 @@ function applyExtension(ext, sentLength) {
 
 async function send() {
   const text = $("input").value.trim();
+  if (state.attachments.some((a) => !a.error && !a.budget)) {  // a clip goes as its frames were shown
+    note("Still measuring an attachment: send again in a moment.");
+    return;
+  }
   const pictures = state.attachments.filter((a) => !a.error && a.url);
   if (!text && !pictures.length) return;
   if (state.controller) return;
@@ -156,7 +164,7 @@ async function send() {
       signal: controller.signal,
       body: JSON.stringify({
         model: state.model, messages: state.history, stream: true, stream_options: { include_usage: true },
-        max_tokens: Number($("max-tokens").value) || 256, edgevlm: { evict: "summary" },
+        max_tokens: maxTokens(), edgevlm: { evict: "summary" },
       }),
     });
     if (!resp.ok) throw new Error(await errorText(resp));
@@ -253,8 +261,12 @@ function drawBudget(canvas, image, budget) {
   }
 }
 
+function isVideo(file) {
+  return (file.type || "").startsWith("video/") || /\.(mp4|webm|mov|mkv|avi|m4v)$/i.test(file.name || "");
+}
+
 async function addPicture(file) {
-  const video = (file.type || "").startsWith("video/");
+  const video = isVideo(file);
   const item = { name: file.name || "pasted picture", url: null, budget: null, error: null, video };
   const node = el("li", "att");
   const canvas = node.appendChild(el("canvas"));
@@ -283,7 +295,7 @@ async function addPicture(file) {
   try {
     const resp = await api("/v1/edgevlm/budget", {
       method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify(video ? { video_url: { url: item.url }, name: item.name }
+      body: JSON.stringify(video ? { video_url: { url: item.url }, name: item.name, max_tokens: maxTokens() }
                                  : { image_url: { url: item.url }, name: item.name }),
     });
     if (!resp.ok) throw new Error(await errorText(resp));
@@ -324,7 +336,7 @@ async function addPicture(file) {
 
 function addFiles(files) {
   for (const f of files) {
-    if (f.type && !/^(image|video)\//.test(f.type) && f.type !== "application/octet-stream") {
+    if (f.type && !/^(image|video)\//.test(f.type) && f.type !== "application/octet-stream" && !isVideo(f)) {
       note(`${f.name}: not a picture or a video (${f.type}), not attached`, "note error");
       continue;
     }
