@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
 from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
-from edgevlm_testkit.peers import same_kernels  # noqa: E402
+from edgevlm_testkit.peers import machine_busy_s, same_kernels  # noqa: E402
 
 SYSTEM = (
     "You are an image captioning assistant for a text-to-image training dataset. Describe "
@@ -100,25 +100,16 @@ class CpuMeter:
     """Share of the machine's CPU time other processes used while a block ran (Linux)."""
 
     def __enter__(self):
-        self.b0, self.o0, self.t0 = _busy(), _own(), time.perf_counter()
+        self.b0, self.o0, self.t0 = machine_busy_s(), _own(), time.perf_counter()
         return self
 
     def __exit__(self, *exc):
-        b1, o1, wall = _busy(), _own(), time.perf_counter() - self.t0
+        b1, o1, wall = machine_busy_s(), _own(), time.perf_counter() - self.t0
         self.others = (
             None
             if self.b0 is None or b1 is None or wall <= 0
             else round(max(0.0, (b1 - self.b0) - (o1 - self.o0)) / (wall * (os.cpu_count() or 1)), 3)
         )
-
-
-def _busy() -> float | None:
-    try:
-        with open("/proc/stat") as fh:
-            v = [int(x) for x in fh.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def _own() -> float:

@@ -374,7 +374,9 @@ class Watch:
     def run(self) -> dict[str, Any]:
         import psutil
 
-        t0, busy0 = time.perf_counter(), _busy()
+        from edgevlm_testkit.peers import machine_busy_s
+
+        t0, busy0 = time.perf_counter(), machine_busy_s()
         proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out_lines: list[str] = []
         err_lines: list[str] = []
@@ -413,7 +415,7 @@ class Watch:
                 break
             time.sleep(0.05)
         proc.returncode = os.waitstatus_to_exitcode(status)  # (reaped here: Popen must not wait again)
-        wall, busy1 = time.perf_counter() - t0, _busy()
+        wall, busy1 = time.perf_counter() - t0, machine_busy_s()
         own = (ru.ru_utime + ru.ru_stime) if ru else 0.0
         others = (
             None
@@ -434,16 +436,6 @@ class Watch:
             "stdout": "".join(out_lines),
             "stderr_tail": "".join(err_lines)[-2000:],
         }
-
-
-def _busy() -> float | None:
-    """CPU seconds the whole machine has been busy (Linux ``/proc/stat``), or None."""
-    try:
-        with open("/proc/stat") as fh:
-            v = [int(x) for x in fh.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def run_llamacpp(args, model: str, mmproj: str, clip: Path, prompt: str, peer: str) -> dict[str, Any]:

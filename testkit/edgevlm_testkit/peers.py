@@ -5,9 +5,11 @@ does the peer."""
 
 from __future__ import annotations
 
+import os
+
 from edgevlm.backend.system import cpu_extra_buffers
 
-__all__ = ["same_kernels"]
+__all__ = ["machine_busy_s", "same_kernels"]
 
 _done = False
 
@@ -30,3 +32,14 @@ def same_kernels() -> bool:
         lc.llama_model_default_params = params
         _done = True
     return extra
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds the whole machine has been busy (Linux ``/proc/stat``), or None elsewhere:
+    benchmarks subtract their own to report what other processes took meanwhile."""
+    try:
+        with open("/proc/stat") as fh:
+            v = [int(x) for x in fh.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
