@@ -372,7 +372,8 @@ class Engine:
         views: list[LoadedImage] = []
         labels: list[str | None] = []
         pics: list[int] = []
-        room -= sum(self.plan_image(im).total_tokens for im in images if isinstance(im, LoadedImage))
+        plans = {id(im): self.plan_image(im) for im in images if isinstance(im, LoadedImage)}
+        room -= sum(ip.total_tokens for ip in plans.values())
         clips_left = sum(1 for im in images if isinstance(im, Clip))
         for img in images:
             if isinstance(img, Clip):  # the clips share what the pictures leave, each an equal part
@@ -386,7 +387,7 @@ class Engine:
                 labels += stamps
                 pics += [len(self.pictures)] * len(frames)
                 continue
-            ip = self.plan_image(img)
+            ip = plans[id(img)]
             self.notices.extend(f"{img.source}: {n}" for n in ip.notes)
             self.pictures.append(Picture(len(self.pictures) + 1, img, ip.total_tokens))
             for label, pix in render_views(img, ip):

@@ -249,16 +249,7 @@ def _tools(raw: Any) -> tuple[Tool, ...]:
             raise bad(f'{at} must be {{"name", "description", "input_schema"}}', at)
         if t.get("type", "custom") != "custom":
             raise bad(f"{at}: server tools ({t.get('type')!r}) are not supported; give name and input_schema", at)
-        name = t.get("name")
-        if not isinstance(name, str) or not openai.FUNCTION_NAME.match(name):
-            raise bad(f"{at}.name must be 1-128 letters, digits, _ . : or -, not {name!r}", f"{at}.name")
-        schema = t.get("input_schema", {"type": "object", "properties": {}})
-        if not isinstance(schema, dict):
-            raise bad(f"{at}.input_schema must be a JSON Schema object", f"{at}.input_schema")
-        desc = t.get("description") or ""
-        if not isinstance(desc, str):
-            raise bad(f"{at}.description must be a string", f"{at}.description")
-        tools.append(Tool(name, desc, schema))
+        tools.append(openai.tool_of(t, at))
     if len({t.name for t in tools}) < len(tools):
         raise bad("'tools' names a tool twice", "tools")
     return tuple(tools)

@@ -130,39 +130,6 @@ def _images(raw: Any, where: str) -> tuple[ImageRef, ...]:
     return tuple(out)
 
 
-def _arguments(raw: Any, at: str) -> str:
-    if raw is None:
-        return "{}"
-    if isinstance(raw, str):
-        return raw or "{}"
-    if isinstance(raw, dict):
-        return json.dumps(raw, ensure_ascii=False)
-    raise bad(f"{at} must be an object", at)
-
-
-def _tool_calls(raw: Any, where: str, i: int) -> tuple[ToolCall, ...]:
-    """An assistant message's ``tool_calls`` sent back (ids made up where there are none)."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise bad(f"{where}.tool_calls must be a list", f"{where}.tool_calls")
-    out = []
-    for j, c in enumerate(raw):
-        at = f"{where}.tool_calls[{j}]"
-        fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad(f'{at} must be {{"function": {{"name", "arguments"}}}}', at)
-        cid = c.get("id")
-        out.append(
-            ToolCall(
-                cid if isinstance(cid, str) and cid else f"call_{i}_{j}",
-                fn["name"],
-                _arguments(fn.get("arguments"), f"{at}.function.arguments"),
-            )
-        )
-    return tuple(out)
-
-
 def _answered(m: dict, pending: list[ToolCall], where: str, i: int) -> tuple[str, str]:
     """(call id, function name) of a tool message: its ``tool_call_id``, else the earliest call
     not answered yet of its ``tool_name`` (or of any name)."""
@@ -210,7 +177,7 @@ def _messages(raw: Any) -> tuple[list[str], list[ChatMessage]]:
         if role == "system":
             system.append(text)
         elif role == "assistant":
-            calls = _tool_calls(m.get("tool_calls"), where, i)
+            calls = openai.tool_calls_of(m.get("tool_calls"), where, i)
             pending += calls
             out.append(ChatMessage("assistant", text, (), i, calls))
         elif role == "tool":

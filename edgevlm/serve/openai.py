@@ -54,6 +54,8 @@ __all__ = [
     "parse_tools",
     "sse",
     "stream_events",
+    "tool_calls_of",
+    "tool_of",
     "usage_body",
 ]
 
@@ -151,7 +153,7 @@ def parse_tools(raw: Any, choice: Any, where: str = "tools") -> tuple[tuple[Tool
         fn = t.get("function") if isinstance(t, dict) and t.get("type", "function") == "function" else None
         if not isinstance(fn, dict):
             raise bad(f'{at} must be {{"type": "function", "function": {{"name", "parameters"}}}}', at)
-        tools.append(_tool(fn, at + ".function"))
+        tools.append(tool_of(fn, at + ".function"))
     if len({t.name for t in tools}) < len(tools):
         raise bad(f"'{where}' names a function twice", where)
     name: Any = ""
@@ -175,23 +177,28 @@ def parse_tools(raw: Any, choice: Any, where: str = "tools") -> tuple[tuple[Tool
     return tuple(tools), kind, name or ""
 
 
-def _tool(fn: dict, at: str) -> Tool:
+def tool_of(fn: dict, at: str) -> Tool:
+    """A function tool ``{"name", "description", "parameters"}`` (Anthropic's ``input_schema``
+    too), validated; ``at`` names it in errors."""
     name = fn.get("name")
     if not isinstance(name, str) or not FUNCTION_NAME.match(name):
         raise bad(f"{at}.name must be 1-128 letters, digits, _ . : or -, not {name!r}", f"{at}.name")
-    params = fn.get("parameters", fn.get("input_schema"))
+    key = "input_schema" if "input_schema" in fn and "parameters" not in fn else "parameters"
+    params = fn.get(key)
     if params is None:
         params = {"type": "object", "properties": {}}
     if not isinstance(params, dict):
-        raise bad(f"{at}.parameters must be a JSON Schema object", f"{at}.parameters")
+        raise bad(f"{at}.{key} must be a JSON Schema object", f"{at}.{key}")
     desc = fn.get("description") or ""
     if not isinstance(desc, str):
         raise bad(f"{at}.description must be a string", f"{at}.description")
     return Tool(name, desc, params)
 
 
-def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
-    """An assistant message's ``tool_calls`` sent back."""
+def tool_calls_of(raw: Any, where: str, i: int = 0) -> tuple[ToolCall, ...]:
+    """An assistant message's ``tool_calls`` sent back (``where``: ``messages[i]``): each
+    ``{"id", "function": {"name", "arguments"}}``, arguments as JSON text or an object (Ollama's);
+    an id made up where there is none. Chat completions and Ollama share it."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -200,12 +207,15 @@ def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
     for j, c in enumerate(raw):
         at = f"{where}.tool_calls[{j}]"
         fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise bad(f'{at} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}', at)
-        args = fn.get("arguments", "{}")
-        if not isinstance(args, str):
+        args = fn.get("arguments")
+        if isinstance(args, dict):
             args = json.dumps(args, ensure_ascii=False)
-        out.append(ToolCall(str(c.get("id") or f"call_{j}"), fn["name"], args))
+        elif args is not None and not isinstance(args, str):
+            raise bad(f"{at}.function.arguments must be JSON text or an object", f"{at}.function.arguments")
+        cid = c.get("id")
+        out.append(ToolCall(cid if isinstance(cid, str) and cid else f"call_{i}_{j}", fn["name"], args or "{}"))
     return tuple(out)
 
 
@@ -238,7 +248,7 @@ def parse_chat_request(body: Any, defaults: SamplingParams = DEFAULT_SAMPLING) -
             name = m.get("name") if isinstance(m.get("name"), str) else ""
             out.append(ChatMessage("tool", text, images, i, tool_call_id=cid, name=name or _called(out, cid)))
         else:
-            calls = _tool_calls(m.get("tool_calls"), where) if role == "assistant" else ()
+            calls = tool_calls_of(m.get("tool_calls"), where, i) if role == "assistant" else ()
             out.append(ChatMessage(role, text, images, i, calls))
     if not out:
         raise bad("'messages' holds no user or assistant message", "messages")

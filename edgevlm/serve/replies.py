@@ -53,7 +53,6 @@ class ReplySplitter:
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[ToolCall] = []
-        self._answer_started = False
 
     # --- streaming -----------------------------------------------------------------------------
     def feed(self, text: str) -> list[Delta]:
@@ -98,7 +97,7 @@ class ReplySplitter:
             self._say(out, "text", self.buf)
             self.buf = ""
             return
-        if not self._answer_started:
+        if not self.content:  # (the answer has not started: a call may be all of it)
             s = self.buf.lstrip()
             if not s:
                 return
@@ -120,11 +119,10 @@ class ReplySplitter:
         if not text:
             return
         if kind == "text":
-            if not self._answer_started:
+            if not self.content:
                 text = text.lstrip()
                 if not text:
                     return
-                self._answer_started = True
             self.content.append(text)
         else:
             if not self.reasoning:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backend.sampling import SamplingParams
-from .openai import FUNCTION_NAME, parse_tools, sampling_of
+from .openai import parse_tools, sampling_of, tool_of
 from .request import (
     DEFAULT_SAMPLING,
     APIError,
@@ -347,23 +347,19 @@ def _tools(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                 f"{at}.type",
                 "unsupported_parameter",
             )
-        name = t.get("name")
-        if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-            raise bad(f"{at}.name must be 1-128 letters, digits, _ . : or -, not {name!r}", f"{at}.name")
-        params = t.get("parameters")
-        if params is None:
-            params = {"type": "object", "properties": {}}
-        if not isinstance(params, dict):
-            raise bad(f"{at}.parameters must be a JSON Schema object", f"{at}.parameters")
-        desc = t.get("description") or ""
-        if not isinstance(desc, str):
-            raise bad(f"{at}.description must be a string", f"{at}.description")
+        tool = tool_of(t, at)
         strict = t.get("strict")
         if strict is not None and not isinstance(strict, bool):
             raise bad(f"{at}.strict must be true or false", f"{at}.strict")
-        nested.append({"type": "function", "function": {"name": name, "description": desc, "parameters": params}})
+        nested.append(tool.to_template())
         echo.append(
-            {"type": "function", "name": name, "description": desc or None, "parameters": params, "strict": strict}
+            {
+                "type": "function",
+                "name": tool.name,
+                "description": tool.description or None,
+                "parameters": tool.parameters,
+                "strict": strict,
+            }
         )
     return nested, echo
 
