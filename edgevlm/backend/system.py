@@ -50,6 +50,67 @@ class GGMLDevice:
     kind: str  # cpu | gpu | igpu | accel | meta
     free: int
     total: int
+    align: int = 32  # its buffer type's alignment
+    max_alloc: int = 0  # the largest buffer it allocates in one piece (0: no limit)
+    max_tensor: int = 0  # the largest tensor an op on it may touch (0: no limit)
+    host_buffer: str = ""  # its pinned host buffer type, if any ("Vulkan_Host", "CUDA_Host")
+    host_align: int = 32
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+def _bind(lib) -> None:
+    """ctypes signatures of the ggml calls the probe makes (idempotent)."""
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    for fn, res, args in (
+        ("ggml_backend_dev_count", sz, []),
+        ("ggml_backend_dev_get", vp, [sz]),
+        ("ggml_backend_dev_name", ctypes.c_char_p, [vp]),
+        ("ggml_backend_dev_description", ctypes.c_char_p, [vp]),
+        ("ggml_backend_dev_type", ctypes.c_int, [vp]),
+        ("ggml_backend_dev_memory", None, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]),
+        ("ggml_backend_dev_buffer_type", vp, [vp]),
+        ("ggml_backend_dev_host_buffer_type", vp, [vp]),
+        ("ggml_backend_buft_name", ctypes.c_char_p, [vp]),
+        ("ggml_backend_buft_get_alignment", sz, [vp]),
+        ("ggml_backend_buft_get_max_size", sz, [vp]),
+        ("ggml_tensor_overhead", sz, []),
+        ("ggml_init", vp, [_InitParams]),
+        ("ggml_free", None, [vp]),
+        ("ggml_new_tensor_1d", vp, [vp, ctypes.c_int, ctypes.c_int64]),
+        ("ggml_add", vp, [vp, vp, vp]),
+        ("ggml_backend_dev_supports_op", ctypes.c_bool, [vp, vp]),
+    ):
+        f = getattr(lib, fn)
+        f.restype, f.argtypes = res, args
+
+
+_NO_LIMIT = 1 << 48
+
+
+def _max_tensor(lib, dev) -> int:
+    """The largest f32 tensor an ADD on ``dev`` accepts, by bisection over ggml's own
+    supports_op (Vulkan refuses tensors past maxStorageBufferRange); 0 when there is no limit."""
+
+    def ok(nbytes: int) -> bool:
+        ctx = lib.ggml_init(_InitParams(lib.ggml_tensor_overhead() * 4, None, True))
+        try:
+            a = lib.ggml_new_tensor_1d(ctx, 0, nbytes // 4)  # GGML_TYPE_F32
+            return bool(lib.ggml_backend_dev_supports_op(dev, lib.ggml_add(ctx, a, a)))
+        finally:
+            lib.ggml_free(ctx)
+
+    if ok(_NO_LIMIT):
+        return 0
+    lo, hi = 4, _NO_LIMIT  # ok(lo), not ok(hi)
+    if not ok(lo):
+        return 0
+    while hi - lo > 4:
+        mid = (lo + hi) // 8 * 4
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
 
 
 def install_log_sink() -> None:
@@ -75,32 +136,32 @@ def ggml_devices() -> list[GGMLDevice]:
     install_log_sink()
     llama_cpp.llama_backend_init()
     lib = _ggml.libggml
-    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
-        getattr(lib, fn).restype = ctypes.c_char_p
-        getattr(lib, fn).argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_type.restype = ctypes.c_int
-    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_memory.restype = None
-    lib.ggml_backend_dev_memory.argtypes = [
-        ctypes.c_void_p,
-        ctypes.POINTER(ctypes.c_size_t),
-        ctypes.POINTER(ctypes.c_size_t),
-    ]
+    _bind(lib)
     out = []
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        kind = KINDS.get(lib.ggml_backend_dev_type(dev), "unknown")
+        facts: dict = {}
+        if kind in ("gpu", "igpu"):
+            buft, host = lib.ggml_backend_dev_buffer_type(dev), lib.ggml_backend_dev_host_buffer_type(dev)
+            max_alloc = int(lib.ggml_backend_buft_get_max_size(buft)) if buft else 0
+            facts = dict(
+                align=int(lib.ggml_backend_buft_get_alignment(buft)) if buft else 32,
+                max_alloc=0 if max_alloc >= _NO_LIMIT else max_alloc,
+                max_tensor=_max_tensor(lib, dev),
+                host_buffer=(lib.ggml_backend_buft_name(host) or b"").decode() if host else "",
+                host_align=int(lib.ggml_backend_buft_get_alignment(host)) if host else 32,
+            )
         out.append(
             GGMLDevice(
                 (lib.ggml_backend_dev_name(dev) or b"?").decode(),
                 (lib.ggml_backend_dev_description(dev) or b"").decode(),
-                KINDS.get(lib.ggml_backend_dev_type(dev), "unknown"),
+                kind,
                 int(free.value),
                 int(total.value),
+                **facts,
             )
         )
     return out

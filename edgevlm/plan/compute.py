@@ -15,6 +15,8 @@ graphs must be re-checked against the real ones (the test suite compares with ll
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -24,6 +26,7 @@ from .graphalloc import ALIGN, F16, F32, FLAG_INPUT, FLAG_OUTPUT, I32, I64, Grap
 __all__ = [
     "TextGraph",
     "attn_output",
+    "build_text_graph",
     "hadamard",
     "kv_rotation",
     "result_head",
@@ -79,28 +82,43 @@ def store_and_attend(
     mask: Tensor,
     v_rot: Tensor | None,
     nrot_v: int,
+    kc: Tensor | None = None,
+    vc: Tensor | None = None,
 ) -> Tensor:
-    """K and V into the cache (SET_ROWS), attention over it, the V rotation undone: (H·D, U)."""
+    """K and V into the cache (SET_ROWS into ``kc``/``vc``, the layer's K and V caches),
+    attention over it, the V rotation undone: (H·D, U)."""
     Eq, Ekv = H * D, Hkv * D
-    W = g.EXT
+    Kc = kc if kc is not None else g.EXT
+    Vc = vc if vc is not None else g.EXT
     kv = g.view(k, (Ekv, U))
-    g.ext_op("SET_ROWS", W, kv, k_idxs)
+    g.ext_op("SET_ROWS", Kc, kv, k_idxs, into=Kc)
     if flash_attn:
         vv = g.view(v, (Ekv, U))
-        g.ext_op("SET_ROWS", W, vv, v_idxs)
+        g.ext_op("SET_ROWS", Vc, vv, v_idxs, into=Vc)
     else:
         vv = g.view(v, (Ekv, U), op="RESHAPE")
         vv = g.view(vv, (1, Ekv * U), op="RESHAPE")
-        g.ext_op("SET_ROWS", W, vv, v_idxs)
-    qv = g.view(q, (D, H, U))
-    qp = g.view(qv, (D, U, H), op="PERMUTE", nb=(4, 4 * D * H, 4 * D, 4 * D * H * U))
+        g.ext_op("SET_ROWS", Vc, vv, v_idxs, into=Vc)
+
+    def q_heads() -> Tensor:  # build_attn_mha: a 4-D view of Q, permuted
+        qv = g.view(q, (D, H, U))
+        return g.view(qv, (D, U, H), op="PERMUTE", nb=(4, 4 * D * H, 4 * D, 4 * D * H * U))
+
+    def cache_heads(c: Tensor) -> Tensor:  # get_k / get_v: a view of the layer's cache, permuted
+        return g.raw_view(g.raw_view(c, c.ext_bytes), c.ext_bytes, op="PERMUTE")
+
+    # (the order is ggml's depth-first visit from the attention's sources)
     if flash_attn:
-        fa = g.op("FLASH_ATTN_EXT", F32, (D, H, U), qp, W, W, mask, name=f"fattn-{il}")
+        qp = q_heads()
+        kp, vp = cache_heads(Kc), cache_heads(Vc)
+        fa = g.op("FLASH_ATTN_EXT", F32, (D, H, U), qp, kp, vp, mask, name=f"fattn-{il}")
         cur = g.view(fa, (Eq, U), op="RESHAPE")
     else:
-        kq = g.op("MUL_MAT", F32, (n_kv, U, H), W, qp, name=f"kq-{il}")
+        kp = cache_heads(Kc)
+        qp = q_heads()
+        kq = g.op("MUL_MAT", F32, (n_kv, U, H), kp, qp, name=f"kq-{il}")
         kq = g.op("SOFT_MAX", F32, (n_kv, U, H), kq, mask)
-        kqv = g.op("MUL_MAT", F32, (D, U, H), W, kq, name=f"kqv-{il}")
+        kqv = g.op("MUL_MAT", F32, (D, U, H), cache_heads(Vc), kq, name=f"kqv-{il}")
         kqp = g.view(kqv, (D, H, U), op="PERMUTE", nb=(4, 4 * D * U, 4 * D, 4 * D * U * H))
         cur = g.op("CONT", F32, (Eq, U), kqp, name=f"kqv_out-{il}")
     if v_rot is not None:
@@ -109,11 +127,20 @@ def store_and_attend(
 
 
 def attn_output(
-    g: Graph, cur: Tensor, inpL: Tensor, il: int, E: int, U: int, last: bool, n_outputs: int, out_ids: Tensor
+    g: Graph,
+    cur: Tensor,
+    inpL: Tensor,
+    il: int,
+    E: int,
+    U: int,
+    last: bool,
+    n_outputs: int,
+    out_ids: Tensor,
+    lw: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, int]:
-    """The attention's output projection; on the last layer only the output rows go on:
-    (cur, residual, rows)."""
-    cur = g.op("MUL_MAT", F32, (E, U), g.EXT, cur, name=f"attn_out-{il}")
+    """The attention's output projection (``lw``: the layer's weights); on the last layer only
+    the output rows go on: (cur, residual, rows)."""
+    cur = g.op("MUL_MAT", F32, (E, U), lw if lw is not None else g.EXT, cur, name=f"attn_out-{il}")
     if not last:
         return cur, inpL, U
     cur = g.op("GET_ROWS", F32, (E, n_outputs), cur, out_ids)
@@ -122,22 +149,32 @@ def attn_output(
 
 
 def swiglu_block(
-    g: Graph, cur: Tensor, res: Tensor, il: int, E: int, F: int, T: int, post_norms: bool = False
+    g: Graph,
+    cur: Tensor,
+    res: Tensor,
+    il: int,
+    E: int,
+    F: int,
+    T: int,
+    post_norms: bool = False,
+    lw: Callable[[str], Tensor] | None = None,
 ) -> Tensor:
     """Residual add, RMS norm, gated FFN (SwiGLU; Gemma's GeGLU has the same nodes), residual add:
     the layer's output (E, T). ``post_norms`` (Gemma 3): an RMS norm on the attention's output
     before the add and on the FFN's output before the second add."""
-    W = g.EXT
+
+    def W(role: str) -> Tensor:  # the layer's weight of this role
+        return lw(role) if lw is not None else g.EXT
 
     def rms(x):
-        return g.op("MUL", F32, (E, T), g.op("RMS_NORM", F32, (E, T), x), W)
+        return g.op("MUL", F32, (E, T), g.op("RMS_NORM", F32, (E, T), x, name=f"norm-{il}"), W("norm"))
 
     ffn_inp = g.op("ADD", F32, (E, T), rms(cur) if post_norms else cur, res)
     ffn_norm = rms(ffn_inp)
-    gate = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_gate-{il}")
-    up = g.op("MUL_MAT", F32, (F, T), W, ffn_norm, name=f"ffn_up-{il}")
+    gate = g.op("MUL_MAT", F32, (F, T), W("ffn_gate"), ffn_norm, name=f"ffn_gate-{il}")
+    up = g.op("MUL_MAT", F32, (F, T), W("ffn_up"), ffn_norm, name=f"ffn_up-{il}")
     glu = g.op("GLU", F32, (F, T), gate, up, name=f"ffn_glu-{il}")
-    down = g.op("MUL_MAT", F32, (E, T), W, glu, name=f"ffn_out-{il}")
+    down = g.op("MUL_MAT", F32, (E, T), W("ffn_down"), glu, name=f"ffn_out-{il}")
     return g.op("ADD", F32, (E, T), rms(down) if post_norms else down, ffn_inp)
 
 
@@ -177,10 +214,21 @@ def vit_attention(
     return g.op("CONT", F32, (E, N), kqv)
 
 
-def result_head(g: Graph, inpL: Tensor, E: int, V: int, n_outputs: int) -> None:
+def result_head(
+    g: Graph, inpL: Tensor, E: int, V: int, n_outputs: int, norm_w: Tensor | None = None, out_w: Tensor | None = None
+) -> None:
     norm = g.op("RMS_NORM", F32, (E, n_outputs), inpL)
-    rn = g.op("MUL", F32, (E, n_outputs), norm, g.EXT, flags=FLAG_OUTPUT, name="result_norm")
-    g.op("MUL_MAT", F32, (V, n_outputs), g.EXT, rn, flags=FLAG_OUTPUT, name="result_output")
+    nw = norm_w if norm_w is not None else g.EXT
+    rn = g.op("MUL", F32, (E, n_outputs), norm, nw, flags=FLAG_OUTPUT, name="result_norm")
+    g.op(
+        "MUL_MAT",
+        F32,
+        (V, n_outputs),
+        out_w if out_w is not None else g.EXT,
+        rn,
+        flags=FLAG_OUTPUT,
+        name="result_output",
+    )
 
 
 @dataclass(frozen=True)
@@ -224,7 +272,7 @@ class TextGraph:
         return cls()  # llama, and the estimate for architectures without a graph of their own
 
 
-def _text_graph(
+def build_text_graph(
     f: TextGraph,
     n_embd: int,
     n_head: int,
@@ -240,14 +288,27 @@ def _text_graph(
     type_v: str,
     n_layer: int,
     n_kv_swa: int | None = None,
+    sizes: tuple[tuple[str, int], ...] = (),
 ) -> Graph:
+    """The reserve graph. Each weight and cache is its own external tensor, tagged with where
+    it lives (``Tensor.home``: "tok_embd", "out_norm", "out", "L<il>:<role>", "kv<il>:k|v") and
+    sized from ``sizes`` (role → bytes: "tok_embd", "out", "attn_q", "attn_k", "attn_v",
+    "attn_output", "ffn_gate", "ffn_up", "ffn_down", "norm", "bias", "k", "v"), which is what the
+    scheduler's replay (``plan.sched``) needs; the allocator alone ignores them."""
     g = Graph()
     E, H, Hkv, D, F, V, U = n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_tokens
     Ekv = Hkv * D
     Ein = E * (1 + f.n_deepstack)
     rot_k, rot_v, nrot_k, nrot_v = kv_rotation(type_k, type_v, D)
-    W = g.EXT  # any weight / cache tensor
     layers = f.layers if f.layers is not None else (False,) * n_layer
+    size = dict(sizes)
+
+    def w(il: int, role: str) -> Tensor:
+        return g.weight(f"L{il}:{role}", size.get(role, 0))
+
+    caches = [
+        (g.cache(f"kv{il}:k", size.get("k", 0)), g.cache(f"kv{il}:v", size.get("v", 0))) for il in range(len(layers))
+    ]
 
     # leafs, in the order the graph reaches them: the tokens, the vector-embedding input
     # (allocated, never used → never freed), then per cache kind at its first layer: k_rot
@@ -269,17 +330,17 @@ def _text_graph(
         ins[swa] = d
     out_ids = g.input("out_ids", I32, (n_outputs,))
 
-    def rms(x, ne, name=""):
-        x = g.op("RMS_NORM", F32, ne, x, name=name)
-        return g.op("MUL", F32, ne, x, W)
+    def rms(x, ne, il):  # build_norm names every layer's RMS norm "norm-<il>"
+        x = g.op("RMS_NORM", F32, ne, x, name=f"norm-{il}")
+        return g.op("MUL", F32, ne, x, w(il, "norm"))
 
     def proj(x, rows, heads, name, il):
-        y = g.op("MUL_MAT", F32, (rows, U), W, x, name=f"{name}cur-{il}")
+        y = g.op("MUL_MAT", F32, (rows, U), w(il, f"attn_{name.lower()}"), x, name=f"{name}cur-{il}")
         if f.bias:
-            y = g.op("ADD", F32, (rows, U), y, W)
+            y = g.op("ADD", F32, (rows, U), y, w(il, "bias"))
         return g.view(y, (D, heads, U), op="RESHAPE")
 
-    inpL = g.op("GET_ROWS", F32, (E, U), W, inp_tokens, name="embd")
+    inpL = g.op("GET_ROWS", F32, (E, U), g.weight("tok_embd", size.get("tok_embd", 0)), inp_tokens, name="embd")
     if f.embed_scale:
         inpL = g.op("SCALE", F32, (E, U), inpL, name="inp_scaled")  # * sqrt(n_embd)
     inp_embd = inpL
@@ -290,13 +351,13 @@ def _text_graph(
         d = ins[swa]
         layer_kv = n_kv_swa if swa else n_kv
         assert layer_kv is not None  # sliding-window layers come only with n_kv_swa (text_compute_bytes)
-        cur = rms(inpL, (E, U), name=f"norm-{il}")
+        cur = rms(inpL, (E, U), il)
         qkv = {}
         for which in f.qkv_order:
             if which == "q":
                 q = proj(cur, H * D, H, "Q", il)
                 if f.qk_norm:
-                    q = rms(q, (D, H, U))
+                    q = rms(q, (D, H, U), il)
                 q = g.op("ROPE", F32, (D, H, U), q, inp_pos, name=f"Qrope-{il}")
                 if f.q_scale:
                     q = g.op("SCALE", F32, (D, H, U), q)
@@ -306,7 +367,7 @@ def _text_graph(
             elif which == "k":
                 k = proj(cur, Ekv, Hkv, "K", il)
                 if f.qk_norm:
-                    k = rms(k, (D, Hkv, U))
+                    k = rms(k, (D, Hkv, U), il)
                 k = g.op("ROPE", F32, (D, Hkv, U), k, inp_pos, name=f"Krope-{il}")
                 if rot_k:
                     k = hadamard(g, k, d["k_rot"], nrot_k, (D, Hkv, U))
@@ -333,13 +394,18 @@ def _text_graph(
             d["mask"],
             d["v_rot"],
             nrot_v,
+            *caches[il],
         )
-        cur, res, T = attn_output(g, cur, inpL, il, E, U, il == len(layers) - 1, n_outputs, out_ids)
-        inpL = swiglu_block(g, cur, res, il, E, F, T, post_norms=f.post_norms)
+        cur, res, T = attn_output(
+            g, cur, inpL, il, E, U, il == len(layers) - 1, n_outputs, out_ids, w(il, "attn_output")
+        )
+        inpL = swiglu_block(g, cur, res, il, E, F, T, post_norms=f.post_norms, lw=functools.partial(w, il))
         if il < f.n_deepstack:  # deepstack_out: + feature il of the wide input embedding
             ds = g.view(inp_embd, (E, U), nb=(4, 4 * Ein, 4 * Ein * U, 4 * Ein * U))
             inpL = g.op("ADD", F32, (E, T), inpL, ds, name=f"deepstack_out-{il}")
-    result_head(g, inpL, E, V, n_outputs)
+    result_head(
+        g, inpL, E, V, n_outputs, g.weight("out_norm", size.get("norm", 0)), g.weight("out", size.get("out", 0))
+    )
     return g
 
 
@@ -404,8 +470,8 @@ def text_compute_bytes(
     if flags.layers is not None:
         _, n_kv_swa = swa_kv_cells(n_ctx, n_swa, min(min(n_ctx, n_batch), n_ubatch), swa_full)
     dims = (n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_kv)
-    pp = replay(_text_graph(flags, *dims, n_tokens, n_outputs, flash_attn, type_k, type_v, n_layer, n_kv_swa))
-    tg = replay(_text_graph(flags, *dims, 1, 1, flash_attn, type_k, type_v, n_layer, n_kv_swa))
+    pp = replay(build_text_graph(flags, *dims, n_tokens, n_outputs, flash_attn, type_k, type_v, n_layer, n_kv_swa))
+    tg = replay(build_text_graph(flags, *dims, 1, 1, flash_attn, type_k, type_v, n_layer, n_kv_swa))
     return max(pp, tg)
 
 

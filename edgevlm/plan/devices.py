@@ -63,6 +63,16 @@ class Device:
     free_known: bool = True  # False when the driver reports free == total (Vulkan w/o budget)
     source: str = "ggml"  # "ggml", "psutil", or "what-if"
     overhead_bytes: int = 0  # reserved for the driver/context before anything is allocated
+    # what ggml's scheduler and allocator need to place a graph on it (read from the backend by
+    # the probe; a what-if device gets CUDA-like defaults): its buffer alignment, the largest
+    # buffer it allocates in one piece (0: no limit), the largest tensor one op may touch (0: no
+    # limit; Vulkan's maxStorageBufferRange), and its pinned host buffer type, where the CPU's
+    # compute buffer then lives ("" when it has none)
+    align: int = 128
+    max_alloc: int = 0
+    max_tensor: int = 0
+    host_buffer: str = ""
+    host_align: int = 32
 
     @property
     def is_gpu(self) -> bool:
@@ -116,7 +126,22 @@ def probe(device: str | None = None, free_memory: list[str] | None = None, gpu_o
         known = not (d.free == d.total and d.total > 0)
         if not known:
             notes.append(f"{d.name} reports free == total: free memory unknown, planning with a larger margin")
-        gpus.append(Device(d.name, d.description, d.kind, d.free, d.total, known, "ggml"))
+        gpus.append(
+            Device(
+                d.name,
+                d.description,
+                d.kind,
+                d.free,
+                d.total,
+                known,
+                "ggml",
+                align=d.align,
+                max_alloc=d.max_alloc,
+                max_tensor=d.max_tensor,
+                host_buffer=d.host_buffer,
+                host_align=d.host_align,
+            )
+        )
     if device:
         want = device.lower()
         if want == "cpu":

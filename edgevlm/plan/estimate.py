@@ -13,6 +13,7 @@ import importlib
 import platform
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..model.gguf_info import GGUFFile, ProjectorInfo, TensorInfo, TextModelInfo
@@ -65,6 +66,7 @@ class WeightTensor:
     offset: int
     layer: int  # 0..n_layer-1 for blocks, n_layer for the output layer, -1 for the input layer
     repackable: bool  # a 2-D matmul weight the CPU backend repacks (Q4_0 & co on AVX2/NEON)
+    shape: tuple[int, ...] = ()  # ggml order
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class TextTensors:
             else:  # token embedding, rope factors and other globals stay with the input
                 layer = -1
             rep = _repackable(t) and layer >= 0
-            out.append(WeightTensor(t.name, t.n_bytes, t.offset, layer, rep))
+            out.append(WeightTensor(t.name, t.n_bytes, t.offset, layer, rep, tuple(t.shape)))
         if not has_output:
             # Tied embeddings: llama.cpp loads token_embd a second time as the output layer's
             # matrix, placed like an output.weight would be — on a GPU when the output layer is
@@ -97,7 +99,7 @@ class TextTensors:
             emb = next((t for t in gf.tensors if t.name == "token_embd.weight"), None)
             if emb is not None:
                 rep = _repackable(emb)
-                out.append(WeightTensor("output.weight(tied)", emb.n_bytes, emb.offset, n_layer, rep))
+                out.append(WeightTensor("output.weight(tied)", emb.n_bytes, emb.offset, n_layer, rep, tuple(emb.shape)))
         return cls(n_layer, tuple(out), not has_output)
 
     @property
@@ -146,18 +148,26 @@ class HostWeights:
 
 
 def weight_bytes(
-    tt: TextTensors, devices: list[int], repack: bool = True, use_mmap: bool = True
+    tt: TextTensors,
+    devices: list[int],
+    repack: bool = True,
+    use_mmap: bool = True,
+    stays_host: Callable[[WeightTensor, int], bool] | None = None,
 ) -> tuple[HostWeights, dict[int, int]]:
     """Host buffers and bytes per GPU index for a layer placement (``layer_devices``).
 
     With mmap the host buffer is the span of the file covering the host tensors that are not
-    repacked (what llama.cpp maps and logs); without mmap it is their sum.
+    repacked (what llama.cpp maps and logs); without mmap it is their sum. ``stays_host(t,
+    gpu)``: a weight that GPU cannot multiply (``plan.offload.device_refuses``), which llama.cpp
+    keeps in a host buffer although its layer is offloaded.
     """
     gpu: dict[int, int] = {}
     rep = 0
     lo, hi, plain = None, 0, 0
     for t in tt.tensors:
         dev = -1 if t.layer < 0 else devices[t.layer]
+        if dev >= 0 and stays_host is not None and stays_host(t, dev):
+            dev = -1
         if dev >= 0:
             gpu[dev] = gpu.get(dev, 0) + t.n_bytes
             continue

@@ -20,11 +20,11 @@ from .estimate import (
     TextTensors,
     clip_compute_bytes,
     kv_bytes,
-    kv_cells,
     layer_devices,
     text_compute_bytes,
     weight_bytes,
 )
+from .offload import device_refuses, placed_compute
 
 __all__ = [
     "DEFAULT_DYNAMIC_IMAGE_TOKENS",
@@ -37,7 +37,6 @@ __all__ = [
     "LeverStep",
     "Plan",
     "Wishes",
-    "host_compute_bytes",
 ]
 
 MIB = 2**20
@@ -272,7 +271,10 @@ class Footprint:
         t = self.text
         splits = [float(g.usable_bytes or 1) for g in self.gpus]
         devs = layer_devices(t.n_layer, c.ngl, splits)
-        host_w, gpu_w = weight_bytes(self.tensors, devs, self.repack)
+        gpus = self.gpus
+        host_w, gpu_w = weight_bytes(
+            self.tensors, devs, self.repack, stays_host=lambda w, d: device_refuses(w, gpus[d])
+        )
         kv = kv_bytes(
             t.n_layer,
             t.n_head_kv,
@@ -286,25 +288,39 @@ class Footprint:
             None,
             c.n_ubatch,
         )
-        compute = text_compute_bytes(t, c.n_ctx, c.n_ubatch, c.n_batch, c.flash_attn, c.type_k, c.type_v)
+        if self.gpus:  # ggml's scheduler splits the graph between the GPUs and the host
+            gpu_compute, host_compute = placed_compute(
+                t,
+                self.tensors,
+                devs,
+                self.gpus,
+                c.n_ctx,
+                c.n_ubatch,
+                c.n_batch,
+                c.flash_attn,
+                c.type_k,
+                c.type_v,
+                self.repack,
+                c.offload_kqv,
+                op_offload=any(d >= 0 for d in devs),
+            )
+        else:
+            gpu_compute = []
+            host_compute = text_compute_bytes(t, c.n_ctx, c.n_ubatch, c.n_batch, c.flash_attn, c.type_k, c.type_v)
         enc = 0
         if self.proj is not None:
             enc = clip_compute_bytes(self.proj, self.encoder_patches(c.image_tokens), c.flash_attn)
         out = []
         for i, _ in enumerate(self.gpus):
-            has_layers = i in devs
             out.append(
                 Breakdown(
                     weights=gpu_w.get(i, 0),
                     kv=kv.get(i, 0),
-                    # with no layer on a GPU the plan turns op offload off: no GPU compute buffer
-                    compute=compute if has_layers else 0,
+                    compute=gpu_compute[i],
                     mmproj_weights=self.proj_weights if (c.mmproj_gpu and i == 0) else 0,
                     mmproj_compute=enc if (c.mmproj_gpu and i == 0) else 0,
                 )
             )
-        all_gpu = bool(self.gpus) and all(d >= 0 for d in devs)
-        host_compute = host_compute_bytes(t, kv_cells(c.n_ctx), c.n_ubatch) if all_gpu else compute
         out.append(
             Breakdown(
                 weights=host_w.total,
@@ -328,8 +344,3 @@ class Footprint:
         gaps = [b.total - budget for b, budget in zip(self.predict(c), self.budgets, strict=True)]
         i = max(range(len(gaps)), key=gaps.__getitem__)
         return names[i], gaps[i]
-
-
-def host_compute_bytes(t: TextModelInfo, cells: int, n_ubatch: int) -> int:
-    """Host-side compute when every layer is on a GPU: inputs, mask and the logits copy."""
-    return n_ubatch * t.n_embd * (1 + t.n_deepstack) * 4 + cells * n_ubatch * 2 + t.n_vocab * 4 * 2

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["ALIGN", "INPLACE_OPS", "TYPE_SIZE", "Graph", "pad", "replay", "Tensor"]
+__all__ = ["ALIGN", "INPLACE_OPS", "TYPE_SIZE", "Graph", "allocate", "pad", "replay", "Tensor"]
 
 
 ALIGN = 32  # TENSOR_ALIGNMENT of the CPU buffer type
 F32, F16, I32, I64 = "f32", "f16", "i32", "i64"
-TYPE_SIZE = {F32: 4, F16: 2, I32: 4, I64: 8}
+TYPE_SIZE = {F32: 4, F16: 2, I32: 4, I64: 8, "raw": 1}  # raw: a copied weight, in bytes
 
 INPLACE_OPS = {
     "FILL",
@@ -64,11 +64,24 @@ class Tensor:
     flags: int = 0
     external: bool = False  # weights, KV cache: live in other buffers
     name: str = ""
+    # pre-allocated tensors (external): which buffer holds them, for the scheduler's replay
+    # (``plan.sched``): a placement key ("tok_embd", "L3", "out", "kv3"), whether it is a model
+    # weight (a WEIGHTS buffer), and its real size (what a device's size limits look at)
+    home: str = ""
+    weights: bool = False
+    ext_bytes: int = 0
 
     @property
     def nbytes(self) -> int:
         if self.external:
             return 0
+        return self.view_bytes
+
+    @property
+    def view_bytes(self) -> int:
+        """ggml_nbytes: what the tensor spans (an external one: its real size)."""
+        if self.external:
+            return self.ext_bytes
         ts = TYPE_SIZE[self.type]
         n = ts
         for i in range(4):
@@ -117,43 +130,91 @@ class Graph:
         self.nodes.append(t)
         return t
 
-    def ext_op(self, op, *src, name=""):
-        """a node whose result lives in an external buffer (SET_ROWS into the KV cache)."""
-        t = Tensor(op, F16, (1, 1, 1, 1), (2, 2, 2, 2), [s for s in src], view_src=self.EXT, name=name)
+    def raw_view(self, a: Tensor, nbytes: int, op: str = "VIEW") -> Tensor:
+        """A view spanning ``nbytes`` of ``a`` (a cache's K or V seen by attention): allocates
+        nothing; the scheduler's replay copies that many bytes when another backend reads it."""
+        root = a.view_src if a.view_src is not None else a
+        t = Tensor(op, "raw", (nbytes, 1, 1, 1), (1, nbytes, nbytes, nbytes), [a], view_src=root)
         self.nodes.append(t)
         return t
+
+    def ext_op(self, op: str, *src: Tensor, name: str = "", into: Tensor | None = None) -> Tensor:
+        """a node whose result lives in an external buffer (SET_ROWS into the KV cache ``into``)."""
+        dst = into if into is not None else self.EXT
+        t = Tensor(op, F16, (1, 1, 1, 1), (2, 2, 2, 2), [s for s in src], view_src=dst, name=name)
+        t.ext_bytes = dst.ext_bytes
+        self.nodes.append(t)
+        return t
+
+    def weight(self, home: str, nbytes: int = 0) -> Tensor:
+        """A model weight living in the buffer ``home`` names (see ``Tensor.home``)."""
+        t = Tensor("NONE", F16, (1, 1, 1, 1), (2, 2, 2, 2), external=True, name=home, home=home, weights=True)
+        t.ext_bytes = nbytes
+        return t
+
+    def cache(self, home: str, nbytes: int = 0) -> Tensor:
+        """A KV cache tensor living in the buffer ``home`` names."""
+        return Tensor("NONE", F16, (1, 1, 1, 1), (2, 2, 2, 2), external=True, name=home, home=home, ext_bytes=nbytes)
 
 
 # ------------------------------------------------------------------------------------------------
 # ggml-alloc replay (ggml/src/ggml-alloc.c)
 # ------------------------------------------------------------------------------------------------
-class _DynAlloc:
-    def __init__(self, align=ALIGN):
-        self.align = align
-        self.free = [[0, 1 << 62]]  # sorted [offset, size]; the last block is the growable tail
-        self.max_size = 0
+class DynAlloc:
+    """ggml_dyn_tallocr: best-fit free blocks in chunks of at most ``max_size`` bytes (a
+    backend's largest buffer; the last chunk grows without bound)."""
 
-    def alloc(self, size):
+    def __init__(self, align: int = ALIGN, max_size: int = 0):
+        self.align = align
+        self.max_chunk = max_size or (1 << 62)
+        self.chunks: list[list[list[int]]] = []  # per chunk: sorted [offset, size] free blocks
+        self.chunk_max: list[int] = []
+
+    @property
+    def max_size(self) -> int:
+        return sum(self.chunk_max)
+
+    def _new_chunk(self, size: int) -> int:
+        self.chunks.append([[0, max(size, self.max_chunk)]])
+        self.chunk_max.append(0)
+        return len(self.chunks) - 1
+
+    def alloc(self, size: int) -> tuple[int, int]:
         size = pad(size, self.align)
-        best, best_size = -1, None
-        for i in range(len(self.free) - 1):
-            sz = self.free[i][1]
-            if sz >= size and (best_size is None or sz <= best_size):
-                best, best_size = i, sz
-        if best == -1:
-            best = len(self.free) - 1
-        blk = self.free[best]
+        best_c, best_i = -1, -1
+        for c, fb in enumerate(self.chunks):
+            best_in = None
+            for i in range(len(fb) - 1):
+                sz = fb[i][1]
+                if sz >= size and (best_in is None or sz <= best_in):
+                    best_c, best_i, best_in = c, i, sz
+        if best_i == -1:
+            best_reuse = None
+            for c, fb in enumerate(self.chunks):
+                if not fb:
+                    continue
+                blk = fb[-1]
+                reuse = self.chunk_max[c] - blk[0] - size
+                better_reuse = (best_reuse is None or best_reuse < 0) and (best_reuse is None or reuse > best_reuse)
+                better_fit = reuse >= 0 and best_reuse is not None and reuse < best_reuse
+                if blk[1] >= size and (better_reuse or better_fit):
+                    best_c, best_i, best_reuse = c, len(fb) - 1, reuse
+        if best_i == -1:
+            best_c, best_i = self._new_chunk(size), 0
+        fb = self.chunks[best_c]
+        blk = fb[best_i]
         off = blk[0]
         blk[0] += size
         blk[1] -= size
         if blk[1] == 0:
-            del self.free[best]
-        self.max_size = max(self.max_size, off + size)
-        return off
+            del fb[best_i]
+        self.chunk_max[best_c] = max(self.chunk_max[best_c], off + size)
+        return best_c, off
 
-    def free_bytes(self, off, size):
+    def free_bytes(self, addr: tuple[int, int], size: int) -> None:
+        c, off = addr
         size = pad(size, self.align)
-        fb = self.free
+        fb = self.chunks[c]
         for i, b in enumerate(fb):
             if b[0] + b[1] == off:
                 b[1] += size
@@ -179,21 +240,34 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
 
 
 def replay(g: Graph, align: int = ALIGN, trace: list | None = None, offsets: dict | None = None) -> int:
-    """Size of the buffer ggml_gallocr_reserve would allocate for graph g.
+    """Size of the buffer ggml_gallocr_reserve would allocate for graph g (one buffer).
 
     trace: if a list is given, (max_size, tensor name, node index) is appended whenever the
     buffer's high-water mark grows (used to find which tensor sets the peak)."""
-    al = _DynAlloc(align)
+    return allocate(g.nodes, g.leafs, [0] * len(g.nodes), [0] * len(g.leafs), [DynAlloc(align)], trace, offsets)[0]
+
+
+def allocate(
+    nodes: Sequence[Tensor],
+    leafs: Sequence[Tensor],
+    node_buf: Sequence[int],
+    leaf_buf: Sequence[int],
+    allocs: list[DynAlloc],
+    trace: list | None = None,
+    offsets: dict | None = None,
+) -> list[int]:
+    """ggml_gallocr_alloc_graph_impl over several buffers (``allocs``; a node or leaf goes to
+    the buffer its id names): the size of each."""
     H: dict[int, dict] = {}
 
     def h(t):
         k = id(t)
         r = H.get(k)
         if r is None:
-            r = H[k] = {"nc": 0, "nv": 0, "alloc": False, "off": None}
+            r = H[k] = {"nc": 0, "nv": 0, "alloc": False, "addr": None, "buf": 0}
         return r
 
-    def allocate(t):
+    def alloc_node(t, buf):
         ht = h(t)
         if t.external or ht["alloc"] or t.view_src is not None:
             return
@@ -212,16 +286,18 @@ def replay(g: Graph, align: int = ALIGN, trace: list | None = None, offsets: dic
                 # (a view parent is never "allocated" in ggml-alloc's hash, so the view branch of
                 #  ggml_gallocr_allocate_node is dead: ROPE of a reshaped matmul is NOT in place)
                 if hp["nc"] == 1 and hp["nv"] == 0:
-                    ht["off"] = hp["off"]
+                    ht["addr"], ht["buf"] = hp["addr"], hp["buf"]
                     hp["alloc"] = False
-                    extra = pad(p.nbytes, align) - pad(t.nbytes, align)
+                    extra = pad(p.nbytes, allocs[hp["buf"]].align) - pad(t.nbytes, allocs[hp["buf"]].align)
                     if extra > 0:
-                        al.free_bytes(ht["off"] + pad(t.nbytes, align), extra)
+                        c, off = ht["addr"]
+                        allocs[hp["buf"]].free_bytes((c, off + pad(t.nbytes, allocs[hp["buf"]].align)), extra)
                     return
+        al = allocs[buf]
         before = al.max_size
-        ht["off"] = al.alloc(t.nbytes)
+        ht["addr"], ht["buf"] = al.alloc(t.nbytes), buf
         if offsets is not None and t.name:
-            offsets[t.name] = ht["off"]
+            offsets[t.name] = ht["addr"][1]
         if trace is not None and al.max_size > before:
             trace.append((al.max_size, t.name or t.op, cur_i[0]))
 
@@ -231,23 +307,27 @@ def replay(g: Graph, align: int = ALIGN, trace: list | None = None, offsets: dic
         if t.flags & FLAG_OUTPUT:
             return
         ht = h(t)
-        al.free_bytes(ht["off"], t.nbytes)
+        allocs[ht["buf"]].free_bytes(ht["addr"], t.nbytes)
         ht["alloc"] = False
 
-    for leaf in g.leafs:
-        allocate(leaf)
-    for n in g.nodes:
+    for leaf, buf in zip(leafs, leaf_buf, strict=True):
+        alloc_node(leaf, buf)
+    for n, buf in zip(nodes, node_buf, strict=True):
         if n.view_src is not None and n.op != "NONE":
             h(n.view_src)["nv"] += 1
+        if n.flags & FLAG_INPUT:
+            alloc_node(n, buf)
         for s in n.src:
             if s is not None:
                 h(s)["nc"] += 1
-    for i, n in enumerate(g.nodes):
+                if s.flags & FLAG_INPUT:
+                    alloc_node(s, buf)
+    for i, (n, buf) in enumerate(zip(nodes, node_buf, strict=True)):
         cur_i[0] = i
         for p in n.src:
             if p is not None:
-                allocate(p)
-        allocate(n)
+                alloc_node(p, buf)
+        alloc_node(n, buf)
         for p in n.src:
             if p is None:
                 continue
@@ -262,4 +342,4 @@ def replay(g: Graph, align: int = ALIGN, trace: list | None = None, offsets: dic
                         free(vs)
                 elif hp["alloc"] and not p.external:
                     free(p)
-    return al.max_size
+    return [a.max_size for a in allocs]

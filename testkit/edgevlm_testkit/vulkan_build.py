@@ -1,0 +1,177 @@
+"""llama-cpp-python built with llama.cpp's Vulkan backend, in a virtualenv of its own, unattended.
+
+    python -m edgevlm_testkit.vulkan_build [--venv .venv-vulkan]
+
+Steps, each skipped when already done: (1) Debian's Vulkan loader headers, ``glslc``, SPIR-V
+headers and Mesa's drivers (lavapipe, the software device) through apt when any is missing; (2) the
+pinned llama-cpp-python sdist is built into a wheel with ``-DGGML_VULKAN=on`` once per machine and
+cached in ``~/.cache/edgevlm/vulkan/`` (next to pip's cache, so CI reuses it) — when the installed
+Vulkan headers predate ``VK_EXT_layer_settings`` (Debian 12 ships 1.3.239), the one block of
+``ggml-vulkan.cpp`` that needs it (settings for the validation layer only) is taken out first;
+(3) the venv gets that wheel, then edgevlm and its test kit. About 12 minutes on 2 cores the first
+time, seconds afterwards.
+
+``device_env()`` gives the environment that shows a CPU-type Vulkan device (ggml skips those
+unless ``GGML_VK_VISIBLE_DEVICES`` names them); a real GPU needs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+VERSION = "0.3.36"  # the llama-cpp-python the project pins
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("EDGEVLM_CACHE", Path.home() / ".cache" / "edgevlm")) / "vulkan"
+APT = ["libvulkan-dev", "glslc", "spirv-headers", "mesa-vulkan-drivers", "vulkan-tools"]
+HEADER = Path("/usr/include/vulkan/vulkan_core.h")
+PATCH_FROM = "    VkBool32 enable_best_practice = layer_settings;"
+PATCH_TO = "    vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, extensions);"
+PATCH_END = "&layer_setting_info);"
+
+
+def say(msg: str) -> None:
+    print(f"[vulkan-build] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], **kw) -> None:
+    say("+ " + " ".join(cmd))
+    subprocess.run(cmd, check=True, **kw)
+
+
+def missing_packages() -> list[str]:
+    have = {
+        "libvulkan-dev": HEADER.exists(),
+        "glslc": shutil.which("glslc") is not None,
+        "spirv-headers": Path("/usr/include/spirv").exists(),
+        "mesa-vulkan-drivers": any(Path("/usr/share/vulkan/icd.d").glob("lvp_icd*.json"))
+        or any(Path("/usr/share/vulkan/icd.d").glob("*.json")),
+        "vulkan-tools": shutil.which("vulkaninfo") is not None,
+    }
+    return [p for p in APT if not have[p]]
+
+
+def ensure_packages() -> None:
+    need = missing_packages()
+    if not need:
+        return
+    if shutil.which("apt-get") is None:
+        raise SystemExit(f"missing {', '.join(need)} and no apt-get: install the Vulkan SDK by hand")
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    run([*sudo, "apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
+    run([*sudo, "apt-get", "install", "-y", "-q", *need], env=env, stdout=subprocess.DEVNULL)
+
+
+def headers_have_layer_settings() -> bool:
+    return HEADER.exists() and "VK_EXT_layer_settings" in HEADER.read_text(errors="replace")
+
+
+def patch_layer_settings(src: Path) -> bool:
+    """Take out the validation layer's settings block that needs VK_EXT_layer_settings."""
+    f = src / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-vulkan" / "ggml-vulkan.cpp"
+    text = f.read_text()
+    start = text.find(PATCH_FROM)
+    end = text.find(PATCH_END, start)
+    if start < 0 or end < 0:
+        raise SystemExit(f"{f}: the VK_EXT_layer_settings block was not found; cannot patch this version")
+    f.write_text(text[:start] + PATCH_TO + text[end + len(PATCH_END) :])
+    return True
+
+
+def wheel_dir() -> Path:
+    tag = "layer-settings" if headers_have_layer_settings() else "no-layer-settings"
+    return CACHE / f"{VERSION}-{tag}"
+
+
+def cached_wheel() -> Path | None:
+    return next(iter(sorted(wheel_dir().glob("llama_cpp_python-*.whl"))), None)
+
+
+def build_wheel(python: str = sys.executable) -> Path:
+    whl = cached_wheel()
+    if whl:
+        return whl
+    ensure_packages()
+    out = wheel_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="llama-vk-") as tmp:
+        run([python, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp,
+             f"llama-cpp-python=={VERSION}"])  # fmt: skip
+        with tarfile.open(next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))) as tar:
+            tar.extractall(tmp, filter="data")
+        src = Path(tmp) / f"llama_cpp_python-{VERSION}"
+        if not headers_have_layer_settings():
+            say(f"{HEADER} lacks VK_EXT_layer_settings: building without the validation layer's settings")
+            patch_layer_settings(src)
+        env = dict(
+            os.environ,
+            CMAKE_ARGS="-DGGML_VULKAN=on",
+            CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2),
+            FORCE_CMAKE="1",
+        )
+        say(f"building llama-cpp-python {VERSION} with Vulkan (about 12 minutes on 2 cores, once)")
+        run([python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)], env=env)
+    whl = cached_wheel()
+    if whl is None:
+        raise SystemExit(f"no wheel in {out} after the build")
+    return whl
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+
+
+def has_vulkan(py: Path) -> bool:
+    probe = (
+        "import ctypes, llama_cpp, pathlib, sys;"
+        "lib = pathlib.Path(llama_cpp.__file__).parent / 'lib';"
+        "sys.exit(0 if any(lib.glob('*ggml-vulkan*')) else 1)"
+    )
+    return py.exists() and subprocess.run([str(py), "-c", probe], capture_output=True).returncode == 0
+
+
+def prepare_venv(venv: Path, extras: str = "test") -> Path:
+    """A venv with the Vulkan llama-cpp-python, edgevlm (with ``extras``) and the test kit."""
+    py = venv_python(venv)
+    if not py.exists():
+        run([sys.executable, "-m", "venv", str(venv)])
+        run([str(py), "-m", "pip", "install", "-q", "--upgrade", "pip"])
+    if not has_vulkan(py):
+        whl = build_wheel(str(py))
+        run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(whl)])
+        run([str(py), "-m", "pip", "install", "-q", str(whl)])  # its own dependencies (numpy, jinja2)
+    target = f"{ROOT}[{extras}]" if extras else str(ROOT)
+    run([str(py), "-m", "pip", "install", "-q", "-e", str(ROOT / "testkit"), "-e", target])
+    if not has_vulkan(py):
+        raise SystemExit(f"{venv}: llama_cpp has no Vulkan backend after the install")
+    return py
+
+
+def device_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that shows Vulkan device 0 to ggml even when it is a CPU-type device."""
+    env = dict(os.environ if env is None else env)
+    env.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--venv", type=Path, default=ROOT / ".venv-vulkan")
+    ap.add_argument("--wheel-only", action="store_true", help="build (or find) the cached wheel and print it")
+    args = ap.parse_args(argv)
+    if args.wheel_only:
+        print(build_wheel())
+        return 0
+    print(prepare_venv(args.venv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
