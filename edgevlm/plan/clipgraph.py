@@ -7,7 +7,8 @@ graphs are in ``encoders/``."""
 from __future__ import annotations
 
 from ..errors import UnsupportedModel
-from .graphalloc import F16, F32, I32, Graph, replay
+from .graphalloc import F16, F32, I32, Graph
+from .sched import Backend, encoder_bytes
 
 __all__ = ["clip_compute_bytes"]
 
@@ -192,8 +193,11 @@ def clip_compute_bytes(
     conv_type: str = F16,
     has_pre_ln: bool | None = None,
     has_post_ln: bool | None = None,
+    gpu: Backend | None = None,
+    host: bool = False,
 ) -> int:
-    """Predicted clip ``compute buffer size`` (bytes) for one image (exact allocator replay).
+    """Predicted clip ``compute buffer size`` (bytes) for one image (exact allocator replay);
+    ``gpu``: the GPU it runs on (``host``: the host-side buffer then, its inputs).
 
     projector_type: "mlp" (LLaVA-1.5), "qwen2vl_merger", "qwen2.5vl_merger".
     n_layer: the GGUF's clip.vision.block_count (LLaVA runs n_layer - 1 blocks: feature layer -2).
@@ -208,7 +212,7 @@ def clip_compute_bytes(
     mtmd warmup is on) and silently grows for a larger one; it never shrinks.  For a session,
     the buffer = max over the images seen (and the warmup image).
     """
-    return replay(
+    return encoder_bytes(
         _clip_graph(
             projector_type,
             patch_size,
@@ -224,5 +228,7 @@ def clip_compute_bytes(
             conv_type,
             has_pre_ln,
             has_post_ln,
-        )
+        ),
+        gpu,
+        host,
     )

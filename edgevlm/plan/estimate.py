@@ -20,6 +20,7 @@ from ..model.gguf_info import GGUFFile, ProjectorInfo, TensorInfo, TextModelInfo
 from ..model.kv_types import KV_DEFAULT, KV_TYPES
 from ..model.projectors import facts
 from . import clipgraph, compute, graphalloc
+from .sched import Backend
 
 __all__ = [
     "CTX_PAD",
@@ -328,6 +329,8 @@ def _clip_compute(
     merge: int,
     flash_attn: bool,
     n_wa_pattern: int,
+    gpu: Backend | None = None,
+    host: bool = False,
 ) -> int:
     return clipgraph.clip_compute_bytes(
         ptype,
@@ -342,22 +345,31 @@ def _clip_compute(
         merge,
         flash_attn,
         n_wa_pattern,
+        gpu=gpu,
+        host=host,
     )
 
 
 def clip_compute_bytes(
-    proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None
+    proj: ProjectorInfo,
+    n_patches: int,
+    flash_attn: bool,
+    grid: tuple[int, int] | None = None,
+    gpu: Backend | None = None,
+    host: bool = False,
 ) -> int:
     """Vision encoder compute buffer for one chunk of ``n_patches`` patches (before merging).
 
     Exact for the projectors whose encoder graph the facts table names and edgevlm replays
     (``plan.compute``'s built-in ones, ``plan.encoders``' modules); others get a conservative
     upper bound (full attention scores in f32
-    plus four activations and the FFN)."""
+    plus four activations and the FFN). ``gpu``: the GPU the encoder runs on (ggml's scheduler
+    reorders and copies there); ``host`` then asks for the host-side buffer (the pixels and
+    positions the CPU fills)."""
     f = facts(proj)
     graph = _encoder_module(f.encoder_graph)
     if graph is not None:
-        return graph.compute_bytes(proj, n_patches, flash_attn, grid=grid)
+        return graph.compute_bytes(proj, n_patches, flash_attn, grid=grid, gpu=gpu, host=host)
     if f.encoder_graph in BUILTIN_GRAPHS:
         merge = f.merge
         return _clip_compute(
@@ -373,7 +385,11 @@ def clip_compute_bytes(
             merge,
             flash_attn,
             int(proj.n_wa_pattern or 0),
+            gpu,
+            host,
         )
+    if host:
+        return 12 * n_patches * proj.patch_size**2 + 16 * n_patches
     n = n_patches + 1
     attn = n * max(proj.n_embd, 1) * 4 * 2 if flash_attn else n * n * max(proj.n_head, 1) * 4
     return attn + n * (4 * proj.n_embd + 3 * max(proj.n_ff, proj.n_embd)) * 4 + 12 * n_patches * proj.patch_size**2

@@ -24,7 +24,7 @@ from .estimate import (
     text_compute_bytes,
     weight_bytes,
 )
-from .offload import device_refuses, placed_compute
+from .offload import device_refuses, gpu_backend, placed_compute
 
 __all__ = [
     "DEFAULT_DYNAMIC_IMAGE_TOKENS",
@@ -307,9 +307,14 @@ class Footprint:
         else:
             gpu_compute = []
             host_compute = text_compute_bytes(t, c.n_ctx, c.n_ubatch, c.n_batch, c.flash_attn, c.type_k, c.type_v)
-        enc = 0
+        enc = enc_host = 0
+        enc_gpu = c.mmproj_gpu and bool(self.gpus)
         if self.proj is not None:
-            enc = clip_compute_bytes(self.proj, self.encoder_patches(c.image_tokens), c.flash_attn)
+            patches = self.encoder_patches(c.image_tokens)
+            on = gpu_backend(self.gpus[0]) if enc_gpu else None  # mtmd puts the encoder on the first GPU
+            enc = clip_compute_bytes(self.proj, patches, c.flash_attn, gpu=on)
+            if enc_gpu:  # the pixels and positions the CPU fills stay in a host buffer
+                enc_host = clip_compute_bytes(self.proj, patches, c.flash_attn, gpu=on, host=True)
         out = []
         for i, _ in enumerate(self.gpus):
             out.append(
@@ -326,8 +331,8 @@ class Footprint:
                 weights=host_w.total,
                 kv=kv.get(-1, 0),
                 compute=host_compute,
-                mmproj_weights=0 if (c.mmproj_gpu and self.gpus) else self.proj_weights,
-                mmproj_compute=0 if (c.mmproj_gpu and self.gpus) else enc,
+                mmproj_weights=0 if enc_gpu else self.proj_weights,
+                mmproj_compute=enc_host if enc_gpu else enc,
                 other=t.n_vocab * 4 * self.wishes.sequences,  # the output buffer: logits per sequence
             )
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["ALIGN", "INPLACE_OPS", "TYPE_SIZE", "Graph", "allocate", "pad", "replay", "Tensor"]
+__all__ = ["ALIGN", "INPLACE_OPS", "TYPE_SIZE", "Graph", "allocate", "input_bytes", "pad", "replay", "Tensor"]
 
 
 ALIGN = 32  # TENSOR_ALIGNMENT of the CPU buffer type
@@ -245,6 +245,12 @@ def replay(g: Graph, align: int = ALIGN, trace: list | None = None, offsets: dic
     trace: if a list is given, (max_size, tensor name, node index) is appended whenever the
     buffer's high-water mark grows (used to find which tensor sets the peak)."""
     return allocate(g.nodes, g.leafs, [0] * len(g.nodes), [0] * len(g.leafs), [DynAlloc(align)], trace, offsets)[0]
+
+
+def input_bytes(g: Graph, align: int = ALIGN) -> int:
+    """The host-side buffer of a graph whose nodes all run on a GPU: its inputs, which the CPU
+    fills (all allocated before any node: the peak)."""
+    return sum(pad(t.nbytes, align) for t in g.leafs)
 
 
 def allocate(

@@ -26,7 +26,7 @@ from .estimate import TextTensors, WeightTensor, kv_cells
 from .graphalloc import Tensor
 from .sched import Backend, Home, schedule
 
-__all__ = ["PROBE_COLUMNS", "device_refuses", "placed_compute"]
+__all__ = ["PROBE_COLUMNS", "device_refuses", "gpu_backend", "placed_compute"]
 
 PROBE_COLUMNS = 512  # the batch llama.cpp's weight check multiplies by
 
@@ -112,19 +112,7 @@ def placed_compute(
             homes[f"L{il}:{role}"] = _name(d, gpus, host)
         kv = _name(d, gpus, "CPU") if offload_kqv else "CPU"
         homes[f"kv{il}:k"] = homes[f"kv{il}:v"] = kv
-    backends = tuple(
-        Backend(
-            g.name,
-            g.name,
-            g.align,
-            g.max_alloc,
-            g.max_tensor,
-            gpu=True,
-            min_batch=32 if op_offload else 1 << 62,
-            reorder="vulkan" if g.name.startswith("Vulkan") else "",
-        )
-        for g in gpus
-    ) + (
+    backends = tuple(gpu_backend(g, op_offload) for g in gpus) + (
         Backend(
             "CPU",
             gpus[0].host_buffer or "CPU",
@@ -154,6 +142,20 @@ def placed_compute(
         all(d >= 0 for d in devs),
     )
     return [got.get(g.name, 0) for g in gpus], got.get("CPU", 0)
+
+
+def gpu_backend(g: Device, op_offload: bool = True) -> Backend:
+    """The scheduler's view of a GPU: its buffer facts, and Vulkan's node reorder."""
+    return Backend(
+        g.name,
+        g.name,
+        g.align,
+        g.max_alloc,
+        g.max_tensor,
+        gpu=True,
+        min_batch=32 if op_offload else 1 << 62,
+        reorder="vulkan" if g.name.startswith("Vulkan") else "",
+    )
 
 
 def _name(d: int, gpus: list[Device], host: str) -> str:

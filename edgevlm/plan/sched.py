@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .graphalloc import FLAG_INPUT, DynAlloc, Graph, Tensor, allocate
+from .graphalloc import FLAG_INPUT, DynAlloc, Graph, Tensor, allocate, replay
 from .vkorder import vulkan_order
 
-__all__ = ["Backend", "Home", "VIEW_OPS", "schedule"]
+__all__ = ["Backend", "Home", "VIEW_OPS", "encoder_bytes", "schedule"]
 
 VIEW_OPS = {"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
 HOST_BUFTS = {"CPU", "CPU_Mapped"}  # plus every "<GPU>_Host" pinned type
@@ -318,3 +318,13 @@ def schedule(
         trace["splits"] = [(backends[sp.b].name, sp.start, sp.end, [s.name for s in sp.inputs]) for sp in splits]
         trace["backend"] = {t.name: backends[bid[id(t)]].name for t in nodes if t.name and id(t) in bid}
     return {be.name: sizes[buf_of[k]] + (be.pad if sizes[buf_of[k]] else 0) for k, be in enumerate(backends)}
+
+
+def encoder_bytes(g: Graph, gpu: Backend | None = None, host: bool = False) -> int:
+    """A vision encoder's compute buffer: on the CPU (``gpu`` None) the allocator's replay of
+    its graph; on a GPU, which holds every encoder weight, that device's buffer, or with
+    ``host`` the CPU's (the pixels and positions it fills, in a plain CPU buffer)."""
+    if gpu is None:
+        return 0 if host else replay(g)
+    got = schedule(g, (gpu, Backend("CPU", "CPU")), lambda t: Home(gpu.buft))
+    return got["CPU" if host else gpu.name]

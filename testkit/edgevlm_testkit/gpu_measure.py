@@ -9,15 +9,15 @@ be checked anywhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from edgevlm.backend import logs
 from edgevlm.backend.llama import Backend
-from edgevlm.backend.system import ggml_devices
+from edgevlm.backend.system import cpu_repacks, ggml_devices
 from edgevlm.model.gguf_info import read_gguf
-from edgevlm.plan.devices import Device, Probe
+from edgevlm.plan.devices import Device, Probe, probe
 from edgevlm.plan.footprint import Config as PlanConfig
 from edgevlm.plan.footprint import Footprint, Wishes
 
@@ -43,6 +43,11 @@ def _gpu_free() -> tuple[str, int, int] | None:
     return (gpus[0].name, gpus[0].free, gpus[0].total) if gpus else None
 
 
+def _first_gpu() -> Device | None:
+    gpus = probe().gpus
+    return gpus[0] if gpus else None
+
+
 def measure_on_device(
     model: str,
     mmproj: str,
@@ -53,18 +58,20 @@ def measure_on_device(
     image_max_tokens: int | None,
     gpu: bool = True,
     n_threads: int = 4,
+    n_gpu_layers: int | None = None,
 ) -> list[DeviceRow]:
-    """Rows of predicted vs logged bytes per buffer on the device, and (GPU) the memory the
-    device lost that no log line accounts for, after load and after the first image."""
+    """Rows of predicted vs logged bytes per buffer — on the device and on the host — and (GPU
+    with a known free memory) what the device lost that no log line accounts for, after load and
+    after the first image. ``n_gpu_layers``: None puts every layer (and the encoder) on the GPU."""
     text_gf, proj_gf = read_gguf(model), read_gguf(mmproj)
-    dev = _gpu_free() if gpu else None
-    if gpu and dev is None:
-        raise RuntimeError("no GPU registered in ggml (is llama-cpp-python built with CUDA?)")
-    name = dev[0] if dev else "CPU"
-    devices = [Device(dev[0], "measured", "gpu", dev[1], dev[2], True, "ggml", 0)] if dev else []
-    devices.append(Device("CPU", "host", "cpu", 64 * 2**30, 64 * 2**30, True, "what-if"))
-    fp = Footprint(text_gf, proj_gf, Probe(tuple(devices)), Wishes(n_ubatch=n_ubatch))
-    ngl = fp.text.n_layer + 1 if gpu else 0
+    g0 = _first_gpu() if gpu else None
+    if gpu and g0 is None:
+        raise RuntimeError("no GPU registered in ggml (a CUDA or Vulkan build, GGML_VK_VISIBLE_DEVICES=0 for lavapipe)")
+    name = g0.name if g0 is not None else "CPU"
+    host = Device("CPU", "host", "cpu", 64 * 2**30, 64 * 2**30, True, "what-if")
+    devices = (replace(g0, overhead_bytes=0), host) if g0 is not None else (host,)
+    fp = Footprint(text_gf, proj_gf, Probe(devices), Wishes(n_ubatch=n_ubatch), repack=cpu_repacks())
+    ngl = (fp.text.n_layer + 1 if n_gpu_layers is None else n_gpu_layers) if gpu else 0
     cfg = PlanConfig(
         ngl=ngl,
         n_ctx=n_ctx,
@@ -76,7 +83,8 @@ def measure_on_device(
         n_batch=max(512, n_ubatch),
         n_ubatch=n_ubatch,
     )
-    pred = fp.predict(cfg)[0 if gpu else -1]
+    *gpu_pred, host_pred = fp.predict(cfg)
+    dev = _gpu_free() if gpu else None
     free0 = dev[1] if dev else 0
     with logs.capture() as lines:
         be = Backend(
@@ -93,7 +101,7 @@ def measure_on_device(
             warmup=False,
             mmproj_use_gpu=gpu,
             image_max_tokens=image_max_tokens,
-            op_offload=gpu,
+            op_offload=ngl > 0,
         )
         try:
             loaded = _gpu_free()
@@ -111,31 +119,52 @@ def measure_on_device(
             be.close()
     got = buffer_lines(lines)
 
-    def logged(fn: str, what: str) -> int:
-        return int(round(sum(v for k, v in got.items() if k.startswith(f"{fn}:{name}") and k.endswith(what)) * MIB))
+    def logged(fn: str, bufs: tuple[str, ...], what: str) -> int:
+        return int(
+            round(
+                sum(v for k, v in got.items() if k.split(":")[0] == fn and k.split(":")[1] in bufs and k.endswith(what))
+                * MIB
+            )
+        )  # noqa: E501
 
-    clip_model = int(round(got.get("clip:model", 0.0) * MIB))
-    rows = [
-        DeviceRow(label, f"weights on {name}", pred.weights, logged("load_tensors", "model buffer size")),
-        DeviceRow(label, f"KV on {name}", pred.kv, logged("llama_kv_cache", "KV buffer size")),
-        DeviceRow(label, f"compute on {name}", pred.compute, logged("sched_reserve", "compute buffer size")),
-        DeviceRow(label, "encoder weights", pred.mmproj_weights, clip_model),
+    host_bufs = ("CPU", "CPU_Mapped", "CPU_REPACK") + ((g0.host_buffer,) if g0 is not None and g0.host_buffer else ())
+    clip = {k.split(":")[1]: v for k, v in got.items() if k.startswith("reserve_compute_meta:")}
+    rows = []
+    if gpu:
+        p = gpu_pred[0]
+        rows += [
+            DeviceRow(label, f"weights on {name}", p.weights, logged("load_tensors", (name,), "model buffer size")),
+            DeviceRow(label, f"KV on {name}", p.kv, logged("llama_kv_cache", (name,), "KV buffer size")),
+            DeviceRow(label, f"compute on {name}", p.compute, logged("sched_reserve", (name,), "compute buffer size")),
+            DeviceRow(
+                label, f"encoder weights on {name}", p.mmproj_weights, int(round(got.get("clip:model", 0.0) * MIB))
+            ),
+            DeviceRow(label, f"encoder compute on {name}", p.mmproj_compute, int(round(clip.get(name, 0.0) * MIB))),
+        ]
+    h = host_pred
+    rows += [
+        DeviceRow(label, "weights on the host", h.weights, logged("load_tensors", host_bufs, "model buffer size")),
+        DeviceRow(label, "KV on the host", h.kv, logged("llama_kv_cache", host_bufs, "KV buffer size")),
+        DeviceRow(label, "compute on the host", h.compute, logged("sched_reserve", host_bufs, "compute buffer size")),
+        DeviceRow(label, "output buffer (host)", h.other, logged("llama_context", host_bufs, "output buffer size")),
         DeviceRow(
             label,
-            "encoder compute",
-            pred.mmproj_compute,
-            int(round(max([v for k, v in got.items() if k.startswith("reserve_compute_meta:")] or [0.0]) * MIB)),
+            "encoder on the host",
+            h.mmproj_compute + h.mmproj_weights,
+            int(round((clip.get("CPU", 0.0) + (0.0 if gpu else got.get("clip:model", 0.0))) * MIB)),
         ),
     ]
-    if gpu and loaded and imaged:
-        in_logs = sum(r.logged for r in rows)
+    if gpu and dev and loaded and imaged and g0 is not None and g0.free_known:
+        on_dev = [r for r in rows if r.component.endswith(f"on {name}")]
         rows += [
             DeviceRow(
                 label,
                 "outside the logs after load",
                 0,
-                (free0 - loaded[1]) - sum(r.logged for r in rows if not r.component.startswith("encoder compute")),
+                (free0 - loaded[1]) - sum(r.logged for r in on_dev if not r.component.startswith("encoder compute")),
             ),
-            DeviceRow(label, "outside the logs after 1st image", 0, (free0 - imaged[1]) - in_logs),
+            DeviceRow(
+                label, "outside the logs after 1st image", 0, (free0 - imaged[1]) - sum(r.logged for r in on_dev)
+            ),
         ]
     return rows

@@ -22,7 +22,8 @@ import math
 
 from ...model.gguf_info import ProjectorInfo
 from ..compute import vit_attention
-from ..graphalloc import F16, F32, Graph, replay
+from ..graphalloc import F16, F32, Graph
+from ..sched import Backend, encoder_bytes
 
 __all__ = ["compute_bytes", "gemma3_graph", "pool_size"]
 
@@ -122,9 +123,17 @@ def pool_size(proj: ProjectorInfo) -> int:
     return int(proj.meta.get("clip.vision.projector.scale_factor") or 4)
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
-    """clip's compute buffer for one Gemma 3 image (always the whole 896² view: 4096 patches)."""
-    return replay(
+def compute_bytes(
+    proj: ProjectorInfo,
+    n_patches: int,
+    flash_attn: bool,
+    grid: tuple[int, int] | None = None,
+    gpu: Backend | None = None,
+    host: bool = False,
+) -> int:
+    """clip's compute buffer for one Gemma 3 image (always the whole 896² view: 4096 patches);
+    ``host``: the host-side part when the encoder runs on a GPU (its inputs)."""
+    return encoder_bytes(
         gemma3_graph(
             n_patches,
             proj.patch_size,
@@ -135,5 +144,7 @@ def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: t
             proj.n_mmproj_embd,
             pool_size(proj),
             flash_attn,
-        )
+        ),
+        gpu,
+        host,
     )

@@ -24,7 +24,8 @@ import math
 
 from ...model.gguf_info import ProjectorInfo
 from ..compute import vit_attention
-from ..graphalloc import F16, F32, Graph, replay
+from ..graphalloc import F16, F32, Graph
+from ..sched import Backend, encoder_bytes
 
 __all__ = ["compute_bytes", "graph"]
 
@@ -138,7 +139,14 @@ def graph(
     return g
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
+def compute_bytes(
+    proj: ProjectorInfo,
+    n_patches: int,
+    flash_attn: bool,
+    grid: tuple[int, int] | None = None,
+    gpu: Backend | None = None,
+    host: bool = False,
+) -> int:
     """clip's compute buffer for one tile of ``n_patches`` patches (``encoder_patches``: the
     whole (image_size / patch)² view)."""
     side = math.isqrt(max(n_patches, 1))
@@ -158,4 +166,4 @@ def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: t
         flash_attn,
         _conv_type(proj.path or None),
     )
-    return replay(g)
+    return encoder_bytes(g, gpu, host)

@@ -19,7 +19,8 @@ import math
 
 from ...model.gguf_info import ProjectorInfo
 from ..compute import vit_attention
-from ..graphalloc import F16, F32, Graph, replay
+from ..graphalloc import F16, F32, Graph
+from ..sched import Backend, encoder_bytes
 
 __all__ = ["compute_bytes", "internvl_graph"]
 
@@ -122,7 +123,14 @@ def internvl_graph(
     return g
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
+def compute_bytes(
+    proj: ProjectorInfo,
+    n_patches: int,
+    flash_attn: bool,
+    grid: tuple[int, int] | None = None,
+    gpu: Backend | None = None,
+    host: bool = False,
+) -> int:
     """clip's compute buffer for one ``internvl`` chunk of ``n_patches`` patches (one tile:
     (image_size / patch_size)², the thumbnail has the same size)."""
     side = math.isqrt(max(n_patches, 1))
@@ -130,7 +138,7 @@ def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: t
         side = proj.image_size // proj.patch_size
     scale = int((proj.meta or {}).get("clip.vision.projector.scale_factor", 1) or 1)
     vit6b = proj.n_embd == 3200 and proj.n_layer == 45
-    return replay(
+    return encoder_bytes(
         internvl_graph(
             proj.patch_size,
             proj.n_embd,
@@ -143,5 +151,7 @@ def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: t
             scale,
             flash_attn,
             vit6b=vit6b,
-        )
+        ),
+        gpu,
+        host,
     )

@@ -31,7 +31,8 @@ import math
 
 from ...model.gguf_info import ProjectorInfo
 from ..compute import vit_attention
-from ..graphalloc import F16, F32, I32, Graph, replay
+from ..graphalloc import F16, F32, I32, Graph
+from ..sched import Backend, encoder_bytes
 
 __all__ = ["compute_bytes", "grid_bytes", "pixtral_graph"]
 
@@ -136,9 +137,11 @@ def pixtral_graph(
 
 
 @functools.lru_cache(maxsize=4096)
-def _grid_bytes(patch, n_embd, n_head, n_ff, n_layer, n_text, merge, px, py, flash_attn, has_pre_ln):
+def _grid_bytes(
+    patch, n_embd, n_head, n_ff, n_layer, n_text, merge, px, py, flash_attn, has_pre_ln, gpu=None, host=False
+):
     g = pixtral_graph(patch, n_embd, n_head, n_ff, n_layer, n_text, merge, px, py, flash_attn, has_pre_ln=has_pre_ln)
-    return replay(g)
+    return encoder_bytes(g, gpu, host)
 
 
 def _shape(proj: ProjectorInfo) -> tuple[int, int, int, int, int, int, int]:
@@ -156,9 +159,12 @@ def _shape(proj: ProjectorInfo) -> tuple[int, int, int, int, int, int, int]:
     )
 
 
-def grid_bytes(proj: ProjectorInfo, px: int, py: int, flash_attn: bool) -> int:
-    """The clip compute buffer for an image of ``px × py`` merged tokens (exact)."""
-    return _grid_bytes(*_shape(proj), int(px), int(py), bool(flash_attn), True)
+def grid_bytes(
+    proj: ProjectorInfo, px: int, py: int, flash_attn: bool, gpu: Backend | None = None, host: bool = False
+) -> int:
+    """The clip compute buffer for an image of ``px × py`` merged tokens (exact; ``host``: the
+    part on the host, its inputs, when the encoder runs on ``gpu``)."""
+    return _grid_bytes(*_shape(proj), int(px), int(py), bool(flash_attn), True, gpu, host)
 
 
 def _divisors(n: int) -> list[int]:
@@ -169,14 +175,21 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(out))
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
+def compute_bytes(
+    proj: ProjectorInfo,
+    n_patches: int,
+    flash_attn: bool,
+    grid: tuple[int, int] | None = None,
+    gpu: Backend | None = None,
+    host: bool = False,
+) -> int:
     """The clip compute buffer for one chunk of at most ``n_patches`` patches (before merging).
 
     ``grid``: the chunk's token grid ``(px, py)`` (``View.nx, View.ny`` of
     ``families.pixtral.image_tokens``) makes it exact; without it, the worst grid of
     ``⌈n_patches / merge²⌉`` tokens (see the module doc)."""
     if grid is not None:
-        return grid_bytes(proj, grid[0], grid[1], flash_attn)
+        return grid_bytes(proj, grid[0], grid[1], flash_attn, gpu, host)
     merge = int(proj.spatial_merge_size or 1)
     tokens = max(1, -(-int(n_patches) // (merge * merge)))
-    return max(grid_bytes(proj, tokens // py, py, flash_attn) for py in _divisors(tokens))
+    return max(grid_bytes(proj, tokens // py, py, flash_attn, gpu, host) for py in _divisors(tokens))

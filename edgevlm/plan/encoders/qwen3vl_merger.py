@@ -30,8 +30,8 @@ from ..graphalloc import (
     TYPE_SIZE,
     Graph,
     Tensor,
-    replay,
 )
+from ..sched import Backend, encoder_bytes
 
 __all__ = ["compute_bytes", "deepstack_layers"]
 
@@ -226,11 +226,18 @@ def _graph(
     return d.graph()
 
 
-def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: tuple[int, int] | None = None) -> int:
+def compute_bytes(
+    proj: ProjectorInfo,
+    n_patches: int,
+    flash_attn: bool,
+    grid: tuple[int, int] | None = None,
+    gpu: Backend | None = None,
+    host: bool = False,
+) -> int:
     """clip's compute buffer (bytes, CPU) for one image of ``n_patches`` patches (tokens × 4)."""
     merge = int(proj.spatial_merge_size or 2)
     n_head = proj.n_head or 1
-    return replay(
+    return encoder_bytes(
         _graph(
             n_patches,
             proj.patch_size,
@@ -242,5 +249,7 @@ def compute_bytes(proj: ProjectorInfo, n_patches: int, flash_attn: bool, grid: t
             deepstack_layers(proj),
             merge,
             flash_attn,
-        )
+        ),
+        gpu,
+        host,
     )
