@@ -16,7 +16,7 @@ import psutil
 from ..backend.system import ggml_devices
 from ..errors import InputError
 
-__all__ = ["DEFAULT_GPU_OVERHEAD", "Device", "format_size", "parse_size", "Probe", "probe"]
+__all__ = ["DEFAULT_GPU_OVERHEAD", "UNKNOWN_FREE_MARGIN", "Device", "format_size", "parse_size", "Probe", "probe"]
 
 _UNITS = {
     "": 1,
@@ -103,7 +103,10 @@ class Probe:
         return {"devices": [d.to_dict() for d in self.devices], "notes": list(self.notes)}
 
 
-DEFAULT_GPU_OVERHEAD = 384 * 2**20  # CUDA/Metal context, cuBLAS workspace, driver slack
+DEFAULT_GPU_OVERHEAD = 384 * 2**20
+UNKNOWN_FREE_MARGIN = (
+    0.15  # the margin on a device whose free memory is unknown  # CUDA/Metal context, cuBLAS workspace, driver slack
+)
 
 
 def probe(device: str | None = None, free_memory: list[str] | None = None, gpu_overhead: int | None = None) -> Probe:
@@ -125,7 +128,11 @@ def probe(device: str | None = None, free_memory: list[str] | None = None, gpu_o
             continue
         known = not (d.free == d.total and d.total > 0)
         if not known:
-            notes.append(f"{d.name} reports free == total: free memory unknown, planning with a larger margin")
+            notes.append(
+                f"{d.name} reports free == total ({format_size(d.total)}): free memory unknown, so the plan "
+                f"assumes all of it is free and keeps a {UNKNOWN_FREE_MARGIN:.0%} margin "
+                f"(--free-memory {d.name}=SIZE says how much is)"
+            )
         gpus.append(
             Device(
                 d.name,

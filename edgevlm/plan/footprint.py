@@ -15,7 +15,7 @@ from ..model.kv_types import KV_CHOICES, is_quantized
 from ..model.projectors import DEFAULT_DYNAMIC_IMAGE_TOKENS, encoder_patches
 from ..vision.merge import MergeSpec
 from .context import DEFAULT_REPLY_TOKENS
-from .devices import Device, Probe
+from .devices import UNKNOWN_FREE_MARGIN, Device, Probe
 from .estimate import (
     TextTensors,
     clip_compute_bytes,
@@ -251,7 +251,7 @@ class Footprint:
 
     # --- arithmetic -------------------------------------------------------------------
     def margin(self, d: Device) -> float:
-        return self.wishes.margin if d.free_known else max(self.wishes.margin, 0.15)
+        return self.wishes.margin if d.free_known else max(self.wishes.margin, UNKNOWN_FREE_MARGIN)
 
     def _budget(self, d: Device) -> int:
         """What the plan may use on a device: its usable memory (free less a GPU's driver

@@ -44,6 +44,7 @@ from .footprint import (
     Plan,
     Wishes,
 )
+from .offload import device_refuses
 
 __all__ = ["DYNAMIC_IMAGE_FLOOR", "LEVERS", "UBATCH_STEPS", "Plan", "Planner", "Wishes", "image_budget", "make_plan"]
 
@@ -333,6 +334,23 @@ class Planner(Footprint):
             + f"{self.margin(h):.0%} margin"
         )
 
+    def _offload_notes(self, c: Config) -> list[str]:
+        """What llama.cpp does on the host when layers are on a GPU, in the user's terms."""
+        if not self.gpus or c.ngl <= 0:
+            return []
+        g = self.gpus[0]
+        out = []
+        if g.host_buffer:
+            out.append(f"the CPU's compute buffer is {g.host_buffer} (pinned host memory), planned against RAM")
+        kept = [w.name.replace("(tied)", " (tied to token_embd)") for w in self.tensors.tensors
+                if w.layer >= 0 and device_refuses(w, g)]  # fmt: skip
+        if kept and c.ngl > self.text.n_layer:
+            out.append(
+                f"{', '.join(kept)} stay{'s' if len(kept) == 1 else ''} on the host: {g.name} takes tensors up to "
+                f"{format_size(g.max_tensor)}, so the logits are computed there (a larger micro-batch costs RAM)"
+            )
+        return out
+
     def _summary(self, c: Config) -> str:
         return (
             f"ctx {kv_cells(c.n_ctx)}, KV {c.type_k}, micro-batch {c.n_ubatch}, "
@@ -350,6 +368,7 @@ class Planner(Footprint):
         for d, b, budget in zip(list(self.gpus) + [self.host], preds, self.budgets, strict=True):
             devs.append(DevicePlan(d.name, d.kind, d.free_bytes, d.total_bytes, budget, d.free_known, b))
         reasons.extend(self.probe.notes)
+        reasons.extend(self._offload_notes(c))
         per_image = self._kv_tokens(c.image_tokens)
         rule = ContextBudget(kv_cells(c.n_ctx))
         max_images = rule.images_that_fit(per_image, self.wishes.reply_tokens)
