@@ -11,7 +11,7 @@ from .backend.llama import Backend
 from .errors import DoesNotFit
 from .plan.context import DEFAULT_REPLY_TOKENS
 from .plan.devices import Probe, probe
-from .plan.guard import Guard
+from .plan.guard import Guard, after_load
 from .plan.planner import Plan, Wishes, make_plan
 from .runtime.engine import EngineOptions
 from .runtime.model import LoadedModel
@@ -97,6 +97,7 @@ def load(
     opts = options or EngineOptions()
     if opts.image_tokens is None and image_tokens is not None:
         opts = replace(opts, image_tokens=image_tokens)
+    what_if = measure is None and bool(free_memory)
     if measure is None:
         measure = lambda: probe(device, free_memory, gpu_overhead)  # noqa: E731
     if plan is None:
@@ -120,6 +121,8 @@ def load(
     )
     try:
         guard = Guard(plan, backend.proj_info, measure)
+        if what_if:  # the sizes given were free before loading: the guard sees them less what loading took
+            guard.measure = after_load(measure, plan, lambda: guard.reserved_encoder)
         return LoadedModel(Scheduler(backend, sched_opts), opts, plan=plan, guard=guard)
     except BaseException:
         backend.close()

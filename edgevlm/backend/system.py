@@ -90,6 +90,7 @@ def _bind(lib) -> None:
 _NO_LIMIT = 1 << 48
 
 
+@functools.lru_cache(maxsize=16)
 def _max_tensor(lib, dev) -> int:
     """The largest f32 tensor an ADD on ``dev`` accepts, by bisection over ggml's own
     supports_op (Vulkan refuses tensors past maxStorageBufferRange); 0 when there is no limit."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import ContextExceeded, MemoryBusy
 from ..model.gguf_info import ProjectorInfo
@@ -22,9 +22,10 @@ from ..vision.budget import fit_size
 from ..vision.images import LoadedImage, resized
 from .devices import Probe, format_size
 from .estimate import clip_compute_bytes
+from .offload import gpu_backend
 from .planner import Plan
 
-__all__ = ["Admission", "Guard", "SAFETY"]
+__all__ = ["Admission", "Guard", "SAFETY", "after_load"]
 
 SAFETY = 64 * 2**20  # allocator slack kept free on top of the prediction
 
@@ -58,8 +59,13 @@ class Guard:
         """The encoder's compute buffer for a ``w``×``h`` picture (its largest chunk)."""
         it = image_tokens(self.proj, w, h, max_tokens=self._mtmd_cap)
         v = max(it.views, key=lambda v: v.n_tokens)
+        gpus = self.measure().gpus if self.plan.mmproj_on_gpu else []
         return clip_compute_bytes(
-            self.proj, encoder_patches(self.proj, v.n_tokens), self.plan.flash_attn, grid=(v.nx, v.ny)
+            self.proj,
+            encoder_patches(self.proj, v.n_tokens),
+            self.plan.flash_attn,
+            grid=(v.nx, v.ny),
+            gpu=gpu_backend(gpus[0]) if gpus else None,  # scheduled as on that device
         )
 
     def _free_now(self) -> int:
@@ -117,3 +123,25 @@ class Guard:
         self.notices.append(notice)
         self.reserved_encoder = max(self.reserved_encoder, need2)
         return Admission(small, t2, need2, notice)
+
+
+def after_load(measure: Callable[[], Probe], plan: Plan, encoder: Callable[[], int]) -> Callable[[], Probe]:
+    """A what-if probe (``--free-memory``: what was free before loading) as the guard needs it
+    at run time: each what-if device less what the loaded plan holds there — all but the
+    encoder's buffer, which is ``encoder()`` (the largest picture's so far) where the encoder is."""
+    enc_on = next((d.name for d in plan.devices if d.kind != "cpu"), None) if plan.mmproj_on_gpu else None
+
+    def now() -> Probe:
+        pr = measure()
+        out = []
+        for d in pr.devices:
+            put = next((x.predicted for x in plan.devices if x.name == d.name), None)
+            if d.source != "what-if" or put is None:
+                out.append(d)
+                continue
+            is_enc = d.name == enc_on or (enc_on is None and d.kind == "cpu")
+            held = put.total - put.mmproj_compute + (encoder() if is_enc else put.mmproj_compute)
+            out.append(replace(d, free_bytes=max(0, d.free_bytes - held)))
+        return replace(pr, devices=tuple(out))
+
+    return now

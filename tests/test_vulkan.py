@@ -1,0 +1,163 @@
+"""The GPU path on a real ggml device: llama.cpp's Vulkan backend (Mesa's software device,
+lavapipe, on a CPU-only machine; any Vulkan GPU elsewhere). These run where a Vulkan device is
+visible — ``python scripts/gpu_check.py --vulkan --tests`` builds that variant of llama.cpp once
+and runs them with ``GGML_VK_VISIBLE_DEVICES=0`` — and are skipped on a CPU-only build.
+
+Checked on the device: every buffer llama.cpp logs (device and host, text model and encoder)
+against the plan, with all layers and with part of them offloaded; the guard's choices under a
+what-if free memory keep the logged device buffers inside it; ``chat``, ``caption`` and
+``serve`` end to end with ``--ngl -1``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from edgevlm.backend import logs
+from edgevlm.backend.system import ggml_devices
+from edgevlm.plan.devices import probe
+from edgevlm.plan.planner import make_plan
+
+from .conftest import run_cli
+
+VULKAN = [d for d in ggml_devices() if d.name.startswith("Vulkan")]
+pytestmark = [
+    pytest.mark.vulkan,
+    pytest.mark.skipif(not VULKAN, reason="no Vulkan device (scripts/gpu_check.py --vulkan --tests runs these)"),
+]
+MIB = 2**20
+ROUNDING = 0.006 * MIB  # the log's two decimals
+_SIZE = re.compile(r"^(\w+):\s+(\S+)\s+(.*?)\s*=\s*([0-9.]+) MiB")
+
+
+def _within(pred: int, logged: int) -> bool:
+    """≤ 0.5 % or the log's rounding, and never under beyond the rounding."""
+    return abs(pred - logged) <= max(0.005 * logged, ROUNDING) and logged - pred <= ROUNDING
+
+
+@pytest.mark.parametrize(
+    "family,n_ctx,kv,ub,img,ngl",
+    [
+        ("llava15", 1024, "f16", 512, None, None),
+        ("llava15", 2048, "q8_0", 64, None, None),
+        ("llava15", 1024, "f16", 512, None, 1),  # only the output layer on the device
+        ("llava15", 1024, "q8_0", 128, None, 2),
+        ("qwen2vl", 1024, "f16", 512, 64, None),
+        ("qwen2vl", 2048, "q8_0", 128, 256, 2),
+    ],
+)
+def test_plan_matches_llama_cpp_buffers_on_the_device(model_pair, family, n_ctx, kv, ub, img, ngl):
+    from edgevlm_testkit.gpu_measure import measure_on_device
+
+    pair = model_pair(family)
+    rows = measure_on_device(
+        str(pair.model), str(pair.mmproj), family, n_ctx, kv, ub, img, n_threads=2, n_gpu_layers=ngl
+    )
+    on_device = [r for r in rows if r.component.endswith(VULKAN[0].name)]
+    assert on_device and any(r.logged for r in on_device if r.component.startswith("compute"))
+    off = [(r.component, r.predicted, r.logged) for r in rows if not r.component.startswith("outside")
+           and not _within(r.predicted, r.logged)]  # fmt: skip
+    assert not off, off
+
+
+def _logged_device_bytes(lines: list[str], name: str) -> int:
+    """Every buffer llama.cpp and mtmd logged on device ``name`` (the largest of each kind)."""
+    sizes: dict[tuple[str, str], float] = {}
+    for line in lines:
+        m = _SIZE.match(line.strip())
+        if m and m.group(2) == name and "buffer size" in m.group(3):
+            key = (m.group(1), m.group(3))
+            sizes[key] = max(sizes.get(key, 0.0), float(m.group(4)))
+    clip_here = any(f"CLIP using {name} backend" in ln for ln in lines)
+    clip_model = next((float(m.group(1)) for ln in lines if (m := re.search(r"model size:\s+([0-9.]+) MiB", ln))), 0.0)
+    return int(round((sum(sizes.values()) + (clip_model if clip_here else 0.0)) * MIB))
+
+
+@pytest.mark.parametrize("family", ["llava15", "qwen2vl"])
+@pytest.mark.parametrize("free_mib", [96, 8, 4])
+def test_guard_keeps_the_device_inside_a_what_if_budget(model_pair, images, family, free_mib):
+    """``--free-memory Vulkan0=SIZE --ngl auto``: the plan chooses layers, context, KV and
+    micro-batch, and what llama.cpp then allocates on the device (after a picture, or after the
+    guard refused one it had no room for: on these tiny sizes its 64 MiB slack) fits in SIZE."""
+    import edgevlm
+    from edgevlm.errors import ContextExceeded, MemoryBusy
+
+    pair = model_pair(family)
+    name = VULKAN[0].name
+    free = [f"{name}={free_mib}MiB"]
+    plan = make_plan(str(pair.model), str(pair.mmproj), probe(free_memory=free, gpu_overhead=0))
+    assert plan.fits
+    dev = next(d for d in plan.devices if d.name == name)
+    assert dev.predicted.total <= dev.budget_bytes <= free_mib * MIB
+    answered = True
+    with logs.capture() as lines:
+        vlm = edgevlm.load(pair.model, pair.mmproj, free_memory=free, gpu_overhead=0, n_threads=2)
+        try:
+            vlm.chat("What is this?", images=[str(images["gradient"])], max_tokens=2)
+        except (MemoryBusy, ContextExceeded):  # the picture and the guard's slack did not fit: refused
+            answered = False
+        finally:
+            vlm.close()
+    logged = _logged_device_bytes(lines, name)
+    assert logged <= free_mib * MIB, (plan.n_gpu_layers, plan.n_ctx, plan.n_ubatch, logged / MIB)
+    if free_mib >= 96:  # everything fits: every layer and the encoder on the device, and it answers
+        assert answered and plan.n_gpu_layers > 0 and plan.mmproj_on_gpu and logged > 0
+    else:
+        assert plan.levers, "a small device should pull levers"
+
+
+def test_unknown_free_memory_is_said_and_assumed():
+    p = probe()
+    g = next(d for d in p.gpus if d.name == VULKAN[0].name)
+    if g.free_known:
+        pytest.skip(f"{g.name} reports its free memory")
+    note = next(n for n in p.notes if n.startswith(g.name))
+    assert "free memory unknown" in note and "assumes all of it is free" in note and "--free-memory" in note
+    assert g.max_tensor > 0 and g.align > 0  # what the probe read from the backend
+
+
+def test_plan_cli_on_the_device_names_the_host_buffers(model_pair):
+    pair = model_pair("qwen2vl")
+    r = run_cli("plan", "--model", str(pair.model), "--mmproj", str(pair.mmproj), "--ngl", "-1", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    gpu = next(d for d in plan["devices"] if d["name"] == VULKAN[0].name)
+    host = next(d for d in plan["devices"] if d["kind"] == "cpu")
+    assert gpu["predicted"]["compute"] > 0 and host["predicted"]["compute"] > 0
+    assert gpu["predicted"]["mmproj_weights"] > 0 and host["predicted"]["mmproj_compute"] > 0
+    if VULKAN[0].host_buffer:
+        assert any(VULKAN[0].host_buffer in reason for reason in plan["reasons"])
+
+
+def test_chat_caption_and_serve_with_every_layer_on_the_device(model_pair, images, tmp_path):
+    from .test_serve import Served, data_uri, user
+
+    pair = model_pair("llava15")
+    chat = run_cli("chat", "--model", str(pair.model), "--mmproj", str(pair.mmproj), "--ngl", "-1", "-n", "4",
+                   "--image", str(images["square"]), "Describe it.")  # fmt: skip
+    assert chat.returncode == 0, chat.stderr
+    assert "Traceback" not in chat.stderr and chat.stdout.strip()
+    out = tmp_path / "captions.jsonl"
+    Image.fromarray((np.random.default_rng(1).random((48, 64, 3)) * 255).astype(np.uint8)).save(tmp_path / "a.png")
+    cap = run_cli("caption", "--model", str(pair.model), "--mmproj", str(pair.mmproj), "--ngl", "-1", "-n", "4",
+                  str(tmp_path / "a.png"), "--out", str(out))  # fmt: skip
+    assert cap.returncode == 0, cap.stderr
+    rec = json.loads(out.read_text().splitlines()[0])
+    assert rec["error"] is None and rec["caption"]
+    s = Served(pair, "--ngl", "-1", "--ctx", "2048")
+    try:
+        st = s.status()
+        gpu = next(d for d in st["plan"]["devices"] if d["name"] == VULKAN[0].name)
+        assert st["plan"]["n_gpu_layers"] > 0 and gpu["predicted"]["weights"] > 0
+        reply = s.client().chat.completions.create(
+            model="m", max_tokens=4, messages=[user("What is it?", data_uri(images["noise"].read_bytes()))]
+        )
+        assert reply.choices[0].message.content is not None and reply.usage.prompt_tokens > 576
+    finally:
+        err = s.stop()
+    assert "Traceback" not in err, err
