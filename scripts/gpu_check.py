@@ -104,10 +104,9 @@ def _vulkan_build():
 
 def measure(gpu: bool, out: Path) -> int:
     sys.path.insert(0, str(ROOT))
+    from edgevlm.plan.devices import probe
     from edgevlm_testkit import cached_model_pair
     from edgevlm_testkit.gpu_measure import measure_on_device
-
-    from edgevlm.plan.devices import probe
 
     rows, t0 = [], time.perf_counter()
     dev = probe().gpus[0] if gpu and probe().gpus else None
