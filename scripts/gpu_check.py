@@ -44,6 +44,13 @@ CONFIGS = [  # (family, n_ctx, KV type, n_ubatch, image budget, GPU layers: None
     ("qwen2vl", 4096, "f16", 512, 1024, None),
     ("qwen2vl", 8192, "q8_0", 128, 256, None),
 ]
+GUARDS = [  # (family, what-if free memory on GPU 0): --ngl auto, the default 384 MiB overhead
+    ("llava15", "2GiB"),
+    ("llava15", "1GiB"),
+    ("llava15", "768MiB"),
+    ("qwen2vl", "1GiB"),
+    ("qwen2vl", "640MiB"),
+]
 ROUNDING = 0.006 * 2**20  # llama.cpp logs sizes in MiB with two decimals
 TARGET = 0.005  # per component, as on the CPU
 
@@ -102,21 +109,90 @@ def _vulkan_build():
     return mod
 
 
-def measure(gpu: bool, out: Path) -> int:
+def measure_one(index: int, gpu: bool, rows_file: Path) -> int:
+    """One configuration, its rows written to ``rows_file`` before the model is freed."""
     sys.path.insert(0, str(ROOT))
-    from edgevlm.plan.devices import probe
     from edgevlm_testkit import cached_model_pair
     from edgevlm_testkit.gpu_measure import measure_on_device
 
-    rows, t0 = [], time.perf_counter()
-    dev = probe().gpus[0] if gpu and probe().gpus else None
-    for family, n_ctx, kv, ub, img, ngl in CONFIGS:
-        pair = cached_model_pair(family, "real")
-        label = f"{family} ctx{n_ctx} {kv} ub{ub}" + (f" img{img}" if img else "") + (f" ngl{ngl}" if ngl else "")
-        print(f"measuring {label} ...", file=sys.stderr, flush=True)
-        rows += measure_on_device(
-            str(pair.model), str(pair.mmproj), label, n_ctx, kv, ub, img, gpu=gpu, n_gpu_layers=ngl
-        )
+    family, n_ctx, kv, ub, img, ngl = CONFIGS[index]
+    pair = cached_model_pair(family, "real")
+    label = f"{family} ctx{n_ctx} {kv} ub{ub}" + (f" img{img}" if img else "") + (f" ngl{ngl}" if ngl else "")
+
+    def emit(rows) -> None:
+        rows_file.write_text(json.dumps([vars(r) for r in rows]))
+
+    measure_on_device(
+        str(pair.model), str(pair.mmproj), label, n_ctx, kv, ub, img, gpu=gpu, n_gpu_layers=ngl, emit=emit
+    )
+    return 0
+
+
+def guard_one(index: int, rows_file: Path) -> int:
+    """One what-if size: plan, load, a 640×480 picture; the logged device bytes."""
+    import tempfile
+
+    import numpy as np
+    from PIL import Image
+
+    sys.path.insert(0, str(ROOT))
+    from edgevlm.plan.devices import probe
+    from edgevlm_testkit import cached_model_pair
+    from edgevlm_testkit.gpu_measure import guard_on_device
+
+    family, size = GUARDS[index]
+    pair = cached_model_pair(family, "real")
+    with tempfile.TemporaryDirectory() as tmp:
+        pic = Path(tmp) / "photo.png"
+        Image.fromarray((np.random.default_rng(7).random((480, 640, 3)) * 255).astype(np.uint8)).save(pic)
+        row = guard_on_device(str(pair.model), str(pair.mmproj), family, f"{probe().gpus[0].name}={size}", str(pic))
+    rows_file.write_text(json.dumps(vars(row)))
+    return 0
+
+
+def guards() -> tuple[list, list[str]]:
+    """The guard under what-if sizes, each in a process of its own."""
+    import tempfile
+
+    from edgevlm_testkit.gpu_measure import GuardRow
+
+    rows, notes = [], []
+    for i, g in enumerate(GUARDS):
+        print(f"guarding {g} ...", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            f = Path(tmp) / "row.json"
+            rc = subprocess.run([sys.executable, __file__, "--guard", str(i), "--rows", str(f)]).returncode
+            if f.exists():
+                rows.append(GuardRow(**json.loads(f.read_text())))
+            else:
+                notes.append(f"guard {g}: failed (exit {rc})")
+    return rows, notes
+
+
+def measure(gpu: bool, out: Path) -> int:
+    """Every configuration, each in a process of its own (a driver that crashes while a model
+    is freed — Mesa 22.3's lavapipe does after some q8_0 runs — loses nothing measured)."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    from edgevlm.plan.devices import probe
+    from edgevlm_testkit.gpu_measure import DeviceRow
+
+    rows, notes, t0 = [], [], time.perf_counter()
+    gpus = probe().gpus if gpu else []
+    dev = gpus[0] if gpus else None
+    for i, cfg in enumerate(CONFIGS):
+        print(f"measuring {cfg} ...", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            f = Path(tmp) / "rows.json"
+            cmd = [sys.executable, __file__, "--one", str(i), "--rows", str(f)] + (["--cpu"] if not gpu else [])
+            rc = subprocess.run(cmd).returncode
+            if not f.exists():
+                notes.append(f"{cfg}: failed before measuring (exit {rc})")
+                continue
+            rows += [DeviceRow(**r) for r in json.loads(f.read_text())]
+            if rc != 0:
+                notes.append(f"{cfg}: measured; the process then died freeing the model (exit {rc}: the driver)")
     from rich.console import Console
     from rich.table import Table
 
@@ -145,9 +221,35 @@ def measure(gpu: bool, out: Path) -> int:
         f"{len(rows) - len(bad)}/{len(rows)} buffers within {TARGET:.1%} (or the log's rounding) and never under"
         + ("" if not bad else ": off — " + "; ".join(f"{r.label} {r.component}" for r in bad))
     )
-    out.write_text(json.dumps([dict(vars(r), error=r.error) for r in rows], indent=2))
+    grows: list = []
+    if gpu:
+        grows, gnotes = guards()
+        notes += gnotes
+        g = Table(title="the guard: --free-memory SIZE --ngl auto, one picture", title_justify="left")
+        for col in ("model", "free", "plan chose", "predicted MiB", "logged MiB", "free − overhead", "picture"):
+            g.add_column(col, justify="left" if col in ("model", "plan chose", "picture") else "right")
+        for r in grows:
+            g.add_row(
+                r.label,
+                f"{r.free / 2**20:,.0f} MiB",
+                r.plan,
+                f"{r.predicted / 2**20:,.1f}",
+                f"{r.logged / 2**20:,.1f}" + ("" if r.ok else " !"),
+                f"{(r.free - r.overhead) / 2**20:,.0f}",
+                "answered" if r.answered else "refused (guard)",
+            )
+        Console(width=160).print(g)
+        print(f"{sum(r.ok for r in grows)}/{len(grows)} what-if sizes held (logged device buffers ≤ free − overhead)")
+    for n in notes:
+        print("note:", n)
+    out.write_text(
+        json.dumps(
+            {"buffers": [dict(vars(r), error=r.error) for r in rows], "guard": [dict(vars(r), ok=r.ok) for r in grows]},
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
-    return 1 if bad else 0
+    return 1 if bad or any("failed" in n for n in notes) or not all(r.ok for r in grows) else 0
 
 
 def vulkan(args: argparse.Namespace) -> int:
@@ -172,9 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tests", action="store_true", help="with --vulkan: run the device tests instead of the table")
     ap.add_argument("--cpu", action="store_true", help="measure the CPU instead (no build): checks the script")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--guard", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--rows", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("pytest_args", nargs="*", help="with --tests: extra pytest arguments")
     args = ap.parse_args(argv)
+    if args.guard is not None:
+        return guard_one(args.guard, args.rows)
+    if args.one is not None:
+        return measure_one(args.one, not args.cpu, args.rows)
     if args.cpu or args.inner:
         return measure(gpu=not args.cpu, out=args.out)
     if args.vulkan:

@@ -12,7 +12,6 @@ what-if free memory keep the logged device buffers inside it; ``chat``, ``captio
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pytest
@@ -32,7 +31,6 @@ pytestmark = [
 ]
 MIB = 2**20
 ROUNDING = 0.006 * MIB  # the log's two decimals
-_SIZE = re.compile(r"^(\w+):\s+(\S+)\s+(.*?)\s*=\s*([0-9.]+) MiB")
 
 
 def _within(pred: int, logged: int) -> bool:
@@ -65,19 +63,6 @@ def test_plan_matches_llama_cpp_buffers_on_the_device(model_pair, family, n_ctx,
     assert not off, off
 
 
-def _logged_device_bytes(lines: list[str], name: str) -> int:
-    """Every buffer llama.cpp and mtmd logged on device ``name`` (the largest of each kind)."""
-    sizes: dict[tuple[str, str], float] = {}
-    for line in lines:
-        m = _SIZE.match(line.strip())
-        if m and m.group(2) == name and "buffer size" in m.group(3):
-            key = (m.group(1), m.group(3))
-            sizes[key] = max(sizes.get(key, 0.0), float(m.group(4)))
-    clip_here = any(f"CLIP using {name} backend" in ln for ln in lines)
-    clip_model = next((float(m.group(1)) for ln in lines if (m := re.search(r"model size:\s+([0-9.]+) MiB", ln))), 0.0)
-    return int(round((sum(sizes.values()) + (clip_model if clip_here else 0.0)) * MIB))
-
-
 @pytest.mark.parametrize("family", ["llava15", "qwen2vl"])
 @pytest.mark.parametrize("free_mib", [96, 8, 4])
 def test_guard_keeps_the_device_inside_a_what_if_budget(model_pair, images, family, free_mib):
@@ -86,6 +71,7 @@ def test_guard_keeps_the_device_inside_a_what_if_budget(model_pair, images, fami
     guard refused one it had no room for: on these tiny sizes its 64 MiB slack) fits in SIZE."""
     import edgevlm
     from edgevlm.errors import ContextExceeded, MemoryBusy
+    from edgevlm_testkit.gpu_measure import logged_on_device
 
     pair = model_pair(family)
     name = VULKAN[0].name
@@ -103,7 +89,7 @@ def test_guard_keeps_the_device_inside_a_what_if_budget(model_pair, images, fami
             answered = False
         finally:
             vlm.close()
-    logged = _logged_device_bytes(lines, name)
+    logged = logged_on_device(lines, name)
     assert logged <= free_mib * MIB, (plan.n_gpu_layers, plan.n_ctx, plan.n_ubatch, logged / MIB)
     if free_mib >= 96:  # everything fits: every layer and the encoder on the device, and it answers
         assert answered and plan.n_gpu_layers > 0 and plan.mmproj_on_gpu and logged > 0

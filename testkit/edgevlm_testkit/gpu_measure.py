@@ -9,6 +9,8 @@ be checked anywhere.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,7 +25,7 @@ from edgevlm.plan.footprint import Footprint, Wishes
 
 from .measure import MIB, buffer_lines, largest_image
 
-__all__ = ["DeviceRow", "measure_on_device"]
+__all__ = ["DeviceRow", "GuardRow", "guard_on_device", "logged_on_device", "measure_on_device"]
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,12 @@ def measure_on_device(
     gpu: bool = True,
     n_threads: int = 4,
     n_gpu_layers: int | None = None,
+    emit: Callable[[list[DeviceRow]], None] | None = None,
 ) -> list[DeviceRow]:
     """Rows of predicted vs logged bytes per buffer — on the device and on the host — and (GPU
     with a known free memory) what the device lost that no log line accounts for, after load and
-    after the first image. ``n_gpu_layers``: None puts every layer (and the encoder) on the GPU."""
+    after the first image. ``n_gpu_layers``: None puts every layer (and the encoder) on the GPU;
+    ``emit`` gets the rows before the model is freed."""
     text_gf, proj_gf = read_gguf(model), read_gguf(mmproj)
     g0 = _first_gpu() if gpu else None
     if gpu and g0 is None:
@@ -115,9 +119,15 @@ def measure_on_device(
             finally:
                 be.free_bitmap(bm)
             imaged = _gpu_free()
+            rows = _rows(buffer_lines(lines), label, name, g0, gpu_pred, host_pred, gpu, free0, dev, loaded, imaged)
+            if emit is not None:  # before teardown, which a driver may not survive
+                emit(rows)
         finally:
             be.close()
-    got = buffer_lines(lines)
+    return rows
+
+
+def _rows(got, label, name, g0, gpu_pred, host_pred, gpu, free0, dev, loaded, imaged) -> list[DeviceRow]:
 
     def logged(fn: str, bufs: tuple[str, ...], what: str) -> int:
         return int(
@@ -168,3 +178,70 @@ def measure_on_device(
             ),
         ]
     return rows
+
+
+_SIZE = re.compile(r"^(\w+):\s+(\S+)\s+(.*?)\s*=\s*([0-9.]+) MiB")
+
+
+def logged_on_device(lines: list[str], name: str) -> int:
+    """Every buffer llama.cpp and mtmd logged on device ``name`` (the largest of each kind), in
+    bytes: weights, KV, compute, the encoder's weights (when clip runs there) and compute."""
+    sizes: dict[tuple[str, str], float] = {}
+    for line in lines:
+        m = _SIZE.match(line.strip())
+        if m and m.group(2) == name and "buffer size" in m.group(3):
+            key = (m.group(1), m.group(3))
+            sizes[key] = max(sizes.get(key, 0.0), float(m.group(4)))
+    clip_here = any(f"CLIP using {name} backend" in ln for ln in lines)
+    clip_model = next((float(m.group(1)) for ln in lines if (m := re.search(r"model size:\s+([0-9.]+) MiB", ln))), 0.0)
+    return int(round((sum(sizes.values()) + (clip_model if clip_here else 0.0)) * MIB))
+
+
+@dataclass(frozen=True)
+class GuardRow:
+    label: str
+    free: int  # the what-if size given for the device
+    overhead: int  # kept free for the driver (--gpu-overhead)
+    plan: str  # what the plan chose
+    predicted: int  # the plan's bytes on the device
+    logged: int  # what llama.cpp and mtmd logged there after load and one picture
+    answered: bool  # the picture was answered (else refused by the guard, cleanly)
+
+    @property
+    def ok(self) -> bool:
+        return self.logged <= self.free - self.overhead
+
+
+def guard_on_device(model: str, mmproj: str, label: str, free: str, picture: str, n_threads: int = 4) -> GuardRow:
+    """``--free-memory DEV=SIZE --ngl auto`` as a user runs it: plan, load, one picture; what
+    llama.cpp then holds on the device against SIZE less the GPU overhead."""
+    import edgevlm
+    from edgevlm.errors import ContextExceeded, MemoryBusy
+    from edgevlm.plan.devices import DEFAULT_GPU_OVERHEAD, parse_size
+    from edgevlm.plan.planner import make_plan
+
+    name, _, size = free.rpartition("=")
+    plan = make_plan(model, mmproj, probe(free_memory=[free]))
+    dev = next(d for d in plan.devices if d.name == name)
+    chose = (
+        f"ngl {plan.n_gpu_layers}, ctx {plan.n_ctx}, KV {plan.type_k}, ub {plan.n_ubatch}, "
+        f"encoder on {'GPU' if plan.mmproj_on_gpu else 'CPU'}, img {plan.image_max_tokens}"
+    )
+    answered = True
+    with logs.capture() as lines:
+        vlm = edgevlm.load(model, mmproj, free_memory=[free], n_threads=n_threads)
+        try:
+            vlm.chat("What is this?", images=[picture], max_tokens=2)
+        except (MemoryBusy, ContextExceeded):
+            answered = False
+        finally:
+            vlm.close()
+    return GuardRow(
+        label,
+        parse_size(size),
+        DEFAULT_GPU_OVERHEAD,
+        chose,
+        dev.predicted.total,
+        logged_on_device(lines, name),
+        answered,
+    )
