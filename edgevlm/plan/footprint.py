@@ -28,6 +28,7 @@ from .offload import device_refuses, gpu_backend, placed_compute
 
 __all__ = [
     "DEFAULT_DYNAMIC_IMAGE_TOKENS",
+    "GUARD_SLACK",
     "HOST_RESERVE",
     "MIB",
     "Breakdown",
@@ -45,6 +46,10 @@ MIB = 2**20
 # JPEG adds ~170 MiB at its peak; the buffers the plan counts (weights, KV, compute, encoder) are
 # not in it.
 HOST_RESERVE = 256 * MIB
+# What the runtime guard keeps free on the encoder's device on top of its prediction (allocator
+# slack, plan.guard): the plan leaves it on the first GPU, so that a plan that fits admits its
+# largest picture there (on the host, --host-reserve covers it).
+GUARD_SLACK = 64 * MIB
 
 
 @dataclass(frozen=True)
@@ -255,8 +260,11 @@ class Footprint:
 
     def _budget(self, d: Device) -> int:
         """What the plan may use on a device: its usable memory (free less a GPU's driver
-        overhead), less the host reserve on the CPU, less the margin."""
+        overhead; the first GPU also less the guard's slack), less the host reserve on the CPU,
+        less the margin."""
         usable = d.usable_bytes
+        if self.gpus and d is self.gpus[0]:
+            usable = max(0, usable - GUARD_SLACK)
         if d.kind == "cpu":
             w = self.wishes
             usable = max(0, usable - w.host_reserve - w.host_allowance - w.cache_ram)

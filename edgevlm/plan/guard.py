@@ -22,12 +22,13 @@ from ..vision.budget import fit_size
 from ..vision.images import LoadedImage, resized
 from .devices import Probe, format_size
 from .estimate import clip_compute_bytes
+from .footprint import GUARD_SLACK
 from .offload import gpu_backend
 from .planner import Plan
 
 __all__ = ["Admission", "Guard", "SAFETY", "after_load"]
 
-SAFETY = 64 * 2**20  # allocator slack kept free on top of the prediction
+SAFETY = GUARD_SLACK  # allocator slack kept free on top of the prediction (the plan leaves it)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from .devices import Probe, format_size
 from .estimate import kv_cells
 from .footprint import (
     DEFAULT_DYNAMIC_IMAGE_TOKENS,
+    GUARD_SLACK,
     MIB,
     Config,
     DevicePlan,
@@ -89,6 +90,13 @@ class Planner(Footprint):
             n_ubatch=ubatch,
         )
         self._host_budget_reason()
+        for i, g in enumerate(self.gpus):
+            self.reasons.append(
+                f"{g.name} budget {format_size(self.budgets[i])}: {format_size(g.free_bytes)} free − "
+                f"{format_size(g.overhead_bytes)} for the driver (--gpu-overhead) − "
+                + (f"{format_size(GUARD_SLACK)} the guard keeps free for pictures − " if i == 0 else "")
+                + f"{self.margin(g):.0%} margin"
+            )
         if not gpu:
             self.reasons.append("no GPU in the plan: the whole model runs from host RAM")
         if is_quantized(c.type_v) and not c.flash_attn:
