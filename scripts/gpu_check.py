@@ -145,8 +145,14 @@ def guard_one(index: int, rows_file: Path) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         pic = Path(tmp) / "photo.png"
         Image.fromarray((np.random.default_rng(7).random((480, 640, 3)) * 255).astype(np.uint8)).save(pic)
-        row = guard_on_device(str(pair.model), str(pair.mmproj), family, f"{probe().gpus[0].name}={size}", str(pic))
-    rows_file.write_text(json.dumps(vars(row)))
+        guard_on_device(
+            str(pair.model),
+            str(pair.mmproj),
+            family,
+            f"{probe().gpus[0].name}={size}",
+            str(pic),
+            emit=lambda row: rows_file.write_text(json.dumps(vars(row))),
+        )
     return 0
 
 
@@ -164,6 +170,10 @@ def guards() -> tuple[list, list[str]]:
             rc = subprocess.run([sys.executable, __file__, "--guard", str(i), "--rows", str(f)]).returncode
             if f.exists():
                 rows.append(GuardRow(**json.loads(f.read_text())))
+                if rc != 0:
+                    notes.append(
+                        f"guard {g}: measured; the process then died freeing the model (exit {rc}: the driver)"
+                    )
             else:
                 notes.append(f"guard {g}: failed (exit {rc})")
     return rows, notes
