@@ -31,6 +31,7 @@ __all__ = [
     "kv_cells",
     "layer_devices",
     "pad",
+    "replayed_graph",
     "text_compute_bytes",
     "TextTensors",
     "weight_bytes",
@@ -262,6 +263,18 @@ def _text_compute(
     )
 
 
+def replayed_graph(t: TextModelInfo) -> tuple[str, int]:
+    """The ``plan.compute`` graph a text model is replayed with, and how many of its layers:
+    the buffer does not depend on the depth once there are two layers (gemma3: every layer, for
+    its sliding-window pattern; qwen3vl: its deepstack layers and one more)."""
+    arch = t.arch if t.arch in ("qwen2vl", "qwen3vl") or (t.arch == "gemma3" and t.swa_layers) else "llama"
+    if arch == "gemma3":
+        return arch, t.n_layer
+    if arch == "qwen3vl":
+        return arch, min(t.n_layer, max(2, t.n_deepstack + 1))
+    return arch, min(t.n_layer, 2)
+
+
 def text_compute_bytes(
     t: TextModelInfo,
     n_ctx: int,
@@ -275,11 +288,8 @@ def text_compute_bytes(
     llama.cpp clamps the batch to it before padding). Exact for the ``llama``, ``qwen2vl``,
     ``qwen3vl`` (its deepstack input) and ``gemma3`` (its sliding-window layers) graphs of
     ``plan.compute``; other architectures are planned with the ``llama`` graph of the same shapes."""
-    arch = t.arch if t.arch in ("qwen2vl", "qwen3vl") or (t.arch == "gemma3" and t.swa_layers) else "llama"
+    arch, n_layer = replayed_graph(t)
     swa = tuple(t.swa_layers) if arch == "gemma3" else None
-    # the buffer does not depend on the depth once there are two layers (gemma3: every layer is
-    # replayed, for its pattern; qwen3vl: compute trims to its deepstack layers + 1)
-    n_layer = t.n_layer if arch in ("gemma3", "qwen3vl") else min(t.n_layer, 2)
     return _text_compute(
         arch,
         t.n_embd,

@@ -22,7 +22,7 @@ from ..model.gguf_info import TextModelInfo
 from ..model.kv_types import KV_TYPES
 from . import compute
 from .devices import Device
-from .estimate import TextTensors, WeightTensor, kv_cells
+from .estimate import TextTensors, WeightTensor, kv_cells, replayed_graph
 from .graphalloc import Tensor
 from .sched import Backend, Home, schedule
 
@@ -94,10 +94,7 @@ def placed_compute(
     e = t.n_head_kv * t.head_dim
     sizes["k"] = int(cells * e * KV_TYPES[type_k].bytes_per_element)
     sizes["v"] = int(cells * e * KV_TYPES[type_v].bytes_per_element)
-    arch = t.arch if t.arch in ("qwen2vl", "qwen3vl") or (t.arch == "gemma3" and t.swa_layers) else "llama"
-    n_replay = (
-        t.n_layer if arch == "gemma3" else (min(t.n_layer, max(2, t.n_deepstack + 1)) if arch == "qwen3vl" else 2)
-    )
+    arch, n_replay = replayed_graph(t)
     layer_devs = devs[: t.n_layer]
     direct = arch in ("gemma3", "qwen3vl")
     if len(set(layer_devs)) > 1 or direct:
