@@ -179,7 +179,7 @@ def guards() -> tuple[list, list[str]]:
     return rows, notes
 
 
-def measure(gpu: bool, out: Path) -> int:
+def measure(gpu: bool, out: Path, only: str | None = None) -> int:
     """Every configuration, each in a process of its own (a driver that crashes while a model
     is freed — Mesa 22.3's lavapipe does after some q8_0 runs — loses nothing measured)."""
     import tempfile
@@ -191,7 +191,7 @@ def measure(gpu: bool, out: Path) -> int:
     rows, notes, t0 = [], [], time.perf_counter()
     gpus = probe().gpus if gpu else []
     dev = gpus[0] if gpus else None
-    for i, cfg in enumerate(CONFIGS):
+    for i, cfg in enumerate(CONFIGS if only != "guard" else []):
         print(f"measuring {cfg} ...", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             f = Path(tmp) / "rows.json"
@@ -224,15 +224,17 @@ def measure(gpu: bool, out: Path) -> int:
             f"{r.logged / 2**20:,.2f}",
             "" if outside or not r.logged else f"{r.error:+.2%}" + ("" if within and not under else " !"),
         )
-    Console(width=140).print(t)
-    if dev is not None and not dev.free_known:
+    if rows:
+        Console(width=140).print(t)
+    if rows and dev is not None and not dev.free_known:
         print(f"{dev.name} reports free == total (free memory unknown): no 'outside the logs' rows")
-    print(
-        f"{len(rows) - len(bad)}/{len(rows)} buffers within {TARGET:.1%} (or the log's rounding) and never under"
-        + ("" if not bad else ": off — " + "; ".join(f"{r.label} {r.component}" for r in bad))
-    )
+    if rows:
+        print(
+            f"{len(rows) - len(bad)}/{len(rows)} buffers within {TARGET:.1%} (or the log's rounding) and never under"
+            + ("" if not bad else ": off — " + "; ".join(f"{r.label} {r.component}" for r in bad))
+        )
     grows: list = []
-    if gpu:
+    if gpu and only != "buffers":
         grows, gnotes = guards()
         notes += gnotes
         g = Table(title="the guard: --free-memory SIZE --ngl auto, one picture", title_justify="left")
@@ -274,7 +276,10 @@ def vulkan(args: argparse.Namespace) -> int:
     if args.tests:
         cmd = [str(py), "-m", "pytest", "-q", "-m", "vulkan", "-p", "no:cacheprovider", *args.pytest_args]
         return subprocess.run(cmd, cwd=ROOT, env=env).returncode
-    return subprocess.run([str(py), __file__, "--inner", "--out", str(args.out.resolve())], env=env).returncode
+    inner = [str(py), __file__, "--inner", "--out", str(args.out.resolve())] + (
+        ["--only", args.only] if args.only else []
+    )
+    return subprocess.run(inner, env=env).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--guard", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--only", choices=("buffers", "guard"), help="one of the two tables")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("pytest_args", nargs="*", help="with --tests: extra pytest arguments")
     args = ap.parse_args(argv)
@@ -295,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         return measure_one(args.one, not args.cpu, args.rows)
     if args.cpu or args.inner:
-        return measure(gpu=not args.cpu, out=args.out)
+        return measure(gpu=not args.cpu, out=args.out, only=args.only)
     if args.vulkan:
         return vulkan(args)
     if shutil.which("nvidia-smi") is None:
@@ -306,7 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run(["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version", "--format=csv"])
     py = prepare_venv(args.wheel)
-    return subprocess.run([str(py), __file__, "--inner", "--out", str(args.out.resolve())]).returncode
+    inner = [str(py), __file__, "--inner", "--out", str(args.out.resolve())] + (
+        ["--only", args.only] if args.only else []
+    )
+    return subprocess.run(inner).returncode
 
 
 if __name__ == "__main__":

@@ -212,9 +212,18 @@ class GuardRow:
         return self.logged <= self.free - self.overhead
 
 
-def guard_on_device(model: str, mmproj: str, label: str, free: str, picture: str, n_threads: int = 4) -> GuardRow:
+def guard_on_device(
+    model: str,
+    mmproj: str,
+    label: str,
+    free: str,
+    picture: str,
+    n_threads: int = 4,
+    emit: Callable[[GuardRow], None] | None = None,
+) -> GuardRow:
     """``--free-memory DEV=SIZE --ngl auto`` as a user runs it: plan, load, one picture; what
-    llama.cpp then holds on the device against SIZE less the GPU overhead."""
+    llama.cpp then holds on the device against SIZE less the GPU overhead (``emit`` gets the
+    row before the model is freed)."""
     import edgevlm
     from edgevlm.errors import ContextExceeded, MemoryBusy
     from edgevlm.plan.devices import DEFAULT_GPU_OVERHEAD, parse_size
@@ -231,17 +240,14 @@ def guard_on_device(model: str, mmproj: str, label: str, free: str, picture: str
     with logs.capture() as lines:
         vlm = edgevlm.load(model, mmproj, free_memory=[free], n_threads=n_threads)
         try:
-            vlm.chat("What is this?", images=[picture], max_tokens=2)
-        except (MemoryBusy, ContextExceeded):
-            answered = False
+            try:
+                vlm.chat("What is this?", images=[picture], max_tokens=2)
+            except (MemoryBusy, ContextExceeded):
+                answered = False
+            logged = logged_on_device(lines, name)
+            row = GuardRow(label, parse_size(size), DEFAULT_GPU_OVERHEAD, chose, dev.predicted.total, logged, answered)
+            if emit is not None:
+                emit(row)
         finally:
             vlm.close()
-    return GuardRow(
-        label,
-        parse_size(size),
-        DEFAULT_GPU_OVERHEAD,
-        chose,
-        dev.predicted.total,
-        logged_on_device(lines, name),
-        answered,
-    )
+    return row
