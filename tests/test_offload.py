@@ -1,0 +1,65 @@
+"""The scheduler replay behind the GPU plan, checked on the CPU-only machine against numbers
+llama.cpp's Vulkan backend logged on Mesa's software device (``~llama_context: ... compute
+buffer size is X MiB``, four decimals): the device's facts are injected through the same
+``Device`` the real probe fills. ``tests/test_vulkan.py`` checks the same on the device itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from edgevlm.model.gguf_info import read_gguf
+from edgevlm.plan.devices import Device, Probe
+from edgevlm.plan.footprint import Config, Footprint, Wishes
+
+MIB = 2**20
+GIB = 2**30
+# Vulkan0 as the probe reads lavapipe (Mesa 22.3.6): 16-byte alignment, 1 GiB buffers, ops on
+# tensors up to maxStorageBufferRange (128 MiB), pinned host buffers (Vulkan_Host, 64-byte aligned)
+LAVAPIPE = Device(
+    "Vulkan0", "llvmpipe", "gpu", 2 * GIB, 2 * GIB, False, "ggml",
+    align=16, max_alloc=GIB, max_tensor=128 * MIB, host_buffer="Vulkan_Host", host_align=64,
+)  # fmt: skip
+HOST = Device("CPU", "host", "cpu", 64 * GIB, 64 * GIB, True, "what-if")
+
+
+def predict(pair, ngl: int | None, n_ctx: int, kv: str, ub: int, repack: bool = False):
+    fp = Footprint(read_gguf(pair.model), read_gguf(pair.mmproj), Probe((LAVAPIPE, HOST)), Wishes(), repack=repack)
+    n = fp.text.n_layer + 1 if ngl is None else ngl
+    cfg = Config(n, n_ctx, kv, kv, True, False, 0, max(512, ub), ub)
+    gpu, host = fp.predict(cfg)
+    return gpu, host
+
+
+# (family, preset, GPU layers (None: all), n_ctx, KV, n_ubatch) → logged MiB: Vulkan0 compute, Vulkan_Host compute
+LOGGED = [
+    ("llava15", "tiny", None, 1024, "f16", 512, 3.0117, 1.5137),
+    ("llava15", "tiny", 1, 1024, "f16", 512, 3.2500, 1.5137),  # only the output layer on the device
+    ("llava15", "tiny", 2, 1024, "f16", 512, 3.0107, 1.5137),
+    ("llava15", "tiny", 2, 1024, "q8_0", 64, 0.4543, 0.1892),
+    ("llava15", "tiny", None, 4096, "q8_0", 128, 1.5029, 1.1284),
+    ("qwen2vl", "tiny", None, 1024, "f16", 512, 3.0176, 1.5196),
+    ("qwen2vl", "tiny", None, 2560, "f16", 256, 2.2588, 1.5098),
+    ("llava15", "real", None, 4096, "f16", 512, 84.5117, 20.0137),  # 100.5 in the graph's own node order
+    ("llava15", "real", None, 4096, "q8_0", 128, 23.2061, 5.0816),
+    ("llava15", "real", None, 16384, "q8_0", 512, 96.5898, 32.0918),
+    ("qwen2vl", "real", None, 4096, "f16", 512, 62.5176, 302.7520),  # the logits stay on the host
+    ("qwen2vl", "real", None, 8192, "q8_0", 128, 200.1289, 3.5830),  # ... unless offloaded with a copy
+]
+
+
+@pytest.mark.parametrize("family,preset,ngl,n_ctx,kv,ub,device_mib,host_mib", LOGGED)
+def test_compute_buffers_match_what_vulkan_logged(model_pair, family, preset, ngl, n_ctx, kv, ub, device_mib, host_mib):
+    gpu, host = predict(model_pair(family, preset), ngl, n_ctx, kv, ub)
+    assert abs(gpu.compute / MIB - device_mib) < 1e-4 and abs(host.compute / MIB - host_mib) < 1e-4
+
+
+def test_a_tied_output_the_device_refuses_stays_on_the_host(model_pair):
+    """Qwen2-VL's tied 151,936-row output: llama.cpp logs "offloading output layer to GPU", the
+    device refuses its 297 MiB of logits, and the copy of token_embd stays in host memory."""
+    gpu, host = predict(model_pair("qwen2vl", "real"), None, 4096, "f16", 512)
+    assert abs(gpu.weights / MIB - 50.25) < 0.006 and abs(host.weights / MIB - 125.19) < 0.006
+    roomy = Device(*[getattr(LAVAPIPE, f) for f in ("name", "description", "kind", "free_bytes", "total_bytes")])
+    fp = Footprint(read_gguf(model_pair("qwen2vl", "real").model), None, Probe((roomy, HOST)), Wishes(), repack=False)
+    g2, h2 = fp.predict(Config(fp.text.n_layer + 1, 4096, "f16", "f16", True, False, 0, 512, 512))
+    assert g2.weights > gpu.weights + 100 * MIB and h2.compute < host.compute / 10  # no limit: all on the device
