@@ -25,6 +25,7 @@ from .estimate import clip_compute_bytes
 from .footprint import GUARD_SLACK
 from .offload import gpu_backend
 from .planner import Plan
+from .sched import Backend
 
 __all__ = ["Admission", "Guard", "SAFETY", "after_load"]
 
@@ -47,6 +48,16 @@ class Guard:
     reserved_encoder: int = 0  # encoder compute already allocated (largest image so far)
     notices: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _encoder_gpu: Backend | None = field(default=None, init=False, repr=False)
+    _gpu_read: bool = field(default=False, init=False, repr=False)
+
+    def _encoder_device(self) -> Backend | None:
+        """The GPU the encoder runs on, as the scheduler sees it (read once: its facts are fixed)."""
+        if not self._gpu_read:
+            gpus = self.measure().gpus if self.plan.mmproj_on_gpu else []
+            self._encoder_gpu = gpu_backend(gpus[0]) if gpus else None
+            self._gpu_read = True
+        return self._encoder_gpu
 
     @property
     def _mtmd_cap(self) -> int | None:
@@ -60,13 +71,12 @@ class Guard:
         """The encoder's compute buffer for a ``w``×``h`` picture (its largest chunk)."""
         it = image_tokens(self.proj, w, h, max_tokens=self._mtmd_cap)
         v = max(it.views, key=lambda v: v.n_tokens)
-        gpus = self.measure().gpus if self.plan.mmproj_on_gpu else []
         return clip_compute_bytes(
             self.proj,
             encoder_patches(self.proj, v.n_tokens),
             self.plan.flash_attn,
             grid=(v.nx, v.ny),
-            gpu=gpu_backend(gpus[0]) if gpus else None,  # scheduled as on that device
+            gpu=self._encoder_device(),  # scheduled as on that device
         )
 
     def _free_now(self) -> int:

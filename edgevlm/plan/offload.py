@@ -43,20 +43,21 @@ def device_refuses(w: WeightTensor, gpu: Device) -> bool:
 _ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def _replay_layers(devs: list[int], n_replay: int, direct: bool) -> list[int]:
-    """Devices of the replayed layers: every real layer's device compressed to two per run
-    (``direct``: the first ``n_replay - 1`` layers and the last, for graphs whose layers differ)."""
+def _replayed(devs: list[int], n_replay: int, direct: bool) -> list[int]:
+    """The real layers the replayed ones stand for: for graphs whose layers differ (``direct``)
+    the first ``n_replay - 1`` and the last; otherwise two, or — when the layers sit on several
+    devices — every layer compressed to two per run on one device."""
+    n = len(devs)
     if direct:
-        n = len(devs)
-        return [devs[min(i, n - 1)] for i in range(n_replay - 1)] + [devs[n - 1]]
+        return [min(i, n - 1) for i in range(n_replay - 1)] + [n - 1]
+    if len(set(devs)) == 1:
+        return list(range(min(2, n)))
     out: list[int] = []
     run = 0
     for i, d in enumerate(devs):
         run = run + 1 if i and devs[i - 1] == d else 1
         if run <= 2:
-            out.append(d)
-    if len(out) < 2:
-        out = out * 2
+            out.append(i)
     return out
 
 
@@ -95,12 +96,8 @@ def placed_compute(
     sizes["k"] = int(cells * e * KV_TYPES[type_k].bytes_per_element)
     sizes["v"] = int(cells * e * KV_TYPES[type_v].bytes_per_element)
     arch, n_replay = replayed_graph(t)
-    layer_devs = devs[: t.n_layer]
-    direct = arch in ("gemma3", "qwen3vl")
-    if len(set(layer_devs)) > 1 or direct:
-        replayed = _replay_layers(layer_devs, n_replay if direct else 2, direct)
-    else:
-        replayed = [layer_devs[0]] * min(2, t.n_layer)
+    layers = _replayed(devs[: t.n_layer], n_replay, arch in ("gemma3", "qwen3vl"))
+    replayed = [devs[i] for i in layers]
     homes = {"tok_embd": "CPU_Mapped", "out_norm": _name(out_dev, gpus, "CPU_Mapped")}
     homes["out"] = ("CPU_REPACK" if repack and rep["out"] else "CPU_Mapped") if out_host else gpus[out_dev].name
     for il, d in enumerate(replayed):
@@ -118,7 +115,7 @@ def placed_compute(
             pad=32 if gpus[0].host_buffer.startswith("Vulkan") else 0,
         ),
     )
-    swa = tuple(t.swa_layers[i] for i in _replay_index(t.n_layer, len(replayed), direct)) if arch == "gemma3" else None
+    swa = tuple(t.swa_layers[i] for i in layers) if arch == "gemma3" else None
     got = _scheduled(
         arch,
         (t.n_embd, t.n_head, t.n_head_kv, t.head_dim, t.n_ff, t.n_vocab),
@@ -157,10 +154,6 @@ def gpu_backend(g: Device, op_offload: bool = True) -> Backend:
 
 def _name(d: int, gpus: list[Device], host: str) -> str:
     return gpus[d].name if d >= 0 else host
-
-
-def _replay_index(n_layer: int, n: int, direct: bool) -> list[int]:
-    return [min(i, n_layer - 1) for i in range(n - 1)] + [n_layer - 1] if direct else list(range(n))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -209,9 +202,9 @@ def _scheduled(
     n_kv_swa = None
     if flags.layers is not None:
         _, n_kv_swa = compute.swa_kv_cells(n_ctx, n_swa, min(min(n_ctx, n_batch), n_ubatch), True)
+    E, H, Hkv, D, F, V = dims
     best: dict[str, int] = {}
     for u, o in ((n_tokens, n_outputs), (1, 1)):
-        E, H, Hkv, D, F, V = dims
         g = compute.build_text_graph(
             flags, E, H, Hkv, D, F, V, n_kv, u, o, flash_attn, type_k, type_v, n_layer, n_kv_swa, sizes
         )

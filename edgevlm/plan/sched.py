@@ -85,7 +85,6 @@ def schedule(
     backends: Sequence[Backend],
     home: Callable[[Tensor], Home],
     pinned: Callable[[Tensor], int] | None = None,
-    trace: dict | None = None,
 ) -> dict[str, int]:
     """Compute buffer bytes per backend name for reserving graph ``g`` with these backends
     (GPUs first, the CPU last) and the weights and caches where ``home`` puts them;
@@ -314,9 +313,6 @@ def schedule(
     allocs = [DynAlloc(first[bt].align, first[bt].max_size) for bt in bufts]
     buf_of = [bufts.index(be.buft) for be in backends]
     sizes = allocate(copy_nodes, leafs, [buf_of[b] for b in copy_buf], [buf_of[bid[id(t)]] for t in leafs], allocs)
-    if trace is not None:
-        trace["splits"] = [(backends[sp.b].name, sp.start, sp.end, [s.name for s in sp.inputs]) for sp in splits]
-        trace["backend"] = {t.name: backends[bid[id(t)]].name for t in nodes if t.name and id(t) in bid}
     return {be.name: sizes[buf_of[k]] + (be.pad if sizes[buf_of[k]] else 0) for k, be in enumerate(backends)}
 
 
