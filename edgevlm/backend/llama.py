@@ -28,6 +28,7 @@ from . import logs
 from .counting import CHUNK_AUDIO, CHUNK_IMAGE, CHUNK_TEXT, Chunk, Chunks, MtmdTokenizer  # noqa: F401
 from .sampling import SamplingParams
 from .system import cpu_extra_buffers, default_threads, install_log_sink
+from .tokrows import open_token_rows
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -192,6 +193,7 @@ class Backend(MtmdTokenizer):
         self.proj_info = replace(self.proj_info, counter=self.count_tokens)
         self.n_ctx = llama_cpp.llama_n_ctx(self.llama.ctx)
         self.n_batch = n_batch
+        self.n_ubatch = n_ubatch
         self.n_vocab = self.llama.n_vocab()
         # the embedding width mtmd writes: wider than n_embd with Qwen3-VL's deepstack features
         self.n_embd_inp = int(llama_cpp.llama_model_n_embd_inp(self.llama.model))
@@ -201,6 +203,8 @@ class Backend(MtmdTokenizer):
         self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, 1)
         self.n_seq_max = int(llama_cpp.llama_n_seq_max(self.llama.ctx))
         self._batch_ext = None  # for decode_multi, made on first use
+        # text tokens as embedding rows (tokrows), where the architecture allows it
+        self._token_rows = None if self.use_mrope else open_token_rows(self.model_path, self.n_embd_inp)
         self._byte_tokens: dict[int, int] | None = None  # byte → a token of that one byte (on first use)
         self._pieces: dict[int, bytes] = {}  # token → its text (token_bytes)
         self._eog: dict[int, bool] = {}  # token → whether it ends generation
@@ -352,6 +356,49 @@ class Backend(MtmdTokenizer):
             if non_causal:
                 lc.llama_set_causal_attn(self._llm.ctx, True)
             lc.llama_batch_ext_free(batch)
+
+    @property
+    def mixes_tokens(self) -> bool:
+        """Whether text tokens may go into an embedding batch as their rows (``tokrows``):
+        an architecture that allows it, 1-D positions."""
+        return self._token_rows is not None
+
+    def decode_rows(
+        self, tokens: list[tuple[int, int, int, bool]], embd: tuple[int, np.ndarray, np.ndarray] | None
+    ) -> None:
+        """One embedding batch: text tokens ``(seq_id, token, pos, output)`` (``decode_multi``'s
+        entries, as their ``token_embd`` rows; needs ``mixes_tokens``) and then ``embd`` =
+        ``(seq_id, rows, positions)``, a causal picture slice. Outputs are indexed as in
+        ``decode_multi``."""
+        lc = self.llama_cpp
+        assert self._token_rows is not None, "the model does not mix tokens and embeddings"
+        n_tok = len(tokens)
+        n_emb = 0 if embd is None else len(embd[1])
+        rows = np.empty((n_tok + n_emb, self.n_embd_inp), dtype=np.float32)
+        self._token_rows.rows([t[1] for t in tokens], rows[:n_tok])
+        seqs = [t[0] for t in tokens]
+        pos = [t[2] for t in tokens]
+        if embd is not None:
+            rows[n_tok:] = embd[1]
+            seqs += [embd[0]] * n_emb
+            pos += embd[2].tolist()
+        if self._batch_ext is None:
+            self._batch_ext = lc.llama_batch_ext_init(self._llm.ctx)
+        b = self._batch_ext
+        lc.llama_batch_ext_clear(b)
+        d, base, p4 = self.n_embd_inp, rows.ctypes.data, (lc.llama_pos * 4)()
+        for i in range(n_tok + n_emb):
+            e = lc.llama_embd(ctypes.cast(base + i * d * 4, ctypes.POINTER(ctypes.c_float)), 1, d)
+            idx = lc.llama_batch_ext_add_embd(b, seqs[i], e)
+            if idx < 0:
+                raise BackendError(f"could not add row {i} to the batch (code {idx})")
+            p4[0] = pos[i]
+            lc.llama_batch_ext_set_pos(b, idx, p4)
+            if i < n_tok and tokens[i][3]:
+                lc.llama_batch_ext_set_output_logits(b, idx, True)
+        rc = lc.llama_process(self._llm.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, b)
+        if rc != 0:
+            raise BackendError(f"llama_decode failed (code {rc}) on a batch of {n_tok} tokens and {n_emb} picture rows")
 
     def decode_tokens(self, tokens: list[int], n_past: int, logits_last: bool = True, seq_id: int = 0) -> int:
         """Evaluate text tokens at positions n_past..; returns the new n_past."""

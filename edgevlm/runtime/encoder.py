@@ -6,10 +6,13 @@ llama.cpp's context is driven by the scheduler's thread; mtmd's by this one (und
 backend's mtmd lock, which counting and tokenizing share), so a long encode of a new picture
 holds up nobody's tokens but its own request's.
 
-When no stream generates there is nobody to keep going, and an encode beside prompt work only
-makes both share the cores (on a CPU, two teams of threads on the same cores spend much of it
-waiting for each other: 20 % more CPU time per request, measured with scripts/bench_serve.py).
-Then the step loop encodes the next chunk itself (``run_here``) and the two take turns.
+An encode beside the step loop makes both share the cores: on a CPU, two teams of threads on
+the same cores spend much of it waiting for each other (20 % more CPU time per request,
+measured with scripts/bench_serve.py). So the step loop encodes the next chunk itself
+(``run_here``), as a step of its own between token steps, when nobody generates (there is
+nobody to keep going) or when an encode takes no longer than one micro-batch of prompt rows
+(``cost_ms``, measured: the streams wait no longer than one micro-batch would make them); the
+thread takes the encodes that are longer than that (``set_inline``: otherwise it leaves them).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class Encoder:
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self.cost_ms = 0.0  # what an encode takes (moving average; 0 until one is done)
+        self._inline = False  # the step loop takes the encodes (set_inline), not the thread
 
     def ready(self, unit: ImageUnit, ci: int) -> bool:
         return ci in unit.embeddings or ci in unit.errors
@@ -47,6 +52,13 @@ class Encoder:
                 self._thread.start()
             self._cond.notify_all()
             return True
+
+    def set_inline(self, inline: bool) -> None:
+        """Whether the step loop takes the encodes (``run_here``) and the thread leaves them."""
+        if inline != self._inline:
+            with self._cond:
+                self._inline = inline
+                self._cond.notify_all()
 
     def wait(self, timeout: float) -> None:
         """Until an encode finishes (or ``timeout`` seconds)."""
@@ -76,7 +88,7 @@ class Encoder:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stop:
+                while (not self._queue or self._inline) and not self._stop:
                     self._cond.wait()
                 if self._stop:
                     return
@@ -87,6 +99,8 @@ class Encoder:
         unit, ci = job
         try:
             unit.encode(ci, self.backend)  # (a closed unit raises: its request ends with that)
+            ms = unit.encode_ms.get(ci, 0.0)
+            self.cost_ms = ms if not self.cost_ms else 0.7 * self.cost_ms + 0.3 * ms
         except Exception as exc:  # this picture's request ends with it; the encoder goes on
             unit.errors[ci] = exc
         finally:

@@ -161,3 +161,21 @@ class Sequence:
     def fed(self) -> int:
         """Cells of the current picture already in the KV cache (not in the slot's items yet)."""
         return self.feed.done if self.feed is not None else 0
+
+    def cap_thinking(self, before: int) -> None:
+        """Count a reasoning token (the reply's text was ``before`` characters long before it);
+        at the budget, close the block (``ThinkCap``)."""
+        cap = self.request.think
+        assert cap is not None
+        text = self.text.text
+        if not self.thinking:
+            # a reply that opens <think> first thing (only there: later it is just text)
+            if self.thought == 0 and text.lstrip().startswith(cap.open_text) and before < len(cap.open_text) + 8:
+                self.thinking = True
+            return
+        if text.find(cap.close_text, max(0, before - len(cap.close_text))) >= 0:
+            self.thinking = False  # closed by the model (or by us)
+            return
+        self.thought += 1
+        if self.thought >= cap.budget and not self.forced:
+            self.forced.extend(cap.close)

@@ -16,12 +16,12 @@ cache of idle conversations (``cache_ram``), and the step loop.
   others finish gets ``WAIT``; one that can never fit, a ``ContextExceeded``.
 - ``step()`` gives every generating request its next token first, then fills the rest of the
   batch with prompt work — text slices and picture embedding rows, a bounded slice per step
-  (chunked prefill: about as much work as the generation itself, so running streams slow down
-  at most about twofold while a new picture is evaluated) — samples, and returns the requests
-  that finished. Prompt work goes least remaining first, then in arrival order: a follow-up
-  turn whose history is cached gets its first token before a new picture's hundreds of rows are
-  through (the running set is bounded, so the picture's turn comes). Pictures are encoded by
-  the encoder thread meanwhile.
+  (chunked prefill, ``stepcost``: running streams slow down at most about twofold while a new
+  picture is evaluated), in the same batch as the tokens where the model allows (``tokrows``)
+  — samples, and returns the requests that finished. Prompt work goes least remaining first,
+  then in arrival order: a follow-up turn gets its first token before a new picture's hundreds
+  of rows are through. A picture is encoded as a step of its own when that takes no longer
+  than a micro-batch, else by the encoder thread meanwhile (``encoder``).
 - ``stream(seq)`` yields one request's text as it is generated, stepping as needed.
 
 Every KV cell is accounted for (``kvcells``), every reply's cells are reserved when its request
@@ -242,8 +242,11 @@ class Scheduler:
                 return []
             done: list[Sequence] = []
             gen = [s for s in running if s.seq.generating]
-            if not gen and self.encoder.run_here():
-                # nobody generates: an encode is this step's work, not beside prompt work (encoder)
+            short = 0 < self.encoder.cost_ms <= self.costs.batch_ms(self.backend.n_ubatch)
+            self.encoder.set_inline(short)
+            if (not gen or short) and self.encoder.run_here():
+                # an encode is this step's work (nobody generates, or it is no longer than a
+                # micro-batch of prompt rows), not beside the streams' (encoder)
                 self.counters["steps"] += 1
                 return []
             idle = not gen and self.encoder.busy  # ... and while the thread encodes, prompt work waits
@@ -257,7 +260,8 @@ class Scheduler:
         """One step's decode (``step``): its finished requests, and whether it found nothing to do."""
         done: list[Sequence] = []
         room = self.backend.n_batch - len(gen)
-        rows = self.costs.rows(len(gen), room)  # prompt rows this step (stepcost)
+        mix = self.backend.mixes_tokens  # tokens and a picture's rows in one batch (tokrows)
+        rows = self.costs.rows(len(gen), room, mix)  # prompt rows this step (stepcost)
         groups = [(s, 1) for s in gen]
         picture: tuple[Slot, int] | None = None
         prompts = sorted(
@@ -283,29 +287,31 @@ class Scheduler:
             rows -= n
         t0 = time.perf_counter()
         text_rows = sum(n for _, n in groups[len(gen) :])
-        if groups:
-            self._run(groups, done)
-            self.costs.measured(len(gen), text_rows, (time.perf_counter() - t0) * 1000)
-        if picture is not None:
+        one = picture is not None and bool(groups) and mix and not picture[0].seq.feed.non_causal
+        if groups:  # (one: the picture's rows in the same batch, one pass over the weights)
+            self._run(groups, done, picture if one else None)
+            rows = text_rows + (picture[1] if one and picture else 0)
+            self.costs.measured(len(gen), rows, (time.perf_counter() - t0) * 1000, one)
+        if picture is not None and not one:
             t1 = time.perf_counter()
             self._feed_rows(*picture, done)
-            self.costs.measured_rows(picture[1], (time.perf_counter() - t1) * 1000)
+            self.costs.measured(0, picture[1], (time.perf_counter() - t1) * 1000)
         self.llama_ms += (time.perf_counter() - t0) * 1000
         idle = not groups and picture is None and not done
-        c = self.counters
-        c["steps"] += 1
-        c["mixed_steps"] += bool(gen and (text_rows or picture is not None))
-        c["generated"] += len(gen)
-        c["prompt_rows"] += text_rows
-        c["image_rows"] += picture[1] if picture is not None else 0
-        c["encoder_waits"] += idle
+        mixed = bool(gen and (text_rows or picture is not None))
+        pic = picture[1] if picture is not None else 0
+        for k, v in zip(self.counters, (1, mixed, len(gen), text_rows, pic, idle), strict=True):
+            self.counters[k] += v
         return done, idle
 
-    def _run(self, groups: list[tuple[Slot, int]], done: list[Sequence]) -> None:
-        """Decode the next ``n`` pending text items of each slot in one batch and sample the
+    def _run(
+        self, groups: list[tuple[Slot, int]], done: list[Sequence], picture: tuple[Slot, int] | None = None
+    ) -> None:
+        """Decode the next ``n`` pending text items of each slot in one batch (with
+        ``picture``'s next rows, as embedding rows: ``Backend.decode_rows``) and sample the
         slots whose prompt is through. A batch llama.cpp refuses is retried in halves (by
-        sequence, then a lone sequence with fewer items); a sequence that fails alone ends with
-        the error, and no other sequence's cells are touched."""
+        sequence, then a lone sequence with fewer items; the picture on its own); a sequence
+        that fails alone ends with the error, and no other sequence's cells are touched."""
         be = self.backend
         entries: list[tuple[int, int, int, bool]] = []
         outs: dict[int, int] = {}  # slot id → batch index of its output
@@ -318,11 +324,21 @@ class Scheduler:
                     outs[s.id] = len(entries) - 1
         t0 = time.perf_counter()
         try:
-            be.decode_multi(entries)
+            if picture is None:
+                be.decode_multi(entries)
+            else:
+                ps, pn = picture
+                feed = ps.seq.feed
+                part = slice(feed.done, feed.done + pn)
+                be.decode_rows(entries, (ps.id, feed.rows[part], feed.positions[part]))
         except Exception as exc:  # llama.cpp refused the batch, or something broke on the way
             for s, _ in groups:  # what a failed batch left in the cache is not accounted: drop it
                 be.kv_remove(s.pos, -1, s.id)
-            if len(groups) > 1:
+            if picture is not None:  # ... and the picture's new rows (those fed before stay)
+                be.kv_remove(int(feed.positions[feed.done]), -1, ps.id)
+                self._run(groups, done)
+                self._feed_rows(ps, pn, done)
+            elif len(groups) > 1:
                 mid = len(groups) // 2
                 self._run(groups[:mid], done)
                 self._run(groups[mid:], done)
@@ -332,9 +348,12 @@ class Scheduler:
                 self._fail(groups[0][0], exc, "evaluating the reply", done)
             return
         dt = (time.perf_counter() - t0) * 1000
+        n_rows = len(entries) + (picture[1] if picture is not None else 0)
+        if picture is not None:
+            self._fed(*picture, dt * picture[1] / n_rows, done)
         for s, n in groups:
             seq = s.seq
-            share = dt * n / len(entries)
+            share = dt * n / n_rows
             n_prompt = min(n, seq.pending_prompt)
             seq.prompt_ms += share * n_prompt / n
             seq.predicted_ms += share * (n - n_prompt)
@@ -401,18 +420,21 @@ class Scheduler:
     def _feed_rows(self, s: Slot, n: int, done: list[Sequence]) -> None:
         """Feed the next ``n`` rows of ``s``'s picture; once all are in, it stands in the slot's
         items. A failure ends that request (its rows are removed again)."""
-        seq, feed = s.seq, s.seq.feed
-        t0 = time.perf_counter()
+        feed, t0 = s.seq.feed, time.perf_counter()
+        part = slice(feed.done, feed.done + n)
         try:
-            self.backend.decode_embeddings(
-                feed.rows[feed.done : feed.done + n], feed.positions[feed.done : feed.done + n], feed.non_causal, s.id
-            )
+            self.backend.decode_embeddings(feed.rows[part], feed.positions[part], feed.non_causal, s.id)
         except Exception as exc:
             self.backend.kv_remove(s.pos, -1, s.id)
             feed.done = 0
             self._fail(s, exc, "evaluating the picture", done)
             return
-        seq.prompt_ms += (time.perf_counter() - t0) * 1000
+        self._fed(s, n, (time.perf_counter() - t0) * 1000, done)
+
+    def _fed(self, s: Slot, n: int, ms: float, done: list[Sequence]) -> None:
+        """The next ``n`` rows of ``s``'s picture are in the KV cache (they took ``ms``)."""
+        seq, feed = s.seq, s.seq.feed
+        seq.prompt_ms += ms
         feed.done += n
         if feed.left > 0:
             return
@@ -452,29 +474,11 @@ class Scheduler:
         if stopped:
             return "stop"
         if seq.request.think is not None:
-            self._cap_thinking(seq, before)
+            seq.cap_thinking(before)
         if len(seq.tokens) >= seq.request.max_tokens:
             return "length"
         seq.pending = [Item(("t", tok), 1, 1)]
         return None
-
-    @staticmethod
-    def _cap_thinking(seq: Sequence, before: int) -> None:
-        """Count reasoning tokens; at the budget, close the block (``ThinkCap``)."""
-        cap = seq.request.think
-        assert cap is not None
-        text = seq.text.text
-        if not seq.thinking:
-            # a reply that opens <think> first thing (only there: later it is just text)
-            if seq.thought == 0 and text.lstrip().startswith(cap.open_text) and before < len(cap.open_text) + 8:
-                seq.thinking = True
-            return
-        if text.find(cap.close_text, max(0, before - len(cap.close_text))) >= 0:
-            seq.thinking = False  # closed by the model (or by us)
-            return
-        seq.thought += 1
-        if seq.thought >= cap.budget and not seq.forced:
-            seq.forced.extend(cap.close)
 
     def _fail(self, s: Slot, exc: BaseException, what: str, done: list[Sequence]) -> None:
         s.seq.error = (

@@ -1,9 +1,14 @@
 """What a step of the scheduler costs, measured as it runs, and how many prompt rows the next
 step takes: the slicing rule of chunked prefill, apart from the step loop.
 
-- Beside running streams, a step takes about ``prefill_share`` times the work of the streams'
-  own tokens in prompt rows (at least ``MIN_SLICE``): running streams slow down at most about
-  that much while a new prompt or picture is evaluated.
+- Beside running streams, a step may take about ``1 + prefill_share`` times what the streams'
+  own tokens take alone: running streams slow down at most about that much while a new prompt
+  or picture is evaluated.
+- When the prompt rows go in the streams' batch (``mixed``: text, or a picture's rows with the
+  tokens as embedding rows, ``backend.tokrows``), the rows of the next such step are steered by
+  what the last one took against that time (``STEER``): on a CPU most of a small batch is the
+  pass over the weights, so no per-row price predicts it well. Otherwise (a picture's rows in a
+  batch of their own) the rows are their own share of it, at the measured price of a row.
 - Alone, prompt work goes in steps of about ``PROMPT_STEP_MS`` (fewer rows than the batch holds on
   a slow device), so a request that arrives meanwhile — a follow-up's few rows — joins soon; on a
   GPU the whole batch fits in it.
@@ -15,31 +20,48 @@ __all__ = ["MIN_SLICE", "PROMPT_STEP_MS", "StepCosts"]
 
 MIN_SLICE = 4  # prompt rows a step takes at least beside running streams
 PROMPT_STEP_MS = 1500.0
+STEER = (0.7, 1.3)  # how far one mixed step moves the next one's rows, down and up
 
 
 class StepCosts:
-    """Moving averages of what one prompt row costs and what a step of ``n`` streams' tokens
-    costs (per ``n``), and the rows the next step takes."""
+    """What steps take — a step of ``n`` streams' tokens (per ``n``), a prompt row on its own
+    (``row_ms``) — and the rows the next step takes."""
 
     def __init__(self, prefill_share: float):
         self.prefill_share = prefill_share
         self.gen_ms: dict[int, float] = {}  # streams → what a step of their tokens takes
         self.row_ms = 0.0  # what one prompt row takes
+        self.mix_rows = 0.0  # prompt rows of a mixed step (0: none measured yet)
 
-    def rows(self, streams: int, room: int) -> int:
-        """Prompt rows for a step with ``streams`` generating and ``room`` rows left in the batch."""
+    def rows(self, streams: int, room: int, mixed: bool = False) -> int:
+        """Prompt rows for a step with ``streams`` generating and ``room`` rows left in the
+        batch; ``mixed``: in the streams' batch (else in one of their own)."""
         if self.row_ms <= 0:
             return room if not streams else min(room, MIN_SLICE)
         if not streams:
             return max(MIN_SLICE, min(room, int(PROMPT_STEP_MS / self.row_ms)))
+        if mixed and self.mix_rows > 0:
+            return max(MIN_SLICE, min(room, int(self.mix_rows)))
         return max(MIN_SLICE, min(room, int(self.prefill_share * self.gen_cost(streams) / self.row_ms)))
 
-    def measured(self, streams: int, rows: int, ms: float) -> None:
-        """A decode of ``streams`` tokens and ``rows`` prompt rows took ``ms``."""
+    def batch_ms(self, rows: int) -> float:
+        """What a batch of ``rows`` prompt rows takes alone (0 until one is measured)."""
+        return rows * self.row_ms
+
+    def measured(self, streams: int, rows: int, ms: float, mixed: bool = False) -> None:
+        """A step of ``streams`` tokens and ``rows`` prompt rows took ``ms`` (``mixed``: a
+        picture's rows among them, in the same batch)."""
         if streams and not rows:
             self._gen(streams, ms)
         elif not streams:
             self.measured_rows(rows, ms)
+        elif mixed:  # steer the next mixed step's rows to the time it may take
+            target = (1 + self.prefill_share) * self.gen_cost(streams)
+            lo, hi = STEER
+            f = min(hi, max(lo, target / ms)) if ms > 0 else hi
+            if rows < int(self.mix_rows) and f > 1:  # (the picture had fewer left: no news)
+                return
+            self.mix_rows = max(float(MIN_SLICE), rows * f)
         elif self.row_ms > 0:  # both: the generation's part is what the rows did not take
             self._gen(streams, max(0.0, ms - rows * self.row_ms))
 
@@ -49,13 +71,14 @@ class StepCosts:
             self.row_ms = per if not self.row_ms else 0.8 * self.row_ms + 0.2 * per
 
     def gen_cost(self, n: int) -> float:
-        """What a step of ``n`` streams' tokens takes: measured at n, else scaled from the
-        nearest count measured, else (nothing measured yet) n prompt rows."""
+        """What a step of ``n`` streams' tokens takes: measured at n, else the nearest count
+        measured (a token more or less costs about a prompt row), else (nothing measured yet)
+        n prompt rows."""
         if n in self.gen_ms:
             return self.gen_ms[n]
         if self.gen_ms:
             k = min(self.gen_ms, key=lambda m: abs(m - n))
-            return self.gen_ms[k] * n / k
+            return self.gen_ms[k] + max(0, n - k) * self.row_ms
         return n * self.row_ms
 
     def _gen(self, n: int, ms: float) -> None:
@@ -63,4 +86,8 @@ class StepCosts:
         self.gen_ms[n] = ms if old is None else 0.8 * old + 0.2 * ms
 
     def to_dict(self) -> dict[str, object]:
-        return {"rows": round(self.row_ms, 2), "streams": {n: round(ms, 2) for n, ms in sorted(self.gen_ms.items())}}
+        return {
+            "rows": round(self.row_ms, 2),
+            "streams": {n: round(ms, 2) for n, ms in sorted(self.gen_ms.items())},
+            "mixed_rows": round(self.mix_rows, 1),
+        }

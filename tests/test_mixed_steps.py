@@ -1,0 +1,146 @@
+"""Steps that put a picture's rows in the running streams' batch (``backend.tokrows``), the
+rows such a step takes (``runtime.stepcost``), and short encodes as steps of their own
+(``runtime.encoder``). Real llama.cpp on the tiny generated pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import edgevlm
+from edgevlm.backend.llama import Backend
+from edgevlm.runtime.conversation import Message
+from edgevlm.runtime.requests import Client
+from edgevlm.runtime.scheduler import WAIT, Request
+from edgevlm.runtime.stepcost import MIN_SLICE, StepCosts
+from edgevlm.vision.budget import render_views
+from edgevlm.vision.images import load_image
+
+from .conftest import make_image
+
+LONG = "root ::= [a-z ] root"  # a reply that never ends by itself
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mix")
+    return load_image(str(make_image(d / "p.png", 300, 220, seed=7, mode="gradient")))
+
+
+def test_token_rows_are_the_rows_llama_cpp_embeds(model_pair):
+    pair = model_pair("llava15")
+    with Backend(pair.model, pair.mmproj, n_ctx=1024, n_seq_max=3, n_threads=2) as be:
+        assert be.mixes_tokens
+        toks = be.tokenize_text("A few words to embed, one row each.", True)
+        n = len(toks)
+        be.decode_multi([(0, t, i, i == n - 1) for i, t in enumerate(toks)])
+        want = be.logits(n - 1).copy()
+        be.decode_rows([(1, t, i, i == n - 1) for i, t in enumerate(toks)], None)
+        assert np.array_equal(be.logits(n - 1), want)  # the same bits: ggml's own dequantizer
+        rows = np.random.default_rng(0).standard_normal((6, be.n_embd_inp)).astype(np.float32)
+        be.decode_rows([(2, t, i, i == n - 1) for i, t in enumerate(toks)], (0, rows, n + np.arange(6)))
+        assert np.allclose(be.logits(n - 1), want, atol=1e-4)  # another sequence's rows beside
+        assert be.seq_pos_max(0) == n + 5
+
+
+@pytest.mark.parametrize(("family", "mixes"), [("llava15", True), ("qwen2vl", False), ("gemma3", False)])
+def test_only_models_whose_graph_takes_tokens_as_rows_mix(model_pair, family, mixes):
+    # Qwen2-VL: M-RoPE stores 2-D positions for embedding rows; Gemma 3 scales token rows only
+    pair = model_pair(family)
+    with Backend(pair.model, pair.mmproj, n_ctx=512, n_threads=2) as be:
+        assert be.mixes_tokens is mixes
+
+
+def _newcomer(vlm, picture, text="Describe it."):
+    views = render_views(picture, vlm.plan_image(picture))
+    return Message("user", text, [v for _, v in views], labels=[lb for lb, _ in views])
+
+
+def test_a_picture_beside_a_stream_goes_in_the_streams_batch(model_pair, picture):
+    pair = model_pair("llava15")
+    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=3) as vlm:
+        sched, client, be = vlm.scheduler, Client("t"), vlm.scheduler.backend
+        # the reply the picture's request gets alone
+        alone = sched.submit(Request(vlm.render([_newcomer(vlm, picture)]), 6, keep_logits=True), client)
+        while not alone.done:
+            sched.step()
+        sched.clear()
+        calls = {"rows": 0, "separate": 0}
+        rows, separate = be.decode_rows, be.decode_embeddings
+
+        def spy_rows(tokens, embd):
+            calls["rows"] += embd is not None
+            return rows(tokens, embd)
+
+        def spy_separate(*a, **kw):
+            calls["separate"] += 1
+            return separate(*a, **kw)
+
+        be.decode_rows, be.decode_embeddings = spy_rows, spy_separate
+        try:
+            stream = sched.submit(
+                Request(vlm.render([Message("user", "Talk.")]), 3000, edgevlm.SamplingParams(0.0, grammar=LONG)),
+                client,
+            )
+            while len(stream.tokens) < 3:
+                sched.step()
+            beside = sched.submit(Request(vlm.render([_newcomer(vlm, picture)]), 6, keep_logits=True), client)
+            assert beside != WAIT
+            while not beside.done:
+                sched.step()
+        finally:
+            be.decode_rows, be.decode_embeddings = rows, separate
+        assert calls["separate"] == 0 and calls["rows"] > 1  # in slices, each in the streams' batch
+        # the same logits as alone, within the float rounding of other slicings
+        assert np.corrcoef(alone.first_logits, beside.first_logits)[0, 1] > 0.999
+        assert int(np.argmax(alone.first_logits)) == int(np.argmax(beside.first_logits))
+        assert beside.error is None and beside.stats.image_tokens_in == alone.stats.image_tokens_in == 576
+        assert not stream.done
+        sched.cancel(stream)
+
+
+def test_a_short_encode_is_a_step_of_its_own_and_the_thread_leaves_it(model_pair, tmp_path):
+    pair = model_pair("llava15")
+    pics = [load_image(str(make_image(tmp_path / f"{i}.png", 200 + 20 * i, 180, seed=i))) for i in range(2)]
+    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=3) as vlm:
+        sched, client = vlm.scheduler, Client("t")
+        first = sched.submit(Request(vlm.render([_newcomer(vlm, pics[0])]), 2), client)
+        while not first.done:
+            sched.step()
+        assert 0 < sched.encoder.cost_ms < sched.costs.batch_ms(sched.backend.n_ubatch)
+        stream = sched.submit(
+            Request(vlm.render([Message("user", "Talk.")]), 3000, edgevlm.SamplingParams(0.0, grammar=LONG)), client
+        )
+        while len(stream.tokens) < 3:
+            sched.step()
+        steps = sched.counters["steps"]
+        second = sched.submit(Request(vlm.render([_newcomer(vlm, pics[1])]), 2), client)
+        n = len(stream.tokens)
+        sched.step()  # the encode, in the step loop: no token this step
+        assert len(stream.tokens) == n and sched.counters["steps"] == steps + 1
+        unit = next(iter(second.request.prompt.units.values()))
+        assert 0 in unit.embeddings  # encoded, by the step loop (the thread left it)
+        while not second.done:
+            sched.step()
+        assert second.error is None and second.stats.images_encoded == 1
+        sched.cancel(stream)
+
+
+def test_mixed_steps_are_steered_to_twice_the_streams_own_step():
+    # a CPU-like step: 40 ms for the weights and the output rows, 3.5 ms a prompt row
+    costs = StepCosts(prefill_share=1.0)
+    costs.measured(0, 300, 300 * 3.5)  # a prompt alone
+    for _ in range(3):
+        costs.measured(2, 0, 40.0)  # two streams' tokens alone
+    rows = costs.rows(2, 510, mixed=True)
+    for _ in range(30):
+        costs.measured(2, rows, 40.0 + 3.5 * rows, mixed=True)
+        rows = costs.rows(2, 510, mixed=True)
+    step = 40.0 + 3.5 * rows
+    assert 0.8 * 80 <= step <= 1.1 * 80  # about 2x the streams' own 40 ms
+    # an unmeasured stream count costs about a prompt row more per token, not 2x per stream
+    assert costs.gen_cost(4) == pytest.approx(40 + 2 * 3.5)
+    # a picture with fewer rows left than the slice says nothing about the time budget
+    before = costs.mix_rows
+    costs.measured(2, MIN_SLICE, 40.0 + 3.5 * MIN_SLICE, mixed=True)
+    assert costs.mix_rows == before
