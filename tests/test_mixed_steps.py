@@ -144,3 +144,28 @@ def test_mixed_steps_are_steered_to_twice_the_streams_own_step():
     before = costs.mix_rows
     costs.measured(2, MIN_SLICE, 40.0 + 3.5 * MIN_SLICE, mixed=True)
     assert costs.mix_rows == before
+
+
+def test_a_first_token_does_not_wait_for_a_whole_picture(model_pair, tmp_path):
+    """A follow-up that arrives while a picture is evaluated alone gets its first token from a
+    step that takes a slice of the picture (as beside a stream), not the rest of it."""
+    pair = model_pair("llava15")
+    pic = load_image(str(make_image(tmp_path / "p.png", 320, 240, seed=3)))
+    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=3) as vlm:
+        sched, client = vlm.scheduler, Client("t")
+        warm = sched.submit(Request(vlm.render([Message("user", "Warm up.")]), 2), client)
+        while not warm.done:
+            sched.step()
+        first = sched.submit(Request(vlm.render([_newcomer(vlm, pic)]), 2), client)
+        unit = next(iter(first.request.prompt.units.values()))
+        while first.pending[0].is_text or 0 not in unit.embeddings:
+            sched.step()
+        follow = sched.submit(Request(vlm.render([Message("user", "And now?")]), 4), client)
+        beside = sched.costs.rows(1, sched.backend.n_batch, sched.backend.mixes_tokens)
+        assert beside < 300 < unit.chunk(0).n_tokens  # (else there is nothing to tell apart)
+        sched.step()
+        assert len(follow.tokens) == 1  # its first token, from this step ...
+        assert first.feed is not None and 0 < first.feed.done <= beside  # ... with a slice of the picture
+        while not first.done or not follow.done:
+            sched.step()
+        assert first.error is None and follow.error is None

@@ -98,7 +98,7 @@ def open_token_rows(model_path: str | os.PathLike[str], n_embd_inp: int) -> Toke
     ggml_type = int(gguf.GGMLQuantizationType[t.ggml_type])
     n_embd, n_vocab = t.shape
     row_bytes = t.n_bytes // n_vocab
-    data = np.memmap(gf.path, dtype=np.uint8, mode="r", offset=t.offset, shape=(n_vocab, row_bytes))
+    data: np.ndarray = np.memmap(gf.path, dtype=np.uint8, mode="r", offset=t.offset, shape=(n_vocab, row_bytes))
     if ggml_type == GGML_TYPE_F32:
         data = data.view(np.float32)
     return TokenRows(data, ggml_type, n_embd, n_embd_inp)

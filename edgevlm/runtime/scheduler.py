@@ -110,13 +110,8 @@ class Scheduler:
         """Sequence ids: conversations the KV cache keeps."""
         return len(self.slots)
 
-    @property
-    def formatter(self):
-        return self.renderer.formatter
-
-    @property
-    def default_stops(self) -> list[str]:
-        return self.renderer.formatter.default_stops
+    formatter = property(lambda self: self.renderer.formatter)
+    default_stops = property(lambda self: self.renderer.formatter.default_stops)
 
     def render(
         self,
@@ -277,6 +272,10 @@ class Scheduler:
             if not seq.pending[0].is_text:
                 if picture is None and self._feed_ready(s, done):
                     n = seq.feed.left if seq.feed.non_causal else min(rows, seq.feed.left)
+                    if not gen and any(k == len(g.seq.pending) for g, k in groups):  # a first token
+                        if seq.feed.non_causal:  # waits on this step: a slice as beside a stream
+                            continue
+                        n = min(n, self.costs.rows(1, room, mix))
                     picture = (s, n)
                     rows -= n
                 continue

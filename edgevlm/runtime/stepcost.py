@@ -20,6 +20,7 @@ __all__ = ["MIN_SLICE", "PROMPT_STEP_MS", "StepCosts"]
 
 MIN_SLICE = 4  # prompt rows a step takes at least beside running streams
 PROMPT_STEP_MS = 1500.0
+GEN_SHARE = 0.7  # the tokens' part of a mixed step of a few rows, at least (CPU: most of it)
 STEER = (0.7, 1.3)  # how far one mixed step moves the next one's rows, down and up
 
 
@@ -56,6 +57,8 @@ class StepCosts:
         elif not streams:
             self.measured_rows(rows, ms)
         elif mixed:  # steer the next mixed step's rows to the time it may take
+            if streams not in self.gen_ms:  # (first seen beside rows: what the rows did not take)
+                self._gen(streams, max(GEN_SHARE * ms, ms - rows * self.row_ms))
             target = (1 + self.prefill_share) * self.gen_cost(streams)
             lo, hi = STEER
             f = min(hi, max(lo, target / ms)) if ms > 0 else hi
