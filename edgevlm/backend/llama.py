@@ -330,11 +330,10 @@ class Backend(MtmdTokenizer):
         """
         lc = self.llama_cpp
         embd = np.ascontiguousarray(embd, dtype=np.float32)
-        n, d = embd.shape
+        n = len(embd)
         pos = positions.reshape(n, -1).astype(np.int32)
         if pos.shape[1] == 1:
             pos = np.concatenate([pos, np.zeros((n, 3), np.int32)], axis=1)
-        base = embd.ctypes.data
         batch = lc.llama_batch_ext_init(self._llm.ctx)
         step = n if non_causal else self.n_batch
         if non_causal:
@@ -342,13 +341,8 @@ class Backend(MtmdTokenizer):
         try:
             for off in range(0, n, step):
                 lc.llama_batch_ext_clear(batch)
-                for i in range(off, min(n, off + step)):
-                    e = lc.llama_embd(ctypes.cast(base + i * d * 4, ctypes.POINTER(ctypes.c_float)), 1, d)
-                    idx = lc.llama_batch_ext_add_embd(batch, seq_id, e)
-                    if idx < 0:
-                        raise BackendError(f"could not add an embedding to the batch (code {idx})")
-                    p = (lc.llama_pos * 4)(*pos[i].tolist())
-                    lc.llama_batch_ext_set_pos(batch, idx, p)
+                part = slice(off, min(n, off + step))
+                self._add_rows(batch, embd[part], [seq_id] * (part.stop - off), pos[part])
                 rc = lc.llama_process(self._llm.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
                 if rc != 0:
                     raise BackendError(f"decoding merged image tokens failed (code {rc})")
@@ -356,6 +350,22 @@ class Backend(MtmdTokenizer):
             if non_causal:
                 lc.llama_set_causal_attn(self._llm.ctx, True)
             lc.llama_batch_ext_free(batch)
+
+    def _add_rows(self, batch, rows: np.ndarray, seqs: list[int], pos: np.ndarray) -> list[int]:
+        """Add embedding ``rows`` (contiguous float32) of sequences ``seqs`` at positions ``pos``
+        (``(n, 4)``: t, y, x, z; only the first where positions are 1-D) to ``batch``; their
+        indices in it."""
+        lc, d = self.llama_cpp, rows.shape[1]
+        base, p4, out = rows.ctypes.data, (lc.llama_pos * 4)(), []
+        for i in range(len(rows)):
+            e = lc.llama_embd(ctypes.cast(base + i * d * 4, ctypes.POINTER(ctypes.c_float)), 1, d)
+            idx = lc.llama_batch_ext_add_embd(batch, seqs[i], e)
+            if idx < 0:
+                raise BackendError(f"could not add an embedding row to the batch (code {idx})")
+            p4[:] = pos[i].tolist()
+            lc.llama_batch_ext_set_pos(batch, idx, p4)
+            out.append(idx)
+        return out
 
     @property
     def mixes_tokens(self) -> bool:
@@ -376,26 +386,21 @@ class Backend(MtmdTokenizer):
         n_emb = 0 if embd is None else len(embd[1])
         rows = np.empty((n_tok + n_emb, self.n_embd_inp), dtype=np.float32)
         self._token_rows.rows([t[1] for t in tokens], rows[:n_tok])
+        pos = np.zeros((n_tok + n_emb, 4), dtype=np.int32)
+        pos[:n_tok, 0] = [t[2] for t in tokens]
         seqs = [t[0] for t in tokens]
-        pos = [t[2] for t in tokens]
         if embd is not None:
             rows[n_tok:] = embd[1]
+            pos[n_tok:, 0] = embd[2]
             seqs += [embd[0]] * n_emb
-            pos += embd[2].tolist()
         if self._batch_ext is None:
             self._batch_ext = lc.llama_batch_ext_init(self._llm.ctx)
         b = self._batch_ext
         lc.llama_batch_ext_clear(b)
-        d, base, p4 = self.n_embd_inp, rows.ctypes.data, (lc.llama_pos * 4)()
-        for i in range(n_tok + n_emb):
-            e = lc.llama_embd(ctypes.cast(base + i * d * 4, ctypes.POINTER(ctypes.c_float)), 1, d)
-            idx = lc.llama_batch_ext_add_embd(b, seqs[i], e)
-            if idx < 0:
-                raise BackendError(f"could not add row {i} to the batch (code {idx})")
-            p4[0] = pos[i]
-            lc.llama_batch_ext_set_pos(b, idx, p4)
-            if i < n_tok and tokens[i][3]:
-                lc.llama_batch_ext_set_output_logits(b, idx, True)
+        idx = self._add_rows(b, rows, seqs, pos)
+        for i, t in enumerate(tokens):
+            if t[3]:
+                lc.llama_batch_ext_set_output_logits(b, idx[i], True)
         rc = lc.llama_process(self._llm.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, b)
         if rc != 0:
             raise BackendError(f"llama_decode failed (code {rc}) on a batch of {n_tok} tokens and {n_emb} picture rows")

@@ -51,7 +51,6 @@ class TokenRows:
 
     def __init__(self, data: np.ndarray, ggml_type: int, n_embd: int, n_embd_inp: int):
         self.data = data  # (n_vocab, bytes of a row) for quantized types, (n_vocab, n_embd) else
-        self.type = ggml_type
         self.n_embd = n_embd
         self.n_embd_inp = n_embd_inp
         self._to_float = None
@@ -66,21 +65,15 @@ class TokenRows:
                 raise ValueError(f"ggml has no dequantizer for type {ggml_type}")
             self._to_float = _TO_FLOAT(fn)
 
-    def rows(self, tokens: list[int], out: np.ndarray | None = None) -> np.ndarray:
-        """``(len(tokens), n_embd_inp)`` float32 rows (into ``out`` when given)."""
-        n = len(tokens)
-        if out is None:
-            out = np.zeros((n, self.n_embd_inp), dtype=np.float32)
-        else:
-            out[:, self.n_embd :] = 0.0
+    def rows(self, tokens: list[int], out: np.ndarray) -> None:
+        """Write the rows of ``tokens`` into ``out`` (``(len(tokens), n_embd_inp)`` float32)."""
+        out[:, self.n_embd :] = 0.0
         if self._to_float is None:
             out[:, : self.n_embd] = self.data[tokens]
-            return out
+            return
         for i, tok in enumerate(tokens):
-            src = self.data[tok]
             dst = out[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            self._to_float(src.ctypes.data, dst, self.n_embd)
-        return out
+            self._to_float(self.data[tok].ctypes.data, dst, self.n_embd)
 
 
 def open_token_rows(model_path: str | os.PathLike[str], n_embd_inp: int) -> TokenRows | None:

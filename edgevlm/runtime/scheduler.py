@@ -290,8 +290,8 @@ class Scheduler:
         one = picture is not None and bool(groups) and mix and not picture[0].seq.feed.non_causal
         if groups:  # (one: the picture's rows in the same batch, one pass over the weights)
             self._run(groups, done, picture if one else None)
-            rows = text_rows + (picture[1] if one and picture else 0)
-            self.costs.measured(len(gen), rows, (time.perf_counter() - t0) * 1000, one)
+            n_rows = text_rows + (picture[1] if one and picture else 0)
+            self.costs.measured(len(gen), n_rows, (time.perf_counter() - t0) * 1000, one)
         if picture is not None and not one:
             t1 = time.perf_counter()
             self._feed_rows(*picture, done)
