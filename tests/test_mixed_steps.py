@@ -141,9 +141,29 @@ def test_mixed_steps_are_steered_to_twice_the_streams_own_step():
     # an unmeasured stream count costs about a prompt row more per token, not 2x per stream
     assert costs.gen_cost(4) == pytest.approx(40 + 2 * 3.5)
     # a picture with fewer rows left than the slice says nothing about the time budget
-    before = costs.mix_rows
+    before = dict(costs.mix_rows)
     costs.measured(2, MIN_SLICE, 40.0 + 3.5 * MIN_SLICE, mixed=True)
     assert costs.mix_rows == before
+
+
+def test_small_moves_of_the_mixed_slice_add_up_and_each_stream_count_has_its_own():
+    # one stream: 36 ms, a row 3.6 ms, share 0.7 -> about 61 ms, 7 rows; from the 4-row floor each
+    # step moves the slice by under 1.25x, which a whole-row slice would drop every time
+    costs = StepCosts(prefill_share=0.7)
+    costs.measured(0, 300, 300 * 3.3)
+    costs.measured(1, 0, 36.0)
+    costs.measured(4, 0, 40.0)
+    for _ in range(3):  # a few slow steps (another thread had the cores) drop it to the floor
+        costs.measured(1, costs.rows(1, 510, mixed=True), 150.0, mixed=True)
+    rows = {1: costs.rows(1, 510, mixed=True), 4: costs.rows(4, 510, mixed=True)}
+    assert rows == {1: MIN_SLICE, 4: MIN_SLICE}
+    for _ in range(40):
+        for n, base in ((1, 36.0), (4, 40.0)):
+            costs.measured(n, rows[n], base + 3.6 * rows[n], mixed=True)
+            rows[n] = costs.rows(n, 510, mixed=True)
+    assert 6 <= rows[1] <= 8  # 36 + 3.6 * 7 = 61 ms = 1.7 x 36
+    assert 7 <= rows[4] <= 9  # 40 + 3.6 * 8 = 68 ms = 1.7 x 40: steered apart from one stream's
+    assert costs.gen_cost(1) == pytest.approx(36.0)  # (the mixed steps left the streams' own cost alone)
 
 
 def test_a_first_token_does_not_wait_for_a_whole_picture(model_pair, tmp_path):

@@ -291,7 +291,7 @@ class Scheduler:
         if groups:  # (one: the picture's rows in the same batch, one pass over the weights)
             self._run(groups, done, picture if one else None)
             n_rows = text_rows + (picture[1] if one and picture else 0)
-            self.costs.measured(len(gen), n_rows, (time.perf_counter() - t0) * 1000, one)
+            self.costs.measured(len(gen), n_rows, (time.perf_counter() - t0) * 1000, one or (mix and text_rows > 0))
         if picture is not None and not one:
             t1 = time.perf_counter()
             self._feed_rows(*picture, done)

@@ -6,8 +6,9 @@ step takes: the slicing rule of chunked prefill, apart from the step loop.
   or picture is evaluated.
 - When the prompt rows go in the streams' batch (``mixed``: text, or a picture's rows with the
   tokens as embedding rows, ``backend.tokrows``), the rows of the next such step are steered by
-  what the last one took against that time (``STEER``): on a CPU most of a small batch is the
-  pass over the weights, so no per-row price predicts it well. Otherwise (a picture's rows in a
+  what the last one with as many streams took against that time (``STEER``; the rows keep their
+  fraction, so moves of a few percent add up): on a CPU most of a small batch is the pass over
+  the weights, so no per-row price predicts it well. Otherwise (a picture's rows in a
   batch of their own) the rows are their own share of it, at the measured price of a row.
 - Alone, prompt work goes in steps of about ``PROMPT_STEP_MS`` (fewer rows than the batch holds on
   a slow device), so a request that arrives meanwhile — a follow-up's few rows — joins soon; on a
@@ -32,7 +33,7 @@ class StepCosts:
         self.prefill_share = prefill_share
         self.gen_ms: dict[int, float] = {}  # streams → what a step of their tokens takes
         self.row_ms = 0.0  # what one prompt row takes
-        self.mix_rows = 0.0  # prompt rows of a mixed step (0: none measured yet)
+        self.mix_rows: dict[int, float] = {}  # streams → prompt rows of their next mixed step
 
     def rows(self, streams: int, room: int, mixed: bool = False) -> int:
         """Prompt rows for a step with ``streams`` generating and ``room`` rows left in the
@@ -41,8 +42,8 @@ class StepCosts:
             return room if not streams else min(room, MIN_SLICE)
         if not streams:
             return max(MIN_SLICE, min(room, int(PROMPT_STEP_MS / self.row_ms)))
-        if mixed and self.mix_rows > 0:
-            return max(MIN_SLICE, min(room, int(self.mix_rows)))
+        if mixed and self.mix_rows:
+            return max(MIN_SLICE, min(room, int(self.mixed_rows(streams))))
         return max(MIN_SLICE, min(room, int(self.prefill_share * self.gen_cost(streams) / self.row_ms)))
 
     def batch_ms(self, rows: int) -> float:
@@ -62,11 +63,20 @@ class StepCosts:
             target = (1 + self.prefill_share) * self.gen_cost(streams)
             lo, hi = STEER
             f = min(hi, max(lo, target / ms)) if ms > 0 else hi
-            if rows < int(self.mix_rows) and f > 1:  # (the picture had fewer left: no news)
+            last = self.mixed_rows(streams)
+            if rows < int(last) and f > 1:  # (the picture had fewer left: no news)
                 return
-            self.mix_rows = max(float(MIN_SLICE), rows * f)
+            base = last if rows == int(last) else rows  # (a step of 4 rows steered to 4.9 is not stuck)
+            self.mix_rows[streams] = max(float(MIN_SLICE), base * f)
         elif self.row_ms > 0:  # both: the generation's part is what the rows did not take
             self._gen(streams, max(0.0, ms - rows * self.row_ms))
+
+    def mixed_rows(self, streams: int) -> float:
+        """The prompt rows steered for a mixed step of ``streams`` (a count not seen yet starts
+        from the nearest one's; 0 while none is)."""
+        if not self.mix_rows:
+            return 0.0
+        return self.mix_rows.get(streams) or self.mix_rows[min(self.mix_rows, key=lambda m: abs(m - streams))]
 
     def measured_rows(self, rows: int, ms: float) -> None:
         if rows > 0 and ms > 0:
@@ -92,5 +102,5 @@ class StepCosts:
         return {
             "rows": round(self.row_ms, 2),
             "streams": {n: round(ms, 2) for n, ms in sorted(self.gen_ms.items())},
-            "mixed_rows": round(self.mix_rows, 1),
+            "mixed_rows": {n: round(r, 1) for n, r in sorted(self.mix_rows.items())},
         }
