@@ -220,6 +220,36 @@ def test_a_resent_history_reuses_its_cache(server):
     assert second.usage.prompt_tokens - cached < 50
 
 
+def test_a_reply_sent_back_as_text_is_matched_as_the_ids_it_was_generated_as(server):
+    """Random replies often do not tokenize back to their ids (a leading space the API trims, a
+    word split another way); the follow-up still finds the reply cached (serve.recall)."""
+    c = server.client()
+    for i in range(6):
+        q = user(f"Say anything ({i}).")
+        first = c.chat.completions.create(model="m", messages=[q], max_tokens=10, temperature=1.5, seed=i)
+        history = [q, {"role": "assistant", "content": first.choices[0].message.content}, user("More.")]
+        second = c.chat.completions.create(model="m", messages=history, max_tokens=2, temperature=0)
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 1, (i, first.choices[0])
+    host = server.status()["memory"]["host"]
+    assert 0 < host["reply_recall_used_bytes"] <= host["reply_recall_bytes"]
+
+
+def test_the_reply_recall_keeps_the_newest_replies_within_its_bytes():
+    from edgevlm.serve.recall import ENTRY_BYTES, ReplyRecall
+
+    one = 10 + 4 * 5 + ENTRY_BYTES  # a 10-character reply of 5 ids
+    recall = ReplyRecall(max_bytes=3 * one)
+    for i in range(4):
+        recall.remember(f"reply {i:04d}", [i] * 5)
+    assert recall.held == 3 * one and recall.tokens("reply 0000") is None  # the oldest went
+    assert recall.tokens("reply 0001") == [1] * 5  # (now the newest used)
+    recall.remember("reply 0004", [4] * 5)
+    assert recall.tokens("reply 0002") is None and recall.tokens("reply 0001") == [1] * 5
+    recall.remember("x" * (4 * one), [1])  # larger than the whole bound: not kept
+    assert recall.held == 3 * one
+
+
 def test_json_schema_and_json_object_replies_parse(server):
     schema = {
         "type": "object",

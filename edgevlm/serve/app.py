@@ -346,7 +346,7 @@ class Server:
     def _host(self, rss: int) -> dict[str, Any]:
         """What the host's memory is planned for, beside the RSS measured now: the model's
         buffers (the plan), the image cache's bound, the host KV cache of idle conversations
-        (--cache-ram), the Responses store's bound, the process itself (--host-reserve) and the
+        (--cache-ram), the Responses store's and the reply recall's bounds, the process itself (--host-reserve) and the
         requests in flight and waiting (the allowance, and what they hold of it now)."""
         eng, service = self.engine, self.service
         assert eng is not None and service is not None
@@ -357,7 +357,8 @@ class Server:
         kv_cache = eng.scheduler.host_cache.max_bytes
         host = service.host.to_dict()
         stored = self.responses.max_bytes  # conversations kept for previous_response_id
-        limit = buffers + cache + kv_cache + reserve + host["allowance_bytes"] + stored
+        recall = service.worker.recall  # the generated ids of replies, for follow-ups that send them back
+        limit = buffers + cache + kv_cache + reserve + host["allowance_bytes"] + stored + recall.max_bytes
         return {
             "buffers_bytes": buffers,
             "image_cache_bytes": cache,
@@ -365,6 +366,8 @@ class Server:
             "kv_cache_used_bytes": eng.scheduler.host_cache.nbytes,
             "responses_store_bytes": stored,
             "responses_store_used_bytes": self.responses.nbytes,
+            "reply_recall_bytes": recall.max_bytes,
+            "reply_recall_used_bytes": recall.held,
             "process_reserve_bytes": reserve,
             **host,
             "limit_bytes": limit,

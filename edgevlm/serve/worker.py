@@ -14,8 +14,8 @@ request alone — it gets an error event (a 4xx for what it sent, a 500 for anyt
 whose traceback goes to the log once), and every other request goes on. Every job gets exactly
 one final event ("done" or "error"), also when the server stops.
 
-Replies are remembered by their text (the exact token ids generated), so a client that sends
-its history back gets the same tokens and reuses its KV prefix (``cached_tokens``).
+Replies are remembered by their text (the exact token ids generated; ``recall``), so a client
+that sends its history back gets the same tokens and reuses its KV prefix (``cached_tokens``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,11 +40,11 @@ from ..runtime.requests import ThinkCap
 from ..runtime.scheduler import WAIT, Client, GenerationResponse, Request, Sequence
 from ..runtime.session import Footprint, SessionOptions, Summaries, make_room
 from .options import ServeOptions
+from .recall import ReplyRecall
 from .request import APIError, new_id
 
 __all__ = ["Job", "Worker"]
 
-REPLY_MEMORY = 1024  # replies remembered by text, for clients that resend their history
 log = logging.getLogger("edgevlm.serve")
 
 
@@ -166,7 +166,7 @@ class Worker:
         self._inbox: deque[Job] = deque()  # submitted, not rendered yet
         self._waiting: deque[Job] = deque()  # rendered, waiting for a sequence and cells
         self._running: dict[int, Job] = {}
-        self._replies: OrderedDict[str, list[int]] = OrderedDict()
+        self.recall = ReplyRecall()  # replies by text, for clients that resend their history
         self._session = SessionOptions()
         self._summaries = Summaries()  # by picture content: one summary per picture
         self._cond = threading.Condition()
@@ -328,7 +328,7 @@ class Worker:
         conv = job.conversation
         for m in conv.messages:
             if m.role == "assistant" and m.tokens is None and not m.tool_calls:
-                m.tokens = self._replies.get(m.text)
+                m.tokens = self.recall.tokens(m.text.strip())
         budget = self.sched.budget
         reserve = budget.reply_reserve(job.max_tokens)
         if job.evict:
@@ -514,7 +514,7 @@ class Worker:
             return
         st = seq.stats
         assert st is not None  # done: the scheduler's _finish made them
-        self._remember(seq.reply, list(seq.tokens))
+        self.recall.remember(seq.reply.strip(), seq.tokens)  # (the APIs trim a reply's ends)
         c = self.counters
         if job.cancelled:
             c.cancelled += 1
@@ -526,9 +526,3 @@ class Worker:
         if job.timed_out:
             job.notices.append(f"stopped after {self.options.timeout_s:g} s (the server's --timeout)")
         job.emit("done", seq)
-
-    def _remember(self, text: str, tokens: list[int]) -> None:
-        self._replies[text] = tokens
-        self._replies.move_to_end(text)
-        while len(self._replies) > REPLY_MEMORY:
-            self._replies.popitem(last=False)
