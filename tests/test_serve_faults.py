@@ -190,6 +190,7 @@ def test_the_host_allowance_refuses_waits_and_is_shown(model_pair):
             + host["image_cache_bytes"]
             + host["kv_cache_bytes"]
             + host["responses_store_bytes"]
+            + host["reply_recall_bytes"]
             + host["process_reserve_bytes"]
             + host["allowance_bytes"]
         )
