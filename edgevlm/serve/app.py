@@ -346,8 +346,9 @@ class Server:
     def _host(self, rss: int) -> dict[str, Any]:
         """What the host's memory is planned for, beside the RSS measured now: the model's
         buffers (the plan), the image cache's bound, the host KV cache of idle conversations
-        (--cache-ram), the Responses store's and the reply recall's bounds, the process itself (--host-reserve) and the
-        requests in flight and waiting (the allowance, and what they hold of it now)."""
+        (--cache-ram), the Responses store's and the reply recall's bounds, the process itself
+        (--host-reserve) and the requests in flight and waiting (the allowance, and what they
+        hold of it now)."""
         eng, service = self.engine, self.service
         assert eng is not None and service is not None
         plan = eng.plan

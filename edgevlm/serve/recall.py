@@ -28,7 +28,6 @@ class ReplyRecall:
     def __init__(self, max_bytes: int = RECALL_BYTES):
         self.max_bytes = max_bytes
         self.held = 0  # bytes kept now
-        self.hits = 0  # assistant messages given their generated ids
         self._lock = threading.Lock()
         self._replies: OrderedDict[str, array] = OrderedDict()
 
@@ -61,9 +60,4 @@ class ReplyRecall:
             if ids is None:
                 return None
             self._replies.move_to_end(text)
-            self.hits += 1
             return ids.tolist()
-
-    def to_dict(self) -> dict[str, int]:
-        with self._lock:
-            return {"replies": len(self._replies), "bytes": self.held, "hits": self.hits}
