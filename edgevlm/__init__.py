@@ -6,9 +6,15 @@ admission, the context budget) → ``runtime`` (the scheduler, the engine, the s
 ``caption`` / ``hub`` → ``api`` (``load``) → ``cli``.
 """
 
-from .api import load
-from .backend.sampling import SamplingParams
-from .errors import (
+# llama.cpp's libraries first of all, before any module of ours imports numpy: a CUDA build
+# crashed loading models in processes that imported numpy first (``backend.native``)
+from .backend import native
+
+native.preload()
+
+from .api import load  # noqa: E402
+from .backend.sampling import SamplingParams  # noqa: E402
+from .errors import (  # noqa: E402
     BackendError,
     ClusterError,
     ContextExceeded,
@@ -24,14 +30,14 @@ from .errors import (
     OutputError,
     UnsupportedModel,
 )
-from .model.gguf_info import ProjectorInfo, TextModelInfo, check_pair, load_projector, load_text_model
-from .model.projectors import ImageTokens, image_tokens
-from .runtime.engine import ChatResult, Engine, EngineOptions, GenerationResponse
-from .runtime.model import LoadedModel
-from .runtime.session import SessionOptions
-from .runtime.stats import TurnStats
-from .vision.images import LoadedImage, load_image
-from .vision.merge import MergeSpec
+from .model.gguf_info import ProjectorInfo, TextModelInfo, check_pair, load_projector, load_text_model  # noqa: E402
+from .model.projectors import ImageTokens, image_tokens  # noqa: E402
+from .runtime.engine import ChatResult, Engine, EngineOptions, GenerationResponse  # noqa: E402
+from .runtime.model import LoadedModel  # noqa: E402
+from .runtime.session import SessionOptions  # noqa: E402
+from .runtime.stats import TurnStats  # noqa: E402
+from .vision.images import LoadedImage, load_image  # noqa: E402
+from .vision.merge import MergeSpec  # noqa: E402
 
 __version__ = "0.1.0"
 

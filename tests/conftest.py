@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# edgevlm first: it loads llama.cpp's libraries before numpy is imported (edgevlm.backend.native)
+import edgevlm  # noqa: F401
+
+# isort: split
 import os
 import subprocess
 import sys

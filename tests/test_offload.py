@@ -63,3 +63,56 @@ def test_a_tied_output_the_device_refuses_stays_on_the_host(model_pair):
     fp = Footprint(read_gguf(model_pair("qwen2vl", "real").model), None, Probe((roomy, HOST)), Wishes(), repack=False)
     g2, h2 = fp.predict(Config(fp.text.n_layer + 1, 4096, "f16", "f16", True, False, 0, 512, 512))
     assert g2.weights > gpu.weights + 100 * MIB and h2.compute < host.compute / 10  # no limit: all on the device
+
+
+# CUDA0 as the probe reads it (an H200, CUDA 13.0): 128-byte buffers without a size limit, no
+# tensor limit, pinned host buffers (CUDA_Host)
+H200 = Device("CUDA0", "NVIDIA H200", "gpu", 139 * GIB, 140 * GIB, True, "ggml", host_buffer="CUDA_Host")
+# (preset, GPU layers, n_ctx, KV, n_ubatch) → bytes llama.cpp logged (two decimals of MiB): device
+# compute, host weights, host compute — docs/results/gpu-check-*.json, with the CPU's extra buffer
+# types on and off alike
+PART_LOGGED = [
+    (LAVAPIPE, "llava15", 1, 1024, "f16", 512, 105056829, 301465600, 26224886),
+    (H200, "llava15", 1, 1024, "f16", 512, 130222653, 301465600, 26224886),
+    (H200, "llava15", 2, 4096, "f16", 512, 105056829, 187600732, 29370614),
+]
+
+
+@pytest.mark.parametrize("repack", [True, False], ids=["cpu-repacks", "no-repack"])
+@pytest.mark.parametrize("dev,family,ngl,n_ctx,kv,ub,dev_compute,host_weights,host_compute", PART_LOGGED)
+def test_host_layers_beside_a_gpu_are_placed_as_llama_cpp_places_them(
+    model_pair, repack, dev, family, ngl, n_ctx, kv, ub, dev_compute, host_weights, host_compute
+):
+    """Part of the layers on the device: llama.cpp offers the host's weights the GPU's pinned host
+    type before the CPU's repacked one, so they stay mapped and the device multiplies them for
+    large batches (their copies in its compute buffer) — whether or not the CPU repacks. A plan
+    that counted them repacked was 30 % under on the device and 3.3x over on the host."""
+    pair = model_pair(family, "real")
+    fp = Footprint(read_gguf(pair.model), read_gguf(pair.mmproj), Probe((dev, HOST)), Wishes(), repack=repack)
+    gpu, host = fp.predict(Config(ngl, n_ctx, kv, kv, True, False, 0, 512, ub))
+    rounding = 0.006 * MIB
+    assert abs(gpu.compute - dev_compute) < rounding and abs(host.compute - host_compute) < rounding
+    assert abs(host.weights - host_weights) < 2 * rounding  # the mapped and (none) repacked buffers
+
+
+def test_no_layer_on_the_gpu_repacks_as_a_cpu_build_does(model_pair):
+    """``--ngl 0``: the backend keeps GPUs out of the text model (``main_gpu`` -1), so the host's
+    weights are those of a CPU-only plan, repacked where the CPU repacks, and no device compute."""
+    pair = model_pair("llava15", "real")
+    cfg = Config(0, 4096, "f16", "f16", True, False, 0, 512, 512)
+    alone = Footprint(read_gguf(pair.model), None, Probe((HOST,)), Wishes(), repack=True).predict(cfg)[-1]
+    gpu, host = Footprint(read_gguf(pair.model), None, Probe((H200, HOST)), Wishes(), repack=True).predict(cfg)
+    assert gpu.compute == gpu.weights == 0 and (host.weights, host.compute) == (alone.weights, alone.compute)
+
+
+def test_an_attention_cuda_cannot_run_goes_to_the_cpu(model_pair):
+    """ggml-cuda's flash attention is built for head sizes 40-256 (ggml_cuda_get_best_fattn_kernel);
+    the tiny Qwen2-VL pair's 32-wide heads are not among them, so ggml's scheduler runs those
+    attentions on the CPU and copies their inputs there. Logged on an H200 (ctx 2048, q8_0 KV,
+    micro-batch 128, 2 of 3 layers on CUDA0): CUDA0 650,117 bytes, host 1,006,633; the replay
+    without the rule said 1,074,176 and 660,480 (+65 %, -34 %)."""
+    pair = model_pair("qwen2vl")
+    fp = Footprint(read_gguf(pair.model), read_gguf(pair.mmproj), Probe((H200, HOST)), Wishes(), repack=False)
+    gpu, host = fp.predict(Config(2, 2048, "q8_0", "q8_0", True, True, 256, 512, 128))
+    assert abs(host.compute - 1006633) < 0.006 * MIB
+    assert 0 <= gpu.compute - 650117 < 0.01 * 650117  # never under; the rest is CUDA's own alignment

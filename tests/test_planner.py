@@ -328,3 +328,28 @@ def test_qwen2vl_fits_1gib_by_the_micro_batch_and_llama_cpp_agrees(model_pair):
     # the compute buffer is what the micro-batch lowered: ~76 MiB at 128, twice that at 256
     assert comps["compute"].within(0.05) and comps["compute"].measured < 80 * MiB * ubatch // 128, comps["compute"]
     assert comps["mmproj compute"].predicted >= comps["mmproj compute"].measured - 0.006 * MiB
+
+
+@pytest.mark.parametrize("family", ["llava15", "qwen2vl", "gemma3"])
+def test_plan_check_sets_the_plan_against_llama_cpps_dry_run(model_pair, family):
+    """``plan --check``: llama.cpp's own memory-fit dry run of the plan (model params
+    ``no_alloc``, nothing allocated) reserves the compute and output buffers the plan counted —
+    an independent reference for the replay (on the CPU here; on a GPU the planner runs it too
+    and raises what it counts where llama.cpp reserves more)."""
+    pair = model_pair(family)
+    r = run_cli("plan", "--model", str(pair.model), "--mmproj", str(pair.mmproj), "--check", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["check"]
+    assert {(x["device"], x["buffer"]) for x in rows} == {("CPU", "compute"), ("CPU", "output")}
+    for x in rows:  # (the tiny vocabularies' logits round to 0.00 MiB in the log)
+        assert (x["reserved"] > 0 or x["buffer"] == "output") and not x["under"], x
+        assert abs(x["predicted"] - x["reserved"]) <= max(0.005 * x["reserved"], 0.006 * 2**20), x
+    table = run_cli("plan", "--model", str(pair.model), "--mmproj", str(pair.mmproj), "--check").stdout
+    assert "the plan against llama.cpp's dry run" in table and "no buffer above the plan" in table
+
+
+def test_a_what_if_gpu_is_not_dry_run(model_pair):
+    """A what-if GPU on a machine without one cannot be reserved on: the plan is the replay's."""
+    pair = model_pair("llava15")
+    p = make_plan(str(pair.model), str(pair.mmproj), probe(free_memory=["8GiB"]))
+    assert p.n_gpu_layers > 0 and not any("dry run" in r for r in p.reasons)

@@ -41,17 +41,18 @@ _FACTORY_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _llama_defaults(n_seq_max: int, progress_callback):
-    """``Llama`` exposes neither several sequences nor a load-progress callback: patch the
-    default-params factories it calls, for the constructor only (under ``_FACTORY_LOCK``).
-    ``n_seq_max`` > 1 gives the context that many sequences over one unified KV cache (every
-    sequence may use the whole context, and cells copied with ``seq_cp`` are shared)."""
-    with _FACTORY_LOCK, _patched_defaults(n_seq_max, progress_callback):
+def _llama_defaults(n_seq_max: int, progress_callback, extra_buffers: bool):
+    """``Llama`` exposes neither several sequences, nor a load-progress callback, nor the CPU's
+    extra buffer types: patch the default-params factories it calls, for the constructor only
+    (under ``_FACTORY_LOCK``). ``n_seq_max`` > 1 gives the context that many sequences over one
+    unified KV cache (every sequence may use the whole context, and cells copied with
+    ``seq_cp`` are shared). Only what differs from the library's defaults is set."""
+    with _FACTORY_LOCK, _patched_defaults(n_seq_max, progress_callback, extra_buffers):
         yield
 
 
 @contextlib.contextmanager
-def _patched_defaults(n_seq_max: int, progress_callback):
+def _patched_defaults(n_seq_max: int, progress_callback, extra_buffers: bool):
     import llama_cpp.llama as llama_mod
 
     lc = llama_mod.llama_cpp
@@ -67,7 +68,8 @@ def _patched_defaults(n_seq_max: int, progress_callback):
 
     def model_params():
         params = saved[1]()
-        params.use_extra_bufts = cpu_extra_buffers()
+        if params.use_extra_bufts != extra_buffers:
+            params.use_extra_bufts = extra_buffers
         if progress_callback is not None:
 
             def report(progress: float, _user) -> bool:
@@ -119,6 +121,7 @@ class Backend(MtmdTokenizer):
         verbose: bool = False,
         progress_callback: Any = None,
         n_seq_max: int = 1,
+        extra_buffers: bool | None = None,
     ) -> None:
         import llama_cpp
         from llama_cpp import mtmd_cpp
@@ -159,7 +162,13 @@ class Backend(MtmdTokenizer):
                     verbose=verbose,
                     op_offload=op_offload,
                 )
-                with _llama_defaults(n_seq_max, progress_callback):
+                if n_gpu_layers == 0:
+                    # no layer on a GPU: no GPU in the text model at all (llama.cpp keeps none when
+                    # main_gpu < 0 with one device), so its host weights get the CPU's repacked
+                    # kernels, not a GPU's pinned host type, and no GPU context buffers
+                    kwargs.update(split_mode=llama_cpp.LLAMA_SPLIT_MODE_NONE, main_gpu=-1)
+                extra = cpu_extra_buffers() if extra_buffers is None else extra_buffers
+                with _llama_defaults(n_seq_max, progress_callback, extra):
                     self.llama: Llama | None = llama_cpp.Llama(self.model_path, **kwargs)  # None once closed
             except (ValueError, RuntimeError) as exc:
                 raise ModelFileError(f"{self.model_path}: llama.cpp could not load it ({exc})") from None

@@ -18,6 +18,7 @@ from ..errors import InputError
 from . import logs
 
 __all__ = [
+    "EXTRA_BUFFERS_ENV",
     "MAX_THREADS",
     "GGMLDevice",
     "cpu_extra_buffers",
@@ -179,24 +180,34 @@ def _system_info() -> str | None:
         return None
 
 
+EXTRA_BUFFERS_ENV = "EDGEVLM_CPU_EXTRA_BUFFERS"  # "1" / "0": edgevlm's switch, over the default below
+
+
 def cpu_extra_buffers() -> bool:
     """Whether weights may go to the CPU backend's extra buffer types (repacked copies for the
     AVX2/AVX-512/NEON kernels, AMX tiles); the backend loads with ``use_extra_bufts`` set to
-    this. Not where the build has AMX (Sapphire Rapids and later, built natively): ggml's AMX
-    matmul, which takes Q4_0/Q8_0 weights first, segfaults in the first decode with the pinned
-    llama.cpp (ggml-org/llama.cpp#20824, seen here on every model, any thread count). Plain CPU
-    buffers cost some prompt speed; a crash costs the user's work."""
+    this. ``$EDGEVLM_CPU_EXTRA_BUFFERS`` (1 or 0) decides when set. Otherwise not where the build
+    has AMX (Sapphire Rapids and later, built natively): ggml's AMX matmul, which takes Q4_0/Q8_0
+    weights first, segfaults in the first decode with the pinned llama.cpp
+    (ggml-org/llama.cpp#20824, seen here on every model, any thread count). Plain CPU buffers
+    cost some prompt speed; a crash costs the user's work."""
+    env = os.environ.get(EXTRA_BUFFERS_ENV, "").strip()
+    if env in ("0", "1"):
+        return env == "1"
     info = _system_info()
     return info is None or "AMX_INT8 = 1" not in info
 
 
-def cpu_repacks() -> bool:
-    """Whether this CPU build repacks Q4_0 weights (AVX2/AVX-512/NEON kernels) as edgevlm loads
-    models (see :func:`cpu_extra_buffers`)."""
+def cpu_repacks(extra_buffers: bool | None = None) -> bool:
+    """Whether this CPU build repacks Q4_0 & co for its matmul kernels (AVX2/AVX-512/NEON) when
+    the extra buffer types are on (``extra_buffers``; None: :func:`cpu_extra_buffers`). Where a
+    weight goes is still llama.cpp's choice: with a GPU in the model, host weights the GPU can
+    multiply take that GPU's pinned host type first, which is never repacked
+    (``plan.estimate.host_repacks``)."""
+    if not (cpu_extra_buffers() if extra_buffers is None else extra_buffers):
+        return False
     info = _system_info()
-    if info is None:
-        return True
-    return cpu_extra_buffers() and ("REPACK = 1" in info or "AVX2 = 1" in info or "NEON = 1" in info)
+    return info is None or "REPACK = 1" in info or "AVX2 = 1" in info or "NEON = 1" in info
 
 
 def template_renderer(template: str, bos_token: str, eos_token: str) -> Callable[..., str]:

@@ -16,7 +16,7 @@ from ..cluster.connect import DEFAULT_BATCH
 from ..errors import EdgeVLMError
 from ..model.kv_types import KV_CHOICES
 from ..plan.context import AUTO_CTX_MAX
-from ..plan.devices import Probe, format_size, parse_size, probe
+from ..plan.devices import DEFAULT_GPU_OVERHEAD, GPU_OVERHEAD, Probe, format_size, parse_size, probe
 from ..plan.footprint import HOST_RESERVE
 from ..plan.planner import Wishes
 from ..serve.options import DEFAULT_PARALLEL, ServeOptions, serve_sequences
@@ -260,7 +260,13 @@ def plan_options(fn):
                 help="What-if free memory per GPU (repeatable), e.g. 8GiB or CUDA0=6GiB; cpu=SIZE for RAM.",
             ),
             click.option("--device", help="cpu, or one GPU by name (CUDA0); default: all."),
-            click.option("--gpu-overhead", type=Size(), help="Memory kept free per GPU [default: 384MiB]."),
+            click.option(
+                "--gpu-overhead",
+                type=Size(),
+                help="Memory kept free per GPU beside llama.cpp's buffers [default: measured per backend: "
+                + ", ".join(f"{k} {format_size(v)}" for k, v in GPU_OVERHEAD.items())
+                + f"; {format_size(DEFAULT_GPU_OVERHEAD)} elsewhere].",
+            ),
         ]
     ):
         wrapper = opt(wrapper)

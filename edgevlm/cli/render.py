@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..plan.devices import format_size
 
-__all__ = ["render_inspect", "render_plan"]
+__all__ = ["render_check", "render_inspect", "render_plan"]
 
 _BAR = (("weights", "blue"), ("kv", "magenta"), ("compute", "yellow"), ("encoder", "green"))
 
@@ -113,6 +113,33 @@ def render_levers(console, p, explain: bool) -> None:
         elif explain:
             t.add_row(name, "not needed" if done or not p.levers else "not pulled", "", "", "")
     console.print(t)
+
+
+def render_check(rows, file=None) -> None:
+    """``plan --check``: each buffer as planned and as llama.cpp's dry run reserved it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..plan.check import ROUNDING
+
+    console = Console(highlight=False, soft_wrap=True, file=file)
+    t = Table(title="the plan against llama.cpp's dry run (nothing allocated)", box=None, title_justify="left")
+    for col in ("device", "buffer", "planned", "llama.cpp", "error"):
+        t.add_column(col, justify="left" if col in ("device", "buffer") else "right", no_wrap=True)
+    for r in rows:
+        close = abs(r.predicted - r.reserved) <= ROUNDING
+        err = "= (to the log's 0.01 MiB)" if close else f"{r.error:+.2%}"
+        t.add_row(r.device, r.buffer, _mib(r.predicted), _mib(r.reserved), err)
+    console.print(t)
+    under = [r for r in rows if r.under]
+    if under:
+        console.print(
+            "[red]the plan counts less than llama.cpp reserves on "
+            + ", ".join(f"{r.device} ({r.buffer}, {(r.reserved - r.predicted) / 2**20:,.2f} MiB)" for r in under)
+            + "[/red]"
+        )
+    else:
+        console.print("no buffer above the plan")
 
 
 def _mib(n: int) -> str:

@@ -16,7 +16,19 @@ import psutil
 from ..backend.system import ggml_devices
 from ..errors import InputError
 
-__all__ = ["DEFAULT_GPU_OVERHEAD", "UNKNOWN_FREE_MARGIN", "Device", "format_size", "parse_size", "Probe", "probe"]
+__all__ = [
+    "CPU_BUILD_NOTE",
+    "DEFAULT_GPU_OVERHEAD",
+    "GPU_OVERHEAD",
+    "UNKNOWN_FREE_MARGIN",
+    "Device",
+    "format_size",
+    "gpu_overhead_for",
+    "gpu_without_build",
+    "parse_size",
+    "Probe",
+    "probe",
+]
 
 _UNITS = {
     "": 1,
@@ -103,9 +115,45 @@ class Probe:
         return {"devices": [d.to_dict() for d in self.devices], "notes": list(self.notes)}
 
 
-DEFAULT_GPU_OVERHEAD = 384 * 2**20
-UNKNOWN_FREE_MARGIN = (
-    0.15  # the margin on a device whose free memory is unknown  # CUDA/Metal context, cuBLAS workspace, driver slack
+# What a GPU loses outside every buffer llama.cpp logs, after the probe read its free memory (in
+# the same process, so the driver's context is already counted out): cuBLAS workspaces, the
+# memory pool. Measured per backend by scripts/gpu_check.py — the largest "outside the logs after
+# the 1st image" row of docs/results/gpu-check-*.json, rounded up to 32 MiB (tests/test_gpu_results.py
+# holds the two together); backends not measured yet keep DEFAULT_GPU_OVERHEAD.
+GPU_OVERHEAD = {"CUDA": 256 * 2**20}  # H200, CUDA 13.0: 233.4 MiB at most (Qwen2-VL-2B widths, a 1024-token picture)
+DEFAULT_GPU_OVERHEAD = 384 * 2**20  # Vulkan, Metal, ROCm: not measured on a real device yet
+UNKNOWN_FREE_MARGIN = 0.15  # the margin on a device whose free memory is unknown
+
+
+def gpu_overhead_for(name: str) -> int:
+    """The overhead kept free on GPU ``name`` ("CUDA0", "Vulkan1", ...) when none is given."""
+    return next((v for k, v in GPU_OVERHEAD.items() if name.startswith(k)), DEFAULT_GPU_OVERHEAD)
+
+
+def gpu_without_build() -> str | None:
+    """An NVIDIA GPU's name when the machine has one (``nvidia-smi`` answers) — asked only when
+    llama.cpp registered no GPU, so that ``plan`` can say the build is a CPU-only one."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name,memory.total", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = out.stdout.strip().splitlines()[:1]
+    return first[0].strip() if out.returncode == 0 and first and first[0].strip() else None
+
+
+CPU_BUILD_NOTE = (
+    "this llama-cpp-python build has no GPU support (a CPU wheel), but the machine has an NVIDIA GPU ({gpu}): "
+    'everything runs on the CPU. Rebuild it for the GPU: CMAKE_ARGS="-DGGML_CUDA=on '
+    '-DCMAKE_CUDA_ARCHITECTURES=native" pip install --force-reinstall --no-cache-dir --no-deps '
+    "llama-cpp-python==0.3.36 (docs/install.md)"
 )
 
 
@@ -178,6 +226,9 @@ def probe(device: str | None = None, free_memory: list[str] | None = None, gpu_o
             gpus[idx] = replace(
                 g, free_bytes=nbytes, total_bytes=max(g.total_bytes, nbytes), free_known=True, source="what-if"
             )
-    overhead = DEFAULT_GPU_OVERHEAD if gpu_overhead is None else gpu_overhead
-    gpus = [replace(g, overhead_bytes=overhead) for g in gpus]
+    if not gpus and not free_memory and (device or "").lower() != "cpu":
+        name = gpu_without_build()
+        if name:
+            notes.append(CPU_BUILD_NOTE.format(gpu=name))
+    gpus = [replace(g, overhead_bytes=gpu_overhead_for(g.name) if gpu_overhead is None else gpu_overhead) for g in gpus]
     return Probe(tuple(gpus) + (host,), tuple(notes))

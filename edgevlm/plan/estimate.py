@@ -152,17 +152,20 @@ class HostWeights:
 def weight_bytes(
     tt: TextTensors,
     devices: list[int],
-    repack: bool = True,
+    repack: bool | Callable[[WeightTensor], bool] = True,
     use_mmap: bool = True,
     stays_host: Callable[[WeightTensor, int], bool] | None = None,
 ) -> tuple[HostWeights, dict[int, int]]:
     """Host buffers and bytes per GPU index for a layer placement (``layer_devices``).
 
     With mmap the host buffer is the span of the file covering the host tensors that are not
-    repacked (what llama.cpp maps and logs); without mmap it is their sum. ``stays_host(t,
-    gpu)``: a weight that GPU cannot multiply (``plan.offload.device_refuses``), which llama.cpp
-    keeps in a host buffer although its layer is offloaded.
+    repacked (what llama.cpp maps and logs); without mmap it is their sum. ``repack``: whether a
+    host weight llama.cpp could repack is repacked — for all of them, or per weight
+    (``plan.offload.host_repacks``: not where a GPU's pinned host type takes it first).
+    ``stays_host(t, gpu)``: a weight that GPU cannot multiply (``plan.offload.device_refuses``),
+    which llama.cpp keeps in a host buffer although its layer is offloaded.
     """
+    repacked = repack if callable(repack) else (lambda t: bool(repack) and t.repackable)
     gpu: dict[int, int] = {}
     rep = 0
     lo, hi, plain = None, 0, 0
@@ -173,7 +176,7 @@ def weight_bytes(
         if dev >= 0:
             gpu[dev] = gpu.get(dev, 0) + t.n_bytes
             continue
-        if repack and t.repackable:
+        if t.repackable and repacked(t):
             rep += t.n_bytes
             continue
         if t.name.endswith("(tied)"):

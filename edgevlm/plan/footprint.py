@@ -24,7 +24,7 @@ from .estimate import (
     text_compute_bytes,
     weight_bytes,
 )
-from .offload import device_refuses, gpu_backend, placed_compute
+from .offload import device_refuses, gpu_backend, host_repacks, placed_compute
 
 __all__ = [
     "DEFAULT_DYNAMIC_IMAGE_TOKENS",
@@ -250,6 +250,9 @@ class Footprint:
         self.probe = probe
         self.wishes = wishes
         self.repack = cpu_repacks() if repack is None else repack
+        # per device name: how much more compute llama.cpp's own dry run reserved than the replay
+        # predicted, for a configuration already checked (``plan.check``; 1.0 until then)
+        self.compute_scale: dict[str, float] = {}
         self.gpus = probe.gpus
         self.host = probe.host
         self.budgets = [self._budget(d) for d in self.gpus] + [self._budget(self.host)]
@@ -280,8 +283,14 @@ class Footprint:
         splits = [float(g.usable_bytes or 1) for g in self.gpus]
         devs = layer_devices(t.n_layer, c.ngl, splits)
         gpus = self.gpus
+        # with no layer on a GPU the backend loads the text model without GPUs (``Backend``: its
+        # host weights are then repacked as on a CPU-only build); with one, llama.cpp's rules
+        in_model = gpus if any(d >= 0 for d in devs) else []
         host_w, gpu_w = weight_bytes(
-            self.tensors, devs, self.repack, stays_host=lambda w, d: device_refuses(w, gpus[d])
+            self.tensors,
+            devs,
+            lambda w: host_repacks(w, in_model, self.repack),
+            stays_host=lambda w, d: device_refuses(w, gpus[d]),
         )
         kv = kv_bytes(
             t.n_layer,
@@ -296,7 +305,7 @@ class Footprint:
             None,
             c.n_ubatch,
         )
-        if self.gpus:  # ggml's scheduler splits the graph between the GPUs and the host
+        if in_model:  # ggml's scheduler splits the graph between the GPUs and the host
             gpu_compute, host_compute = placed_compute(
                 t,
                 self.tensors,
@@ -310,10 +319,10 @@ class Footprint:
                 c.type_v,
                 self.repack,
                 c.offload_kqv,
-                op_offload=any(d >= 0 for d in devs),
+                op_offload=True,
             )
         else:
-            gpu_compute = []
+            gpu_compute = [0] * len(self.gpus)
             host_compute = text_compute_bytes(t, c.n_ctx, c.n_ubatch, c.n_batch, c.flash_attn, c.type_k, c.type_v)
         enc = enc_host = 0
         enc_gpu = c.mmproj_gpu and bool(self.gpus)
@@ -323,13 +332,14 @@ class Footprint:
             enc = clip_compute_bytes(self.proj, patches, c.flash_attn, gpu=on)
             if enc_gpu:  # the pixels and positions the CPU fills stay in a host buffer
                 enc_host = clip_compute_bytes(self.proj, patches, c.flash_attn, gpu=on, host=True)
+        scale = self.compute_scale
         out = []
-        for i, _ in enumerate(self.gpus):
+        for i, g in enumerate(self.gpus):
             out.append(
                 Breakdown(
                     weights=gpu_w.get(i, 0),
                     kv=kv.get(i, 0),
-                    compute=gpu_compute[i],
+                    compute=int(gpu_compute[i] * scale.get(g.name, 1.0)),
                     mmproj_weights=self.proj_weights if (c.mmproj_gpu and i == 0) else 0,
                     mmproj_compute=enc if (c.mmproj_gpu and i == 0) else 0,
                 )
@@ -338,7 +348,7 @@ class Footprint:
             Breakdown(
                 weights=host_w.total,
                 kv=kv.get(-1, 0),
-                compute=host_compute,
+                compute=int(host_compute * scale.get(self.host.name, 1.0)),
                 mmproj_weights=0 if enc_gpu else self.proj_weights,
                 mmproj_compute=enc_host if enc_gpu else enc,
                 other=t.n_vocab * 4 * self.wishes.sequences,  # the output buffer: logits per sequence

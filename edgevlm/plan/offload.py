@@ -26,7 +26,7 @@ from .estimate import TextTensors, WeightTensor, kv_cells, replayed_graph
 from .graphalloc import Tensor
 from .sched import Backend, Home, schedule
 
-__all__ = ["PROBE_COLUMNS", "device_refuses", "gpu_backend", "placed_compute"]
+__all__ = ["PROBE_COLUMNS", "device_refuses", "gpu_backend", "host_repacks", "placed_compute"]
 
 PROBE_COLUMNS = 512  # the batch llama.cpp's weight check multiplies by
 
@@ -38,6 +38,21 @@ def device_refuses(w: WeightTensor, gpu: Device) -> bool:
     out = w.shape[1] * PROBE_COLUMNS * 4
     inp = w.shape[0] * PROBE_COLUMNS * 4
     return max(w.n_bytes, out, inp) > gpu.max_tensor
+
+
+def host_repacks(w: WeightTensor, gpus: list[Device], repack: bool) -> bool:
+    """Whether llama.cpp puts host weight ``w`` in the CPU's repacked buffer (``CPU_REPACK``).
+
+    ``make_cpu_buft_list`` (src/llama-model.cpp) gives a weight on the host these buffer types,
+    first taken first when its device supports the weight's op: the first GPU's pinned host type
+    (``CUDA_Host``, ``Vulkan_Host``; asked of that GPU), then the CPU's extra types (repack, AMX;
+    only with ``use_extra_bufts``), then plain CPU. With mmap a pinned host choice becomes the
+    plain mapped buffer (``CPU_Mapped``). So with a GPU in the model only what that GPU refuses
+    is repacked; without one, every weight the CPU build repacks (``repack``)."""
+    if not (repack and w.repackable):
+        return False
+    host_gpu = next((g for g in gpus if g.host_buffer), None)
+    return host_gpu is None or device_refuses(w, host_gpu)
 
 
 _ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -77,19 +92,20 @@ def placed_compute(
     op_offload: bool = True,
 ) -> tuple[list[int], int]:
     """(compute bytes per GPU, host compute bytes) for layers placed as ``devs`` (per layer and
-    the output layer: a GPU index or -1)."""
+    the output layer: a GPU index or -1); ``repack``: the CPU's extra buffer types are on and
+    the build repacks (which host weights then are: ``host_repacks``)."""
     by_name = {w.name: w for w in tt.tensors}
     emb = by_name.get("token_embd.weight")
     out = by_name.get("output.weight") or by_name.get("output.weight(tied)")
     out_dev = devs[t.n_layer]
     out_host = out_dev < 0 or (out is not None and device_refuses(out, gpus[out_dev]))
     sizes = {"tok_embd": emb.n_bytes if emb else 0, "out": out.n_bytes if out else 0, "norm": t.n_embd * 4}
-    rep = {"out": bool(out and out.repackable)}
+    rep = {"out": bool(out and host_repacks(out, gpus, repack))}
     for role in _ROLES:
         w = by_name.get(f"blk.0.{role}.weight")
         if w is not None:
             sizes[role] = w.n_bytes
-            rep[role] = w.repackable
+            rep[role] = host_repacks(w, gpus, repack)
     sizes["bias"] = t.n_embd * 4
     cells = kv_cells(n_ctx)
     e = t.n_head_kv * t.head_dim
@@ -99,10 +115,10 @@ def placed_compute(
     layers = _replayed(devs[: t.n_layer], n_replay, arch in ("gemma3", "qwen3vl"))
     replayed = [devs[i] for i in layers]
     homes = {"tok_embd": "CPU_Mapped", "out_norm": _name(out_dev, gpus, "CPU_Mapped")}
-    homes["out"] = ("CPU_REPACK" if repack and rep["out"] else "CPU_Mapped") if out_host else gpus[out_dev].name
+    homes["out"] = ("CPU_REPACK" if rep["out"] else "CPU_Mapped") if out_host else gpus[out_dev].name
     for il, d in enumerate(replayed):
         for role in (*_ROLES, "norm", "bias"):
-            host = "CPU_REPACK" if (repack and rep.get(role)) else "CPU_Mapped"
+            host = "CPU_REPACK" if rep.get(role) else "CPU_Mapped"
             homes[f"L{il}:{role}"] = _name(d, gpus, host)
         kv = _name(d, gpus, "CPU") if offload_kqv else "CPU"
         homes[f"kv{il}:k"] = homes[f"kv{il}:v"] = kv
@@ -138,8 +154,14 @@ def placed_compute(
     return [got.get(g.name, 0) for g in gpus], got.get("CPU", 0)
 
 
+# the head sizes ggml-cuda's flash attention is built for with K and V of one size
+# (ggml_cuda_get_best_fattn_kernel; 192, 320, 512 and 576 need other V sizes or grouped queries)
+CUDA_FA_HEADS = (40, 64, 72, 80, 96, 112, 128, 256)
+
+
 def gpu_backend(g: Device, op_offload: bool = True) -> Backend:
-    """The scheduler's view of a GPU: its buffer facts, and Vulkan's node reorder."""
+    """The scheduler's view of a GPU: its buffer facts, Vulkan's node reorder, CUDA's flash
+    attention head sizes."""
     return Backend(
         g.name,
         g.name,
@@ -149,6 +171,7 @@ def gpu_backend(g: Device, op_offload: bool = True) -> Backend:
         gpu=True,
         min_batch=32 if op_offload else 1 << 62,
         reorder="vulkan" if g.name.startswith("Vulkan") else "",
+        fa_heads=CUDA_FA_HEADS if g.name.startswith("CUDA") else (),
     )
 
 

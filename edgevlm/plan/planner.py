@@ -31,6 +31,7 @@ from ..model.gguf_info import ProjectorInfo, read_gguf
 from ..model.kv_types import KV_CHOICES, KV_DEFAULT, KV_Q4, KV_Q8, is_quantized
 from ..model.projectors import facts, largest_image_tokens, view_tokens
 from ..vision.merge import MergeSpec
+from .check import can_check, check_plan, learn
 from .context import AUTO_CTX_MAX, ContextBudget
 from .devices import Probe, format_size
 from .estimate import kv_cells
@@ -357,6 +358,12 @@ class Planner(Footprint):
                 f"{', '.join(kept)} stay{'s' if len(kept) == 1 else ''} on the host: {g.name} takes tensors up to "
                 f"{format_size(g.max_tensor)}, so the logits are computed there (a larger micro-batch costs RAM)"
             )
+        if c.ngl <= self.text.n_layer and self.repack and g.host_buffer:
+            out.append(
+                f"the host's layers stay in the model file's mapped pages, not repacked for the CPU: with a GPU in "
+                f"the model llama.cpp offers them {g.host_buffer} first, and {g.name} multiplies them for large "
+                "batches (op offload: their weights are copied up into its compute buffer)"
+            )
         return out
 
     def _summary(self, c: Config) -> str:
@@ -455,5 +462,40 @@ def image_budget(p: ProjectorInfo, image_tokens: int | None = None) -> tuple[int
     return n, reasons
 
 
-def make_plan(model: str, mmproj: str | None, probe: Probe, wishes: Wishes | None = None) -> Plan:
-    return Planner(read_gguf(model), read_gguf(mmproj) if mmproj else None, probe, wishes or Wishes()).plan()
+CHECK_ROUNDS = 3
+
+
+def make_plan(model: str, mmproj: str | None, probe: Probe, wishes: Wishes | None = None, check: bool = True) -> Plan:
+    """The plan for a model pair on ``probe``'s devices. With layers on a GPU and the model file
+    here, the plan's compute buffers are then set against llama.cpp's own dry run of it
+    (``plan.check``, a tenth of a second, nothing allocated); where llama.cpp reserves more than
+    the replay of its scheduler counted, the plan counts that much more on that device for every
+    configuration and searches again (``check=False``: the replay alone)."""
+    planner = Planner(read_gguf(model), read_gguf(mmproj) if mmproj else None, probe, wishes or Wishes())
+    p = planner.plan()
+    if not check or not p.fits or p.n_gpu_layers == 0 or not can_check(model, [g.name for g in planner.gpus]):
+        return p
+    learned: list[str] = []
+    rows = check_plan(p)
+    for _ in range(CHECK_ROUNDS):
+        under = learn(planner.compute_scale, rows)
+        if not under:
+            break
+        learned += [
+            f"{r.device} compute: llama.cpp's dry run reserves {format_size(r.reserved)} where the replay of its "
+            f"scheduler counted {format_size(r.predicted)}; the plan counts ×{planner.compute_scale[r.device]:.2f} "
+            "there for every configuration it tries"
+            for r in under
+        ]
+        p = planner.plan()
+        if not p.fits or p.n_gpu_layers == 0:
+            return replace(p, reasons=(*p.reasons, *learned))
+        rows = check_plan(p)
+    computes = [r for r in rows if r.buffer == "compute"]
+    left = [r for r in computes if r.under]
+    over = ", ".join(f"{r.device} {format_size(r.reserved - r.predicted)} over" for r in left)
+    note = (
+        f"compute buffers checked against llama.cpp's own dry run of the plan: {len(computes) - len(left)}/"
+        f"{len(computes)} within it" + (f" ({over})" if over else "")
+    )
+    return replace(p, reasons=(*p.reasons, *learned, note))

@@ -41,6 +41,9 @@ class Backend:
     min_batch: int = 32  # op offload: rows an op on host weights needs to be worth moving here
     reorder: str = ""  # "vulkan": its splits are reordered before allocation (``vkorder``)
     pad: int = 0  # bytes its buffer type adds to every buffer (Vulkan_Host: 32, "like the CPU's")
+    # the head sizes its flash attention takes, K and V alike (empty: any): CUDA's kernels are
+    # built for a few (ggml-cuda/fattn.cu), and an attention it cannot run goes to the CPU
+    fa_heads: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,8 @@ def schedule(
 
     def supports_op(b: int, t: Tensor) -> bool:
         be = backends[b]
+        if be.fa_heads and t.op == "FLASH_ATTN_EXT" and t.ne[0] not in be.fa_heads:
+            return False  # its output's rows are V's head size (the graphs here: K's too)
         if not be.gpu or not be.max_tensor:
             return True
         return all(s.view_bytes <= be.max_tensor for s in t.src if s is not None) and t.view_bytes <= be.max_tensor

@@ -12,6 +12,10 @@ declares; that object's ``FAMILIES`` and ``cached_model_pair`` are the whole int
 
 from __future__ import annotations
 
+# edgevlm first: it loads llama.cpp's libraries before anything imports numpy (edgevlm.backend.native)
+import edgevlm  # noqa: F401
+
+# isort: split
 import importlib
 import importlib.util
 import os

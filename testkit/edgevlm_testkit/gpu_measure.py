@@ -16,28 +16,50 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from edgevlm.backend import logs
+from edgevlm.backend.dryrun import dry_run
 from edgevlm.backend.llama import Backend
 from edgevlm.backend.system import cpu_repacks, ggml_devices
 from edgevlm.model.gguf_info import read_gguf
+from edgevlm.plan.check import compare, learn
 from edgevlm.plan.devices import Device, Probe, probe
 from edgevlm.plan.footprint import Config as PlanConfig
 from edgevlm.plan.footprint import Footprint, Wishes
 
 from .measure import MIB, buffer_lines, largest_image
 
-__all__ = ["DeviceRow", "GuardRow", "guard_on_device", "logged_on_device", "measure_on_device"]
+__all__ = ["ROUNDING", "TARGET", "DeviceRow", "GuardRow", "guard_on_device", "logged_on_device", "measure_on_device"]
+
+ROUNDING = 0.006 * 2**20  # llama.cpp logs each buffer in MiB with two decimals
+TARGET = 0.005  # a buffer's plan within 0.5 % of the log, as on the CPU
 
 
 @dataclass(frozen=True)
 class DeviceRow:
     label: str
     component: str
-    predicted: int  # bytes
+    predicted: int  # bytes: what the plan counts (the replay, raised where llama.cpp's dry run reserved more)
     logged: int  # bytes, from llama.cpp's log (None-like 0 when it logs nothing)
+    replayed: int = -1  # bytes the replay of llama.cpp's rules alone predicted, where that differs
+    lines: int = 1  # log lines summed into ``logged`` (each rounded to 0.01 MiB)
 
     @property
     def error(self) -> float:
         return (self.predicted - self.logged) / self.logged if self.logged else 0.0
+
+    @property
+    def outside(self) -> bool:
+        """A row of what the device lost outside every log line (nothing predicted)."""
+        return self.component.startswith("outside")
+
+    @property
+    def under(self) -> bool:
+        """The plan counted less than llama.cpp logged, beyond the log's rounding."""
+        return not self.outside and self.logged - self.predicted > ROUNDING * self.lines
+
+    def within(self, target: float = TARGET) -> bool:
+        """Within ``target`` of the log (or its rounding) and never under."""
+        close = abs(self.predicted - self.logged) <= max(target * self.logged, ROUNDING * self.lines)
+        return self.outside or (close and not self.under)
 
 
 def _gpu_free() -> tuple[str, int, int] | None:
@@ -62,11 +84,13 @@ def measure_on_device(
     n_threads: int = 4,
     n_gpu_layers: int | None = None,
     emit: Callable[[list[DeviceRow]], None] | None = None,
+    extra_buffers: bool | None = None,
 ) -> list[DeviceRow]:
     """Rows of predicted vs logged bytes per buffer — on the device and on the host — and (GPU
     with a known free memory) what the device lost that no log line accounts for, after load and
     after the first image. ``n_gpu_layers``: None puts every layer (and the encoder) on the GPU;
-    ``emit`` gets the rows before the model is freed."""
+    ``emit`` gets the rows before the model is freed; ``extra_buffers``: the CPU's extra buffer
+    types on or off for both the plan and the load (None: edgevlm's default for this CPU)."""
     text_gf, proj_gf = read_gguf(model), read_gguf(mmproj)
     g0 = _first_gpu() if gpu else None
     if gpu and g0 is None:
@@ -74,7 +98,7 @@ def measure_on_device(
     name = g0.name if g0 is not None else "CPU"
     host = Device("CPU", "host", "cpu", 64 * 2**30, 64 * 2**30, True, "what-if")
     devices = (replace(g0, overhead_bytes=0), host) if g0 is not None else (host,)
-    fp = Footprint(text_gf, proj_gf, Probe(devices), Wishes(n_ubatch=n_ubatch), repack=cpu_repacks())
+    fp = Footprint(text_gf, proj_gf, Probe(devices), Wishes(n_ubatch=n_ubatch), repack=cpu_repacks(extra_buffers))
     ngl = (fp.text.n_layer + 1 if n_gpu_layers is None else n_gpu_layers) if gpu else 0
     cfg = PlanConfig(
         ngl=ngl,
@@ -88,6 +112,14 @@ def measure_on_device(
         n_ubatch=n_ubatch,
     )
     *gpu_pred, host_pred = fp.predict(cfg)
+    replayed = [b.compute for b in (*gpu_pred, host_pred)]
+    if gpu and ngl > 0:  # what the planner does with a plan: set it against llama.cpp's dry run
+        got = dry_run(
+            model, n_ctx=n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, n_gpu_layers=ngl, flash_attn=True,
+            type_k=type_kv, type_v=type_kv, op_offload=True, extra_buffers=extra_buffers,
+        )  # fmt: skip
+        if learn(fp.compute_scale, compare(got, [(name, gpu_pred[0])], ("CPU", host_pred))):
+            *gpu_pred, host_pred = fp.predict(cfg)
     dev = _gpu_free() if gpu else None
     free0 = dev[1] if dev else 0
     with logs.capture() as lines:
@@ -106,6 +138,7 @@ def measure_on_device(
             mmproj_use_gpu=gpu,
             image_max_tokens=image_max_tokens,
             op_offload=ngl > 0,
+            extra_buffers=extra_buffers,
         )
         try:
             loaded = _gpu_free()
@@ -120,6 +153,7 @@ def measure_on_device(
                 be.free_bitmap(bm)
             imaged = _gpu_free()
             rows = _rows(buffer_lines(lines), label, name, g0, gpu_pred, host_pred, gpu, free0, dev, loaded, imaged)
+            rows = [_with_replay(r, name, replayed) for r in rows]
             if emit is not None:  # before teardown, which a driver may not survive
                 emit(rows)
         finally:
@@ -153,7 +187,13 @@ def _rows(got, label, name, g0, gpu_pred, host_pred, gpu, free0, dev, loaded, im
         ]
     h = host_pred
     rows += [
-        DeviceRow(label, "weights on the host", h.weights, logged("load_tensors", host_bufs, "model buffer size")),
+        DeviceRow(
+            label,
+            "weights on the host",
+            h.weights,
+            logged("load_tensors", host_bufs, "model buffer size"),
+            lines=max(1, sum(1 for k in got if k.startswith("load_tensors:") and k.split(":")[1] in host_bufs)),
+        ),
         DeviceRow(label, "KV on the host", h.kv, logged("llama_kv_cache", host_bufs, "KV buffer size")),
         DeviceRow(label, "compute on the host", h.compute, logged("sched_reserve", host_bufs, "compute buffer size")),
         DeviceRow(label, "output buffer (host)", h.other, logged("llama_context", host_bufs, "output buffer size")),
@@ -162,6 +202,7 @@ def _rows(got, label, name, g0, gpu_pred, host_pred, gpu, free0, dev, loaded, im
             "encoder on the host",
             h.mmproj_compute + h.mmproj_weights,
             int(round((clip.get("CPU", 0.0) + (0.0 if gpu else got.get("clip:model", 0.0))) * MIB)),
+            lines=1 if gpu else 2,
         ),
     ]
     if gpu and dev and loaded and imaged and g0 is not None and g0.free_known:
@@ -178,6 +219,14 @@ def _rows(got, label, name, g0, gpu_pred, host_pred, gpu, free0, dev, loaded, im
             ),
         ]
     return rows
+
+
+def _with_replay(r: DeviceRow, name: str, replayed: list[int]) -> DeviceRow:
+    """``r`` with the replay's own compute where the dry run raised the plan's."""
+    which = {f"compute on {name}": 0, "compute on the host": len(replayed) - 1}.get(r.component)
+    if which is None or replayed[which] == r.predicted:
+        return r
+    return replace(r, replayed=replayed[which])
 
 
 _SIZE = re.compile(r"^(\w+):\s+(\S+)\s+(.*?)\s*=\s*([0-9.]+) MiB")
@@ -226,7 +275,7 @@ def guard_on_device(
     row before the model is freed)."""
     import edgevlm
     from edgevlm.errors import ContextExceeded, MemoryBusy
-    from edgevlm.plan.devices import DEFAULT_GPU_OVERHEAD, parse_size
+    from edgevlm.plan.devices import gpu_overhead_for, parse_size
     from edgevlm.plan.planner import make_plan
 
     name, _, size = free.rpartition("=")
@@ -245,7 +294,8 @@ def guard_on_device(
             except (MemoryBusy, ContextExceeded):
                 answered = False
             logged = logged_on_device(lines, name)
-            row = GuardRow(label, parse_size(size), DEFAULT_GPU_OVERHEAD, chose, dev.predicted.total, logged, answered)
+            over = gpu_overhead_for(name)
+            row = GuardRow(label, parse_size(size), over, chose, dev.predicted.total, logged, answered)
             if emit is not None:
                 emit(row)
         finally:

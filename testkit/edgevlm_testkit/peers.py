@@ -9,7 +9,7 @@ import os
 
 from edgevlm.backend.system import cpu_extra_buffers
 
-__all__ = ["machine_busy_s", "same_kernels"]
+__all__ = ["machine", "machine_busy_s", "same_kernels"]
 
 _done = False
 
@@ -43,3 +43,37 @@ def machine_busy_s() -> float | None:
     except (OSError, ValueError):
         return None
     return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def machine() -> dict:
+    """What a benchmark's numbers depend on: the CPU (model, cores, AVX2 / AVX-512 / AMX), the
+    platform and the llama.cpp build (its features line and llama-cpp-python's version)."""
+    import platform
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, val = line.partition(":")
+                if key.strip() == "model name":
+                    model = val.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(val.split())
+    except OSError:
+        pass
+    try:
+        import llama_cpp
+
+        build, version = llama_cpp.llama_print_system_info().decode().strip(), llama_cpp.__version__
+    except Exception:  # pragma: no cover - no llama_cpp
+        build, version = "", ""
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "avx2": "avx2" in flags,
+        "avx512": "avx512f" in flags,
+        "amx": "amx_int8" in flags or "amx_tile" in flags,
+        "platform": platform.platform(),
+        "llama_cpp_python": version,
+        "llama_cpp_build": build,
+    }
