@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The planner on a GPU, unattended, in one table: predicted vs llama.cpp's logged buffers on the
 device and on the host, and (where the device reports its free memory) what the GPU loses
-outside those logs (CUDA context, cuBLAS, the pool).
+outside those logs (cuBLAS, the memory pool; the driver's context is taken before free memory is first read).
 
     python scripts/gpu_check.py                      # NVIDIA: build llama-cpp-python with CUDA, then measure
     python scripts/gpu_check.py --wheel llama_cpp_python-0.3.36-...whl   # use a CUDA wheel instead
@@ -12,16 +12,18 @@ outside those logs (CUDA context, cuBLAS, the pool).
     python scripts/gpu_check.py --cpu                # the same measurements on the CPU (checks the script)
 
 CUDA: (1) a virtualenv ``.venv-gpucheck`` with edgevlm, its ``testkit/`` and llama-cpp-python
-0.3.36 built with ``-DGGML_CUDA=on`` for this GPU's architecture only (about 5 minutes on 16
+0.3.36 built with ``-DGGML_CUDA=on`` for this GPU's architecture only (273-281 s on an H200's 16
 cores; skipped when the venv already has a CUDA build, or with ``--wheel``). Vulkan: (1) the
 Vulkan headers, ``glslc`` and Mesa's drivers from apt when missing, llama-cpp-python built with
-``-DGGML_VULKAN=on`` once per machine (``edgevlm_testkit.vulkan_build``: ~12 minutes on 2 cores,
-then cached in ``~/.cache/edgevlm/vulkan``) into ``.venv-vulkan``, and
-``GGML_VK_VISIBLE_DEVICES=0`` so that a CPU-type device (lavapipe) is used. (2) in it, generated
-LLaVA-1.5-7B and Qwen2-VL-2B layer-shape pairs are loaded with every layer (one configuration:
-part of them) and the vision encoder on GPU 0 at a few contexts, KV types and micro-batches, the
-largest admitted picture is encoded, and each buffer llama.cpp logs is set against the planner's
-prediction. Prints the table and writes JSON (``--out``).
+``-DGGML_VULKAN=on`` once per machine (``edgevlm_testkit.vulkan_build``, then cached in
+``~/.cache/edgevlm/vulkan``) into ``.venv-vulkan``, and ``GGML_VK_VISIBLE_DEVICES=0`` so that a
+CPU-type device (lavapipe) is used. (2) in it, generated LLaVA-1.5-7B and Qwen2-VL-2B layer-shape
+pairs are loaded with every layer, part of them (the CPU's extra buffer types on and off) and none
+of them on GPU 0, the vision encoder there, at a few contexts, KV types and micro-batches; the
+largest admitted picture is encoded, and each buffer llama.cpp logs is set against the plan (the
+planner's dry-run check included). Then the guard under what-if sizes. Prints the tables and
+writes JSON (``--out``) naming the machine; ``scripts/render_gpu_docs.py`` renders docs/gpu.md
+from the committed copies in docs/results/.
 """
 
 from __future__ import annotations

@@ -227,8 +227,8 @@ def probe(device: str | None = None, free_memory: list[str] | None = None, gpu_o
                 g, free_bytes=nbytes, total_bytes=max(g.total_bytes, nbytes), free_known=True, source="what-if"
             )
     if not gpus and not free_memory and (device or "").lower() != "cpu":
-        name = gpu_without_build()
-        if name:
-            notes.append(CPU_BUILD_NOTE.format(gpu=name))
+        unused = gpu_without_build()
+        if unused:
+            notes.append(CPU_BUILD_NOTE.format(gpu=unused))
     gpus = [replace(g, overhead_bytes=gpu_overhead_for(g.name) if gpu_overhead is None else gpu_overhead) for g in gpus]
     return Probe(tuple(gpus) + (host,), tuple(notes))
