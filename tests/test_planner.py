@@ -353,3 +353,64 @@ def test_a_what_if_gpu_is_not_dry_run(model_pair):
     pair = model_pair("llava15")
     p = make_plan(str(pair.model), str(pair.mmproj), probe(free_memory=["8GiB"]))
     assert p.n_gpu_layers > 0 and not any("dry run" in r for r in p.reasons)
+
+
+def _cuda_like_dry_run(ratio: float):
+    """What llama.cpp's dry run answered on an H200 with a q8_0 cache and every layer on CUDA0:
+    about ``ratio`` × the replay's device compute (docs/results/gpu-check-h200-cuda.json) —
+    injected through the rows ``plan.check`` gives, since no CUDA device exists here."""
+    from edgevlm.plan.check import CheckRow
+
+    def check(p):
+        gpu = next(d for d in p.devices if d.kind != "cpu")
+        host = next(d for d in p.devices if d.kind == "cpu")
+        raw = gpu.predicted.compute / calls["scale"]
+        calls["n"] += 1
+        return [
+            CheckRow(gpu.name, "compute", gpu.predicted.compute, int(raw * ratio)),
+            CheckRow(host.name, "compute", host.predicted.compute, host.predicted.compute),
+        ]
+
+    calls = {"n": 0, "scale": 1.0}
+    return check, calls
+
+
+def test_a_plan_llama_cpp_reserves_more_for_is_raised_and_searched_again(real, monkeypatch):
+    import edgevlm.plan.planner as planner
+
+    model, mmproj = str(real.model), str(real.mmproj)
+    free = ["GPU0=1GiB"]
+    before = make_plan(model, mmproj, probe(free_memory=free), check=False)
+    check, calls = _cuda_like_dry_run(3.149)
+    monkeypatch.setattr(planner, "can_check", lambda *a: True)
+
+    def counting(p):
+        rows = check(p)
+        calls["scale"] = 3.149  # after the first answer the planner counts ×3.149 on GPU0
+        return rows
+
+    monkeypatch.setattr(planner, "check_plan", counting)
+    after = make_plan(model, mmproj, probe(free_memory=free))
+    gpu_before = next(d for d in before.devices if d.name == "GPU0").predicted
+    gpu_after = next(d for d in after.devices if d.name == "GPU0").predicted
+    assert calls["n"] == 2  # checked, raised and searched again, checked once more
+    assert any("the plan counts ×3.15 there" in r for r in after.reasons)
+    assert any("dry run of the plan: 2/2 within it" in r for r in after.reasons)
+    # the search paid for the larger compute with a lever (here: a smaller micro-batch or context)
+    assert (after.n_ubatch, after.n_ctx, after.n_gpu_layers) != (before.n_ubatch, before.n_ctx, before.n_gpu_layers)
+    assert gpu_after.total <= next(d for d in after.devices if d.name == "GPU0").budget_bytes
+    assert gpu_after.compute < 3.149 * gpu_before.compute  # not the old configuration, scaled
+
+
+def test_a_dry_run_that_fails_leaves_the_replays_plan(real, monkeypatch):
+    import edgevlm.plan.planner as planner
+
+    model, mmproj = str(real.model), str(real.mmproj)
+
+    def broken(p):
+        raise RuntimeError("no context")
+
+    monkeypatch.setattr(planner, "can_check", lambda *a: True)
+    monkeypatch.setattr(planner, "check_plan", broken)
+    p = make_plan(model, mmproj, probe(free_memory=["GPU0=8GiB"]))
+    assert p.fits and any("could not check this plan (no context)" in r for r in p.reasons)

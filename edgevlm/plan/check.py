@@ -76,8 +76,6 @@ def learn(scale: dict[str, float], rows: list[CheckRow]) -> list[CheckRow]:
     for r in under:
         old = scale.get(r.device, 1.0)
         raw = r.predicted / old
-        scale[r.device] = max(old, r.reserved / raw) if raw > 0 else max(old, 1.0) + r.reserved / MIB
+        if raw > 0:  # (a buffer the replay put nowhere cannot be scaled: it stays reported as under)
+            scale[r.device] = max(old, r.reserved / raw)
     return under
-
-
-MIB = 2**20

@@ -476,7 +476,10 @@ def make_plan(model: str, mmproj: str | None, probe: Probe, wishes: Wishes | Non
     if not check or not p.fits or p.n_gpu_layers == 0 or not can_check(model, [g.name for g in planner.gpus]):
         return p
     learned: list[str] = []
-    rows = check_plan(p)
+    try:
+        rows = check_plan(p)
+    except Exception as exc:  # the replay's plan stands; the check is a second opinion, never a gate
+        return replace(p, reasons=(*p.reasons, f"llama.cpp's dry run could not check this plan ({exc})"))
     for _ in range(CHECK_ROUNDS):
         under = learn(planner.compute_scale, rows)
         if not under:
@@ -490,7 +493,10 @@ def make_plan(model: str, mmproj: str | None, probe: Probe, wishes: Wishes | Non
         p = planner.plan()
         if not p.fits or p.n_gpu_layers == 0:
             return replace(p, reasons=(*p.reasons, *learned))
-        rows = check_plan(p)
+        try:
+            rows = check_plan(p)
+        except Exception as exc:
+            return replace(p, reasons=(*p.reasons, *learned, f"llama.cpp's dry run could not check this plan ({exc})"))
     computes = [r for r in rows if r.buffer == "compute"]
     left = [r for r in computes if r.under]
     over = ", ".join(f"{r.device} {format_size(r.reserved - r.predicted)} over" for r in left)
