@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from edgevlm.errors import InputError, ModelFileError
 from edgevlm_testkit import cached_model_pair
@@ -581,3 +582,91 @@ def test_every_registry_model_of_a_generated_family_plans_from_its_headers(hub, 
         plan = json.loads(r.stdout)
         assert plan["fits"] and plan["n_ctx"] > 0, name
     assert all(q.range for q in content_gets(hub))  # headers only: range reads, no download
+
+
+# --- the first command: inputs before downloads, large downloads asked for ------------------------
+
+
+def _first_command(*args: str, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    e = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-m", "edgevlm", "chat", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=e,
+        stdin=stdin,
+    )
+
+
+def test_a_missing_picture_is_said_before_anything_is_downloaded(env, hub):
+    r = _first_command("--model", "qwen-tiny", "--image", str(env / "photo.jpg"), "Describe this image")
+    assert_one_line_error(r, 2, "photo.jpg: no such file")
+    assert not blobs(env, QWEN_REPO) and not content_gets(hub)  # nothing pulled, not even started
+
+
+def test_a_large_default_download_needs_yes_off_a_terminal(env, hub, pairs):
+    """No --model, no terminal, and the default (the registry says 3 GB): refused with the size
+    and where it would go, nothing downloaded; --yes downloads it; a named model needs no --yes."""
+    big = json.loads(json.dumps(TEST_REGISTRY))
+    big["models"] = [m for m in big["models"] if m["name"] == "qwen-tiny"]
+    big["models"][0]["files"]["q4_0"]["size"] = 3_000_000_000
+    (env / "registry.json").write_text(json.dumps(big))
+    pic = env / "pic.png"
+    Image.new("RGB", (64, 48), "red").save(pic)
+    r = _first_command("--image", str(pic), "-n", "2", "What is it?")
+    assert_one_line_error(r, 2, "no --model given", "qwen-tiny", "2.79 GiB to download", str(env / "hf"), "--yes")
+    assert not blobs(env, QWEN_REPO)
+    r = _first_command("--image", str(pic), "-n", "2", "--yes", "What is it?")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and blobs(env, QWEN_REPO)
+
+
+def test_a_large_named_download_proceeds_off_a_terminal(env, hub):
+    big = json.loads(json.dumps(TEST_REGISTRY))
+    for m in big["models"]:
+        if m["name"] == "qwen-tiny":
+            m["files"]["q4_0"]["size"] = 3_000_000_000
+    (env / "registry.json").write_text(json.dumps(big))
+    r = _first_command("--model", "qwen-tiny", "-n", "2", "Hi")
+    assert r.returncode == 0, r.stderr
+    assert blobs(env, QWEN_REPO)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-terminal")
+def test_on_a_terminal_a_large_download_is_asked_for_first(env, hub):
+    """On a terminal the command says the size and the destination and waits for an answer; no
+    says nothing is downloaded (exit 1)."""
+    import pty
+    import select
+    import time
+
+    big = json.loads(json.dumps(TEST_REGISTRY))
+    for m in big["models"]:
+        if m["name"] == "qwen-tiny":
+            m["files"]["q4_0"]["size"] = 3_000_000_000
+    (env / "registry.json").write_text(json.dumps(big))
+    master, slave = pty.openpty()
+    e = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "edgevlm", "chat", "--model", "qwen-tiny", "Hi"],
+        stdin=slave, stdout=subprocess.PIPE, stderr=slave, env=e,
+    )  # fmt: skip
+    os.close(slave)
+    seen, deadline = b"", time.monotonic() + 60
+    try:
+        while b"Download?" not in seen and time.monotonic() < deadline:
+            if select.select([master], [], [], 1.0)[0]:
+                seen += os.read(master, 4096)
+        assert b"2.79 GiB to download" in seen and b"Download? [Y/n]" in seen, seen
+        os.write(master, b"n\n")
+        assert p.wait(timeout=60) == 1
+        while select.select([master], [], [], 0.5)[0]:
+            try:
+                seen += os.read(master, 4096)
+            except OSError:
+                break
+    finally:
+        p.kill() if p.poll() is None else None
+        os.close(master)
+    assert b"not downloaded (answered no)" in seen and not blobs(env, QWEN_REPO)

@@ -21,6 +21,7 @@ from .common import (
     threads_option,
     tiles_option,
     video_options,
+    yes_option,
 )
 from .progress import StderrView
 from .signals import StopSignals
@@ -86,6 +87,7 @@ status_code or "error") · 2 the file is unusable (unreadable, not a batch file)
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary (errors still show).")
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
+@yes_option
 @handle_errors
 def batch(
     requests,
@@ -109,6 +111,7 @@ def batch(
     progress,
     quiet,
     verbose,
+    yes,
 ) -> None:
     """Answer an OpenAI batch file: one output line per custom_id, as `edgevlm serve` answers.
 
@@ -185,7 +188,7 @@ def batch(
                 sig,
             )
         else:
-            _here(
+            _here(  # (a large download asks first; --yes skips the question)
                 output,
                 todo,
                 model,
@@ -200,6 +203,7 @@ def batch(
                 engine_options,
                 ui,
                 sig,
+                yes,
             )
     finally:
         output.close()
@@ -208,7 +212,21 @@ def batch(
 
 
 def _here(
-    output, todo, model, mmproj, wishes, planning, threads, parallel, verbose, quiet, options, engine_options, ui, sig
+    output,
+    todo,
+    model,
+    mmproj,
+    wishes,
+    planning,
+    threads,
+    parallel,
+    verbose,
+    quiet,
+    options,
+    engine_options,
+    ui,
+    sig,
+    yes=False,
 ) -> None:
     from ..serve.batchfile import error_line
     from ..serve.batchrun import run_lines
@@ -219,7 +237,9 @@ def _here(
     with sig:
         try:
             if any(ln.ok for ln in todo):
-                model, mmproj = model_paths(model, mmproj, quiet=quiet, probe_args=planning.probe_args, wishes=wishes)
+                model, mmproj = model_paths(
+                    model, mmproj, quiet=quiet, probe_args=planning.probe_args, wishes=wishes, yes=yes
+                )
                 layout = lambda plan: serve_layout(
                     plan.n_ctx,
                     plan.image_max_tokens,

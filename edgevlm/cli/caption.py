@@ -26,6 +26,7 @@ from .common import (
     threads_option,
     tiles_option,
     video_options,
+    yes_option,
 )
 from .progress import ProgressView
 from .signals import StopSignals
@@ -192,6 +193,7 @@ def output_options(fn):
 @click.option("--dry-run", is_flag=True, help="List the images this run would work on, and stop.")
 @ray_options("images", "Caption")
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
+@yes_option
 @handle_errors
 def caption(
     inputs,
@@ -221,6 +223,7 @@ def caption(
     dry_run,
     ray,
     verbose,
+    yes,
 ) -> None:
     """Caption images in bulk: files, folders, globs or a list; resumable.
 
@@ -308,7 +311,9 @@ def caption(
     elif not dry_run:  # a dry run downloads nothing
         from .loading import model_paths
 
-        model, mmproj = model_paths(model, mmproj, quiet=quiet, probe_args=planning.probe_args, wishes=planning.wishes)
+        model, mmproj = model_paths(
+            model, mmproj, quiet=quiet, probe_args=planning.probe_args, wishes=planning.wishes, yes=yes
+        )
     job = CaptionJob(
         found.items,
         settings,

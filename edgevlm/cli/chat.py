@@ -20,6 +20,7 @@ from .common import (
     threads_option,
     tiles_option,
     video_options,
+    yes_option,
 )
 
 __all__ = ["chat"]
@@ -74,6 +75,7 @@ __all__ = ["chat"]
     help="One-shot: print one JSON object {text, stats} ({text, json, stats} with --json-schema).",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
+@yes_option
 @handle_errors
 def chat(
     prompt,
@@ -95,6 +97,7 @@ def chat(
     show_stats,
     as_json,
     verbose,
+    yes,
 ) -> None:
     """Chat with a vision-language model about images.
 
@@ -108,10 +111,16 @@ def chat(
     from ..backend.system import json_grammar
     from ..runtime.engine import Clip, EngineOptions
     from ..runtime.session import SessionOptions
+    from ..vision.clipread import is_video_path
+    from ..vision.images import load_image
     from .loading import load_engine, model_paths
     from .repl import ChatLoop
 
-    model, mmproj = model_paths(model, mmproj, quiet=as_json, probe_args=planning.probe_args, wishes=planning.wishes)
+    # the pictures first: a missing or broken one is said before anything is downloaded or loaded
+    pictures = [_clip(p) if is_video_path(p) else load_image(p, max_pixels) for p in images]
+    model, mmproj = model_paths(
+        model, mmproj, quiet=as_json, probe_args=planning.probe_args, wishes=planning.wishes, yes=yes
+    )
     session = SessionOptions(enabled=evict == "summary")
     if summary_prompt:
         session = SessionOptions(enabled=session.enabled, summary_prompt=summary_prompt)
@@ -144,14 +153,26 @@ def chat(
         engine = vlm.default_conversation
         clips = [Clip(v, v) for v in videos]
         if prompt is not None:
-            code = _one_shot(engine, prompt, [*images, *clips], gen, show_stats, as_json)
+            code = _one_shot(engine, prompt, [*pictures, *clips], gen, show_stats, as_json)
         else:
             loop = ChatLoop(engine, gen, interactive=sys.stdin.isatty(), show_stats=show_stats)
-            loop.queued = [*images, *clips]
+            loop.queued = [*pictures, *clips]
             code = loop.run()
     finally:
         vlm.close()
     sys.exit(code)
+
+
+def _clip(path: str):
+    """A video given with ``--image``: named now, its frames chosen when the message is sent."""
+    import os
+
+    from ..errors import InputError
+    from ..runtime.engine import Clip
+
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such video file")
+    return Clip(path, path)
 
 
 def _one_shot(engine, prompt: str, images: list, gen: dict, show_stats: bool, as_json: bool) -> int:

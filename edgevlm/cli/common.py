@@ -57,6 +57,14 @@ class CLIError(click.ClickException):
         self.exit_code = exit_code  # type: ignore[misc]
 
 
+yes_option = click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    help="Download a model over 1 GiB without asking (off a terminal: also the default one, when no --model is given).",
+)
+
+
 def handle_errors(fn):
     """Map library errors to a ClickException at the edge."""
 

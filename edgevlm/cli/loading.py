@@ -13,12 +13,12 @@ from ..hub.download import ensure_local
 from ..hub.listing import choose_model
 from ..hub.registry import RemoteFile, resolve
 from ..hub.remote import plan_resolved
-from ..plan.devices import probe
+from ..plan.devices import format_size, probe
 from ..runtime.model import LoadedModel
 from .common import CLIError, echo_err
 from .render import render_plan
 
-__all__ = ["load_engine", "model_paths", "plan_for_spec"]
+__all__ = ["LARGE_DOWNLOAD", "confirm_download", "load_engine", "model_paths", "plan_for_spec"]
 
 
 def _echo_notes(r) -> None:
@@ -36,17 +36,58 @@ def plan_for_spec(model: str, mmproj: str | None, probe_result, wishes):
     return plan_resolved(r, probe_result, wishes)
 
 
+LARGE_DOWNLOAD = 2**30  # a download past this asks first on a terminal (``--yes`` skips the question)
+
+
+def _download_size(r) -> tuple[int, list[str]]:
+    """Bytes (the registry's sizes; a file without one counts 0) and specs of what ``r`` lacks here."""
+    total, specs = 0, []
+    for ref in (r.model, r.mmproj):
+        if ref is not None and ref.remote is not None and ref.local is None:
+            total += ref.remote.size or 0
+            specs.append(ref.remote.spec)
+    return total, specs
+
+
+def confirm_download(r, *, yes: bool, explicit: bool) -> None:
+    """A download over ``LARGE_DOWNLOAD`` asks first on a terminal and says its size and where it
+    goes; off a terminal it proceeds only for a model the user named (``--model``) or with ``yes``."""
+    size, specs = _download_size(r)
+    if yes or size <= LARGE_DOWNLOAD:
+        return
+    from huggingface_hub import constants
+
+    what = f"{r.name}: {format_size(size)} to download ({', '.join(specs)}) into {constants.HF_HUB_CACHE}"
+    if sys.stdin.isatty() and sys.stderr.isatty():
+        import click
+
+        if not click.confirm(f"{what}. Download?", default=True, err=True):
+            raise CLIError(f"{r.name}: not downloaded (answered no)", 1)
+    elif not explicit:
+        raise CLIError(
+            f"no --model given and the default is {what}; pass --yes to download it, or --model to choose", 2
+        )
+
+
 def model_paths(
-    model: str | None, mmproj: str | None, *, probe_args: dict | None = None, wishes=None, quiet: bool = False
+    model: str | None,
+    mmproj: str | None,
+    *,
+    probe_args: dict | None = None,
+    wishes=None,
+    quiet: bool = False,
+    yes: bool = False,
 ) -> tuple[str, str]:
-    """Local (model, mmproj) paths for ``chat`` / ``caption``.
+    """Local (model, mmproj) paths for ``chat`` / ``caption`` / ``batch`` / ``serve``.
 
     ``model`` is a path, registry name, ``hf:`` spec or ``demo``; None picks the largest
     registry model that fits (``$EDGEVLM_MODEL`` overrides). Remote files not in the cache are
-    pulled first (progress on a terminal, sha256 verified); cached ones need no network.
+    pulled first (progress on a terminal, sha256 verified; a large download asks first:
+    ``confirm_download``); cached ones need no network. Callers check their own inputs first.
     """
     if model is not None and mmproj is not None and os.path.isfile(model):
         return model, mmproj  # two local files: exactly what the command did before
+    explicit = model is not None
     if model is None:
         if mmproj is not None:
             raise CLIError("--mmproj needs --model", 2)
@@ -63,6 +104,7 @@ def model_paths(
             echo_err(f"pulling {rf.spec} ({role})")
 
     if not r.is_local:
+        confirm_download(r, yes=yes, explicit=explicit)
         res = ensure_local(r, progress=not quiet and sys.stderr.isatty(), on_file=on_file)
         r = res.resolved
     return r.local_paths()  # type: ignore[return-value]

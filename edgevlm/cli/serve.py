@@ -21,6 +21,7 @@ from .common import (
     threads_option,
     tiles_option,
     video_options,
+    yes_option,
 )
 
 __all__ = ["serve"]
@@ -105,6 +106,7 @@ __all__ = ["serve"]
 @threads_option
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
 @click.option("--verbose", "-v", is_flag=True, help="llama.cpp's logs and an access log.")
+@yes_option
 @handle_errors
 def serve(
     model,
@@ -131,6 +133,7 @@ def serve(
     threads,
     max_pixels,
     verbose,
+    yes,
 ) -> None:
     """Serve the OpenAI chat-completions API, with images, planned to never run out of memory.
 
@@ -160,7 +163,7 @@ def serve(
     cache_ram = ServeOptions.cache_ram if cache_ram is None else cache_ram
     wishes = planning.serving(parallel, merge, cache_ram)
     spec = model
-    model, mmproj = model_paths(model, mmproj, probe_args=planning.probe_args, wishes=wishes)
+    model, mmproj = model_paths(model, mmproj, probe_args=planning.probe_args, wishes=wishes, yes=yes)
     measure = planning.probe
     plan = make_plan(model, mmproj, measure(), wishes)
     render_plan(plan, file=sys.stderr)
