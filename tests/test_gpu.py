@@ -155,3 +155,11 @@ def test_chat_caption_and_serve_with_every_layer_on_the_device(model_pair, image
     finally:
         err = s.stop()
     assert "Traceback" not in err, err
+
+
+def test_doctor_reports_the_device():
+    r = run_cli("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    f = json.loads(r.stdout)
+    assert f["gpu_offload"] and GPUS[0].name in [d["name"] for d in f["devices"]]
+    assert f["build"].startswith("CUDA" if GPUS[0].name.startswith("CUDA") else GPUS[0].name.rstrip("0123456789"))

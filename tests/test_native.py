@@ -9,6 +9,7 @@ user's script start — and the warning a late order gets.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,3 +75,38 @@ def test_a_cpu_build_on_a_machine_with_an_nvidia_gpu_says_how_to_rebuild(tmp_pat
     assert "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=native" in r.stdout
     assert "no GPU support" not in _plan_demo([str(tmp_path), *system], "--device", "cpu").stdout  # asked for
     assert "no GPU support" not in _plan_demo(system).stdout  # no NVIDIA GPU here
+
+
+def test_doctor_reports_the_build_the_cpu_and_the_devices():
+    import llama_cpp
+
+    r = subprocess.run(
+        [sys.executable, "-m", "edgevlm", "doctor", "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    f = json.loads(r.stdout)
+    assert f["llama_cpp_python"] == llama_cpp.__version__
+    assert f["features"] == llama_cpp.llama_print_system_info().decode().strip()
+    assert f["gpu_offload"] == bool(llama_cpp.llama_supports_gpu_offload())
+    assert f["devices"][-1]["kind"] == "cpu" and f["devices"][-1]["total"] > 0
+    if not f["gpu_offload"]:
+        assert f["build"] == "CPU build (no GPU backend)"
+    table = subprocess.run([sys.executable, "-m", "edgevlm", "doctor"], capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0 and f"llama-cpp-python {llama_cpp.__version__}: {f['build']}" in table.stdout
+    assert "devices:" in table.stdout and "Traceback" not in table.stderr
+
+
+def test_doctor_says_when_the_gpu_is_unused(tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA GeForce RTX 4060 Laptop GPU, 8188 MiB'\n")
+    smi.chmod(0o755)
+    system = [d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "nvidia-smi").exists()]
+    env = dict(os.environ, PATH=os.pathsep.join([str(tmp_path), *system]))
+    r = subprocess.run(
+        [sys.executable, "-m", "edgevlm", "doctor"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    import llama_cpp
+
+    if not llama_cpp.llama_supports_gpu_offload():
+        assert "note: this llama-cpp-python build has no GPU support (a CPU wheel)" in r.stdout

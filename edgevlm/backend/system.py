@@ -19,6 +19,7 @@ from . import logs
 
 __all__ = [
     "EXTRA_BUFFERS_ENV",
+    "build_info",
     "MAX_THREADS",
     "GGMLDevice",
     "cpu_extra_buffers",
@@ -181,6 +182,16 @@ def _system_info() -> str | None:
 
 
 EXTRA_BUFFERS_ENV = "EDGEVLM_CPU_EXTRA_BUFFERS"  # "1" / "0": edgevlm's switch, over the default below
+
+
+def build_info() -> tuple[str | None, str, bool]:
+    """(llama-cpp-python's version or None when it is not installed, llama.cpp's feature line,
+    whether the build can offload to a GPU)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None, "", False
+    return llama_cpp.__version__, (_system_info() or "").strip(), bool(llama_cpp.llama_supports_gpu_offload())
 
 
 def cpu_extra_buffers() -> bool:

@@ -13,6 +13,7 @@ from .batch import batch
 from .budget import budget
 from .caption import caption
 from .chat import chat
+from .doctor import doctor
 from .inspect import inspect
 from .models import models, pull, rm
 from .plan import plan
@@ -27,7 +28,7 @@ def main() -> None:
     """Run GGUF vision-language models through llama.cpp, planned to fit in memory."""
 
 
-for _cmd in (chat, caption, batch, serve, plan, budget, inspect, pull, models, rm):
+for _cmd in (chat, caption, batch, serve, plan, budget, inspect, pull, models, rm, doctor):
     main.add_command(_cmd)
 
 if __name__ == "__main__":  # pragma: no cover
