@@ -129,7 +129,7 @@ def test_count_tokens_counts_what_a_request_would_send(server):
     assert counted.input_tokens == sent.input_tokens + sent.cache_read_input_tokens
     assert counted.input_tokens > c.messages.count_tokens(model="m", messages=[ask("How many?")]).input_tokens + 16
     # nothing ran: no reply was generated for the count
-    assert httpx.get(server.url + "/status", timeout=10).json()["slots"]["busy"] == 0
+    assert server.status()["slots"]["busy"] == 0
 
 
 def test_a_conversation_that_can_never_fit_is_a_400_in_anthropics_shape(server):

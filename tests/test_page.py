@@ -87,7 +87,7 @@ def css(driver, selector):
 
 
 def served(site) -> int:
-    return httpx.get(site.url + "/status").json()["requests"]["served"]
+    return site.status()["requests"]["served"]
 
 
 def test_the_page_chats_about_a_picture_and_shows_the_plan(browser, site, tmp_path):
@@ -143,10 +143,10 @@ def test_the_page_chats_about_a_picture_and_shows_the_plan(browser, site, tmp_pa
     meta = css(d, ".msg.assistant .meta")[1].text
     assert "stopped" in meta
     deadline = time.monotonic() + 10
-    while httpx.get(site.url + "/status").json()["slots"]["busy"]:  # the server freed the sequence
+    while site.status()["slots"]["busy"]:  # the server freed the sequence
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert httpx.get(site.url + "/status").json()["requests"]["cancelled"] >= 1
+    assert site.status()["requests"]["cancelled"] >= 1
 
     # a file that is not a picture: the server's own message
     bad = tmp_path / "notes.png"

@@ -58,6 +58,7 @@ class Served:
     """``edgevlm serve`` in a subprocess on a free port of 127.0.0.1; stopped by ``stop()``."""
 
     def __init__(self, pair, *args: str):
+        self.key = args[args.index("--api-key") + 1] if "--api-key" in args else None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
@@ -97,7 +98,8 @@ class Served:
         return OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
 
     def status(self) -> dict:
-        return httpx.get(self.url + "/status", timeout=10).json()
+        auth = {"authorization": f"Bearer {self.key}"} if self.key else {}
+        return httpx.get(self.url + "/status", headers=auth, timeout=10).json()
 
     def wait_busy(self, n: int, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -563,3 +565,43 @@ def test_old_pictures_become_summaries_when_the_client_asks(tight):
     history[0] = {"role": "user", "content": s["content"]}  # what the page then sends
     again = httpx.post(url, json={**body, "messages": history}, timeout=120)
     assert again.status_code == 200 and "summaries" not in again.json().get("edgevlm", {})
+
+
+def test_the_key_covers_status_and_metrics_and_health_stays_open(strict_server):
+    from .conftest import STRICT_KEY
+
+    url = strict_server.url
+    for path in ("/status", "/metrics"):
+        r = httpx.get(url + path, timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+        assert httpx.get(url + path, headers={"authorization": f"Bearer {STRICT_KEY}"}, timeout=10).status_code == 200
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
+    budget = httpx.post(url + "/v1/edgevlm/budget", json={"url": data_uri(flat_png(64, 48))}, timeout=10)
+    assert budget.status_code == 401
+
+
+def test_status_names_the_model_files_not_where_they_are(strict_server, model_pair):
+    pair = model_pair("llava15")
+    plan = strict_server.status()["plan"]
+    assert plan["model"] == pair.model.name and plan["mmproj"] == pair.mmproj.name
+    assert str(pair.model.parent) not in json.dumps(strict_server.status())
+
+
+def test_the_page_has_its_icon(strict_server):
+    r = httpx.get(strict_server.url + "/favicon.ico", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg+xml") and b"<svg" in r.content
+
+
+def test_serve_help_names_every_api():
+    r = subprocess.run([sys.executable, "-m", "edgevlm", "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    for needle in (
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/api/chat",
+        "--ollama-port",
+        "/health (open)",
+    ):
+        assert needle in r.stdout, needle
+    assert "/status and /metrics too" in " ".join(r.stdout.split())

@@ -71,7 +71,12 @@ __all__ = ["serve"]
     help="Host RAM for idle conversations moved out of the KV cache, copied back when they "
     f"return (planned) [default: {format_size(ServeOptions.cache_ram)}]; 0: drop them.",
 )
-@click.option("--api-key", envvar="EDGEVLM_API_KEY", help="Bearer token every /v1 route asks for ($EDGEVLM_API_KEY).")
+@click.option(
+    "--api-key",
+    envvar="EDGEVLM_API_KEY",
+    help="Key every API asks for (Bearer, or Anthropic's x-api-key), /status and /metrics too; /health stays "
+    "open ($EDGEVLM_API_KEY).",
+)
 @click.option(
     "--max-body",
     type=Size(),
@@ -135,15 +140,24 @@ def serve(
     verbose,
     yes,
 ) -> None:
-    """Serve the OpenAI chat-completions API, with images, planned to never run out of memory.
+    """Serve a model to apps and agents, with pictures, planned to never run out of memory.
+
+    \b
+    One port (--port) speaks every API:
+      OpenAI chat completions   POST /v1/chat/completions
+      OpenAI Responses          POST /v1/responses, GET|DELETE /v1/responses/ID
+      Anthropic Messages        POST /v1/messages, /v1/messages/count_tokens
+      Ollama                    /api/chat, /api/generate, /api/tags, /api/show ...
+                                (also on a port of its own: --ollama-port 11434)
+      models                    GET /v1/models
+      a picture's cost          POST /v1/edgevlm/budget
+      the web page              GET /
+      state                     GET /health (open), /status, /metrics
 
     \b
     edgevlm serve -m llava-1.5-7b --port 8080
     curl http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' \\
       -d '{"messages": [{"role": "user", "content": "Hi"}]}'
-
-    Ollama's clients (Open WebUI, the ollama library) find it with --ollama-port 11434, or at
-    http://127.0.0.1:8080 itself (/api/chat, /api/generate, /api/tags ...).
     """
     import uvicorn
 

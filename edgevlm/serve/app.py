@@ -30,6 +30,7 @@ import hmac
 import io
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -328,7 +329,7 @@ class Server:
         plan = eng.plan
         rss = psutil.Process().memory_info().rss
         out.update(
-            plan=plan.to_dict() if plan is not None else None,
+            plan=_without_paths(plan.to_dict()) if plan is not None else None,
             slots={"total": sched.max_running, "busy": worker.running},
             kv=sched.status(),
             queue={"waiting": worker.queued, "limit": self.options.queue},
@@ -441,6 +442,11 @@ def _error_response(exc: BaseException, dialect: Dialect = OPENAI) -> JSONRespon
     return JSONResponse(body, status, headers=headers)
 
 
+def _without_paths(plan: dict) -> dict:
+    """A plan for ``/status``: the model files by name, not where they sit on the server's disk."""
+    return {**plan, **{k: os.path.basename(plan[k]) for k in ("model", "mmproj") if plan.get(k)}}
+
+
 def create_app(
     model: LoadedModel | Callable[[], LoadedModel],
     options: ServeOptions = ServeOptions(),
@@ -451,13 +457,15 @@ def create_app(
     startup; ``/health`` says 503 until it returns, and ``on_error`` hears if it fails)."""
     server = Server(model, options, on_error)
 
-    def guarded(handler, v1: bool = True, dialect: Dialect = OPENAI):
-        """``handler`` behind the API key (in ``dialect``'s header) and the model's readiness;
-        whatever it raises becomes ``dialect``'s error response."""
+    def guarded(handler, v1: bool = True, dialect: Dialect = OPENAI, key: bool | None = None):
+        """``handler`` behind the API key (in ``dialect``'s header; ``key``: also off the model
+        routes, default with them) and the model's readiness (``v1``); whatever it raises becomes
+        ``dialect``'s error response."""
+        keyed = v1 if key is None else key
 
         async def endpoint(request: HTTPRequest) -> Response:
             try:
-                if v1 and options.api_key is not None:
+                if keyed and options.api_key is not None:
                     token = dialect.key(request.headers)
                     if not hmac.compare_digest(token.encode(), options.api_key.encode()):
                         raise APIError(
@@ -531,6 +539,9 @@ def create_app(
     async def status(request: HTTPRequest) -> Response:
         return JSONResponse(server.status())
 
+    async def favicon(request: HTTPRequest) -> Response:
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
+
     async def metrics(request: HTTPRequest) -> Response:
         return PlainTextResponse(server.metrics(), media_type="text/plain; version=0.0.4")
 
@@ -561,9 +572,10 @@ def create_app(
             Route("/v1/models", guarded(models), methods=["GET"]),
             Route("/v1/models/{model}", guarded(model_card), methods=["GET"]),
             *ollama_routes(server, guarded),
-            Route("/health", guarded(health, v1=False), methods=["GET"]),
-            Route("/status", guarded(status, v1=False), methods=["GET"]),
-            Route("/metrics", guarded(metrics, v1=False), methods=["GET"]),
+            Route("/health", guarded(health, v1=False), methods=["GET"]),  # open: a load balancer's probe
+            Route("/status", guarded(status, v1=False, key=True), methods=["GET"]),
+            Route("/metrics", guarded(metrics, v1=False, key=True), methods=["GET"]),
+            Route("/favicon.ico", favicon, methods=["GET"]),
         ],
         # starlette types every handler's exc as Exception, though it calls each with its own class
         exception_handlers={HTTPException: http_error},  # type: ignore[dict-item]

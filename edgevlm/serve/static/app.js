@@ -407,7 +407,7 @@ function renderPlan(plan) {
 
 async function poll() {
   try {
-    const resp = await fetch("/status");
+    const resp = await fetch("/status", { headers: authHeaders() });  // (the key, once the page has one)
     if (resp.ok) renderStatus(await resp.json());
   } catch (e) {
     $("server").replaceChildren(el("dt", "", "state"), el("dd", "error", "server unreachable"));
