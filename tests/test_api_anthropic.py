@@ -192,7 +192,7 @@ def test_a_forced_tool_call_then_its_result_with_a_picture(server):
     uses = [b for b in r.content if b.type == "tool_use"]
     assert r.stop_reason == "tool_use" and len(uses) == 1  # (one call: the random model would go on)
     call = uses[0]
-    assert call.name == "tag_picture" and call.id
+    assert call.name == "tag_picture" and call.id.startswith("toolu_")  # Anthropic's own id form
     jsonschema.validate(call.input, TAGS)
 
     result = {
@@ -356,3 +356,20 @@ def test_error_mapping():
     assert error_for(APIError("big", 413))[1]["error"]["type"] == "request_too_large"
     assert error_for(BackendError("llama_decode failed"))[1]["error"]["type"] == "api_error"
     assert error_for(KeyError("x"))[1]["error"] == {"type": "api_error", "message": "internal error (KeyError)"}
+
+
+def test_tool_use_ids_go_out_in_anthropics_form_and_come_back_as_the_prompt_had_them():
+    from edgevlm.serve.anthropic import from_tool_use_id, parse_messages_request, tool_use_id
+
+    assert tool_use_id("call_3fa9") == "toolu_3fa9" and from_tool_use_id("toolu_3fa9") == "call_3fa9"
+    assert tool_use_id("a1B2c3D4e") == "a1B2c3D4e"  # Mistral's nine-character ids stay as they are
+    req = parse_messages_request({
+        "model": "m", "max_tokens": 4,
+        "messages": [
+            {"role": "user", "content": "Tag it."},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_7", "name": "tag", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_7", "content": "done"}]},
+        ],
+    })  # fmt: skip
+    assistant, tool = req.messages[1], req.messages[2]
+    assert assistant.tool_calls[0].id == "call_7" and tool.tool_call_id == "call_7" and tool.name == "tag"

@@ -230,8 +230,10 @@ def test_listings_show_ps_and_the_ollama_port(srv):
     assert httpx.head(srv.ollama_url + "/").status_code == 200
     r = theirs.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 3})
     assert r.done and r.eval_count <= 3
-    missing = httpx.get(srv.ollama_url + "/api/nothing")
-    assert missing.status_code == 404 and "error" in missing.json()
+    for base in (srv.ollama_url, srv.url):  # Ollama's error shape for unknown /api paths on both ports
+        missing = httpx.get(base + "/api/nothing")
+        assert missing.status_code == 404 and isinstance(missing.json()["error"], str), (base, missing.text)
+    assert isinstance(httpx.get(srv.url + "/v1/nothing").json()["error"], dict)  # OpenAI's elsewhere
     assert "<html" in httpx.get(srv.url + "/").text.lower()  # the main port keeps edgevlm's page
 
 

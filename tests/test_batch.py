@@ -216,3 +216,42 @@ def test_a_killed_run_resumes_without_duplicates(pair, tmp_path):
     assert f"skipped {before}" in r.stderr
     ids = [o["custom_id"] for o in read_out(out)]
     assert sorted(ids) == sorted(f"k{i}" for i in range(12))
+
+
+def test_responses_lines_are_answered_with_response_objects_as_the_server_answers(pair, tmp_path):
+    """OpenAI's Batch API takes /v1/responses lines too: each is answered with a ``response``
+    object, field for field what ``POST /v1/responses`` returns for the same body."""
+    uri = data_uri(png(96, 80, seed=4))
+    resp_body = {
+        "model": "tiny",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "What is this?"},
+                                                {"type": "input_image", "image_url": uri}]}],
+        "max_output_tokens": 8, "temperature": 0,
+    }  # fmt: skip
+    req = tmp_path / "requests.jsonl"
+    write_lines(req, [
+        line("resp", resp_body, url="/v1/responses"),
+        line("chat", body("Say hello.", max_tokens=4)),
+        line("later", {**resp_body, "previous_response_id": "resp_nowhere"}, url="/v1/responses"),
+    ])  # fmt: skip
+    r = cli_batch(pair, str(req), "--out", str(tmp_path / "out.jsonl"), "--parallel", "1")
+    assert r.returncode == 4, r.stderr  # the third line: no stored response to follow in a batch
+    by_id = {o["custom_id"]: o for o in read_out(tmp_path / "out.jsonl")}
+    got = by_id["resp"]["response"]["body"]
+    assert by_id["resp"]["response"]["status_code"] == 200 and got["object"] == "response"
+    assert by_id["chat"]["response"]["body"]["object"] == "chat.completion"
+    assert by_id["later"]["response"]["status_code"] == 404
+    served = Served(pair, "--parallel", "1")
+    try:
+        import httpx
+
+        want = httpx.post(served.url + "/v1/responses", json=resp_body, timeout=60).json()
+    finally:
+        served.stop()
+    assert set(got) == set(want)
+    for key in ("object", "status", "model", "output_text"):
+        if key in want:
+            assert got[key] == want[key], key
+    assert [i["type"] for i in got["output"]] == [i["type"] for i in want["output"]]
+    text = lambda b: [c["text"] for i in b["output"] if i["type"] == "message" for c in i["content"]]  # noqa: E731
+    assert text(got) == text(want)

@@ -71,6 +71,8 @@ __all__ = [
     "parse_messages_request",
     "stop_reason",
     "stream_events",
+    "from_tool_use_id",
+    "tool_use_id",
     "usage_body",
 ]
 
@@ -195,6 +197,7 @@ def _user(blocks: list[Any], where: str, i: int, out: list[ChatMessage]) -> None
                 raise bad(f"{at}.is_error must be true or false", f"{at}.is_error")
             if is_error:
                 text = "Error: " + text if text else "Error"
+            cid = from_tool_use_id(cid)
             out.append(ChatMessage("tool", text, pics, i, tool_call_id=cid, name=_called(out, cid)))
         else:
             raise bad(f"{at}: a user message holds text, image and tool_result blocks, not {kind!r}", at)
@@ -217,7 +220,7 @@ def _assistant(blocks: list[Any], where: str, i: int) -> ChatMessage:
                 raise bad(f"{at}.name must be the tool's name", f"{at}.name")
             if not isinstance(args, dict):
                 raise bad(f"{at}.input must be an object", f"{at}.input")
-            calls.append(ToolCall(cid, name, json.dumps(args, ensure_ascii=False)))
+            calls.append(ToolCall(from_tool_use_id(cid), name, json.dumps(args, ensure_ascii=False)))
         elif kind in ("thinking", "redacted_thinking"):
             continue  # earlier turns' reasoning does not enter the prompt
         else:
@@ -402,8 +405,18 @@ def usage_body(reply: Reply) -> dict[str, int]:
     }
 
 
+def tool_use_id(cid: str) -> str:
+    """A tool call's id as Anthropic writes them (``toolu_…``; the other APIs' ``call_…``)."""
+    return "toolu_" + cid[5:] if cid.startswith("call_") else cid
+
+
+def from_tool_use_id(cid: str) -> str:
+    """An id sent back in Anthropic's form, as the prompt held it (``call_…``)."""
+    return "call_" + cid[6:] if cid.startswith("toolu_") else cid
+
+
 def _tool_use(call: ToolCall) -> dict[str, Any]:
-    return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.args}
+    return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": call.args}
 
 
 def message_body(reply: Reply) -> dict[str, Any]:

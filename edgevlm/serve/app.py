@@ -547,6 +547,8 @@ def create_app(
 
     async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        if request.url.path.startswith("/api/"):  # Ollama's clients read {"error": "..."}
+            return JSONResponse({"error": f"{request.method} {request.url.path}: {exc.detail}"}, exc.status_code)
         return JSONResponse(
             error_body(f"{request.method} {request.url.path}: {exc.detail}", code=code), exc.status_code
         )

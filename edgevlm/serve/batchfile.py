@@ -38,7 +38,7 @@ __all__ = [
     "response_line",
 ]
 
-BATCH_URLS = ("/v1/chat/completions", "/chat/completions")
+BATCH_URLS = ("/v1/chat/completions", "/chat/completions", "/v1/responses", "/responses")
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 4, 130
 
 
@@ -51,6 +51,11 @@ class BatchLine:
     body: dict[str, Any] | None = None
     code: str | None = None
     message: str | None = None
+    url: str = "/v1/chat/completions"  # or /v1/responses: which API the body is for
+
+    @property
+    def responses(self) -> bool:
+        return self.url.endswith("/responses")
 
     @property
     def ok(self) -> bool:
@@ -100,12 +105,12 @@ def _line(number: int, raw: str) -> BatchLine:
             number,
             cid,
             code="invalid_url",
-            message=f"line {number}: url {url!r} is not supported (only /v1/chat/completions)",
+            message=f"line {number}: url {url!r} is not supported (/v1/chat/completions and /v1/responses are)",
         )
     body = obj.get("body")
     if not isinstance(body, dict):
         return BatchLine(number, cid, code="invalid_request", message=f"line {number}: body must be an object")
-    return BatchLine(number, cid, body)
+    return BatchLine(number, cid, body, url=url)
 
 
 def read_batch_file(path: str) -> BatchFile:

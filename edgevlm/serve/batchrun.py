@@ -14,6 +14,8 @@ from ..runtime.model import LoadedModel
 from .batchfile import BatchLine, error_line, response_line
 from .openai import completion_body, error_for, parse_chat_request
 from .options import ServeOptions
+from .responses import parse_responses_request
+from .responses_reply import reply_body
 from .service import ChatService
 
 __all__ = ["answer_line", "answer_lines", "run_lines"]
@@ -29,13 +31,17 @@ async def answer_line(service: ChatService, line: BatchLine, order: asyncio.Lock
         return error_line(line)
     assert line.custom_id is not None and line.body is not None
     try:
-        req = parse_chat_request(line.body, service.options.sampling)
+        call = parse_responses_request(line.body, service.options.sampling) if line.responses else None
+        req = call.request if call is not None else parse_chat_request(line.body, service.options.sampling)
         if order is None:
             job = await service.submit(req)
         else:
             async with order:
                 job = await service.submit(req)
-        return response_line(line.custom_id, 200, completion_body(await service.whole(job, req)))
+        reply = await service.whole(job, req)
+        if call is not None:  # OpenAI's Batch API answers /v1/responses lines with response objects
+            return response_line(line.custom_id, 200, reply_body(call, service.model_name(req), job.created, reply))
+        return response_line(line.custom_id, 200, completion_body(reply))
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # every failure is an output line, never a crash
