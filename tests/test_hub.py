@@ -493,12 +493,24 @@ def test_model_paths_pulls_what_is_missing(env, hub, pairs):
     assert model_paths(str(lp.model), "x.gguf") == (str(lp.model), "x.gguf")  # two paths: untouched
 
 
-def test_choose_model_picks_the_largest_that_fits(env, hub, monkeypatch):
+def test_choose_model_takes_the_registrys_default_order(env, hub, monkeypatch):
+    """No --model: the registry's ``default.order``, the first that fits, and why; a registry
+    without one: its smallest model that fits — never the largest by default."""
     from edgevlm.hub.listing import choose_model
     from edgevlm.plan.devices import probe
 
     r, why = choose_model(probe(free_memory=["8GiB"]))
-    assert r.entry.name == "qwen-tiny" and "largest registry model that fits" in why
+    assert r.entry.name == "llava-tiny" and "the smallest registry model" in why  # (the test registry has no order)
+    reg = json.loads(json.dumps(TEST_REGISTRY))
+    reg["default"] = {"order": ["qwen-tiny", "llava-tiny"], "why": "the test's choice"}
+    (env / "registry.json").write_text(json.dumps(reg))
+    r, why = choose_model(probe(free_memory=["8GiB"]))
+    assert r.entry.name == "qwen-tiny" and "the default here by the plan" in why and "the test's choice" in why
+    reg["default"]["order"] = ["nowhere"]
+    (env / "registry.json").write_text(json.dumps(reg))
+    with pytest.raises(InputError, match="default.order names nowhere"):
+        choose_model(probe())
+    (env / "registry.json").write_text(json.dumps(TEST_REGISTRY))
     monkeypatch.setenv("EDGEVLM_MODEL", "llava-tiny")
     r, why = choose_model(probe())
     assert r.entry.name == "llava-tiny" and "EDGEVLM_MODEL" in why
@@ -670,3 +682,16 @@ def test_on_a_terminal_a_large_download_is_asked_for_first(env, hub):
         p.kill() if p.poll() is None else None
         os.close(master)
     assert b"not downloaded (answered no)" in seen and not blobs(env, QWEN_REPO)
+
+
+def test_the_packaged_default_is_small_and_named_in_models():
+    """The shipped registry's default order holds small models only (never the 24B one a
+    'largest that fits' rule took), and ``edgevlm models`` says which runs without --model."""
+    from edgevlm.hub.registry import load_registry
+
+    reg = load_registry()
+    sizes = {e.name: e.approx_size() for e in reg.entries}
+    assert reg.default and all(sizes[n] < 4 * 2**30 for n in reg.default) and reg.default_why
+    r = cli("models")
+    assert r.returncode == 0, r.stderr
+    assert f"without --model: the first of {', '.join(reg.default)}" in " ".join(r.stdout.split())

@@ -149,7 +149,7 @@ def output_options(fn):
     "--model",
     "-m",
     help="GGUF path, registry name (llava-1.5-7b), hf:owner/repo/file.gguf, or demo "
-    "(default: the largest registry model that fits; $EDGEVLM_MODEL).",
+    "(default: the registry's small default that fits, see edgevlm models; $EDGEVLM_MODEL).",
 )
 @click.option("--mmproj", help="Vision projector (path or hf: spec); found automatically for names.")
 @selection_options

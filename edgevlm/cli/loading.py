@@ -80,8 +80,8 @@ def model_paths(
 ) -> tuple[str, str]:
     """Local (model, mmproj) paths for ``chat`` / ``caption`` / ``batch`` / ``serve``.
 
-    ``model`` is a path, registry name, ``hf:`` spec or ``demo``; None picks the largest
-    registry model that fits (``$EDGEVLM_MODEL`` overrides). Remote files not in the cache are
+    ``model`` is a path, registry name, ``hf:`` spec or ``demo``; None picks the registry's
+    default, the first of its small models that fits (``$EDGEVLM_MODEL`` overrides). Remote files not in the cache are
     pulled first (progress on a terminal, sha256 verified; a large download asks first:
     ``confirm_download``); cached ones need no network. Callers check their own inputs first.
     """

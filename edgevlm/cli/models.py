@@ -133,6 +133,27 @@ def models(check, planning, as_json) -> None:
             markup=False,
         )
     console.print(f"registry {registry_path()} · hub cache {settings().cache_dir}", style="dim", markup=False)
+    console.print(default_line(rows), markup=False)
+
+
+def default_line(rows) -> str:
+    """Which model runs without --model, and why (the registry's ``default``)."""
+    import os
+
+    from ..hub.registry import load_registry
+
+    if os.environ.get("EDGEVLM_MODEL"):
+        return f"without --model: {os.environ['EDGEVLM_MODEL']} ($EDGEVLM_MODEL)"
+    reg = load_registry()
+    fits = {r.name: r.fits for r in rows}
+    order = list(reg.default)
+    chosen = next((n for n in order if fits.get(n)), None)
+    unknown = [n for n in order if fits.get(n) is None]
+    if chosen is None or unknown[:1] and order.index(unknown[0]) < order.index(chosen):
+        head = f"without --model: the first of {', '.join(order)} that fits (--check plans them)"
+    else:
+        head = f"without --model: {chosen}, the first of {', '.join(order)} that fits this machine"
+    return head + (f" — {reg.default_why}" if reg.default_why else "")
 
 
 # --- rm --------------------------------------------------------------------------------------

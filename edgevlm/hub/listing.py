@@ -148,13 +148,16 @@ def _unregistered_rows(seen: set[tuple[str, str]], probe, wishes) -> list[ModelR
 
 
 def choose_model(probe, wishes=None, *, fetch: bool = True) -> tuple[ResolvedModel, str]:
-    """``$EDGEVLM_MODEL``, else the largest registry model whose plan fits this machine."""
+    """``$EDGEVLM_MODEL``, else the registry's default: the first of its ``default.order`` whose
+    plan fits this machine (a registry without one: its smallest model that fits)."""
     env = os.environ.get("EDGEVLM_MODEL")
     if env:
         return resolve(env), f"EDGEVLM_MODEL={env}"
     reg = load_registry()
+    by_name = {e.name: e for e in reg.entries}
+    order = [by_name[n] for n in reg.default] or sorted(reg.entries, key=lambda e: e.approx_size())
     tried: list[str] = []
-    for e in sorted(reg.entries, key=lambda e: e.approx_size(), reverse=True):
+    for e in order:
         r = resolve(e.name, registry=reg)
         try:
             plan = plan_resolved(r, probe, wishes, fetch=fetch and not settings().offline)
@@ -164,14 +167,14 @@ def choose_model(probe, wishes=None, *, fetch: bool = True) -> tuple[ResolvedMod
         if plan.fits:
             _, verdict = _fit_verdict(plan)
             size = e.approx_size() / 2**30
+            why = reg.default_why or "the smallest registry model"
             return r, (
-                f"no --model given: {e.name} ({size:.1f} GiB) is the largest registry model "
-                f"that fits this machine by the plan ({verdict.removeprefix('yes · ')}); "
-                f"pass --model or set EDGEVLM_MODEL to choose"
+                f"no --model given: {e.name} ({size:.1f} GiB), the default here by the plan "
+                f"({verdict.removeprefix('yes · ')}): {why}; pass --model or set EDGEVLM_MODEL to choose"
             )
         tried.append(f"{e.name}: does not fit")
     detail = "; ".join(tried[:3])
     raise InputError(
-        f"no --model given and no registry model could be planned to fit ({detail}); "
+        f"no --model given and no default model could be planned to fit ({detail}); "
         f"pass --model NAME, or --model demo to try the pipeline offline"
     )

@@ -115,11 +115,14 @@ def _file_dict(f: RegistryFile) -> dict[str, Any]:
 
 
 class Registry:
-    """Entries by name; lookup by name or alias, ``name:quant`` parsing, close-name suggestions."""
+    """Entries by name; lookup by name or alias, ``name:quant`` parsing, close-name suggestions;
+    ``default``: the names tried, in order, when no model is named, and why."""
 
-    def __init__(self, entries: list[RegistryEntry], source: str):
+    def __init__(self, entries: list[RegistryEntry], source: str, default: tuple[str, ...] = (), default_why: str = ""):
         self.entries = entries
         self.source = source
+        self.default = default
+        self.default_why = default_why
         self._by_name: dict[str, RegistryEntry] = {}
         for e in entries:
             for key in (e.name, *e.aliases):
@@ -215,7 +218,14 @@ def parse_registry(data: Any, source: str) -> Registry:
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"{where}: missing or malformed field ({type(exc).__name__}: {exc})") from None
-    return Registry(entries, source)
+    dflt = data.get("default") or {}
+    order = dflt.get("order", []) if isinstance(dflt, dict) else None
+    if not isinstance(order, list) or not all(isinstance(n, str) for n in order):
+        raise InputError(f"{source}: 'default' must be an object with an 'order' list of model names")
+    names = {e.name for e in entries}
+    if unknown := [n for n in order if n not in names]:
+        raise InputError(f"{source}: default.order names {', '.join(unknown)}, not in the registry")
+    return Registry(entries, source, tuple(order), str(dflt.get("why", "")))
 
 
 def registry_path() -> Path:
