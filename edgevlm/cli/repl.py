@@ -113,6 +113,8 @@ class ChatLoop:
                 self._say("\n(use /quit or Ctrl-D to leave)")
                 continue
             if msg is None:
+                if self.interactive:  # Ctrl-D: the shell's prompt on a line of its own
+                    print(file=self.out, flush=True)
                 return 0
             if not msg.strip():
                 continue
