@@ -552,3 +552,18 @@ def test_json_schema_puts_the_parsed_object_in_each_record(model_pair, folder, t
         *cap_args(pair, str(folder["good"][0]), "--out", str(short), "-n", "2", "--json-schema", str(schema))
     )
     assert again.returncode == 4 and len(records(short)) == 1
+
+
+def test_quiet_prints_nothing_but_errors(tmp_path):
+    """``caption -q`` with the demo model: no demo note, no progress, no summary."""
+    from PIL import Image
+
+    Image.new("RGB", (64, 48), "red").save(tmp_path / "red.png")
+    r = run_cli("caption", str(tmp_path / "red.png"), "--model", "demo", "-q", "-n", "4",
+                "--out", str(tmp_path / "c.jsonl"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and (tmp_path / "c.jsonl").read_text().strip()
+    loud = run_cli(
+        "caption", str(tmp_path / "red.png"), "--model", "demo", "-n", "4", "--out", str(tmp_path / "d.jsonl")
+    )
+    assert "note: demo" in loud.stderr  # the note is there without -q

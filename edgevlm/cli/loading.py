@@ -92,10 +92,12 @@ def model_paths(
         if mmproj is not None:
             raise CLIError("--mmproj needs --model", 2)
         r, why = choose_model(probe(**(probe_args or {})), wishes)
-        echo_err(why)
+        if not quiet:
+            echo_err(why)
     else:
         r = resolve(model, mmproj)
-    _echo_notes(r)
+    if not quiet:  # (--quiet: errors only)
+        _echo_notes(r)
     if r.mmproj is None:
         raise CLIError(f"{r.name}: no vision projector found; pass --mmproj", 2)
 
