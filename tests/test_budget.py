@@ -210,3 +210,27 @@ def test_budget_finds_the_pair_of_a_model_name(tmp_path):
     alone = run_cli("budget", str(pic))
     assert alone.returncode == 2 and alone.stderr.strip().count("\n") == 0, alone.stderr
     assert "--mmproj" in alone.stderr and "Traceback" not in alone.stderr
+
+
+def test_the_tile_note_counts_what_the_table_shows():
+    """``budget`` on the poster: the note's counts are the table's — tiles the budget holds, those
+    sent, those skipped as flat among them, and the rest that scored lower (it once said only
+    "1 tile(s) skipped as flat" beside six unselected tiles)."""
+    import re
+    from pathlib import Path
+
+    from edgevlm.hub.demo import trained_demo_pair
+    from edgevlm.vision.images import load_image
+
+    pair = trained_demo_pair()
+    if pair is None:
+        pytest.skip("the trained demo pair is not here")
+    proj = load_projector(str(pair[1]))
+    ip = plan_image(load_image(str(Path(__file__).parent.parent / "examples" / "poster.png")), proj, 256)
+    tiles = [v for v in ip.views if v.label.startswith("tile")]
+    note = next(n for n in ip.notes if "beside the global view" in n)
+    held, total, sent = map(int, re.search(r"holds (\d+) of (\d+) tiles .*: (\d+) sent", note).groups())
+    flat = int(m.group(1)) if (m := re.search(r"(\d+) skipped as flat", note)) else 0
+    rest = int(m.group(1)) if (m := re.search(r"the other (\d+) scored lower", note)) else 0
+    assert total == len(tiles) and sent == sum(v.selected for v in tiles)
+    assert held == sent + flat and rest == total - held and total - sent == flat + rest

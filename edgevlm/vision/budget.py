@@ -208,8 +208,13 @@ def _plan_fixed(img: LoadedImage, proj: ProjectorInfo, budget: int | None, tiles
     views = [glob]
     notes = []
     skipped = [i for i in order[:k] if i not in chosen]
-    if skipped:
-        notes.append(f"{len(skipped)} tile(s) skipped as flat (score < {floor:.2f})")
+    rest = len(boxes) - min(k, len(boxes))
+    if skipped or rest:
+        notes.append(
+            f"the budget holds {min(k, len(boxes))} of {len(boxes)} tiles beside the global view: {len(chosen)} sent"
+            + (f", {len(skipped)} skipped as flat (score < {floor:.2f})" if skipped else "")
+            + (f"; the other {rest} scored lower" if rest else "")
+        )
     for i, box in enumerate(boxes):
         r, c = divmod(i, cols)
         views.append(
