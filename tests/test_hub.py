@@ -695,3 +695,16 @@ def test_the_packaged_default_is_small_and_named_in_models():
     r = cli("models")
     assert r.returncode == 0, r.stderr
     assert f"without --model: the first of {', '.join(reg.default)}" in " ".join(r.stdout.split())
+
+
+def test_models_fits_an_80_column_terminal(tmp_path):
+    """One line per model at 80 columns (the table once wrapped each row onto three lines)."""
+    e = dict(os.environ, COLUMNS="80", HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    e.pop("EDGEVLM_REGISTRY", None)
+    r = subprocess.run([sys.executable, "-m", "edgevlm", "models"], capture_output=True, text=True, timeout=120, env=e)
+    assert r.returncode == 0, r.stderr
+    from edgevlm.hub.registry import load_registry
+
+    table = r.stdout.split("planned for")[0].splitlines()
+    assert len(table) == 1 + len(load_registry().entries)  # a header and one line each
+    assert all(len(line.rstrip()) <= 80 for line in table), max(table, key=len)

@@ -116,9 +116,17 @@ def models(check, planning, as_json) -> None:
     from rich.text import Text
 
     console = Console(highlight=False, soft_wrap=True)
-    t = Table(box=None, title_justify="left", pad_edge=False)
+    t = Table(box=None, title_justify="left", pad_edge=False, padding=(0, 1), collapse_padding=True)
+    # one line a model in 80 columns: every column on one line, the license cut first when narrow
     for col in ("NAME", "PARAMS", "SIZE", "LOCAL", "FITS THIS MACHINE", "LICENSE"):
-        t.add_column(col, justify="right" if col == "SIZE" else "left", no_wrap=col != "FITS THIS MACHINE")
+        t.add_column(
+            col,
+            justify="right" if col == "SIZE" else "left",
+            no_wrap=True,
+            overflow="ellipsis",
+            min_width={"NAME": max((len(r.name) for r in rows), default=4), "PARAMS": 6, "LOCAL": 5}.get(col),
+            max_width=14 if col == "LICENSE" else None,
+        )
     for r in rows:
         fit_style = {True: "green", False: "red", None: "dim"}[r.fits]
         t.add_row(r.name, r.params, _size(r.size, r.size_exact), r.local, Text(r.fit, style=fit_style), r.license)
