@@ -567,3 +567,15 @@ def test_quiet_prints_nothing_but_errors(tmp_path):
         "caption", str(tmp_path / "red.png"), "--model", "demo", "-n", "4", "--out", str(tmp_path / "d.jsonl")
     )
     assert "note: demo" in loud.stderr  # the note is there without -q
+
+
+def test_an_output_that_cannot_be_written_is_said_before_the_model_is_loaded(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (64, 48), "red").save(tmp_path / "red.png")
+    (tmp_path / "afile").write_text("x")
+    r = run_cli("caption", str(tmp_path / "red.png"), "--model", "demo", "--out", str(tmp_path / "afile" / "c.jsonl"))
+    assert r.returncode == 2 and "afile is a file, not a folder" in r.stderr and "Traceback" not in r.stderr
+    assert "note: demo" not in r.stderr  # (the model was not even resolved)
+    r = run_cli("caption", str(tmp_path / "red.png"), "--model", "demo", "--out", str(tmp_path))
+    assert r.returncode == 2 and "is a folder, not a file" in r.stderr

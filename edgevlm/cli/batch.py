@@ -11,6 +11,7 @@ from ..serve.options import DEFAULT_PARALLEL, ServeOptions, serve_layout
 from .common import (
     AutoInt,
     CLIError,
+    check_writable,
     echo_err,
     handle_errors,
     max_pixels_option,
@@ -134,6 +135,7 @@ def batch(
     out = out or os.path.splitext(requests)[0] + "_output.jsonl"
     if os.path.abspath(out) == os.path.abspath(requests):
         raise CLIError(f"--out {out}: is the requests file itself", 2)
+    check_writable(out)
     ui = BatchView("none" if quiet else progress, quiet)
     for dup in data.duplicates:
         ui.note(f"note: line {dup.number}: custom_id {dup.custom_id!r} came on an earlier line; not answered")

@@ -16,6 +16,7 @@ from .common import (
     AutoInt,
     CLIError,
     Size,
+    check_writable,
     handle_errors,
     json_schema_option,
     max_pixels_option,
@@ -303,6 +304,8 @@ def caption(
             hints.append(f"{found.dirs_not_entered} folder(s) not entered (use --recursive)")
         raise CLIError("no images found" + (f": {'; '.join(hints)}" if hints else ""), 2)
 
+    if out:  # where the records go, before any download or load
+        check_writable(out, folder_ok=dest.fmt in ("parquet", "txt", "metadata"))
     identity = None
     if ray.address is not None:
         from .ray_run import ray_preflight

@@ -65,6 +65,23 @@ yes_option = click.option(
 )
 
 
+def check_writable(path: str, what: str = "--out", folder_ok: bool = False) -> None:
+    """A file (``folder_ok``: or a folder, such as a parquet dataset) to be written, checked before
+    anything is downloaded or loaded: the nearest folder that exists on its way must be writable."""
+    import os
+
+    full = os.path.abspath(path)
+    if os.path.isdir(full) and not folder_ok:
+        raise CLIError(f"{what} {path}: is a folder, not a file", 2)
+    folder = full if os.path.isdir(full) else os.path.dirname(full)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise CLIError(f"{what} {path}: {folder} is a file, not a folder", 2)
+    if not os.access(folder, os.W_OK):
+        raise CLIError(f"{what} {path}: cannot write in {folder} (permission denied)", 2)
+
+
 def handle_errors(fn):
     """Map library errors to a ClickException at the edge."""
 
