@@ -329,7 +329,10 @@ class Server:
         plan = eng.plan
         rss = psutil.Process().memory_info().rss
         out.update(
-            plan=_without_paths(plan.to_dict()) if plan is not None else None,
+            # the model files by name, not where they sit on the server's disk
+            plan={**(p := plan.to_dict()), **{k: os.path.basename(p[k]) for k in ("model", "mmproj") if p.get(k)}}
+            if plan is not None
+            else None,
             slots={"total": sched.max_running, "busy": worker.running},
             kv=sched.status(),
             queue={"waiting": worker.queued, "limit": self.options.queue},
@@ -442,11 +445,6 @@ def _error_response(exc: BaseException, dialect: Dialect = OPENAI) -> JSONRespon
     return JSONResponse(body, status, headers=headers)
 
 
-def _without_paths(plan: dict) -> dict:
-    """A plan for ``/status``: the model files by name, not where they sit on the server's disk."""
-    return {**plan, **{k: os.path.basename(plan[k]) for k in ("model", "mmproj") if plan.get(k)}}
-
-
 def create_app(
     model: LoadedModel | Callable[[], LoadedModel],
     options: ServeOptions = ServeOptions(),
@@ -458,9 +456,8 @@ def create_app(
     server = Server(model, options, on_error)
 
     def guarded(handler, v1: bool = True, dialect: Dialect = OPENAI, key: bool | None = None):
-        """``handler`` behind the API key (in ``dialect``'s header; ``key``: also off the model
-        routes, default with them) and the model's readiness (``v1``); whatever it raises becomes
-        ``dialect``'s error response."""
+        """``handler`` behind the API key (in ``dialect``'s header; ``key``: off the API routes too) and
+        the model's readiness (``v1``); whatever it raises becomes ``dialect``'s error response."""
         keyed = v1 if key is None else key
 
         async def endpoint(request: HTTPRequest) -> Response:
@@ -539,9 +536,6 @@ def create_app(
     async def status(request: HTTPRequest) -> Response:
         return JSONResponse(server.status())
 
-    async def favicon(request: HTTPRequest) -> Response:
-        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
-
     async def metrics(request: HTTPRequest) -> Response:
         return PlainTextResponse(server.metrics(), media_type="text/plain; version=0.0.4")
 
@@ -577,7 +571,7 @@ def create_app(
             Route("/health", guarded(health, v1=False), methods=["GET"]),  # open: a load balancer's probe
             Route("/status", guarded(status, v1=False, key=True), methods=["GET"]),
             Route("/metrics", guarded(metrics, v1=False, key=True), methods=["GET"]),
-            Route("/favicon.ico", favicon, methods=["GET"]),
+            Route("/favicon.ico", lambda _: FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")),
         ],
         # starlette types every handler's exc as Exception, though it calls each with its own class
         exception_handlers={HTTPException: http_error},  # type: ignore[dict-item]
