@@ -9,6 +9,7 @@ import edgevlm  # noqa: F401
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -87,3 +88,34 @@ def strict_server(model_pair):
     yield s
     err = s.stop()
     assert "Traceback" not in err, err
+
+
+def on_a_terminal(args: list[str], prompt: bytes, answer: bytes, env: dict | None = None, timeout: float = 120):
+    """``edgevlm ARGS`` with a pseudo-terminal on stdin and stderr (and stdout, unless it is
+    piped): waits for ``prompt``, types ``answer``, and returns (exit code, everything the
+    terminal showed). POSIX only."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "edgevlm", *args], stdin=slave, stdout=slave, stderr=slave,
+                         env=env or dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200"))  # fmt: skip
+    os.close(slave)
+    seen, deadline = b"", time.monotonic() + timeout
+    try:
+        while prompt not in seen and time.monotonic() < deadline and p.poll() is None:
+            if select.select([master], [], [], 1.0)[0]:
+                seen += os.read(master, 4096)
+        assert prompt in seen, seen
+        os.write(master, answer)
+        rc = p.wait(timeout=timeout)
+        while select.select([master], [], [], 0.5)[0]:
+            try:
+                seen += os.read(master, 4096)
+            except OSError:  # the other side closed
+                break
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(master)
+    return rc, seen

@@ -213,30 +213,8 @@ def test_json_schema_constrains_the_answer(model_pair, images, tmp_path):
 def test_ctrl_d_leaves_the_session_on_a_line_of_its_own(model_pair):
     """At the session's prompt on a terminal, Ctrl-D ends it with a newline, so the shell's next
     prompt does not land after ">>> "."""
-    import os
-    import pty
-    import select
-    import subprocess
-    import time
+    from .conftest import on_a_terminal
 
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "edgevlm", *chat_args(model_pair("llava15"))],
-                         stdin=slave, stdout=slave, stderr=slave)  # fmt: skip
-    os.close(slave)
-    seen, deadline = b"", time.monotonic() + 120
-    try:
-        while b">>> " not in seen and time.monotonic() < deadline:
-            if select.select([master], [], [], 1.0)[0]:
-                seen += os.read(master, 4096)
-        assert b">>> " in seen, seen
-        os.write(master, b"\x04")
-        assert p.wait(timeout=60) == 0
-        while select.select([master], [], [], 0.5)[0]:
-            try:
-                seen += os.read(master, 4096)
-            except OSError:
-                break
-    finally:
-        p.kill() if p.poll() is None else None
-        os.close(master)
+    rc, seen = on_a_terminal(chat_args(model_pair("llava15")), b">>> ", b"\x04")
+    assert rc == 0
     assert seen.rstrip(b"\r\n ").endswith(b">>>") and seen.endswith(b"\n"), seen[-40:]

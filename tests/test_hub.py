@@ -649,38 +649,15 @@ def test_a_large_named_download_proceeds_off_a_terminal(env, hub):
 def test_on_a_terminal_a_large_download_is_asked_for_first(env, hub):
     """On a terminal the command says the size and the destination and waits for an answer; no
     says nothing is downloaded (exit 1)."""
-    import pty
-    import select
-    import time
+    from .conftest import on_a_terminal
 
     big = json.loads(json.dumps(TEST_REGISTRY))
     for m in big["models"]:
         if m["name"] == "qwen-tiny":
             m["files"]["q4_0"]["size"] = 3_000_000_000
     (env / "registry.json").write_text(json.dumps(big))
-    master, slave = pty.openpty()
-    e = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200")
-    p = subprocess.Popen(
-        [sys.executable, "-m", "edgevlm", "chat", "--model", "qwen-tiny", "Hi"],
-        stdin=slave, stdout=subprocess.PIPE, stderr=slave, env=e,
-    )  # fmt: skip
-    os.close(slave)
-    seen, deadline = b"", time.monotonic() + 60
-    try:
-        while b"Download?" not in seen and time.monotonic() < deadline:
-            if select.select([master], [], [], 1.0)[0]:
-                seen += os.read(master, 4096)
-        assert b"2.79 GiB to download" in seen and b"Download? [Y/n]" in seen, seen
-        os.write(master, b"n\n")
-        assert p.wait(timeout=60) == 1
-        while select.select([master], [], [], 0.5)[0]:
-            try:
-                seen += os.read(master, 4096)
-            except OSError:
-                break
-    finally:
-        p.kill() if p.poll() is None else None
-        os.close(master)
+    rc, seen = on_a_terminal(["chat", "--model", "qwen-tiny", "Hi"], b"Download?", b"n\n")
+    assert rc == 1 and b"2.79 GiB to download" in seen and b"Download? [Y/n]" in seen, seen
     assert b"not downloaded (answered no)" in seen and not blobs(env, QWEN_REPO)
 
 
