@@ -3,8 +3,8 @@
 What llama.cpp's ``--fit`` uses (common/fit.cpp): model params ``no_alloc`` with ``load_mode``
 NONE, then a context. Nothing is read or allocated, yet llama.cpp places every weight and
 reserves every compute buffer exactly as a real load does and logs them: the compute and output
-buffers byte for byte, the model and KV buffers by placement with 0.00 MiB (their sizes come from
-the GGUF's tensor table, which the planner reads anyway). In 0.05-0.1 s against seconds for a
+buffers byte for byte (model and KV buffers log 0.00 MiB: their sizes come from the GGUF's
+tensor table, which the planner reads anyway). In 0.05-0.1 s against seconds for a
 real load of a large model, on any backend. The plan (``plan.footprint``) is built from its own
 replay of llama.cpp's rules — it must plan from a remote header too, and for every lever it tries
 — and ``edgevlm plan --check`` sets it against this run. Like ``llama``, this touches
@@ -19,21 +19,17 @@ from dataclasses import dataclass
 from ..errors import ModelFileError
 from ..model.kv_types import KV_TYPES
 from . import logs
-from .system import cpu_extra_buffers, install_log_sink
+from .system import install_log_sink, placement
 
 __all__ = ["DryRun", "dry_run"]
 
 
 @dataclass(frozen=True)
 class DryRun:
-    """The compute and output buffers llama.cpp reserved, per buffer type (bytes), and the
-    buffer types it placed weights and KV cells in."""
+    """The compute and output buffers llama.cpp reserved, per buffer type (bytes)."""
 
     compute: dict[str, int]  # "CUDA0", "CUDA_Host", "Vulkan0", "CPU" -> bytes
     output: dict[str, int]  # the logits buffer ("CPU", "Vulkan_Host", ...)
-    weights_in: tuple[str, ...]  # model buffer types ("CUDA0", "CPU_Mapped", "CPU_REPACK", ...)
-    kv_in: tuple[str, ...]
-    log: tuple[str, ...]
 
 
 def dry_run(
@@ -64,9 +60,8 @@ def dry_run(
     mp.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
     mp.no_alloc = True
     mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # with mmap on, llama.cpp asserts !no_alloc
-    mp.use_extra_bufts = cpu_extra_buffers() if extra_buffers is None else extra_buffers
-    if n_gpu_layers == 0:
-        mp.split_mode, mp.main_gpu = llama_cpp.LLAMA_SPLIT_MODE_NONE, -1
+    for field, value in placement(n_gpu_layers, extra_buffers).items():
+        setattr(mp, field, value)
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, min(n_batch, n_ubatch)
     fa = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -90,16 +85,10 @@ def dry_run(
             llama_cpp.llama_model_free(model)
     compute: dict[str, int] = {}
     output: dict[str, int] = {}
-    weights: list[str] = []
-    kv: list[str] = []
     for fn, buf, what, mib in logs.buffer_sizes(lines):
         n = int(round(mib * 2**20))
         if fn == "sched_reserve" and what.startswith("compute buffer"):
             compute[buf] = max(compute.get(buf, 0), n)
         elif fn == "llama_context" and what.startswith("output buffer"):
             output[buf] = output.get(buf, 0) + n
-        elif fn == "load_tensors" and what.startswith("model buffer") and buf not in weights:
-            weights.append(buf)
-        elif fn == "llama_kv_cache" and what.startswith("KV buffer") and buf not in kv:
-            kv.append(buf)
-    return DryRun(compute, output, tuple(weights), tuple(kv), tuple(lines))
+    return DryRun(compute, output)

@@ -27,7 +27,7 @@ from ..model.tokens import ImageTokens
 from . import logs
 from .counting import CHUNK_AUDIO, CHUNK_IMAGE, CHUNK_TEXT, Chunk, Chunks, MtmdTokenizer  # noqa: F401
 from .sampling import SamplingParams
-from .system import cpu_extra_buffers, default_threads, install_log_sink
+from .system import default_threads, install_log_sink, placement
 from .tokrows import open_token_rows
 
 if TYPE_CHECKING:
@@ -162,12 +162,9 @@ class Backend(MtmdTokenizer):
                     verbose=verbose,
                     op_offload=op_offload,
                 )
-                if n_gpu_layers == 0:
-                    # no layer on a GPU: no GPU in the text model at all (llama.cpp keeps none when
-                    # main_gpu < 0 with one device), so its host weights get the CPU's repacked
-                    # kernels, not a GPU's pinned host type, and no GPU context buffers
-                    kwargs.update(split_mode=llama_cpp.LLAMA_SPLIT_MODE_NONE, main_gpu=-1)
-                extra = cpu_extra_buffers() if extra_buffers is None else extra_buffers
+                where = placement(n_gpu_layers, extra_buffers)
+                extra = where.pop("use_extra_bufts")  # (Llama takes the rest as keywords)
+                kwargs.update(where)
                 with _llama_defaults(n_seq_max, progress_callback, extra):
                     self.llama: Llama | None = llama_cpp.Llama(self.model_path, **kwargs)  # None once closed
             except (ValueError, RuntimeError) as exc:

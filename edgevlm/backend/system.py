@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -24,6 +25,7 @@ __all__ = [
     "GGMLDevice",
     "cpu_extra_buffers",
     "cpu_repacks",
+    "placement",
     "default_threads",
     "ggml_devices",
     "install_log_sink",
@@ -194,6 +196,20 @@ def build_info() -> tuple[str | None, str, bool]:
     return llama_cpp.__version__, (_system_info() or "").strip(), bool(llama_cpp.llama_supports_gpu_offload())
 
 
+def placement(n_gpu_layers: int, extra_buffers: bool | None = None) -> dict[str, Any]:
+    """The ``llama_model_params`` fields that decide where edgevlm's text model goes (a load and
+    its dry run alike): the CPU's extra buffer types (``extra_buffers``; None: this CPU's
+    default), and with no layer on a GPU no GPU in the model at all (``split_mode`` none,
+    ``main_gpu`` -1), so its host weights get the CPU's repacked kernels, not a GPU's pinned
+    host type, and no GPU context buffers."""
+    import llama_cpp
+
+    out: dict[str, Any] = {"use_extra_bufts": cpu_extra_buffers() if extra_buffers is None else extra_buffers}
+    if n_gpu_layers == 0:
+        out.update(split_mode=llama_cpp.LLAMA_SPLIT_MODE_NONE, main_gpu=-1)
+    return out
+
+
 def cpu_extra_buffers() -> bool:
     """Whether weights may go to the CPU backend's extra buffer types (repacked copies for the
     AVX2/AVX-512/NEON kernels, AMX tiles); the backend loads with ``use_extra_bufts`` set to
@@ -214,7 +230,7 @@ def cpu_repacks(extra_buffers: bool | None = None) -> bool:
     the extra buffer types are on (``extra_buffers``; None: :func:`cpu_extra_buffers`). Where a
     weight goes is still llama.cpp's choice: with a GPU in the model, host weights the GPU can
     multiply take that GPU's pinned host type first, which is never repacked
-    (``plan.estimate.host_repacks``)."""
+    (``plan.offload.host_repacks``)."""
     if not (cpu_extra_buffers() if extra_buffers is None else extra_buffers):
         return False
     info = _system_info()

@@ -27,15 +27,12 @@ def facts() -> dict:
         cpu_extra_buffers,
         cpu_repacks,
         default_threads,
-        ggml_devices,
     )
     from ..plan.devices import probe
 
     version, features, offload = build_info()
-    devices = [d for d in ggml_devices() if d.kind in ("cpu", "gpu", "igpu", "accel")]
-    gpus = [d for d in devices if d.kind in ("gpu", "igpu")]
-    backends = sorted({"CUDA" if d.name.startswith("CUDA") else d.name.rstrip("0123456789") for d in gpus})
     p = probe()
+    backends = sorted({d.name.rstrip("0123456789") for d in p.gpus})
     flags = set()
     try:
         with open("/proc/cpuinfo") as fh:

@@ -478,25 +478,22 @@ def make_plan(model: str, mmproj: str | None, probe: Probe, wishes: Wishes | Non
     learned: list[str] = []
     try:
         rows = check_plan(p)
-    except Exception as exc:  # the replay's plan stands; the check is a second opinion, never a gate
-        return replace(p, reasons=(*p.reasons, f"llama.cpp's dry run could not check this plan ({exc})"))
-    for _ in range(CHECK_ROUNDS):
-        under = learn(planner.compute_scale, rows)
-        if not under:
-            break
-        learned += [
-            f"{r.device} compute: llama.cpp's dry run reserves {format_size(r.reserved)} where the replay of its "
-            f"scheduler counted {format_size(r.predicted)}; the plan counts ×{planner.compute_scale[r.device]:.2f} "
-            "there for every configuration it tries"
-            for r in under
-        ]
-        p = planner.plan()
-        if not p.fits or p.n_gpu_layers == 0:
-            return replace(p, reasons=(*p.reasons, *learned))
-        try:
+        for _ in range(CHECK_ROUNDS):
+            under = learn(planner.compute_scale, rows)
+            if not under:
+                break
+            learned += [
+                f"{r.device} compute: llama.cpp's dry run reserves {format_size(r.reserved)} where the replay of "
+                f"its scheduler counted {format_size(r.predicted)}; the plan counts "
+                f"×{planner.compute_scale[r.device]:.2f} there for every configuration it tries"
+                for r in under
+            ]
+            p = planner.plan()
+            if not p.fits or p.n_gpu_layers == 0:
+                return replace(p, reasons=(*p.reasons, *learned))
             rows = check_plan(p)
-        except Exception as exc:
-            return replace(p, reasons=(*p.reasons, *learned, f"llama.cpp's dry run could not check this plan ({exc})"))
+    except Exception as exc:  # the replay's plan stands; the check is a second opinion, never a gate
+        return replace(p, reasons=(*p.reasons, *learned, f"llama.cpp's dry run could not check this plan ({exc})"))
     computes = [r for r in rows if r.buffer == "compute"]
     left = [r for r in computes if r.under]
     over = ", ".join(f"{r.device} {format_size(r.reserved - r.predicted)} over" for r in left)

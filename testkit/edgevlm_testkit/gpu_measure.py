@@ -20,7 +20,7 @@ from edgevlm.backend.dryrun import dry_run
 from edgevlm.backend.llama import Backend
 from edgevlm.backend.system import cpu_repacks, ggml_devices
 from edgevlm.model.gguf_info import read_gguf
-from edgevlm.plan.check import compare, learn
+from edgevlm.plan.check import ROUNDING, compare, learn
 from edgevlm.plan.devices import Device, Probe, probe
 from edgevlm.plan.footprint import Config as PlanConfig
 from edgevlm.plan.footprint import Footprint, Wishes
@@ -29,7 +29,6 @@ from .measure import MIB, buffer_lines, largest_image
 
 __all__ = ["ROUNDING", "TARGET", "DeviceRow", "GuardRow", "guard_on_device", "logged_on_device", "measure_on_device"]
 
-ROUNDING = 0.006 * 2**20  # llama.cpp logs each buffer in MiB with two decimals
 TARGET = 0.005  # a buffer's plan within 0.5 % of the log, as on the CPU
 
 
