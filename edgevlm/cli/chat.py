@@ -109,15 +109,13 @@ def chat(
     Video:        edgevlm chat -m ... --video clip.mp4 --video-tokens 2048 "What happens, and when?"
     """
     from ..backend.system import json_grammar
-    from ..runtime.engine import Clip, EngineOptions
+    from ..runtime.engine import Clip, EngineOptions, load_media
     from ..runtime.session import SessionOptions
-    from ..vision.clipread import is_video_path
-    from ..vision.images import load_image
     from .loading import load_engine, model_paths
     from .repl import ChatLoop
 
     # the pictures first: a missing or broken one is said before anything is downloaded or loaded
-    pictures = [_clip(p) if is_video_path(p) else load_image(p, max_pixels) for p in images]
+    pictures = load_media(images, max_pixels)
     model, mmproj = model_paths(
         model, mmproj, quiet=as_json, probe_args=planning.probe_args, wishes=planning.wishes, yes=yes
     )
@@ -161,18 +159,6 @@ def chat(
     finally:
         vlm.close()
     sys.exit(code)
-
-
-def _clip(path: str):
-    """A video given with ``--image``: named now, its frames chosen when the message is sent."""
-    import os
-
-    from ..errors import InputError
-    from ..runtime.engine import Clip
-
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: no such video file")
-    return Clip(path, path)
 
 
 def _one_shot(engine, prompt: str, images: list, gen: dict, show_stats: bool, as_json: bool) -> int:

@@ -41,7 +41,34 @@ from .stats import TurnStats
 
 BUSY_WAIT_S = 120.0  # a turn waits this long for cells other clients' requests hold
 
-__all__ = ["Admitted", "ChatResult", "Clip", "Engine", "EngineOptions", "GenerationResponse", "Message", "ModelRuntime"]
+__all__ = [
+    "Admitted",
+    "ChatResult",
+    "Clip",
+    "Engine",
+    "EngineOptions",
+    "GenerationResponse",
+    "Message",
+    "ModelRuntime",
+    "load_media",
+]
+
+
+def load_media(images: Iterable[Any], max_pixels: int) -> list[LoadedImage | Clip]:
+    """Pictures decoded (paths, bytes, PIL images, arrays) and clips named (a ``Clip``, or a
+    path with a video extension: decoded when the turn is made, under its room); needs no
+    model, so a command can check its inputs before one is downloaded or loaded."""
+    out: list[LoadedImage | Clip] = []
+    for img in images:
+        if isinstance(img, (LoadedImage, Clip)):
+            out.append(img)
+        elif isinstance(img, str) and is_video_path(img):
+            if not os.path.isfile(img):
+                raise InputError(f"{img}: no such video file")
+            out.append(Clip(img, img))
+        else:
+            out.append(load_image(img, max_pixels))
+    return out
 
 
 @dataclass(frozen=True)
@@ -205,19 +232,8 @@ class Engine:
         self.close()
 
     def load_images(self, images: Iterable[Any]) -> list[LoadedImage | Clip]:
-        """Pictures decoded (paths, bytes, PIL images, arrays) and clips named (a ``Clip``, or a
-        path with a video extension: decoded when the turn is made, under its room)."""
-        out: list[LoadedImage | Clip] = []
-        for img in images:
-            if isinstance(img, (LoadedImage, Clip)):
-                out.append(img)
-            elif isinstance(img, str) and is_video_path(img):
-                if not os.path.isfile(img):
-                    raise InputError(f"{img}: no such video file")
-                out.append(Clip(img, img))
-            else:
-                out.append(load_image(img, self.options.max_image_pixels))
-        return out
+        """``load_media`` under this engine's pixel limit."""
+        return load_media(images, self.options.max_image_pixels)
 
     def plan_image(self, image: LoadedImage) -> ImagePlan:
         """The views of one picture under this engine's image budget (decided before encoding)."""
