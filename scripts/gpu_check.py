@@ -12,7 +12,7 @@ outside those logs (cuBLAS, the memory pool; the driver's context is taken befor
     python scripts/gpu_check.py --cpu                # the same measurements on the CPU (checks the script)
 
 CUDA: (1) a virtualenv ``.venv-gpucheck`` with edgevlm, its ``testkit/`` and llama-cpp-python
-0.3.36 built with ``-DGGML_CUDA=on`` for this GPU's architecture only (273-281 s on an H200's 16
+0.3.36 built with ``-DGGML_CUDA=on`` for this GPU's architecture only (minutes on an H200's 16
 cores; skipped when the venv already has a CUDA build, or with ``--wheel``). Vulkan: (1) the
 Vulkan headers, ``glslc`` and Mesa's drivers from apt when missing, llama-cpp-python built with
 ``-DGGML_VULKAN=on`` once per machine (``edgevlm_testkit.vulkan_build``, then cached in

@@ -23,7 +23,7 @@ from edgevlm_testkit.gpu_measure import DeviceRow
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
-DOCS = {ROOT / "docs" / "gpu.md", ROOT / "README.md"}
+DOCS = {ROOT / "docs" / "gpu.md", ROOT / "docs" / "install.md", ROOT / "README.md"}
 MIB = 2**20
 COLUMNS = [  # (heading, component suffix)
     ("weights", "weights on {gpu}"),
@@ -124,6 +124,16 @@ def guard(d: dict) -> str:
     return "\n".join(lines)
 
 
+def build(d: dict, stem: str) -> str:
+    """How long the CUDA build took (install.md)."""
+    b, dev = d["build"], d["device"]
+    secs = " and ".join(f"{s} s" for s in b["seconds"])
+    return (
+        f"the build took {secs} on {b['cores']} cores ({dev['description']}'s host, CUDA {dev['cuda']}, "
+        f"`{b['cmake_args']}`; [gpu-check-{stem}.json](results/gpu-check-{stem}.json))."
+    )
+
+
 def import_order(d: dict) -> str:
     """The import-order probe's lines (``[first] -> ... rc=N``) as a table."""
     lines = ["| imported first | then `llama_cpp.Llama(demo, n_gpu_layers=-1)` |", "|---|---|"]
@@ -164,6 +174,8 @@ def blocks() -> dict[str, str]:
         out[f"{stem}:buffers"] = buffers(d)
         out[f"{stem}:summary"] = summary(d)
         out[f"{stem}:guard"] = guard(d)
+        if d.get("build"):
+            out[f"{stem}:build"] = build(d, stem)
         if d.get("import_order"):
             out[f"{stem}:import-order"] = import_order(d)
     return out
