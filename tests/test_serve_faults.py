@@ -164,7 +164,7 @@ def test_the_host_allowance_refuses_waits_and_is_shown(model_pair):
         assert "more than the whole allowance for requests" in err.value.body["message"]
         # the allowance taken by others: a request waits, then gets 503 with Retry-After
         service = srv.app.state.server.service
-        other = service.lease("someone else")
+        other = service.host.lease("someone else")
         other.grow(40 * 2**20)
         t0 = time.monotonic()
         with pytest.raises(APIStatusError) as err:

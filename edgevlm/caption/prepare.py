@@ -10,13 +10,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import EdgeVLMError, InputError
-from ..vision.budget import ImageBudget, render_views
+from ..runtime.intake import Intake, MediaRef, media_kind
 from ..vision.images import LoadedImage, load_image
-from ..vision.video import VideoBudget, is_video_path, looks_like_video, plan_video
 from .inputs import InputItem
 from .outputs import Entry
 from .settings import CaptionSettings
@@ -93,20 +92,16 @@ class Preparer:
 
     def __init__(
         self,
-        budget: ImageBudget | None,
+        intake: Intake | None,
         settings: CaptionSettings,
         digest: str,
         deliverable: Plain,
         index: ResumeIndex,
         conflicts: dict[str, str],
-        video: VideoBudget = VideoBudget(),
         room: int | None = None,
-        frame_text: int = 0,
     ):
-        self.budget = budget  # None: no model (every input is known to be done)
-        self.video = video  # how a clip's frames are chosen
+        self.intake = intake  # None: no model (every input is known to be done)
         self.room = room  # the tokens a clip may take (the image room of one caption request)
-        self.frame_text = frame_text  # what a frame's label takes beside it (video.frame_text_tokens)
         self.settings = settings
         self.digest = digest
         self.out = deliverable
@@ -204,41 +199,21 @@ class Preparer:
             self.index.supersede(prev)  # the file changed: its old record goes at the end
         if self.out.kind != "plain" or "{existing}" in s.prompt:
             p.existing = self.out.existing(item)
-        if is_video_path(item.path) or looks_like_video(data):  # (animated GIF/WebP: whole)
-            return self._clip(p, data)
-        img = load_image(data, s.max_pixels, name=item.path)
-        p.width, p.height = img.width, img.height
-        p.notes = list(img.notes)
-        p.image = img
-        if self.budget is not None:  # plan, resize and cut tiles here, off the model's thread
-            plan = self.budget.plan(img)
-            p.planned_tokens = plan.total_tokens
-            p.notes += list(plan.notes)
-            p.views = render_views(img, plan)
-        return p
-
-    def _clip(self, p: Prepared, data: bytes) -> Prepared:
-        """A video: its frames chosen under the video budget and the caption's image room, each
-        a view labelled with its timestamp; the record keeps their seconds."""
-        if self.budget is None:
-            raise InputError("a video needs the model's projector to be planned")
-        plan, frames = plan_video(
-            data,
-            self.budget.proj,
-            replace(self.video, merge=False),  # (frames go one by one: no temporal pairs)
-            room=self.room,
-            image_budget_tokens=self.budget.tokens,
-            mtmd_max_tokens=self.budget.mtmd_max_tokens,
-            name=p.item.path,
-            frame_text=self.frame_text,
-            max_pixels=self.settings.max_pixels,
-        )
-        p.width, p.height = plan.width, plan.height
-        p.image = frames[0]
-        p.views = [(f.label, img) for f, img in zip(plan.kept, frames, strict=True)]
-        p.planned_tokens = plan.total_tokens
-        p.frames = tuple(round(f.t, 3) for f in plan.kept)
-        p.notes += [f"{len(frames)} frame(s) of {plan.duration:.1f} s: {plan.rule}", *plan.notes]
+        ref = MediaRef(data, name=item.path)
+        if self.intake is None:  # no model: the picture is only checked
+            if media_kind(ref) == "video":
+                raise InputError("a video needs the model's projector to be planned")
+            img = load_image(data, s.max_pixels, name=item.path)
+            p.width, p.height, p.image, p.notes = img.width, img.height, img, list(img.notes)
+            return p
+        # plan, resize and cut tiles (a clip: choose its frames) here, off the model's thread
+        made = self.intake.views(ref, self.room)
+        p.width, p.height = made.width, made.height
+        p.image = made.original or made.views[0]
+        p.views = list(zip(made.labels, made.views, strict=True))
+        p.planned_tokens = made.tokens
+        p.notes += [*made.decoded, *made.notes]
+        p.frames = made.times
         return p
 
 

@@ -31,7 +31,6 @@ from ..errors import BackendError, ContextExceeded, EdgeVLMError, ImageError, In
 from ..runtime.conversation import Message
 from ..runtime.scheduler import WAIT, Client, Request, Sequence
 from ..vision.merge import MergeSpec
-from ..vision.video import VideoBudget, frame_text_tokens
 from .inputs import InputItem, discover
 from .outputs import CaptionRecord
 from .prepare import Prefetcher, Prepared, Preparer, ResumeIndex, StopToken, strip_label
@@ -110,18 +109,16 @@ class Captioner:
         self.merge = MergeSpec.parse(settings.merge)
         self.grammar = json_grammar(json.loads(settings.json_schema)) if settings.json_schema else None
         self.slots = 1
-        budget, room, video, frame_text = None, None, VideoBudget(), 0
+        self.intake, room = None, None
         if engine is not None:
             sched = engine.scheduler
-            budget = engine.image_budget_for(
-                replace(engine.options, image_tokens=settings.image_tokens or None, tiles=settings.tiles)
+            opts = replace(
+                engine.options, image_tokens=settings.image_tokens or None, tiles=settings.tiles, video=settings.video
             )
+            self.intake = engine.intake(opts)
             self.slots = max(1, min(slots or sched.max_running, sched.max_running))
-            room, video = sched.budget.image_room(settings.max_tokens), settings.video
-            frame_text = frame_text_tokens(engine.backend.tokenize_text)
-        self.preparer = Preparer(
-            budget, settings, digest, self.out, self.index, conflicts or {}, video, room, frame_text
-        )
+            room = sched.budget.image_room(settings.max_tokens)
+        self.preparer = Preparer(self.intake, settings, digest, self.out, self.index, conflicts or {}, room)
 
     def run(self, items: Iterable[InputItem]) -> Iterator[CaptionResult]:
         pf = Prefetcher(items, self.preparer, max(self.prefetch, self.slots), self.stop)
@@ -162,7 +159,8 @@ class Captioner:
         """The one-turn request of a prepared picture, its views run past the guard."""
         eng, p, s = self.engine, job.prepared, self.settings
         sched = eng.scheduler
-        adm = eng.admit([v for _, v in p.views], sched.budget.image_room(s.max_tokens))
+        assert self.intake is not None  # (a model runs it)
+        adm = self.intake.admit([v for _, v in p.views], sched.budget.image_room(s.max_tokens))
         job.notices.extend(adm.notices)
         msg = Message("user", job.prompt, adm.views, labels=[lb for lb, _ in p.views])
         prompt = sched.render([msg], s.system, self.merge, keep_images=False)

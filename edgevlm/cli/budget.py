@@ -73,6 +73,7 @@ def budget(
     from ..model.gguf_info import load_projector
     from ..model.projectors import facts
     from ..plan.planner import image_budget
+    from ..runtime.intake import Intake
     from ..vision.budget import ImageBudget, draw_overlay
     from ..vision.images import load_image
     from .common import CLIError, echo_err
@@ -104,13 +105,15 @@ def budget(
         tokens, mtmd_cap = plan.image_max_tokens or None, plan.backend_options()["image_max_tokens"]
         source = "the plan's, as chat loads this pair"
         with ImageCounter(model, mmproj, image_max_tokens=mtmd_cap) as counter:
-            ip = ImageBudget(counter.proj_info, tokens, tiles, mtmd_cap, scorer).plan(img)
+            ip = Intake(counter.proj_info, ImageBudget(counter.proj_info, tokens, tiles, mtmd_cap, scorer)).plan_image(
+                img
+            )
     else:
         try:
             tokens = image_budget(proj, image_tokens)[0]
             mtmd_cap = tokens if facts(proj).dynamic else None
             source = "this projector's default"
-            ip = ImageBudget(proj, tokens, tiles, mtmd_cap, scorer).plan(img)
+            ip = Intake(proj, ImageBudget(proj, tokens, tiles, mtmd_cap, scorer)).plan_image(img)
         except UnsupportedModel as exc:
             raise UnsupportedModel(f"{exc}; give the text model (--model) and mtmd counts them") from None
     if image_tokens is None:
@@ -153,8 +156,10 @@ def _budget_clip(path, model, mmproj, proj, image_tokens, video_tokens, max_fram
     from ..model.projectors import facts
     from ..plan.context import ContextBudget
     from ..plan.planner import image_budget
+    from ..runtime.intake import Intake, MediaRef
+    from ..vision.budget import ImageBudget
     from ..vision.sheet import draw_contact_sheet
-    from ..vision.video import VideoBudget, default_video_tokens, frame_text_tokens, plan_video
+    from ..vision.video import VideoBudget, VideoPlan, default_video_tokens, frame_text_tokens
 
     vb = VideoBudget(tokens=video_tokens, max_frames=max_frames, fps=fps)
     if model is not None:  # the plan's context and per-picture budget; mtmd counts
@@ -168,9 +173,8 @@ def _budget_clip(path, model, mmproj, proj, image_tokens, video_tokens, max_fram
         source = f"the room pictures have in the plan's {plan.n_ctx}-token context, as chat gives it"
         with ImageCounter(model, mmproj, image_max_tokens=mtmd_cap) as counter:
             text = frame_text_tokens(counter.tokenize_text)  # (as chat counts each frame's label)
-            vp, frames = plan_video(
-                path, counter.proj_info, vb, room, per_picture, path, mtmd_max_tokens=mtmd_cap, frame_text=text
-            )
+            budget = ImageBudget(counter.proj_info, per_picture, mtmd_max_tokens=mtmd_cap)
+            made = Intake(counter.proj_info, budget, video=vb, frame_text=text).views(MediaRef(path, "video"), room)
     else:
         try:
             per_picture = image_budget(proj, image_tokens)[0]
@@ -179,9 +183,12 @@ def _budget_clip(path, model, mmproj, proj, image_tokens, video_tokens, max_fram
             if video_tokens is None:
                 vb = VideoBudget(default_video_tokens(proj, per_picture), max_frames, fps)
             source = f"8 pictures of this projector's default {per_picture}-token image budget"
-            vp, frames = plan_video(path, proj, vb, None, per_picture, path, mtmd_max_tokens=mtmd_cap)
+            budget = ImageBudget(proj, per_picture, mtmd_max_tokens=mtmd_cap)
+            made = Intake(proj, budget, video=vb).views(MediaRef(path, "video"))
         except UnsupportedModel as exc:
             raise UnsupportedModel(f"{exc}; give the text model (--model) and mtmd counts them") from None
+    vp, frames = made.plan, made.views
+    assert isinstance(vp, VideoPlan)  # (a video ref is planned as one)
     notes = [n for n in vp.notes if not n.startswith("budget ")]
     if video_tokens is None:
         notes.insert(0, f"budget {vp.budget} tokens for the clip: {source} (--video-tokens changes it)")

@@ -19,6 +19,7 @@ from typing import IO
 
 from ..errors import EdgeVLMError
 from ..runtime.engine import Clip, Engine
+from ..runtime.intake import MediaRef
 from ..runtime.session import recall
 from ..vision.images import LoadedImage, has_image_ext
 
@@ -70,7 +71,7 @@ class ChatLoop:
         self.err = err
         self.interactive = interactive
         self.show_stats = show_stats
-        self.queued: list[str | LoadedImage | Clip] = []  # paths, and pictures /recall brings back
+        self.queued: list[str | LoadedImage | MediaRef | Clip] = []  # paths, and pictures /recall brings back
         self._read = read_line or self._read_stdin
 
     def _read_stdin(self, prompt: str) -> str:

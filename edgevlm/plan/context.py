@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backend.sampling import LIBRARY_REPLY
+from ..errors import ContextExceeded
 
 __all__ = [
     "AUTO_CTX_MAX",
@@ -51,6 +52,16 @@ class ContextBudget:
     def reply_reserve(self, max_tokens: int) -> int:
         """Cells kept free for a reply of ``max_tokens`` (at most a quarter of the context)."""
         return max(1, min(int(max_tokens), self.n_ctx // 4))
+
+    def check(self, cells: int, reserve: int) -> None:
+        """The one context check: a prompt of ``cells`` with ``reserve`` kept for the reply fits
+        the context, else ``ContextExceeded`` (a 400 ``context_length_exceeded`` in a server)."""
+        if cells + reserve > self.n_ctx:
+            raise ContextExceeded(
+                f"this request needs {cells:,} tokens and {reserve:,} for the reply, but the context "
+                f"holds {self.n_ctx:,} (shorten the conversation, fewer or smaller images, a smaller "
+                f"max_tokens, evict old pictures, or a larger --ctx)"
+            )
 
     @property
     def text_room(self) -> int:

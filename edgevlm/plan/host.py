@@ -18,6 +18,7 @@ import ctypes
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from ..errors import InputError, MemoryBusy
 from .devices import format_size
@@ -57,8 +58,8 @@ class HostAllowance:
         self.refused = 0  # ... that gave up at their deadline
         self._cond = threading.Condition()
 
-    def lease(self, what: str = "this request") -> Lease:
-        return Lease(self, what)
+    def lease(self, what: str = "this request", on_release: Callable[[], None] | None = None) -> Lease:
+        return Lease(self, what, on_release)
 
     @property
     def free(self) -> int:
@@ -115,12 +116,14 @@ class HostAllowance:
 
 
 class Lease:
-    """What one request holds of the allowance; ``release()`` gives all of it back."""
+    """What one request holds of the allowance; ``release()`` gives all of it back (and, the
+    first time, calls ``on_release``: a server gives the request's place back with it)."""
 
-    def __init__(self, allowance: HostAllowance, what: str):
+    def __init__(self, allowance: HostAllowance, what: str, on_release: Callable[[], None] | None = None):
         self.allowance = allowance
         self.what = what
         self.held = 0
+        self._on_release = on_release
 
     def grow(self, n: int, deadline: float | None = None) -> None:
         """Take ``n`` more bytes (waiting until ``deadline``, a ``time.monotonic()`` value)."""
@@ -149,6 +152,9 @@ class Lease:
 
     def release(self) -> None:
         self.shrink(self.held)
+        done, self._on_release = self._on_release, None
+        if done is not None:
+            done()
 
     def __enter__(self) -> Lease:
         return self

@@ -17,58 +17,33 @@ forgets only its own conversation, and ``close()`` ends only its own requests â€
 
 from __future__ import annotations
 
-import hashlib
-import os
 import time
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..backend.llama import Backend
 from ..backend.sampling import LIBRARY_REPLY, SamplingParams
 from ..errors import InputError, MemoryBusy
 from ..plan.guard import Guard
 from ..plan.planner import Plan
-from ..vision.budget import ImageBudget, ImagePlan, render_views
-from ..vision.images import DEFAULT_MAX_PIXELS, LoadedImage, load_image
+from ..vision.budget import ImagePlan
+from ..vision.images import DEFAULT_MAX_PIXELS, LoadedImage
 from ..vision.merge import MergeSpec
-from ..vision.video import VideoBudget, frame_text_tokens, is_video_path, plan_video
+from ..vision.video import VideoBudget
 from .conversation import Conversation, Message, Picture
+from .intake import Clip, Intake, MediaRef, load_media
 from .items import Prompt
 from .scheduler import Client, GenerationResponse, Request, Scheduler, Sequence
 from .session import Footprint, RoomReport, SessionOptions, Summaries, make_room
 from .stats import TurnStats
 
+if TYPE_CHECKING:
+    from .model import LoadedModel
+
 BUSY_WAIT_S = 120.0  # a turn waits this long for cells other clients' requests hold
 
-__all__ = [
-    "Admitted",
-    "ChatResult",
-    "Clip",
-    "Engine",
-    "EngineOptions",
-    "GenerationResponse",
-    "Message",
-    "ModelRuntime",
-    "load_media",
-]
-
-
-def load_media(images: Iterable[Any], max_pixels: int) -> list[LoadedImage | Clip]:
-    """Pictures decoded (paths, bytes, PIL images, arrays) and clips named (a ``Clip``, or a
-    path with a video extension: decoded when the turn is made, under its room); needs no
-    model, so a command can check its inputs before one is downloaded or loaded."""
-    out: list[LoadedImage | Clip] = []
-    for img in images:
-        if isinstance(img, (LoadedImage, Clip)):
-            out.append(img)
-        elif isinstance(img, str) and is_video_path(img):
-            if not os.path.isfile(img):
-                raise InputError(f"{img}: no such video file")
-            out.append(Clip(img, img))
-        else:
-            out.append(load_image(img, max_pixels))
-    return out
+__all__ = ["ChatResult", "Clip", "Engine", "EngineOptions", "GenerationResponse", "Message"]
 
 
 @dataclass(frozen=True)
@@ -82,38 +57,6 @@ class EngineOptions:
     max_image_pixels: int = DEFAULT_MAX_PIXELS
     session: SessionOptions = SessionOptions()  # what happens when the context runs out
     video: VideoBudget = VideoBudget()  # a clip's frames: tokens (None: the room left), frames, fps cap
-
-
-@dataclass(frozen=True)
-class Clip:
-    """A video a turn carries (a path, or its bytes): its frames are chosen under the room the
-    turn has left when the turn is made (``vision.video.plan_video``), each sent as a view
-    labelled with its timestamp."""
-
-    source: str | bytes
-    name: str = "video"
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """Views past the guard (maybe shrunk), the image cells they take, and what to tell."""
-
-    views: list[LoadedImage]
-    tokens: int
-    notices: list[str]
-
-
-class ModelRuntime(Protocol):
-    """What a conversation needs of the loaded model it runs on (``LoadedModel`` is one)."""
-
-    scheduler: Scheduler
-    plan: Plan | None
-    guard: Guard | None
-    options: EngineOptions
-
-    def image_budget_for(self, options: EngineOptions) -> ImageBudget: ...
-
-    def admit(self, views: list[LoadedImage], cells_free: int) -> Admitted: ...
 
 
 @dataclass(frozen=True)
@@ -144,7 +87,7 @@ class _Turn:
 class Engine:
     """A chat with images over one loaded model pair (a client of its scheduler)."""
 
-    def __init__(self, model: ModelRuntime, options: EngineOptions | None = None):
+    def __init__(self, model: LoadedModel, options: EngineOptions | None = None):
         self.model = model
         self.options = options if options is not None else model.options
         self.client = Client("conversation")
@@ -152,7 +95,7 @@ class Engine:
         self.conversation = Conversation()
         self.summaries = Summaries()
         self.last_stats: TurnStats | None = None
-        self.image_budget = model.image_budget_for(self.options)
+        self.intake: Intake = model.intake(self.options, keep_originals=True)  # (``/recall`` sends a picture again)
 
     def with_options(self, **changes: Any) -> Engine:
         """Another conversation over the same loaded model (scheduler, image cache, plan and
@@ -231,13 +174,13 @@ class Engine:
     def __exit__(self, *exc):
         self.close()
 
-    def load_images(self, images: Iterable[Any]) -> list[LoadedImage | Clip]:
+    def load_images(self, images: Iterable[Any]) -> list[LoadedImage | MediaRef]:
         """``load_media`` under this engine's pixel limit."""
         return load_media(images, self.options.max_image_pixels)
 
     def plan_image(self, image: LoadedImage) -> ImagePlan:
         """The views of one picture under this engine's image budget (decided before encoding)."""
-        return self.image_budget.plan(image)
+        return self.intake.plan_image(image)
 
     def render(self, messages: list[Message] | None = None, keep_images: bool = True) -> Prompt:
         """The prompt of ``messages`` (default: the conversation) as the scheduler sees it."""
@@ -282,21 +225,21 @@ class Engine:
         if max_tokens < 1:
             raise InputError(f"max_tokens {max_tokens}: a reply needs at least 1 token")
         self.backend.check_grammar(grammar)  # before any picture is decoded or encoded
-        originals = self.load_images(images)
+        refs = self.load_images(images)
         reserve = self.scheduler.budget.reply_reserve(max_tokens)
         kept = 0 if self.options.session.enabled else self.conversation.image_tokens_in_context()
-        n_before = len(self.pictures)
-        try:
-            views, labels, pics = self._budget(originals, self.scheduler.budget.image_room(max_tokens) - kept)
-        except BaseException:  # (a clip that cannot be decoded or does not fit: nothing of the turn stays)
-            del self.pictures[n_before:]
-            raise
-        try:
-            loaded = self._admit(views, self.scheduler.budget.image_room(max_tokens) - kept)
-        except BaseException:
-            del self.pictures[len(self.pictures) - len(originals) :]
-            raise
-        sources = [im.name if isinstance(im, Clip) else im.source for im in originals]
+        free = self.scheduler.budget.image_room(max_tokens) - kept
+        made, _ = self.intake.message(refs, free, first=len(self.pictures) + 1)
+        loaded: list[LoadedImage] = []
+        labels: list[str | None] = []
+        pics: list[int] = []
+        for m in made:
+            self.notices.extend(m.notes + m.notices)
+            self.pictures.append(m.picture(len(self.pictures) + 1))
+            loaded += m.views
+            labels += m.labels
+            pics += [len(self.pictures)] * len(m.views)
+        sources = [m.name for m in made]
         msg = Message("user", text, loaded, labels=labels, sources=sources, pictures=pics)
         self.messages.append(msg)
         try:
@@ -322,9 +265,9 @@ class Engine:
             seq = self._submit(request)
         except BaseException:
             self.messages.remove(msg)
-            del self.pictures[len(self.pictures) - len(originals) :]
+            del self.pictures[len(self.pictures) - len(made) :]
             raise
-        yield from self._reply(_Turn(seq, room, message=msg, pictures=len(originals)))
+        yield from self._reply(_Turn(seq, room, message=msg, pictures=len(made)))
 
     # --- one turn ----------------------------------------------------------------------------
     def _submit(self, request: Request) -> Sequence:
@@ -379,62 +322,3 @@ class Engine:
 
     def _ask(self, question: str, messages: list[Message]) -> str:
         return self.complete(question, self.options.session.summary_tokens, messages)
-
-    def _budget(
-        self, images: list[LoadedImage | Clip], room: int
-    ) -> tuple[list[LoadedImage], list[str | None], list[int]]:
-        """The views of the turn's pictures and clips (a clip: its frames, within the ``room``
-        its pictures leave), their labels, and their picture numbers."""
-        views: list[LoadedImage] = []
-        labels: list[str | None] = []
-        pics: list[int] = []
-        plans = {id(im): self.plan_image(im) for im in images if isinstance(im, LoadedImage)}
-        room -= sum(ip.total_tokens for ip in plans.values())
-        clips_left = sum(1 for im in images if isinstance(im, Clip))
-        for img in images:
-            if isinstance(img, Clip):  # the clips share what the pictures leave, each an equal part
-                frames, stamps, tokens = self._clip(img, room // clips_left)
-                room -= tokens
-                clips_left -= 1
-                key = hashlib.sha256("".join(f.sha256 for f in frames).encode()).hexdigest()
-                # (its summary is remembered by all its frames, not the first alone)
-                self.pictures.append(Picture(len(self.pictures) + 1, replace(frames[0], sha256=key), tokens))
-                views += frames
-                labels += stamps
-                pics += [len(self.pictures)] * len(frames)
-                continue
-            ip = plans[id(img)]
-            self.notices.extend(f"{img.source}: {n}" for n in ip.notes)
-            self.pictures.append(Picture(len(self.pictures) + 1, img, ip.total_tokens))
-            for label, pix in render_views(img, ip):
-                views.append(pix)
-                labels.append(label)
-                pics.append(len(self.pictures))
-        return views, labels, pics
-
-    def _clip(self, clip: Clip, room: int) -> tuple[list[LoadedImage], list[str | None], int]:
-        """A clip's frames, chosen under its budget and the room left: the frames (their source
-        the clip's name), their timestamp labels, their tokens."""
-        plan, frames = plan_video(  # (one that cannot fit: ContextExceeded)
-            clip.source,
-            self.backend.proj_info,
-            replace(self.options.video, merge=False),  # (frames go one by one: no temporal pairs)
-            room=max(room, 0),
-            image_budget_tokens=self.image_budget.tokens,
-            mtmd_max_tokens=self.image_budget.mtmd_max_tokens,
-            name=clip.name,
-            frame_text=frame_text_tokens(self.backend.tokenize_text),
-            max_pixels=self.options.max_image_pixels,
-        )
-        kept = plan.kept
-        self.notices.append(
-            f"{clip.name}: {len(kept)} frame(s) of {plan.duration:.1f} s, {plan.total_tokens:,} tokens ({plan.rule})"
-        )
-        self.notices.extend(f"{clip.name}: {n}" for n in plan.notes)
-        return frames, [f.label for f in kept], plan.total_tokens
-
-    def _admit(self, images: list[LoadedImage], cells_free: int) -> list[LoadedImage]:
-        """Run each new image past the guard (memory now, image room left); may shrink it."""
-        adm = self.model.admit(images, cells_free)
-        self.notices.extend(adm.notices)
-        return adm.views

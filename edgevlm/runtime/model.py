@@ -17,6 +17,7 @@ itself, and what ``step()`` finishes goes to the client that submitted it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -25,10 +26,12 @@ from ..backend.llama import Backend
 from ..plan.guard import Guard
 from ..plan.planner import Plan
 from ..vision.budget import ImageBudget, ImagePlan
-from ..vision.images import LoadedImage, load_image
+from ..vision.images import LoadedImage
 from ..vision.merge import MergeSpec
+from ..vision.video import frame_text_tokens
 from .conversation import Message, Picture
-from .engine import Admitted, ChatResult, Engine, EngineOptions, GenerationResponse
+from .engine import ChatResult, Engine, EngineOptions, GenerationResponse
+from .intake import Fetch, Intake, MediaRef, load_media
 from .items import Prompt
 from .scheduler import Scheduler
 from .session import Summaries
@@ -94,29 +97,43 @@ class LoadedModel:
             self.backend.image_max_tokens,
         )
 
-    def admit(self, views: Iterable[LoadedImage], cells_free: int) -> Admitted:
-        """Run each view past the guard (memory free now, ``cells_free`` image cells left),
-        in order; a view may come back shrunk (with a notice) or be refused (an error)."""
-        views = list(views)
-        if self.guard is None:
-            return Admitted(views, 0, [])
-        out, notices, used = [], [], 0
-        for view in views:
-            adm = self.guard.admit(view, cells_free - used)
-            used += adm.tokens
-            if adm.notice:
-                notices.append(adm.notice)
-            out.append(adm.image)
-        return Admitted(out, used, notices)
+    def intake(
+        self,
+        options: EngineOptions | None = None,
+        *,
+        fetch: Fetch | None = None,
+        keep_originals: bool = False,
+        host_wait_s: float = 30.0,
+    ) -> Intake:
+        """The intake of a caller with ``options`` (default: the model's): its pictures and
+        clips budgeted for this model's projector and plan, and run past its guard."""
+        opts = options or self.options
+        be = self.backend
+        return Intake(
+            be.proj_info,
+            self.image_budget_for(opts),
+            video=opts.video,
+            max_pixels=opts.max_image_pixels,
+            frame_text=self._frame_text,
+            n_embd=be.n_embd_inp,
+            guard=self.guard,
+            fetch=fetch,
+            keep_originals=keep_originals,
+            host_wait_s=host_wait_s,
+        )
 
-    def load_images(self, images: Iterable[Any]) -> list[LoadedImage]:
-        return [
-            img if isinstance(img, LoadedImage) else load_image(img, self.options.max_image_pixels) for img in images
-        ]
+    @functools.cached_property
+    def _frame_text(self) -> int:
+        """The tokens a clip frame's timestamp label takes (tokenized once)."""
+        return frame_text_tokens(self.backend.tokenize_text)
+
+    def load_images(self, images: Iterable[Any]) -> list[LoadedImage | MediaRef]:
+        """``intake.load_media`` under the default options' pixel limit (clips too)."""
+        return load_media(images, self.options.max_image_pixels)
 
     def plan_image(self, image: LoadedImage) -> ImagePlan:
         """The views of one picture under the default image budget (decided before encoding)."""
-        return self.image_budget.plan(image)
+        return self.intake().plan_image(image)
 
     def render(
         self,

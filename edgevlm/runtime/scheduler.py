@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backend.llama import Backend
-from ..errors import BackendError, ContextExceeded
+from ..errors import BackendError
 from ..plan.context import ContextBudget
 from ..vision.merge import MergeSpec
 from .conversation import Message
@@ -157,11 +157,7 @@ class Scheduler:
             need = request.prompt.cells
             if not items or not items[-1].is_text:
                 raise BackendError("the prompt does not end with text (nothing to generate from)")
-            if need + reserve > self.n_ctx:
-                raise ContextExceeded(
-                    f"the prompt needs {need:,} tokens (and {reserve:,} for the reply) but the context "
-                    f"holds {self.n_ctx:,} (use a larger --ctx, fewer or smaller images, or /reset)"
-                )
+            self.budget.check(need, reserve)
             for unit in request.prompt.units.values():
                 unit.check()
             sampler = self.backend.make_sampler(request.sampling)  # a bad grammar: before any work

@@ -23,23 +23,19 @@ in the log once); every other request goes on.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import functools
 import hmac
-import io
 import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psutil
-from PIL import Image as PILImage
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -55,19 +51,18 @@ from starlette.staticfiles import StaticFiles
 
 from ..model.projectors import encoder_patches
 from ..plan.devices import format_size
+from ..plan.host import Lease
+from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
-from ..vision.images import decode_bytes, load_image
-from ..vision.video import frame_text_tokens, plan_video
 from . import anthropic, ollama, ollama_models
 from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
-from .media import fetch_bytes
 from .ollama_routes import ollama_routes
 from .openai import completion_body, error_body, error_for, parse_chat_request, stream_events
 from .options import ServeOptions
-from .request import APIError, ChatRequest, ImageRef
+from .request import APIError, ChatRequest
 from .responses import ResponsesCall, ResponseStore, parse_responses_request
 from .responses_reply import reply_body, stream_response
-from .service import LOW_DETAIL_TOKENS, ChatService
+from .service import ChatService
 from .worker import Job
 
 __all__ = ["Server", "create_app"]
@@ -87,7 +82,7 @@ class Server:
     ):
         self.options = options
         self.started = time.time()
-        self.engine: LoadedModel | None = model if isinstance(model, LoadedModel) else None
+        self.model: LoadedModel | None = model if isinstance(model, LoadedModel) else None
         self.service: ChatService | None = None
         self.error: BaseException | None = None
         self._load = None if isinstance(model, LoadedModel) else model
@@ -100,8 +95,8 @@ class Server:
 
     def start(self) -> None:
         if self._load is None:
-            assert self.engine is not None  # given loaded
-            self._ready(self.engine)
+            assert self.model is not None  # given loaded
+            self._ready(self.model)
             return
         threading.Thread(target=self._load_in_thread, name="edgevlm-load", daemon=True).start()
 
@@ -115,17 +110,17 @@ class Server:
             if self._on_error is not None:
                 self._on_error(exc)
 
-    def _ready(self, engine: LoadedModel) -> None:
-        self.engine = engine
-        service = ChatService(engine, self.options)
+    def _ready(self, model: LoadedModel) -> None:
+        self.model = model
+        service = ChatService(model, self.options)
         service.start()
         self.service = service
 
     def stop(self) -> None:
         if self.service is not None:
             self.service.stop()
-        if self._load is not None and self.engine is not None:  # ours: loaded here
-            self.engine.close()
+        if self._load is not None and self.model is not None:  # ours: loaded here
+            self.model.close()
 
     # --- one request, any API ------------------------------------------------------------------
     async def accept(
@@ -136,23 +131,28 @@ class Server:
         admission path of every route. Returns once the worker accepted it."""
         service = self.service
         assert service is not None
-        service.worker.check_capacity()  # before reading the body
-        lease = service.lease("this request")
+        lease = service.admit("this request")  # before reading the body
         try:
-            body = await read_body(request, self.options.max_body_bytes, lease, service.host_deadline())
-            try:
-                data = json.loads(body)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise APIError(f"the body is not valid JSON ({exc})") from None
-            del body
-            lease.resize(lease.held // BODY_COPIES)  # the bytes are dropped; the parsed body stays
-            req = parse(data)
-            del data
+            req = parse(await self.read_json(request, lease))
             job = await service.submit(req, request.is_disconnected, lease, count_only)
         except BaseException:
             lease.release()
             raise
         return job, req
+
+    async def read_json(self, request: HTTPRequest, lease: Lease) -> Any:
+        """A request's body as JSON, read under ``lease`` (taken before it is read); the bytes
+        are dropped once parsed, and the lease keeps what the parsed body holds."""
+        service = self.service
+        assert service is not None
+        body = await read_body(request, self.options.max_body_bytes, lease, service.host_deadline())
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise APIError(f"the body is not valid JSON ({exc})") from None
+        del body
+        lease.resize(lease.held // BODY_COPIES)  # the bytes are dropped; the parsed body stays
+        return data
 
     async def chat(self, request: HTTPRequest) -> Response:
         service = self.service
@@ -242,75 +242,40 @@ class Server:
     @functools.cached_property
     def ollama_facts(self) -> ollama_models.ModelFacts:
         """What Ollama's listings say of the model (read once, when the model is ready)."""
-        assert self.engine is not None
-        return ollama_models.facts_of(self.engine, self.options.model_id)
+        assert self.model is not None
+        return ollama_models.facts_of(self.model, self.options.model_id)
 
-    def budget(self, body: Any) -> dict[str, Any]:
-        """What a picture will cost before anything is encoded (the ``edgevlm budget`` view):
-        ``{"image_url": {"url": ...}, "detail": ...}`` → the plan of its views."""
-        eng, service = self.engine, self.service
-        assert eng is not None and service is not None
-        if isinstance(body, dict) and "video_url" in body:
-            return self.clip_budget(body)
-        ref = body.get("image_url") if isinstance(body, dict) else None
+    async def budget(self, request: HTTPRequest) -> Response:
+        """What a picture or a clip will cost before anything is encoded (the ``edgevlm budget``
+        view, from the one intake): ``{"image_url": {"url": ...}, "detail": ...}`` → the plan of
+        its views; ``{"video_url": {"url": ...}, "max_tokens": N}`` → the frames chosen under the
+        room a request with that reply has, with thumbnails of the kept ones. Admitted like any
+        request: under the queue limit and the host allowance."""
+        service = self.service
+        assert service is not None
+        lease = service.admit("this picture")
+        try:
+            body = await self.read_json(request, lease)
+            return JSONResponse(await run_in_threadpool(self._budget, body, lease))
+        finally:
+            lease.release()
+
+    def _budget(self, body: Any, lease: Lease) -> dict[str, Any]:
+        model, service = self.model, self.service
+        assert model is not None and service is not None
+        kind = "video" if isinstance(body, dict) and "video_url" in body else "image"
+        ref = body.get(f"{kind}_url") if isinstance(body, dict) else None
         url = ref.get("url") if isinstance(ref, dict) else ref
         if not isinstance(url, str) or not url:
-            raise APIError('give {"image_url": {"url": ...}}', 400, "image_url")
+            raise APIError(f'give {{"{kind}_url": {{"url": ...}}}}', 400, f"{kind}_url")
         detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
         name = body.get("name") if isinstance(body.get("name"), str) else ""
-        with service.lease("this picture") as lease:
-            data = fetch_bytes(ImageRef(url, detail, name), self.options, name or "image")
-            lease.grow(len(data) + decode_bytes(data, name or "image"), service.host_deadline())
-            img = load_image(data, eng.options.max_image_pixels, name=name or "image")
-            del data
-            low = replace(
-                eng.image_budget,
-                tiles="off",
-                tokens=min(eng.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS),
-            )
-            plan = (low if detail == "low" else eng.image_budget).plan(img)
-        return {
-            "width": img.width,
-            "height": img.height,
-            **plan.to_dict(),
-            "n_ctx": eng.n_ctx,
-            "image_room": eng.scheduler.budget.image_room(self.options.max_tokens),
-        }
-
-    def clip_budget(self, body: dict[str, Any]) -> dict[str, Any]:
-        """What a video will cost: ``{"video_url": {"url": ...}}`` → the frames chosen under the
-        room a request has (each with its timestamp, tokens, and why it was kept or skipped),
-        and small JPEG thumbnails of the kept ones (what the model will see)."""
-        eng, service = self.engine, self.service
-        assert eng is not None and service is not None
-        ref = body.get("video_url")
-        url = ref.get("url") if isinstance(ref, dict) else ref
-        if not isinstance(url, str) or not url:
-            raise APIError('give {"video_url": {"url": ...}}', 400, "video_url")
-        raw_name = body.get("name")
-        name = raw_name if isinstance(raw_name, str) else ""
         max_tokens = body.get("max_tokens")  # (the reply the request will ask for: its room)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             max_tokens = self.options.max_tokens
-        room = eng.scheduler.budget.image_room(max_tokens)
-        with service.lease("this video") as lease:
-            data = fetch_bytes(ImageRef(url, "auto", name, "video"), self.options, name or "video")
-            lease.grow(len(data), service.host_deadline())
-            plan, frames = plan_video(
-                data,
-                eng.backend.proj_info,
-                replace(eng.options.video, merge=False),
-                room=room,
-                image_budget_tokens=eng.image_budget.tokens,
-                mtmd_max_tokens=eng.image_budget.mtmd_max_tokens,
-                name=name or "video",
-                frame_text=frame_text_tokens(eng.backend.tokenize_text),
-                max_pixels=eng.options.max_image_pixels,
-                hold=lambda n: lease.grow(n, service.host_deadline()),
-            )
-            del data
-            thumbs = [thumbnail_uri(f.rgb) for f in frames]
-        return {"kind": "video", **plan.to_dict(), "thumbnails": thumbs, "n_ctx": eng.n_ctx, "image_room": room}
+        room = model.scheduler.budget.image_room(max_tokens)
+        made = service.intake.views(MediaRef(url, kind, detail, name), room, lease)
+        return {**made.to_dict(), "n_ctx": model.n_ctx, "image_room": room}
 
     # --- the rest --------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -321,12 +286,12 @@ class Server:
         }
         if self.error is not None:
             out["error"] = str(self.error)
-        eng = self.engine
-        if eng is None or self.service is None:
+        model = self.model
+        if model is None or self.service is None:
             return out
         worker = self.service.worker
-        sched = eng.scheduler
-        plan = eng.plan
+        sched = model.scheduler
+        plan = model.plan
         rss = psutil.Process().memory_info().rss
         out.update(
             # the model files by name, not where they sit on the server's disk
@@ -340,7 +305,7 @@ class Server:
             memory={
                 "predicted": {d.name: d.predicted.total for d in plan.devices} if plan is not None else {},
                 "host": self._host(rss),
-                "measured": {"process_rss_bytes": rss, "process_rss": format_size(rss), "free": _free_now(eng)},
+                "measured": {"process_rss_bytes": rss, "process_rss": format_size(rss), "free": _free_now(model)},
             },
             requests=vars(worker.counters).copy(),
             images_cached=len(sched.images),
@@ -353,13 +318,13 @@ class Server:
         (--cache-ram), the Responses store's and the reply recall's bounds, the process itself
         (--host-reserve) and the requests in flight and waiting (the allowance, and what they
         hold of it now)."""
-        eng, service = self.engine, self.service
-        assert eng is not None and service is not None
-        plan = eng.plan
+        model, service = self.model, self.service
+        assert model is not None and service is not None
+        plan = model.plan
         buffers = plan.host_buffers if plan is not None else 0
         reserve = plan.host_reserve if plan is not None else 0
-        cache = image_cache_bound(eng)
-        kv_cache = eng.scheduler.host_cache.max_bytes
+        cache = image_cache_bound(model)
+        kv_cache = model.scheduler.host_cache.max_bytes
         host = service.host.to_dict()
         stored = self.responses.max_bytes  # conversations kept for previous_response_id
         recall = service.worker.recall  # the generated ids of replies, for follow-ups that send them back
@@ -368,7 +333,7 @@ class Server:
             "buffers_bytes": buffers,
             "image_cache_bytes": cache,
             "kv_cache_bytes": kv_cache,
-            "kv_cache_used_bytes": eng.scheduler.host_cache.nbytes,
+            "kv_cache_used_bytes": model.scheduler.host_cache.nbytes,
             "responses_store_bytes": stored,
             "responses_store_used_bytes": self.responses.nbytes,
             "reply_recall_bytes": recall.max_bytes,
@@ -406,31 +371,22 @@ class Server:
         return "\n".join(lines) + "\n"
 
 
-def thumbnail_uri(rgb: Any, height: int = 72) -> str:
-    """A small JPEG of a frame as a data: URI (for the page)."""
-    img = PILImage.fromarray(rgb)
-    img.thumbnail((height * 4, height))
-    buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=80)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def image_cache_bound(eng: LoadedModel) -> int:
+def image_cache_bound(model: LoadedModel) -> int:
     """The most the image cache holds on the host: its units at the largest picture's embeddings
     (and merged copies) and mtmd's preprocessed pixels, within its byte bound."""
-    sched, be = eng.scheduler, eng.backend
+    sched, be = model.scheduler, model.backend
     proj = be.proj_info
-    tokens = (eng.plan.image_max_tokens if eng.plan is not None else 0) or 4096
+    tokens = (model.plan.image_max_tokens if model.plan is not None else 0) or 4096
     embeddings = tokens * be.n_embd_inp * 4 * 2  # (a merged copy is at most as large again)
     pixels = encoder_patches(proj, tokens) * proj.patch_size**2 * 3 * 4
     opts = sched.options
     return min(opts.image_cache_bytes, opts.image_cache_units * embeddings) + opts.image_cache_units * pixels
 
 
-def _free_now(eng: LoadedModel) -> dict[str, int]:
-    if eng.guard is None:
+def _free_now(model: LoadedModel) -> dict[str, int]:
+    if model.guard is None:
         return {}
-    pr = eng.guard.measure()
+    pr = model.guard.measure()
     return {d.name: d.free_bytes for d in pr.devices}
 
 
@@ -451,7 +407,7 @@ def create_app(
     *,
     on_error: Callable[[BaseException], None] | None = None,
 ) -> Starlette:
-    """The app over a loaded engine, or over a function that loads one (called in a thread at
+    """The app over a loaded model, or over a function that loads one (called in a thread at
     startup; ``/health`` says 503 until it returns, and ``on_error`` hears if it fails)."""
     server = Server(model, options, on_error)
 
@@ -501,14 +457,6 @@ def create_app(
 
     async def stored_response(request: HTTPRequest) -> Response:
         return await server.stored_response(request)
-
-    async def budget(request: HTTPRequest) -> Response:
-        body = await read_body(request, options.max_body_bytes)
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise APIError(f"the body is not valid JSON ({exc})") from None
-        return JSONResponse(await run_in_threadpool(server.budget, data))
 
     async def page(request: HTTPRequest) -> Response:
         return FileResponse(STATIC / "index.html", headers={"cache-control": "no-cache"})
@@ -564,7 +512,7 @@ def create_app(
             Route("/v1/messages/count_tokens", guarded(count_tokens, dialect=ANTHROPIC), methods=["POST"]),
             Route("/v1/responses", guarded(create_response), methods=["POST"]),
             Route("/v1/responses/{response_id}", guarded(stored_response), methods=["GET", "DELETE"]),
-            Route("/v1/edgevlm/budget", guarded(budget), methods=["POST"]),
+            Route("/v1/edgevlm/budget", guarded(server.budget), methods=["POST"]),
             Route("/v1/models", guarded(models), methods=["GET"]),
             Route("/v1/models/{model}", guarded(model_card), methods=["GET"]),
             *ollama_routes(server, guarded),
@@ -590,11 +538,11 @@ def _model_card(server: Server) -> dict[str, Any]:
         "input_modalities": ["text", "image"],
         "output_modalities": ["text"],
     }
-    eng = server.engine
-    if eng is not None:
+    model = server.model
+    if model is not None:
         card["meta"] = {
-            "n_ctx": eng.n_ctx,
-            "projector_type": eng.backend.proj_info.projector_type,
-            "image_max_tokens": eng.plan.image_max_tokens if eng.plan else None,
+            "n_ctx": model.n_ctx,
+            "projector_type": model.backend.proj_info.projector_type,
+            "image_max_tokens": model.plan.image_max_tokens if model.plan else None,
         }
     return card

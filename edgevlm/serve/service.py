@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import re
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -37,25 +37,23 @@ from typing import Any
 
 from ..backend.system import json_grammar
 from ..errors import InputError
-from ..model.projectors import encoder_patches, image_tokens
 from ..plan.host import HostAllowance, Lease, return_freed_memory
-from ..runtime.conversation import Conversation, Message, Picture
+from ..runtime.conversation import Conversation, Message
+from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
 from ..runtime.requests import ThinkCap
 from ..runtime.toolformat import call_grammar, markers
-from ..vision.budget import compact_view, render_views
-from ..vision.images import LoadedImage, decode_bytes, load_image
-from ..vision.video import frame_text_tokens, plan_video
+from ..runtime.turn import ReplySpec, Turn
+from ..vision.images import LoadedImage
 from .media import fetch_bytes
 from .options import ServeOptions
 from .replies import THINK_CLOSE, THINK_OPEN, ReplySplitter
 from .request import APIError, ChatRequest, Delta, ImageRef, Reply
 from .worker import Job, Worker
 
-__all__ = ["ChatService", "LOW_DETAIL_TOKENS", "next_event"]
+__all__ = ["ChatService", "next_event"]
 
 _ROOT = re.compile(r"^root\s*::=", re.M)
-LOW_DETAIL_TOKENS = 256  # image_url.detail = "low": a dynamic encoder's budget, and no tiles
 EVENT_GRACE_S = 30.0  # past its deadline, a request waits this much longer for its last event
 Gone = Callable[[], Awaitable[bool]]  # whether the client went away (HTTP disconnect)
 
@@ -67,8 +65,11 @@ class ChatService:
         self.model = model
         self.options = options
         self.worker = Worker(model, options)
+        self.intake = model.intake(fetch=self.fetch, host_wait_s=options.host_wait_s)  # (never keeps a full decode)
         planned = model.plan.host_allowance if model.plan is not None else 0
         self.host = HostAllowance(planned or options.host_allowance)
+        self.admitted = 0  # requests in, from the door to their last event (``admit``)
+        self._places = threading.Lock()
 
     def start(self) -> None:
         return_freed_memory()  # RSS follows what requests hold (see plan.host)
@@ -79,75 +80,68 @@ class ChatService:
 
     @property
     def capacity(self) -> int:
-        """Requests the worker takes at once (running and queued) before it answers 503."""
+        """Requests taken at once (read, prepared, queued and running) before a 503."""
         return self.model.scheduler.max_running + self.options.queue
 
-    def lease(self, what: str = "this request") -> Lease:
-        return self.host.lease(what)
+    def admit(self, what: str = "this request") -> Lease:
+        """The one capacity check: a request's place (refused with 503 + Retry-After when
+        ``capacity`` requests are in, from their body's first byte to their last event) and its
+        lease on the host allowance; releasing the lease gives the place back."""
+        with self._places:
+            if self.admitted >= self.capacity:
+                self.worker.counters.rejected += 1
+                w = self.worker
+                raise APIError(
+                    f"the server is busy: {w.running} request(s) running and {self.admitted - w.running} "
+                    f"waiting (the queue holds {self.options.queue}); retry shortly",
+                    503,
+                    code="server_busy",
+                    type_="server_error",
+                    headers={"retry-after": str(self.options.retry_after_s)},
+                )
+            self.admitted += 1
+        return self.host.lease(what, self._leave)
+
+    def _leave(self) -> None:
+        with self._places:
+            self.admitted -= 1
 
     def host_deadline(self) -> float:
         return time.monotonic() + self.options.host_wait_s
 
-    # --- pictures ----------------------------------------------------------------------------
-    def view_bytes(self, view: LoadedImage) -> int:
-        """Host memory one view holds until its request ends: its pixels, mtmd's preprocessed
-        float copy of every chunk, and the embeddings of its tokens."""
-        be = self.model.backend
-        proj = be.proj_info
-        it = image_tokens(proj, view.width, view.height)
-        preprocessed = sum(encoder_patches(proj, v.n_tokens) for v in it.views) * proj.patch_size**2 * 3 * 4
-        return view.rgb.nbytes + preprocessed + it.n_tokens * be.n_embd_inp * 4
+    def fetch(self, source: str, label: str) -> bytes:
+        """A picture's or clip's bytes, by the server's rules (``media.fetch_bytes``)."""
+        return fetch_bytes(ImageRef(source), self.options, label)
 
-    def prepare(self, req: ChatRequest, lease: Lease | None = None) -> tuple[Conversation, list[int], list[str]]:
-        """Fetch, decode and budget the request's pictures and run them past the guard
-        (blocking: called in a thread), holding ``lease`` for what they take. Returns the
-        conversation (pictures numbered from 1), each message's place in the request, and
-        notices. With ``evict`` older pictures may give way to summaries, so only the last
-        message's must fit the image room."""
-        model, opts = self.model, self.options
-        lease = lease or self.lease()
+    # --- pictures ----------------------------------------------------------------------------
+    def prepare(self, req: ChatRequest, lease: Lease) -> tuple[Conversation, list[int], list[str]]:
+        """The request's pictures and clips made ready by the model's one intake (blocking:
+        called in a thread), holding ``lease`` for what they take. Returns the conversation
+        (pictures numbered from 1), each message's place in the request, and notices. With
+        ``evict`` older pictures may give way to summaries, so only the last message's must fit
+        the image room."""
         notices: list[str] = []
-        room = model.scheduler.budget.image_room(req.max_tokens or opts.max_tokens)
-        low = replace(
-            model.image_budget,
-            tiles="off",
-            tokens=min(model.image_budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS),
-        )
-        full_room = room
+        room = full_room = self.model.scheduler.budget.image_room(req.max_tokens or self.options.max_tokens)
         conv, places = Conversation(), []
         for i, m in enumerate(req.messages):
-            views, labels, numbers = [], [], []
             # the last message's pictures (all of them, without evict) must fit the room left;
             # an earlier one's, with evict, may give way later: planned as if it were the last
             bound = i == len(req.messages) - 1 or not req.evict
-            avail = room if bound else full_room
-            base = len(conv.pictures)
-            done: dict[int, tuple[_Views, Any]] = {}
-            clips_left = sum(1 for r in m.images if r.kind == "video")
-            # pictures first, then the clips share what they leave (each an equal part)
-            for j in sorted(range(len(m.images)), key=lambda j: m.images[j].kind == "video"):
-                ref = m.images[j]
-                n = base + j + 1
-                label = ref.name or f"{ref.kind} {n}"
-                if ref.kind == "video":
-                    mine = self._clip(ref, label, avail // clips_left, lease)
-                    clips_left -= 1
-                else:
-                    mine = self._picture(ref, label, low if ref.detail == "low" else model.image_budget, lease)
-                notices += [f"{ref.kind} {n}: {note}" for note in mine.notes]
-                adm = model.admit(mine.views, avail)
-                avail -= adm.tokens
-                if bound:
-                    room -= adm.tokens
-                notices += adm.notices
-                done[j] = (mine, adm)
-            for j, ref in enumerate(m.images):
-                mine, adm = done[j]
-                n = base + j + 1
-                conv.pictures.append(Picture(n, replace(mine.views[0], source=ref.name, sha256=mine.key), mine.tokens))
-                views += adm.views
-                labels += mine.labels
-                numbers += [n] * len(adm.views)
+            refs = [MediaRef(r.url, r.kind, r.detail, r.name) for r in m.images]
+            made, used = self.intake.message(
+                refs, room if bound else full_room, first=len(conv.pictures) + 1, lease=lease
+            )
+            if bound:
+                room -= used
+            views: list[LoadedImage] = []
+            labels: list[str | None] = []
+            numbers: list[int] = []
+            for v in made:
+                notices += v.notes + v.notices
+                conv.pictures.append(v.picture(len(conv.pictures) + 1))
+                views += v.views
+                labels += v.labels
+                numbers += [len(conv.pictures)] * len(v.views)
             calls = [{"id": c.id, "name": c.name, "arguments": c.args} for c in m.tool_calls]
             conv.messages.append(
                 Message(
@@ -164,68 +158,6 @@ class ChatService:
             places.append(m.index)
         return conv, places, notices
 
-    def _picture(self, ref, label: str, budget, lease: Lease) -> _Views:
-        """One picture: its bytes, decoded under a lease for the decode's peak, budgeted into
-        views; only the (compact) views stay held."""
-        opts = self.options
-        deadline = self.host_deadline()
-        data = fetch_bytes(ref, opts, label)
-        compressed = len(data)
-        lease.grow(compressed, deadline)
-        try:
-            peak = decode_bytes(data, label)
-            lease.grow(peak, deadline)
-            try:
-                img = load_image(data, self.model.options.max_image_pixels, name=label)
-                del data
-                plan = budget.plan(img)
-                pairs = [(lb, compact_view(v, self.model.backend.proj_info)) for lb, v in render_views(img, plan)]
-                del img
-                held = sum(self.view_bytes(v) for _, v in pairs)
-            finally:
-                lease.shrink(peak)
-            lease.grow(held, deadline)
-        finally:
-            lease.shrink(compressed)  # the bytes are dropped (what the body holds is its own share)
-        return _Views([v for _, v in pairs], [lb for lb, _ in pairs], plan.total_tokens, list(plan.notes))
-
-    def _clip(self, ref: ImageRef, label: str, room: int, lease: Lease) -> _Views:
-        """One video: its bytes, its frames chosen under the model's video budget and ``room``
-        (decoded as a stream: one frame at a time beside the kept ones), each labelled with its
-        timestamp; the frames (compact) stay held."""
-        deadline = self.host_deadline()
-        data = fetch_bytes(ref, self.options, label)
-        lease.grow(len(data), deadline)
-        decoding = 0  # the decode's peak, held while frames are decoded
-
-        def hold(n: int) -> None:
-            nonlocal decoding
-            lease.grow(n, deadline)
-            decoding = n
-
-        try:
-            budget = self.model.image_budget
-            plan, frames = plan_video(  # (a clip that cannot fit: ContextExceeded, a 400)
-                data,
-                self.model.backend.proj_info,
-                replace(self.model.options.video, merge=False),  # (frames go one by one)
-                room=max(room, 0),
-                image_budget_tokens=budget.tokens,
-                mtmd_max_tokens=budget.mtmd_max_tokens,
-                name=ref.name or label,
-                frame_text=frame_text_tokens(self.model.backend.tokenize_text),
-                max_pixels=self.model.options.max_image_pixels,
-                hold=hold,
-            )
-            views = [compact_view(f, self.model.backend.proj_info) for f in frames]
-            lease.grow(sum(self.view_bytes(v) for v in views), deadline)
-        finally:
-            lease.shrink(len(data) + decoding)
-        kept = plan.kept
-        notes = [f"{len(kept)} frame(s) of {plan.duration:.1f} s, {plan.total_tokens:,} tokens ({plan.rule})"]
-        key = hashlib.sha256("".join(v.sha256 for v in views).encode()).hexdigest()
-        return _Views(views, [f.label for f in kept], plan.total_tokens, notes + list(plan.notes), key)
-
     # --- requests ----------------------------------------------------------------------------
     async def submit(
         self, req: ChatRequest, gone: Gone | None = None, lease: Lease | None = None, count_only: bool = False
@@ -234,36 +166,33 @@ class ChatService:
         refuses with — 400 too long, 503 busy — is raised). The job holds ``lease`` (or a new
         one) from here on; whoever ends the job releases it (``finish``). ``count_only``: the
         prompt is rendered and counted (``job.prompt_cells``), never run."""
-        self.worker.check_capacity()  # before any work
         loop = asyncio.get_running_loop()
-        lease = lease or self.lease()
+        lease = lease or self.admit()  # (the server's routes admitted it at the door)
         try:
             grammar = await loop.run_in_executor(None, self.grammar, req)
             if grammar is not None:
                 await loop.run_in_executor(None, self.model.backend.check_grammar, grammar)
             conv, places, notices = await loop.run_in_executor(None, self.prepare, req, lease)
-            sched = self.model.scheduler
-            tools = [t.to_template() for t in req.offered_tools]
-            forced = {"required": "any", "function": req.tool_name}.get(req.tool_choice) if tools else None
-            job = Job(
-                conv,
-                req.system,
-                replace(req.sampling, grammar=grammar),
+            tools = tuple(t.to_template() for t in req.offered_tools)
+            reply = ReplySpec(
                 req.max_tokens or self.options.max_tokens,
-                req.stop + tuple(sched.default_stops),
-                time.monotonic() + self.options.timeout_s,
-                loop,
-                notices,
-                evict=req.evict,
-                places=places,
-                lease=lease,
-                tools=tools or None,
-                tool_required=forced,
-                think=self.think_switch(req),
-                preserve=self.preserved,
-                think_cap=self.think_cap(req),
-                count_only=count_only,
+                replace(req.sampling, grammar=grammar),
+                req.stop + tuple(self.model.scheduler.default_stops),
+                self.think_cap(req),
+                self.preserved,
             )
+            turn = Turn(
+                conv,
+                reply,
+                req.system,
+                tools,
+                {"required": "any", "function": req.tool_name}.get(req.tool_choice) if tools else None,
+                self.think_switch(req),
+                req.evict,
+                tuple(places),
+                notices,
+            )
+            job = Job(turn, time.monotonic() + self.options.timeout_s, loop, lease, count_only)
             self.worker.submit(job)
         except BaseException:
             lease.release()
@@ -446,17 +375,6 @@ class ChatService:
 
     def model_name(self, req: ChatRequest) -> str:
         return req.model or self.options.model_id
-
-
-class _Views:
-    """A picture made ready: its views (compact), their labels, its planned tokens, notes, and
-    the key its summary is remembered by (a picture's content; a clip's: all its frames')."""
-
-    def __init__(
-        self, views: list[LoadedImage], labels: list[str | None], tokens: int, notes: list[str], key: str = ""
-    ):
-        self.views, self.labels, self.tokens, self.notes = views, labels, tokens, notes
-        self.key = key or views[0].sha256
 
 
 def _joined(deltas: list[Delta]) -> list[Delta]:

@@ -32,13 +32,13 @@ from typing import Any
 from ..backend.sampling import SamplingParams
 from ..errors import EdgeVLMError
 from ..plan.host import Lease
-from ..runtime.conversation import Conversation, Message
+from ..runtime.conversation import Message
 from ..runtime.items import Prompt
 from ..runtime.model import LoadedModel
 from ..runtime.placement import SHORT_PROMPT
-from ..runtime.requests import ThinkCap
 from ..runtime.scheduler import WAIT, Client, GenerationResponse, Request, Sequence
 from ..runtime.session import Footprint, SessionOptions, Summaries, make_room
+from ..runtime.turn import Turn
 from .options import ServeOptions
 from .recall import ReplyRecall
 from .request import APIError, new_id
@@ -49,8 +49,9 @@ log = logging.getLogger("edgevlm.serve")
 
 
 class Outbox:
-    """Events for the coroutines waiting on jobs, handed to their event loop once per worker
-    iteration (one wake-up of the loop per step, not one per token and request)."""
+    """The one way events reach the coroutines waiting on jobs: put by the worker, handed to
+    their event loop once per worker iteration (one wake-up of the loop per step, not one per
+    token and request)."""
 
     def __init__(self) -> None:
         self._items: list[tuple[Job, tuple[str, Any]]] = []
@@ -77,70 +78,61 @@ def _deliver(items: list[tuple[asyncio.Queue, tuple[str, Any]]]) -> None:
         queue.put_nowait(event)
 
 
-@dataclass(eq=False)
-class Job:
-    """One request on its way through the worker; events go to ``events`` in the event loop."""
+@dataclass
+class Progress:
+    """What the worker knows of a job on its way: its prompt (until admitted), its sequence,
+    sizes and times, reply text not handed out yet, and what the session did to its history."""
 
-    conversation: Conversation
-    system: str | None
-    sampling: SamplingParams
-    max_tokens: int
-    stops: tuple[str, ...]
-    deadline: float
-    loop: asyncio.AbstractEventLoop
-    notices: list[str] = field(default_factory=list)
-    evict: bool = False  # old pictures may become summaries to make room (the session policy)
-    places: list[int] = field(default_factory=list)  # each message's index in the request
+    prompt: Prompt | None = None
+    seq: Sequence | None = None
+    prompt_cells: int = 0  # its prompt's tokens (kept once the prompt itself is let go)
+    new_cells: int = 0  # what its prompt evaluates past the caches (when it was queued)
+    queued_at: float = 0.0
+    unsent: list[str] = field(default_factory=list)
+    sent_at: float = 0.0  # when text was last handed out
     summaries: list[dict[str, Any]] = field(default_factory=list)  # what the session replaced
     dropped: list[int] = field(default_factory=list)  # request messages dropped to make room
-    lease: Lease | None = None  # the host memory it holds (released by whoever ends it)
-    outbox: Outbox | None = None  # where its events go (the worker's, once submitted)
-    unsent: list[str] = field(default_factory=list)  # reply text not handed out yet
-    sent_at: float = 0.0  # when text was last handed out
+
+
+@dataclass(eq=False)
+class Job:
+    """One request on its way through the worker: the ``Turn``, where its events go (``events``
+    in its event loop ``loop``, through the worker's ``Outbox``), and its lifecycle."""
+
+    turn: Turn
+    deadline: float
+    loop: asyncio.AbstractEventLoop
+    lease: Lease | None = None  # the host memory and the place it holds (released when it ends)
+    count_only: bool = False  # rendered and counted, never run (Anthropic's count_tokens)
     id: str = field(default_factory=new_id)
     created: int = field(default_factory=lambda: int(time.time()))
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False
     timed_out: bool = False
-    ended: bool = False  # its final event ("done" or "error") was sent
-    prompt: Prompt | None = None
-    seq: Sequence | None = None
-    prompt_cells: int = 0  # its prompt's tokens (kept once the prompt itself is let go)
-    count_only: bool = False  # rendered and counted, never run (Anthropic's count_tokens)
-    new_cells: int = 0  # what its prompt evaluates past the caches (when it was queued)
-    queued_at: float = 0.0
-    tools: list[dict[str, Any]] | None = None  # offered to the model (OpenAI's shape, for the template)
-    tool_required: str | None = None  # "any" or a function's name: said where the template cannot
-    think: bool | None = None  # the template's enable_thinking (None: its default)
-    preserve: frozenset[int] = frozenset()  # control tokens the reply shows (a tool-call marker)
-    think_cap: ThinkCap | None = None  # a reasoning budget
+    ended: bool = False  # its final event ("done" or "error") was put
+    progress: Progress = field(default_factory=Progress)
 
-    def emit(self, kind: str, value: Any = None) -> None:
-        if self.ended:
-            return
-        if kind in ("done", "error"):
-            self.ended = True
-            self.conversation = Conversation()  # its pictures are not needed any more: drop them now
-            self.prompt = None
-            if self.lease is not None:  # what it held is dropped (also if nobody reads the event)
-                self.lease.release()
-        if self.outbox is not None:
-            self.outbox.put(self, (kind, value))
-            return
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
-        except RuntimeError:  # the event loop is gone (the client's side ended): nobody listens
-            pass
+    @property
+    def prompt_cells(self) -> int:
+        return self.progress.prompt_cells
+
+    def end(self) -> None:
+        """Its final event is on its way: what it held is dropped (also if nobody reads it)."""
+        self.ended = True
+        self.turn.conversation.clear()  # its pictures are not needed any more
+        self.progress.prompt = None
+        if self.lease is not None:
+            self.lease.release()
 
     def extension(self) -> dict[str, Any]:
         """The reply's ``edgevlm`` object: notices, and what the session did to the history."""
         ext: dict[str, Any] = {}
-        if self.notices:
-            ext["notices"] = list(self.notices)
-        if self.summaries:
-            ext["summaries"] = list(self.summaries)
-        if self.dropped:
-            ext["dropped_messages"] = self.dropped
+        if self.turn.notices:
+            ext["notices"] = list(self.turn.notices)
+        if self.progress.summaries:
+            ext["summaries"] = list(self.progress.summaries)
+        if self.progress.dropped:
+            ext["dropped_messages"] = self.progress.dropped
         return ext
 
 
@@ -196,20 +188,8 @@ class Worker:
     def running(self) -> int:
         return len(self._running)
 
-    def check_capacity(self) -> None:
-        """Refuse (503 + Retry-After) when every sequence is taken and the queue is full."""
-        if self.running + self.queued >= self.sched.max_running + self.options.queue:
-            self.counters.rejected += 1
-            raise APIError(
-                f"the server is busy: {self.running} request(s) running and {self.queued} "
-                f"waiting (the queue holds {self.options.queue}); retry shortly",
-                503,
-                code="server_busy",
-                type_="server_error",
-                headers={"retry-after": str(self.options.retry_after_s)},
-            )
-
     def submit(self, job: Job) -> None:
+        """Queue ``job`` (its place was taken at the door: ``ChatService.admit``)."""
         with self._cond:
             if self._stop or not self.alive:
                 raise APIError(
@@ -219,10 +199,16 @@ class Worker:
                     type_="server_error",
                     headers={"retry-after": str(self.options.retry_after_s)},
                 )
-            self.check_capacity()
-            job.outbox = self._outbox
             self._inbox.append(job)
             self._cond.notify()
+
+    def _emit(self, job: Job, kind: str, value: Any = None) -> None:
+        """An event for ``job``'s coroutine (through the outbox); after its final one, none."""
+        if job.ended:
+            return
+        if kind in ("done", "error"):
+            job.end()
+        self._outbox.put(job, (kind, value))
 
     def cancel(self, job: Job) -> None:
         job.cancelled = True
@@ -274,10 +260,10 @@ class Worker:
         self._running.pop(id(job), None)
         if job in self._waiting:
             self._waiting.remove(job)
-        if job.seq is not None and not job.seq.done:
-            self.sched.cancel(job.seq)
-        if job.prompt is not None:
-            job.prompt.release()
+        if job.progress.seq is not None and not job.progress.seq.done:
+            self.sched.cancel(job.progress.seq)
+        if job.progress.prompt is not None:
+            job.progress.prompt.release()
 
     def _fail(self, job: Job, exc: BaseException) -> None:
         self.counters.failed += 1
@@ -286,7 +272,7 @@ class Worker:
             with contextlib.suppress(AttributeError):
                 # a mark on any exception (read back with getattr): the HTTP side does not log it again
                 setattr(exc, "edgevlm_logged", True)  # noqa: B010
-        job.emit("error", exc)
+        self._emit(job, "error", exc)
 
     def _step(self) -> None:
         """One scheduler step. The scheduler ends a failing sequence by itself; should the step
@@ -298,7 +284,7 @@ class Worker:
             log.error("a scheduler step failed", exc_info=exc)
             for job in list(self._running.values()):
                 self._drop(job)
-                job.emit("error", exc)
+                self._emit(job, "error", exc)
                 self.counters.failed += 1
 
     def _shutdown(self) -> None:
@@ -315,7 +301,7 @@ class Worker:
             self._inbox.clear()
         for job in jobs:
             self._drop(job)
-            job.emit("error", gone)
+            self._emit(job, "error", gone)
         self._outbox.flush()
         self.sched.cancel_client(self.client)
 
@@ -323,52 +309,38 @@ class Worker:
         """Render the request (exact reply tokens where known) and check it can ever fit; with
         ``evict``, the session policy makes room first (old pictures → summaries)."""
         if job.cancelled:
-            job.emit("error", APIError("the client went away", 499, code="cancelled"))
+            self._emit(job, "error", APIError("the client went away", 499, code="cancelled"))
             return
-        conv = job.conversation
-        for m in conv.messages:
+        turn, pro = job.turn, job.progress
+        for m in turn.conversation.messages:
             if m.role == "assistant" and m.tokens is None and not m.tool_calls:
                 m.tokens = self.recall.tokens(m.text.strip())
         budget = self.sched.budget
-        reserve = budget.reply_reserve(job.max_tokens)
-        if job.evict:
-            self._make_room(job, reserve, budget.image_room(job.max_tokens))
-        job.prompt = self._render(job, conv.messages)
-        job.conversation = Conversation()  # the prompt holds what it needs: the views' pixels can go
-        job.prompt_cells = job.prompt.cells
+        reserve = budget.reply_reserve(turn.reply.max_tokens)
+        if turn.evict:
+            self._make_room(job, reserve, budget.image_room(turn.reply.max_tokens))
+        pro.prompt = prompt = turn.render(self.model)
+        turn.conversation.clear()  # the prompt holds what it needs: the views' pixels can go
+        pro.prompt_cells = prompt.cells
         if job.count_only:  # counted: nothing more to do
-            job.prompt.release()
-            job.emit("accepted")
-            job.emit("done", None)
+            prompt.release()
+            self._emit(job, "accepted")
+            self._emit(job, "done", None)
             return
-        if job.prompt.cells + reserve > self.sched.n_ctx:
-            raise APIError(
-                f"this request needs {job.prompt.cells:,} tokens and {reserve:,} for the reply, "
-                f"but the context holds {self.sched.n_ctx:,} (shorten the conversation, "
-                f"fewer or smaller images, a smaller max_tokens, or edgevlm.evict)",
-                400,
-                "messages",
-                "context_length_exceeded",
-                headers={"x-should-retry": "false"},
-            )
-        job.emit("accepted")
-        job.new_cells, job.queued_at = self.sched.new_cells(job.prompt), time.monotonic()
+        budget.check(prompt.cells, reserve)  # (the one context check: ContextExceeded, a 400)
+        self._emit(job, "accepted")
+        pro.new_cells, pro.queued_at = self.sched.new_cells(prompt), time.monotonic()
         self._waiting.append(job)
-
-    def _render(self, job: Job, messages: list[Message]) -> Prompt:
-        return self.model.render(
-            messages, job.system, tools=job.tools, think=job.think, tool_required=job.tool_required
-        )
 
     def _make_room(self, job: Job, reserve: int, image_room: int) -> None:
         """The session policy over the request's history; what it replaced or dropped goes into
         the reply, so the client can send the shorter history next time (and reuse its cache)."""
-        conv = job.conversation
-        place = {id(m): job.places[i] for i, m in enumerate(conv.messages)}
+        conv = job.turn.conversation
+        place = {id(m): job.turn.places[i] for i, m in enumerate(conv.messages)}
         holder = {n: m for m in conv.messages for n in m.pictures}
 
         def measure(messages: list[Message]) -> Footprint:
-            p = self._render(job, messages)
+            p = job.turn.render(self.model, messages)
             return Footprint(p.cells, p.image_cells, p)
 
         rep = make_room(
@@ -380,14 +352,14 @@ class Worker:
             ask=lambda q, msgs: self._ask(job, q, msgs),
             options=self._session,
             memory=self._summaries,
-            notices=job.notices,
+            notices=job.turn.notices,
         )
         kept = {id(m) for m in conv.messages}
-        job.dropped = sorted(idx for key, idx in place.items() if key not in kept)
+        job.progress.dropped = sorted(idx for key, idx in place.items() if key not in kept)
         for pic in rep.summarized:
             m = holder[pic.number]
             if id(m) in kept:
-                job.summaries.append(
+                job.progress.summaries.append(
                     {"message": place[id(m)], "picture": pic.number, "summary": pic.summary, "content": m.content_text}
                 )
 
@@ -395,7 +367,7 @@ class Worker:
         """A greedy question to the model now (for a summary), in between the steps of the
         requests in flight (until the request's own deadline)."""
         opts = self._session
-        prompt = self.model.render(messages + [Message("user", question)], job.system)  # (no tools: a summary)
+        prompt = self.model.render(messages + [Message("user", question)], job.turn.system)  # (no tools: a summary)
         req = Request(prompt, opts.summary_tokens, SamplingParams(0.0), tuple(self.sched.default_stops))
         while (seq := self.sched.submit(req, self.client)) == WAIT:
             if not self._running or time.monotonic() > job.deadline:
@@ -415,7 +387,11 @@ class Worker:
         fair = self.options.fair_wait_s
         return sorted(
             self._waiting,
-            key=lambda j: (0, j.queued_at, 0) if now - j.queued_at >= fair else (1, j.new_cells, j.queued_at),
+            key=lambda j: (
+                (0, j.progress.queued_at, 0)
+                if now - j.progress.queued_at >= fair
+                else (1, j.progress.new_cells, j.progress.queued_at)
+            ),
         )
 
     def _admit(self) -> None:
@@ -426,12 +402,12 @@ class Worker:
         blocked = False
         follow_ups = self.options.follow_ups_first
         for job in self._in_order(now):
-            if blocked and job.new_cells > SHORT_PROMPT:
+            if blocked and job.progress.new_cells > SHORT_PROMPT:
                 continue
             if job.cancelled:
                 self._waiting.remove(job)
                 self._drop(job)
-                job.emit("error", APIError("the client went away", 499, code="cancelled"))
+                self._emit(job, "error", APIError("the client went away", 499, code="cancelled"))
                 continue
             if now > job.deadline:
                 self._waiting.remove(job)
@@ -450,19 +426,9 @@ class Worker:
             if not follow_ups and not self.sched.has_free_slot():
                 return
             try:
-                assert job.prompt is not None  # rendered before it waits; dropped only once it ends
-                seq = self.sched.submit(
-                    Request(
-                        job.prompt,
-                        job.max_tokens,
-                        job.sampling,
-                        job.stops,
-                        new_images=frozenset(job.prompt.units),
-                        preserve=job.preserve,
-                        think=job.think_cap,
-                    ),
-                    self.client,
-                )
+                assert job.progress.prompt is not None  # rendered before it waits; dropped only once it ends
+                prompt = job.progress.prompt
+                seq = self.sched.submit(job.turn.reply.request(prompt, new_images=frozenset(prompt.units)), self.client)
             except Exception as exc:
                 self._waiting.remove(job)
                 self._drop(job)
@@ -475,7 +441,7 @@ class Worker:
                 continue
             assert isinstance(seq, Sequence)  # submit gives a Sequence or WAIT
             self._waiting.remove(job)
-            job.seq = seq
+            job.progress.seq = seq
             self._running[id(job)] = job
             self.counters.peak_running = max(self.counters.peak_running, len(self._running))
 
@@ -487,7 +453,8 @@ class Worker:
         self._outbox.flush()
 
     def _forward(self, job: Job, now: float) -> None:
-        seq = job.seq
+        pro = job.progress
+        seq = pro.seq
         assert seq is not None  # a running job has its sequence
         if not seq.done and (job.cancelled or now > job.deadline):
             job.timed_out = not job.cancelled
@@ -495,19 +462,19 @@ class Worker:
         while seq.out:
             r: GenerationResponse = seq.out.popleft()
             if r.text:
-                job.unsent.append(r.text)
+                pro.unsent.append(r.text)
         # text goes out at most every stream_interval_s (the first piece at once): under load a
         # chunk carries the tokens of a few steps instead of waking the event loop per token
-        if job.unsent and (seq.done or not job.sent_at or now - job.sent_at >= self.options.stream_interval_s):
-            job.emit("text", GenerationResponse("".join(job.unsent)))
-            job.unsent.clear()
-            job.sent_at = now
+        if pro.unsent and (seq.done or not pro.sent_at or now - pro.sent_at >= self.options.stream_interval_s):
+            self._emit(job, "text", GenerationResponse("".join(pro.unsent)))
+            pro.unsent.clear()
+            pro.sent_at = now
         if seq.done:
             del self._running[id(job)]
             self._finish(job)
 
     def _finish(self, job: Job) -> None:
-        seq = job.seq
+        seq = job.progress.seq
         assert seq is not None  # a running job has its sequence
         if seq.error is not None:
             self._fail(job, seq.error)
@@ -524,5 +491,5 @@ class Worker:
         c.cached_tokens += st.cached_n
         c.generated_tokens += st.predicted_n
         if job.timed_out:
-            job.notices.append(f"stopped after {self.options.timeout_s:g} s (the server's --timeout)")
-        job.emit("done", seq)
+            job.turn.notices.append(f"stopped after {self.options.timeout_s:g} s (the server's --timeout)")
+        self._emit(job, "done", seq)

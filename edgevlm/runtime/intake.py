@@ -1,0 +1,399 @@
+"""One intake for every caller: a picture or a clip, from wherever it comes, made into the
+budgeted, guarded views a turn sends. Chat (``Engine``), the server (``ChatService`` and the
+budget route), captioning, batch files and ``edgevlm budget`` all go through here: this is the
+one place that budgets a picture or plans a clip.
+
+    intake = vlm.intake()                                   # a LoadedModel's, or Intake(proj, budget, ...)
+    made, used = intake.message([MediaRef("photo.jpg"), MediaRef("clip.mp4")], room)
+    intake.views(MediaRef(data, detail="low"), room).to_dict()   # what the budget views show
+
+What is decided here, once:
+- **what a source is** (``media_kind``): the kind the caller states (an API's part type), else
+  a path's extension or content, else the bytes' content (animated GIF/WebP are clips);
+- **where its bytes come from**: a path is read from disk; a server's intake fetches every
+  string through its own rules instead (``fetch``: ``data:`` URIs, URLs, ``--allow-path``);
+- **its budget**: the per-picture budget and tiles of the options, or for ``detail: "low"``
+  ``LOW_DETAIL_TOKENS`` without tiles (``budget_for``);
+- **a clip's frames**: pictures first, then the clips of a message share the room the pictures
+  leave, each an equal part (``message``), its frames chosen by ``vision.video.plan_video``;
+- **what it is remembered by** (its summary key): a picture's pixel hash, a clip's file hash;
+- **what it holds**: views larger than the encoder needs are kept small (``compact_view``);
+  under a ``Lease`` the compressed bytes, the decode's peak and the views are taken before they
+  are held and given back when dropped;
+- **the guard**: each view past ``Guard.admit`` against the image room left (``admit``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from PIL import Image as PILImage
+
+from ..errors import InputError
+from ..model.gguf_info import ProjectorInfo
+from ..model.projectors import encoder_patches, image_tokens
+from ..plan.guard import Guard
+from ..plan.host import Lease
+from ..vision.budget import ImageBudget, ImagePlan, compact_view, render_views
+from ..vision.images import DEFAULT_MAX_PIXELS, LoadedImage, decode_bytes, load_image
+from ..vision.video import VideoBudget, VideoPlan, is_video_file, is_video_path, looks_like_video, plan_video
+from .conversation import Picture
+
+__all__ = [
+    "LOW_DETAIL_TOKENS",
+    "Admitted",
+    "Clip",
+    "Fetch",
+    "Intake",
+    "MediaRef",
+    "Views",
+    "load_media",
+    "media_kind",
+    "thumbnail_uri",
+]
+
+LOW_DETAIL_TOKENS = 256  # detail "low": a dynamic encoder's budget, and no tiles
+Fetch = Callable[[str, str], bytes]  # (source, label) -> the bytes a server's rules allow
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """A picture or a clip a turn carries, not decoded yet (or decoded: a ``LoadedImage``)."""
+
+    source: Any  # a path (a server's intake: a URL, data: URI), bytes, a LoadedImage, a PIL image, an array
+    kind: str = "auto"  # image | video | auto (``media_kind``)
+    detail: str = "auto"  # auto | high | low (``LOW_DETAIL_TOKENS``, no tiles)
+    name: str = ""  # what notices and summaries call it (default: "image 2", "video 1")
+
+
+@dataclass(frozen=True)
+class Clip:
+    """The library's way to say "this is a video" (a path or the file's bytes)."""
+
+    source: str | bytes
+    name: str = "video"
+
+
+def media_kind(ref: MediaRef, data: bytes | None = None) -> str:
+    """The one "is this a video" test: the kind the caller states (an API's part type), else a
+    path's extension or content, else the bytes' content (``data``, or the source's own)."""
+    if ref.kind in ("image", "video"):
+        return ref.kind
+    src = ref.source
+    if data is None and isinstance(src, (bytes, bytearray)):
+        data = bytes(src)
+    if data is not None:  # (bytes read from a file: its name's extension counts too)
+        return "video" if is_video_path(ref.name) or looks_like_video(data) else "image"
+    if isinstance(src, (str, os.PathLike)):
+        if os.path.isfile(src):
+            return "video" if is_video_file(src) else "image"
+        return "video" if is_video_path(src) else "image"
+    return "image"
+
+
+def load_media(media: Iterable[Any], max_pixels: int = DEFAULT_MAX_PIXELS) -> list[LoadedImage | MediaRef]:
+    """A caller's pictures decoded (paths, bytes, PIL images, arrays: a ``LoadedImage`` each)
+    and its clips checked (a ``Clip``, a ``MediaRef`` of kind video, or a file that is one: a
+    ``MediaRef`` each); needs no model, so a command can check its inputs before one is
+    downloaded or loaded."""
+    out: list[LoadedImage | MediaRef] = []
+    for m in media:
+        if isinstance(m, Clip):
+            m = MediaRef(m.source, "video", name=m.name)
+        elif not isinstance(m, MediaRef):
+            m = MediaRef(m)
+        src = m.source
+        if media_kind(m) == "video":
+            if isinstance(src, (str, os.PathLike)) and not os.path.isfile(src):
+                raise InputError(f"{os.fspath(src)}: no such video file")
+            name = m.name or (os.fspath(src) if isinstance(src, (str, os.PathLike)) else "")
+            out.append(replace(m, kind="video", name=name))
+            continue
+        out.append(src if isinstance(src, LoadedImage) else load_image(src, max_pixels))
+    return out
+
+
+@dataclass
+class Views:
+    """A picture or a clip made ready: its views (compact) in prompt order, their labels, its
+    planned tokens, notes, the key its summary is remembered by, and its plan."""
+
+    kind: str  # image | video
+    name: str
+    views: list[LoadedImage]
+    labels: list[str | None]
+    tokens: int
+    notes: list[str]
+    key: str
+    plan: ImagePlan | VideoPlan
+    width: int
+    height: int
+    original: LoadedImage | None = None  # a picture's full decode, when the intake keeps it (``/recall``)
+    notices: list[str] = field(default_factory=list)  # the guard's (a view shrunk)
+    decoded: tuple[str, ...] = ()  # what decoding the picture did (said by whoever decoded it)
+
+    @property
+    def times(self) -> tuple[float, ...] | None:
+        """A clip's kept frames: their seconds (None for a picture)."""
+        if not isinstance(self.plan, VideoPlan):
+            return None
+        return tuple(round(f.t, 3) for f in self.plan.kept)
+
+    def picture(self, number: int) -> Picture:
+        """Its entry in a conversation's pictures (what a summary replaces, by ``key``)."""
+        image = self.original if self.original is not None else self.views[0]
+        return Picture(number, replace(image, source=self.name, sha256=self.key), self.tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``edgevlm budget --json`` and ``/v1/edgevlm/budget`` show."""
+        out: dict[str, Any] = {"kind": self.kind, "name": self.name, "width": self.width, "height": self.height}
+        out.update(self.plan.to_dict())
+        if self.kind == "video":
+            out["thumbnails"] = [thumbnail_uri(v.rgb) for v in self.views]
+        return out
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """Views past the guard (maybe shrunk), the image cells they take, and what to tell."""
+
+    views: list[LoadedImage]
+    tokens: int
+    notices: list[str]
+
+
+class Intake:
+    """How one caller's pictures and clips become views (module doc). ``proj`` and ``budget``:
+    the projector and the per-picture budget; ``video``: a clip's budget; ``frame_text``: the
+    tokens a frame's label takes; ``n_embd``: the text model's embedding width (for what a view
+    holds); ``guard``: admission against free memory (None: none); ``fetch``: how strings become
+    bytes (None: they are paths); ``keep_originals``: a picture's full decode stays with it."""
+
+    def __init__(
+        self,
+        proj: ProjectorInfo,
+        budget: ImageBudget,
+        *,
+        video: VideoBudget = VideoBudget(),
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        frame_text: int = 0,
+        n_embd: int = 0,
+        guard: Guard | None = None,
+        fetch: Fetch | None = None,
+        keep_originals: bool = False,
+        host_wait_s: float = 30.0,
+    ):
+        self.proj, self.budget, self.video = proj, budget, video
+        self.max_pixels, self.frame_text, self.n_embd = max_pixels, frame_text, n_embd
+        self.guard, self.fetch, self.keep_originals = guard, fetch, keep_originals
+        self.host_wait_s = host_wait_s
+
+    def budget_for(self, detail: str = "auto") -> ImageBudget:
+        """The image budget of a picture sent with ``detail``."""
+        if detail != "low":
+            return self.budget
+        return replace(self.budget, tiles="off", tokens=min(self.budget.tokens or LOW_DETAIL_TOKENS, LOW_DETAIL_TOKENS))
+
+    def plan_image(self, image: LoadedImage, detail: str = "auto") -> ImagePlan:
+        """The views of one decoded picture (decided before encoding)."""
+        return self.budget_for(detail).plan(image)
+
+    def view_bytes(self, view: LoadedImage) -> int:
+        """Host memory one view holds until its request ends: its pixels, mtmd's preprocessed
+        float copy of every chunk, and the embeddings of its tokens."""
+        it = image_tokens(self.proj, view.width, view.height)
+        preprocessed = sum(encoder_patches(self.proj, v.n_tokens) for v in it.views) * self.proj.patch_size**2 * 3 * 4
+        return view.rgb.nbytes + preprocessed + it.n_tokens * self.n_embd * 4
+
+    # --- one picture or clip ------------------------------------------------------------------
+    def read(self, ref: MediaRef, label: str) -> bytes | None:
+        """The source's bytes (None for one given decoded)."""
+        src = ref.source
+        if isinstance(src, (bytes, bytearray)):
+            return bytes(src)
+        if isinstance(src, (str, os.PathLike)):
+            if self.fetch is not None:
+                return self.fetch(os.fspath(src), label)
+            try:
+                with open(src, "rb") as fh:
+                    return fh.read()
+            except OSError as exc:
+                raise InputError(f"{os.fspath(src)}: cannot read ({exc.strerror or exc})") from None
+        return None
+
+    def views(self, ref: MediaRef, room: int | None = None, lease: Lease | None = None, label: str = "") -> Views:
+        """``ref`` made ready: a picture budgeted into views, a clip's frames chosen under
+        ``room`` (None: its own budget only); what it holds taken on ``lease``."""
+        label = ref.name or label or ("video" if ref.kind == "video" else "image")
+        deadline = time.monotonic() + self.host_wait_s
+        src = ref.source
+        if isinstance(src, (str, os.PathLike)) and self.fetch is None and media_kind(ref) == "video":
+            return self._clip(ref, label, src, room, lease, deadline)  # (read as a stream from its file)
+        data = None if isinstance(src, LoadedImage) else self.read(ref, label)
+        held = len(data) if data is not None else 0
+        if lease is not None:
+            lease.grow(held, deadline)
+        try:
+            if media_kind(ref, data) == "video":
+                return self._clip(ref, label, data if data is not None else ref.source, room, lease, deadline)
+            return self._picture(ref, label, data, lease, deadline)
+        finally:
+            if lease is not None:
+                lease.shrink(held)  # the bytes are dropped
+
+    def _picture(self, ref: MediaRef, label: str, data: bytes | None, lease: Lease | None, deadline: float) -> Views:
+        peak = decode_bytes(data, label) if data is not None and lease is not None else 0
+        if lease is not None:
+            lease.grow(peak, deadline)
+        try:
+            src = ref.source
+            if isinstance(src, LoadedImage):
+                img = src
+            else:
+                img = load_image(data if data is not None else src, self.max_pixels, name=label)
+            del data
+            plan = self.plan_image(img, ref.detail)
+            pairs = [(lb, compact_view(v, self.proj)) for lb, v in render_views(img, plan)]
+            original = img if self.keep_originals else None
+            key, size, img_notes = img.sha256, (img.width, img.height), img.notes
+            del img
+            held = sum(self.view_bytes(v) for _, v in pairs)
+        finally:
+            if lease is not None:
+                lease.shrink(peak)
+        if lease is not None:
+            lease.grow(held, deadline)
+        return Views(
+            "image",
+            label,
+            [v for _, v in pairs],
+            [lb for lb, _ in pairs],
+            plan.total_tokens,
+            list(plan.notes),
+            key,
+            plan,
+            *size,
+            original=original,
+            decoded=img_notes,
+        )
+
+    def _clip(
+        self, ref: MediaRef, label: str, source: Any, room: int | None, lease: Lease | None, deadline: float
+    ) -> Views:
+        """A clip's frames chosen under the video budget and ``room`` (decoded as a stream: one
+        frame at a time beside the kept ones), each labelled with its timestamp."""
+        if not isinstance(source, (str, bytes, os.PathLike)):
+            raise InputError(f"{label}: a video is given as a path or its bytes")
+        decoding = 0  # the decode's peak, held while frames are decoded
+
+        def hold(n: int) -> None:
+            nonlocal decoding
+            if lease is not None:
+                lease.grow(n, deadline)
+            decoding = n
+
+        try:
+            plan, frames = plan_video(  # (a clip that cannot fit: ContextExceeded, a 400)
+                source,
+                self.proj,
+                replace(self.video, merge=False),  # (frames go one by one: no temporal pairs)
+                room=None if room is None else max(room, 0),
+                image_budget_tokens=self.budget.tokens,
+                mtmd_max_tokens=self.budget.mtmd_max_tokens,
+                name=label,
+                frame_text=self.frame_text,
+                max_pixels=self.max_pixels,
+                hold=hold,
+            )
+            views = [compact_view(f, self.proj) for f in frames]
+            del frames
+            if lease is not None:
+                lease.grow(sum(self.view_bytes(v) for v in views), deadline)
+        finally:
+            if lease is not None:
+                lease.shrink(decoding)
+        kept = plan.kept
+        notes = [f"{len(kept)} frame(s) of {plan.duration:.1f} s, {plan.total_tokens:,} tokens ({plan.rule})"]
+        return Views(
+            "video",
+            label,
+            views,
+            [f.label for f in kept],
+            plan.total_tokens,
+            notes + list(plan.notes),
+            _file_key(source),
+            plan,
+            plan.width,
+            plan.height,
+        )
+
+    # --- a message's media --------------------------------------------------------------------
+    def admit(self, views: Iterable[LoadedImage], cells_free: int) -> Admitted:
+        """Run each view past the guard (memory free now, ``cells_free`` image cells left), in
+        order; a view may come back shrunk (with a notice) or be refused (an error)."""
+        views = list(views)
+        if self.guard is None:
+            return Admitted(views, 0, [])
+        out, notices, used = [], [], 0
+        for view in views:
+            adm = self.guard.admit(view, cells_free - used)
+            used += adm.tokens
+            if adm.notice:
+                notices.append(adm.notice)
+            out.append(adm.image)
+        return Admitted(out, used, notices)
+
+    def message(
+        self, media: Iterable[MediaRef | LoadedImage], room: int, *, first: int = 1, lease: Lease | None = None
+    ) -> tuple[list[Views], int]:
+        """A message's pictures and clips made ready and admitted, in the message's order:
+        pictures first, then the clips share the room the pictures leave (each an equal part).
+        ``first``: the number of its first picture (default names: "image 3"). Returns the
+        views (admitted, with their notices) and the image cells they take."""
+        refs = [m if isinstance(m, MediaRef) else MediaRef(m, "image", name=m.source) for m in media]
+        kinds = [media_kind(r) for r in refs]
+        clips_left = kinds.count("video")
+        done: dict[int, Views] = {}
+        used = 0
+        for j in sorted(range(len(refs)), key=lambda j: kinds[j] == "video"):
+            ref = replace(refs[j], kind=kinds[j])
+            label = f"{kinds[j]} {first + j}"
+            share = None
+            if kinds[j] == "video":
+                share = (room - used) // clips_left
+                clips_left -= 1
+            made = self.views(ref, share, lease, label)
+            made.notes = [f"{made.name}: {n}" for n in made.notes]
+            adm = self.admit(made.views, room - used)
+            used += adm.tokens if self.guard is not None else made.tokens
+            made.views, made.notices = adm.views, adm.notices
+            done[j] = made
+        return [done[j] for j in range(len(refs))], used
+
+
+def _file_key(source: str | bytes | os.PathLike[str]) -> str:
+    """A clip's summary key: the hash of its file (the same clip in any caller matches)."""
+    digest = hashlib.sha256()
+    if isinstance(source, bytes):
+        digest.update(source)
+        return digest.hexdigest()
+    with open(source, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def thumbnail_uri(rgb: Any, height: int = 72) -> str:
+    """A small JPEG of a frame as a data: URI (for the page)."""
+    img = PILImage.fromarray(rgb)
+    img.thumbnail((height * 4, height))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
