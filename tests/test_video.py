@@ -385,3 +385,75 @@ def test_llama_cpp_test_clip(projs):
         plan, frames = plan_video(path, projs[fam], VideoBudget(tokens=4000))
         assert 0 < plan.total_tokens <= 4000 and len(frames) == len(plan.kept)
         assert plan.duration > 0 and plan.labels == sorted(plan.labels)
+
+
+# --- lossy clips (issue: a still clip after libx264 costs one frame) -------------------------
+
+LW, LH = 640, 360
+
+
+def texture(seed: int) -> np.ndarray:
+    """A busy 640×360 picture (fine noise over coloured blocks): the hardest kind for a codec to
+    repeat exactly, so its frames differ by codec noise even when the input does not."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (LH // 40, LW // 40, 3), dtype=np.int16).repeat(40, 0).repeat(40, 1)
+    return np.clip(blocks + rng.integers(-60, 61, (LH, LW, 3)), 0, 255).astype(np.uint8)
+
+
+def lossy_clip(path, frames, crf: int, keyint: int | None = None, fps: int = 10) -> str:
+    """``frames`` (640×360 RGB arrays) as H.264 yuv420p at ``crf``; ``keyint``: a keyframe that
+    often (each re-encoded from scratch: the codec noise jumps there)."""
+    if CODEC != "libx264":
+        pytest.skip("needs libx264")
+    with av.open(str(path), "w") as c:
+        s = c.add_stream(CODEC, rate=fps)
+        s.width, s.height, s.pix_fmt = LW, LH, "yuv420p"
+        s.options = {"crf": str(crf), **({"keyint": str(keyint), "preset": "ultrafast"} if keyint else {})}
+        for img in frames:
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return str(path)
+
+
+@pytest.mark.parametrize("crf,keyint", [(23, None), (35, None), (51, 4)])
+def test_a_still_clip_after_libx264_costs_one_frame(tmp_path, projs, crf, keyint):
+    """120 identical 640×360 frames (12 s at 10 fps, so 48 candidates at 4 fps) through libx264
+    — default quality, a noisy crf 35, and crf 51 with a keyframe every 4 frames — cost one
+    frame at 2048 tokens: the codec's noise is not a change."""
+    still = texture(0)
+    clip = lossy_clip(tmp_path / "still.mp4", [still] * 120, crf, keyint)
+    proj = projs["qwen2vl"]
+    plan, frames = plan_video(clip, proj, VideoBudget(tokens=2048))
+    assert len(plan.frames) == 48 and len(plan.kept) == 1 and len(frames) == 1
+    assert plan.total_tokens == image_tokens(proj, *plan.frame_size).n_tokens
+    assert {f.reason for f in plan.frames if not f.kept} == {"similar"}
+    assert "all 1 distinct of 48 candidates fit" in plan.rule
+
+
+def test_scene_cuts_between_still_lossy_scenes_are_kept(tmp_path, projs):
+    """Three still scenes of 40 frames each (4 s apiece, crf 35): one frame each, the second and
+    third kept as scene cuts at their first frame."""
+    frames = [texture(seed) for seed in (1, 2, 3) for _ in range(40)]
+    clip = lossy_clip(tmp_path / "scenes.mp4", frames, 35)
+    plan, _ = plan_video(clip, projs["qwen2vl"], VideoBudget(tokens=2048))
+    assert [f.t for f in plan.kept] == [0.0, 4.0, 8.0]
+    assert [f.reason for f in plan.kept] == ["kept", "scene cut", "scene cut"]
+
+
+def test_a_small_object_moving_slowly_over_a_still_lossy_scene_is_not_collapsed(tmp_path, projs):
+    """A 64×64 square (under 2% of the picture) crossing a still scene at 50 px a second (crf 35):
+    it is still a change, and the kept frames follow it across the clip."""
+    bg = texture(4)
+
+    def at(i: int) -> np.ndarray:
+        img = bg.copy()
+        x = 20 + 5 * i  # 120 frames at 10 fps: 20 → 615 px
+        img[148:212, x : x + 64] = (255, 255, 255)
+        return img
+
+    clip = lossy_clip(tmp_path / "object.mp4", [at(i) for i in range(120)], 35)
+    plan, _ = plan_video(clip, projs["qwen2vl"], VideoBudget(tokens=2048))
+    kept = [f.t for f in plan.kept]
+    assert len(kept) >= 6 and kept[0] == 0.0 and kept[-1] >= 9.0

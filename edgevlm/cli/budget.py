@@ -207,7 +207,7 @@ def _budget_clip(path, model, mmproj, proj, image_tokens, video_tokens, max_fram
     kept = vp.kept
     title = (
         f"{path} {vp.width}x{vp.height} · {vp.duration:.1f} s at {vp.source_fps:g} fps · {len(kept)} of "
-        f"{len(vp.frames)} frames · total {vp.total_tokens} tokens (budget {vp.budget})"
+        f"{len(vp.frames)} frames kept · total {vp.total_tokens} tokens (budget {vp.budget})"
     )
     t = Table(title=title, title_justify="left", box=None)
     for col in ("frame", "time", "sent as", "tokens", "kept"):
