@@ -138,6 +138,7 @@ class Views:
     original: LoadedImage | None = None  # a picture's full decode, when the intake keeps it (``/recall``)
     notices: list[str] = field(default_factory=list)  # the guard's (a view shrunk)
     decoded: tuple[str, ...] = ()  # what decoding the picture did (said by whoever decoded it)
+    given: str = ""  # the name its caller gave (``name`` falls back to "image 2")
 
     @property
     def times(self) -> tuple[float, ...] | None:
@@ -149,7 +150,7 @@ class Views:
     def picture(self, number: int) -> Picture:
         """Its entry in a conversation's pictures (what a summary replaces, by ``key``)."""
         image = self.original if self.original is not None else self.views[0]
-        return Picture(number, replace(image, source=self.name, sha256=self.key), self.tokens)
+        return Picture(number, replace(image, source=self.given, sha256=self.key), self.tokens)
 
     def to_dict(self) -> dict[str, Any]:
         """What ``edgevlm budget --json`` and ``/v1/edgevlm/budget`` show."""
@@ -235,18 +236,23 @@ class Intake:
         deadline = time.monotonic() + self.host_wait_s
         src = ref.source
         if isinstance(src, (str, os.PathLike)) and self.fetch is None and media_kind(ref) == "video":
-            return self._clip(ref, label, src, room, lease, deadline)  # (read as a stream from its file)
+            made = self._clip(ref, label, src, room, lease, deadline)  # (read as a stream from its file)
+            made.given = ref.name
+            return made
         data = None if isinstance(src, LoadedImage) else self.read(ref, label)
         held = len(data) if data is not None else 0
         if lease is not None:
             lease.grow(held, deadline)
         try:
             if media_kind(ref, data) == "video":
-                return self._clip(ref, label, data if data is not None else ref.source, room, lease, deadline)
-            return self._picture(ref, label, data, lease, deadline)
+                made = self._clip(ref, label, data if data is not None else ref.source, room, lease, deadline)
+            else:
+                made = self._picture(ref, label, data, lease, deadline)
         finally:
             if lease is not None:
                 lease.shrink(held)  # the bytes are dropped
+        made.given = ref.name
+        return made
 
     def _picture(self, ref: MediaRef, label: str, data: bytes | None, lease: Lease | None, deadline: float) -> Views:
         peak = decode_bytes(data, label) if data is not None and lease is not None else 0
