@@ -20,8 +20,8 @@ import pytest
 from openai import APIStatusError, BadRequestError, OpenAI
 from PIL import Image
 
+from edgevlm.serve.api_errors import APIError, kind_of
 from edgevlm.serve.openai import parse_chat_request
-from edgevlm.serve.request import APIError
 
 LONG = {"type": "json_schema", "json_schema": {"name": "long", "schema": {"type": "string", "minLength": 3000}}}
 
@@ -464,7 +464,7 @@ def test_request_parsing():
     ):
         with pytest.raises(APIError) as err:
             parse_chat_request(bad)
-        assert err.value.http_status == 400
+        assert kind_of(err.value).status == 400
 
 
 def test_a_dynamic_image_is_shrunk_to_fit_and_the_reply_says_so(model_pair):

@@ -30,10 +30,10 @@ prompt tokens evaluated (``input_tokens``) apart from those read from the cache
 stop_sequence: a stop sequence and the template's own end are cut the same way, so which one
 ended a reply is not known (``stop_sequence`` is always null).
 
-Errors: Anthropic's types by status (400 invalid_request_error, 401 authentication_error, 404
-not_found_error, 413 request_too_large, 429 rate_limit_error, 500 api_error, 503 / 529
-overloaded_error); the status, ``retry-after`` and ``x-should-retry`` stay edgevlm's (a busy
-server is a 503 with retry-after, which Anthropic's clients retry). edgevlm's own code and the
+Errors: Anthropic's types, the status, ``retry-after`` and ``x-should-retry`` come from the error
+table (``api_errors.TABLE``: 400 invalid_request_error, 401 authentication_error, 404
+not_found_error, 413 request_too_large, 500 api_error, 503 overloaded_error — a busy server is a
+503 with retry-after, which Anthropic's clients retry). edgevlm's own code and the
 field at fault ride beside, in ``"edgevlm": {"code", "param"}``.
 """
 
@@ -47,6 +47,7 @@ from typing import Any
 from ..backend.sampling import SamplingParams
 from ..errors import EdgeVLMError
 from . import openai
+from .api_errors import RETRY_AFTER_S, failure_of
 from .request import (
     DEFAULT_SAMPLING,
     ChatMessage,
@@ -65,7 +66,6 @@ __all__ = [
     "api_key",
     "error_body",
     "error_for",
-    "error_type",
     "message_body",
     "message_id",
     "parse_messages_request",
@@ -537,30 +537,17 @@ async def stream_events(
 # --- errors ----------------------------------------------------------------------------------
 
 
-def error_type(status: int) -> str:
-    """Anthropic's error type for a status (other 4xx: invalid_request_error, other 5xx: api_error)."""
-    known = {
-        401: "authentication_error",
-        403: "permission_error",
-        404: "not_found_error",
-        413: "request_too_large",
-        429: "rate_limit_error",
-        503: "overloaded_error",
-        529: "overloaded_error",
-    }
-    return known.get(status, "api_error" if status >= 500 else "invalid_request_error")
-
-
-def error_body(message: str, status: int = 400, code: str | None = None, param: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"type": "error", "error": {"type": error_type(status), "message": message}}
+def error_body(
+    message: str, type_: str = "invalid_request_error", code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": "error", "error": {"type": type_, "message": message}}
     if code or param:
         body["edgevlm"] = {"code": code, "param": param}
     return body
 
 
-def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """(status, body, headers) for an exception, in Anthropic's shape: the status and headers
-    ``openai.error_for`` gives (a 500 says only its class; the log has the rest)."""
-    status, body, headers = openai.error_for(exc)
-    err = body["error"]
-    return status, error_body(err["message"], status, err.get("code"), err.get("param")), headers
+def error_for(exc: BaseException, retry_after_s: int = RETRY_AFTER_S) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, body, headers) for an exception in Anthropic's shape: the error table's
+    (``api_errors``; a 500 says only its class, the log has the rest)."""
+    f = failure_of(exc, retry_after_s)
+    return f.status, error_body(f.message, f.anthropic_type, f.code, f.param), dict(f.headers)

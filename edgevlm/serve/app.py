@@ -59,12 +59,13 @@ from ..runtime.model import LoadedModel
 from ..vision.images import decode_bytes, load_image
 from ..vision.video import frame_text_tokens, plan_video
 from . import anthropic, ollama, ollama_models
+from .api_errors import APIError, InvalidAPIKey, ModelLoading, NotFound
 from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
 from .media import fetch_bytes
 from .ollama_routes import ollama_routes
 from .openai import completion_body, error_body, error_for, parse_chat_request, stream_events
 from .options import ServeOptions
-from .request import APIError, ChatRequest, ImageRef
+from .request import ChatRequest, ImageRef
 from .responses import ResponsesCall, ResponseStore, parse_responses_request
 from .responses_reply import reply_body, stream_response
 from .service import LOW_DETAIL_TOKENS, ChatService
@@ -219,7 +220,7 @@ class Server:
             return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
         stored = self.responses.get(rid) if request.method == "GET" else None
         if stored is None:
-            raise APIError(f"no response {rid!r} is stored here", 404, "response_id", "not_found")
+            raise NotFound(f"no response {rid!r} is stored here", "response_id")
         return JSONResponse(stored.body)
 
     async def ollama_reply(self, request: HTTPRequest, generate: bool = False) -> Response:
@@ -255,7 +256,7 @@ class Server:
         ref = body.get("image_url") if isinstance(body, dict) else None
         url = ref.get("url") if isinstance(ref, dict) else ref
         if not isinstance(url, str) or not url:
-            raise APIError('give {"image_url": {"url": ...}}', 400, "image_url")
+            raise APIError('give {"image_url": {"url": ...}}', "image_url")
         detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
         name = body.get("name") if isinstance(body.get("name"), str) else ""
         with service.lease("this picture") as lease:
@@ -286,7 +287,7 @@ class Server:
         ref = body.get("video_url")
         url = ref.get("url") if isinstance(ref, dict) else ref
         if not isinstance(url, str) or not url:
-            raise APIError('give {"video_url": {"url": ...}}', 400, "video_url")
+            raise APIError('give {"video_url": {"url": ...}}', "video_url")
         raw_name = body.get("name")
         name = raw_name if isinstance(raw_name, str) else ""
         max_tokens = body.get("max_tokens")  # (the reply the request will ask for: its room)
@@ -438,8 +439,8 @@ OPENAI = Dialect("openai", bearer, error_for)
 ANTHROPIC = Dialect("anthropic", anthropic.api_key, anthropic.error_for, "x-api-key: KEY")
 
 
-def _error_response(exc: BaseException, dialect: Dialect = OPENAI) -> JSONResponse:
-    status, body, headers = dialect.error(exc)
+def _error_response(exc: BaseException, dialect: Dialect, retry_after_s: int) -> JSONResponse:
+    status, body, headers = dialect.error(exc, retry_after_s)
     if status >= 500 and not isinstance(exc, APIError) and not getattr(exc, "edgevlm_logged", False):
         log.exception("request failed", exc_info=exc)
     return JSONResponse(body, status, headers=headers)
@@ -465,25 +466,14 @@ def create_app(
                 if keyed and options.api_key is not None:
                     token = dialect.key(request.headers)
                     if not hmac.compare_digest(token.encode(), options.api_key.encode()):
-                        raise APIError(
-                            f"invalid or missing API key ({dialect.key_hint})",
-                            401,
-                            code="invalid_api_key",
-                            type_="authentication_error",
-                        )
+                        raise InvalidAPIKey(f"invalid or missing API key ({dialect.key_hint})")
                 if v1 and server.state != "ready":
-                    raise APIError(
-                        f"the model is {server.state}" + (f": {server.error}" if server.error else ""),
-                        503,
-                        code="model_loading",
-                        type_="server_error",
-                        headers={"retry-after": str(options.retry_after_s)},
-                    )
+                    raise ModelLoading(f"the model is {server.state}" + (f": {server.error}" if server.error else ""))
                 return await handler(request)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                return _error_response(exc, dialect)
+                return _error_response(exc, dialect, options.retry_after_s)
 
         return endpoint
 
@@ -518,9 +508,8 @@ def create_app(
 
     async def model_card(request: HTTPRequest) -> Response:
         if request.path_params["model"] != options.model_id:
-            raise APIError(
+            raise NotFound(
                 f"no model {request.path_params['model']!r} (this server has {options.model_id!r})",
-                404,
                 "model",
                 "model_not_found",
             )

@@ -26,10 +26,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..backend.sampling import SamplingParams
-from ..errors import EdgeVLMError, ImageError, InputError, MemoryBusy
+from ..errors import EdgeVLMError
+from .api_errors import RETRY_AFTER_S, failure_of
 from .request import (
     DEFAULT_SAMPLING,
-    APIError,
     ChatMessage,
     ChatRequest,
     Delta,
@@ -472,17 +472,8 @@ def error_body(
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """(status, body, headers) for an exception: edgevlm's errors in OpenAI's shape; anything
-    else is a 500 that says only that (the log has the rest)."""
-    if isinstance(exc, APIError):
-        return exc.http_status, error_body(str(exc), exc.type, exc.param, exc.code), exc.headers
-    if isinstance(exc, MemoryBusy):  # may work once memory frees up
-        return 503, error_body(str(exc), "server_error", code="memory_busy"), {"retry-after": "5"}
-    if isinstance(exc, ImageError):
-        return 400, error_body(str(exc), code="invalid_image"), {"x-should-retry": "false"}
-    if isinstance(exc, InputError):
-        return 400, error_body(str(exc), code=exc.code), {"x-should-retry": "false"}
-    if isinstance(exc, EdgeVLMError):
-        return exc.http_status, error_body(str(exc), "server_error", code=exc.code), {}
-    return 500, error_body(f"internal error ({type(exc).__name__})", "server_error"), {}
+def error_for(exc: BaseException, retry_after_s: int = RETRY_AFTER_S) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, body, headers) for an exception in OpenAI's shape: the error table's
+    (``api_errors``); ``retry_after_s``: the server's ``ServeOptions.retry_after_s``."""
+    f = failure_of(exc, retry_after_s)
+    return f.status, error_body(f.message, f.openai_type, f.param, f.code), dict(f.headers)

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backend.sampling import SamplingParams
+from .api_errors import NotFound
 from .openai import parse_tools, sampling_of, tool_of
 from .request import (
     DEFAULT_SAMPLING,
-    APIError,
     ChatMessage,
     ChatRequest,
     ImageRef,
@@ -103,10 +103,9 @@ def parse_responses_request(
             raise bad("'previous_response_id' must be a response's id", "previous_response_id")
         prior = store.get(prev_id) if store is not None else None
         if prior is None:
-            raise APIError(
+            raise NotFound(
                 f"previous response not found: {prev_id!r} (this server keeps its latest responses for a "
                 "while, in memory, unless they were created with store: false)",
-                404,
                 "previous_response_id",
                 "previous_response_not_found",
             )

@@ -46,10 +46,11 @@ from ..runtime.toolformat import call_grammar, markers
 from ..vision.budget import compact_view, render_views
 from ..vision.images import LoadedImage, decode_bytes, load_image
 from ..vision.video import frame_text_tokens, plan_video
+from .api_errors import APIError, RequestTimedOut, WorkerStopped
 from .media import fetch_bytes
 from .options import ServeOptions
 from .replies import THINK_CLOSE, THINK_OPEN, ReplySplitter
-from .request import APIError, ChatRequest, Delta, ImageRef, Reply
+from .request import ChatRequest, Delta, ImageRef, Reply
 from .worker import Job, Worker
 
 __all__ = ["ChatService", "LOW_DETAIL_TOKENS", "next_event"]
@@ -311,7 +312,7 @@ class ChatService:
             names = [t.name for t in req.offered_tools]
             if req.tool_choice == "function" and req.tool_name not in names:
                 raise APIError(
-                    f"tool_choice names the function {req.tool_name!r}, which is not in 'tools'", 400, "tool_choice"
+                    f"tool_choice names the function {req.tool_name!r}, which is not in 'tools'", "tool_choice"
                 )
             tools = [t.to_template() for t in req.offered_tools]
             return call_grammar(
@@ -496,15 +497,7 @@ async def next_event(job: Job, worker: Worker, gone: Gone | None = None) -> tupl
                 raise asyncio.CancelledError("client disconnected") from None
             if not worker.alive:
                 worker.cancel(job)
-                raise APIError(
-                    "the server's model worker stopped", 500, code="worker_stopped", type_="server_error"
-                ) from None
+                raise WorkerStopped("the server's model worker stopped") from None
             if time.monotonic() > job.deadline + EVENT_GRACE_S:
                 worker.cancel(job)
-                raise APIError(
-                    "the request got no answer in time",
-                    503,
-                    code="timeout",
-                    type_="server_error",
-                    headers={"retry-after": str(worker.options.retry_after_s)},
-                ) from None
+                raise RequestTimedOut("the request got no answer in time") from None

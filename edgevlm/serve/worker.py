@@ -39,9 +39,10 @@ from ..runtime.placement import SHORT_PROMPT
 from ..runtime.requests import ThinkCap
 from ..runtime.scheduler import WAIT, Client, GenerationResponse, Request, Sequence
 from ..runtime.session import Footprint, SessionOptions, Summaries, make_room
+from .api_errors import APIError, ClientGone, RequestTimedOut, ServerBusy, ServerStopping
 from .options import ServeOptions
 from .recall import ReplyRecall
-from .request import APIError, new_id
+from .request import new_id
 
 __all__ = ["Job", "Worker"]
 
@@ -200,25 +201,15 @@ class Worker:
         """Refuse (503 + Retry-After) when every sequence is taken and the queue is full."""
         if self.running + self.queued >= self.sched.max_running + self.options.queue:
             self.counters.rejected += 1
-            raise APIError(
+            raise ServerBusy(
                 f"the server is busy: {self.running} request(s) running and {self.queued} "
-                f"waiting (the queue holds {self.options.queue}); retry shortly",
-                503,
-                code="server_busy",
-                type_="server_error",
-                headers={"retry-after": str(self.options.retry_after_s)},
+                f"waiting (the queue holds {self.options.queue}); retry shortly"
             )
 
     def submit(self, job: Job) -> None:
         with self._cond:
             if self._stop or not self.alive:
-                raise APIError(
-                    "the server is stopping",
-                    503,
-                    code="server_stopping",
-                    type_="server_error",
-                    headers={"retry-after": str(self.options.retry_after_s)},
-                )
+                raise ServerStopping("the server is stopping")
             self.check_capacity()
             job.outbox = self._outbox
             self._inbox.append(job)
@@ -303,13 +294,7 @@ class Worker:
 
     def _shutdown(self) -> None:
         """The thread ends (the server stops): every job still here gets its final event."""
-        gone = APIError(
-            "the server is stopping",
-            503,
-            code="server_stopping",
-            type_="server_error",
-            headers={"retry-after": str(self.options.retry_after_s)},
-        )
+        gone = ServerStopping("the server is stopping")
         with self._cond:
             jobs = list(self._inbox) + list(self._waiting) + list(self._running.values())
             self._inbox.clear()
@@ -323,7 +308,7 @@ class Worker:
         """Render the request (exact reply tokens where known) and check it can ever fit; with
         ``evict``, the session policy makes room first (old pictures → summaries)."""
         if job.cancelled:
-            job.emit("error", APIError("the client went away", 499, code="cancelled"))
+            job.emit("error", ClientGone("the client went away"))
             return
         conv = job.conversation
         for m in conv.messages:
@@ -346,10 +331,8 @@ class Worker:
                 f"this request needs {job.prompt.cells:,} tokens and {reserve:,} for the reply, "
                 f"but the context holds {self.sched.n_ctx:,} (shorten the conversation, "
                 f"fewer or smaller images, a smaller max_tokens, or edgevlm.evict)",
-                400,
                 "messages",
                 "context_length_exceeded",
-                headers={"x-should-retry": "false"},
             )
         job.emit("accepted")
         job.new_cells, job.queued_at = self.sched.new_cells(job.prompt), time.monotonic()
@@ -400,7 +383,7 @@ class Worker:
         while (seq := self.sched.submit(req, self.client)) == WAIT:
             if not self._running or time.monotonic() > job.deadline:
                 prompt.release()
-                raise APIError("no room to summarise an old picture", 400, "messages", "context_length_exceeded")
+                raise APIError("no room to summarise an old picture", "messages", "context_length_exceeded")
             self._step()
             self._forward_all()
         assert isinstance(seq, Sequence)  # submit gives a Sequence or WAIT
@@ -431,20 +414,14 @@ class Worker:
             if job.cancelled:
                 self._waiting.remove(job)
                 self._drop(job)
-                job.emit("error", APIError("the client went away", 499, code="cancelled"))
+                job.emit("error", ClientGone("the client went away"))
                 continue
             if now > job.deadline:
                 self._waiting.remove(job)
                 self._drop(job)
                 self._fail(
                     job,
-                    APIError(
-                        f"the request waited {self.options.timeout_s:g} s without a free sequence",
-                        503,
-                        code="timeout",
-                        type_="server_error",
-                        headers={"retry-after": str(self.options.retry_after_s)},
-                    ),
+                    RequestTimedOut(f"the request waited {self.options.timeout_s:g} s without a free sequence"),
                 )
                 continue
             if not follow_ups and not self.sched.has_free_slot():
