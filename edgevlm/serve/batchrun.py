@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..caption.prepare import StopToken
+from ..jobs.stop import StopToken
 from ..runtime.model import LoadedModel
 from .batchfile import BatchLine, error_line, response_line
 from .openai import completion_body, error_for, parse_chat_request
