@@ -16,7 +16,8 @@ import jsonschema
 import pytest
 
 import edgevlm
-from edgevlm.serve.anthropic import error_for, parse_messages_request
+from edgevlm.serve.anthropic import parse_messages_request
+from edgevlm.serve.anthropic_reply import error_for
 from edgevlm.serve.api_errors import APIError, RequestTooLarge, kind_of
 from edgevlm.serve.options import ServeOptions
 from edgevlm_testkit import cached_model_pair, with_chat_template

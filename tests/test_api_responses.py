@@ -21,7 +21,8 @@ import edgevlm
 from edgevlm.serve.api_errors import APIError, kind_of
 from edgevlm.serve.options import ServeOptions
 from edgevlm.serve.request import ChatMessage, ImageRef, Reply
-from edgevlm.serve.responses import ResponseStore, Stored, parse_responses_request, reply_message
+from edgevlm.serve.responses import parse_responses_request
+from edgevlm.serve.responses_store import ResponseStore, Stored, reply_message
 from edgevlm_testkit import cached_model_pair, with_chat_template
 
 from .conftest import STRICT_KEY

@@ -162,7 +162,9 @@ def _example(cls: type[BaseException]) -> BaseException:
 
 
 def test_every_class_in_the_error_table_has_one_status_in_every_api():
-    from edgevlm.serve import anthropic, ollama, openai
+    from edgevlm.serve import anthropic_reply as anthropic
+    from edgevlm.serve import ollama
+    from edgevlm.serve import openai_reply as openai
     from edgevlm.serve.api_errors import TABLE
 
     for cls, kind in TABLE.items():
@@ -184,7 +186,7 @@ def test_every_class_in_the_error_table_has_one_status_in_every_api():
 def test_an_api_error_is_not_bad_input_but_its_4xx_still_exits_2():
     from edgevlm.errors import EdgeVLMError, InputError
     from edgevlm.serve.api_errors import TABLE, APIError, ServerBusy, kind_of
-    from edgevlm.serve.openai import error_for
+    from edgevlm.serve.openai_reply import error_for
 
     assert not issubclass(APIError, InputError) and issubclass(APIError, EdgeVLMError)
     for cls in TABLE:
@@ -198,7 +200,9 @@ def test_an_api_error_is_not_bad_input_but_its_4xx_still_exits_2():
 
 def test_a_memory_busy_retry_after_is_the_servers_retry_after():
     from edgevlm.errors import MemoryBusy
-    from edgevlm.serve import anthropic, ollama, openai
+    from edgevlm.serve import anthropic_reply as anthropic
+    from edgevlm.serve import ollama
+    from edgevlm.serve import openai_reply as openai
     from edgevlm.serve.options import ServeOptions
 
     for api in (openai, anthropic, ollama):

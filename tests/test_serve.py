@@ -525,7 +525,7 @@ def test_health_says_503_while_loading_and_timeouts_end_replies(model_pair):
 
 def test_error_mapping():
     from edgevlm.errors import BackendError, ContextExceeded, ImageError, InputError, MemoryBusy
-    from edgevlm.serve.openai import error_for
+    from edgevlm.serve.openai_reply import error_for
 
     assert error_for(MemoryBusy("busy"))[0] == 503 and "retry-after" in error_for(MemoryBusy("x"))[2]
     status, body, headers = error_for(ImageError("a.png: not an image"))

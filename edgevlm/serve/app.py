@@ -58,16 +58,18 @@ from ..plan.devices import format_size
 from ..runtime.model import LoadedModel
 from ..vision.images import decode_bytes, load_image
 from ..vision.video import frame_text_tokens, plan_video
-from . import anthropic, ollama, ollama_models
+from . import anthropic, anthropic_reply, ollama, ollama_models
 from .api_errors import APIError, InvalidAPIKey, ModelLoading, NotFound
 from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
 from .media import fetch_bytes
 from .ollama_routes import ollama_routes
-from .openai import completion_body, error_body, error_for, parse_chat_request, stream_events
+from .openai import parse_chat_request
+from .openai_reply import completion_body, error_body, error_for, stream_events
 from .options import ServeOptions
 from .request import ChatRequest, ImageRef
-from .responses import ResponsesCall, ResponseStore, parse_responses_request
+from .responses import ResponsesCall, parse_responses_request
 from .responses_reply import reply_body, stream_response
+from .responses_store import ResponseStore
 from .service import LOW_DETAIL_TOKENS, ChatService
 from .worker import Job
 
@@ -173,10 +175,12 @@ class Server:
         job, req = await self.accept(request, lambda d: anthropic.parse_messages_request(d, self.options.sampling))
         if req.stream:
             return event_stream(
-                anthropic.stream_events(service.deltas(job, req), job.id, service.model_name(req), job.prompt_cells),
+                anthropic_reply.stream_events(
+                    service.deltas(job, req), job.id, service.model_name(req), job.prompt_cells
+                ),
                 finish=functools.partial(service.finish, job),
             )
-        return JSONResponse(anthropic.message_body(await service.whole(job, req, request.is_disconnected)))
+        return JSONResponse(anthropic_reply.message_body(await service.whole(job, req, request.is_disconnected)))
 
     async def count_tokens(self, request: HTTPRequest) -> Response:
         """Anthropic's ``POST /v1/messages/count_tokens``: the prompt's tokens, pictures, tools and
@@ -436,7 +440,7 @@ def _free_now(eng: LoadedModel) -> dict[str, int]:
 
 
 OPENAI = Dialect("openai", bearer, error_for)
-ANTHROPIC = Dialect("anthropic", anthropic.api_key, anthropic.error_for, "x-api-key: KEY")
+ANTHROPIC = Dialect("anthropic", anthropic.api_key, anthropic_reply.error_for, "x-api-key: KEY")
 
 
 def _error_response(exc: BaseException, dialect: Dialect, retry_after_s: int) -> JSONResponse:

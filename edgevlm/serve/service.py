@@ -4,7 +4,7 @@ batch files (``edgevlm batch``, its Ray actors) share, so a batch line's body is
 
     service = ChatService(vlm, ServeOptions())       # vlm: a LoadedModel
     service.start()
-    reply = await service.complete(parse_chat_request(data))  # a Reply (openai.completion_body: its JSON)
+    reply = await service.complete(parse_chat_request(data))  # a Reply (openai_reply.completion_body: its JSON)
     service.stop()
 
 Work per request: the JSON grammar (when asked for) is built and parsed by llama.cpp first,
