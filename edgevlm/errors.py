@@ -1,5 +1,5 @@
 """One small error hierarchy; the CLI turns each into a one-line message and an exit code, the
-server into an HTTP status.
+server into an HTTP status (its table, ``serve.api_errors.TABLE``, the one place that says which).
 
 Everything a user can reach — the CLI, the chat session, the library's public calls — raises an
 ``EdgeVLMError`` subclass for a problem it knows about; nothing else is meant to escape.
@@ -28,14 +28,13 @@ __all__ = [
 class EdgeVLMError(Exception):
     """Base class of every error edgevlm raises on purpose.
 
-    ``exit_code`` is what the CLI exits with (2 = bad input, 1 = runtime failure);
-    ``http_status`` is what a server answers; ``code`` a machine-readable reason an API puts
-    in its error body (``context_length_exceeded``), carried here rather than read out of the
-    message.
+    ``exit_code`` is what the CLI exits with (2 = bad input, 1 = runtime failure); ``code`` a
+    machine-readable reason an API puts in its error body (``context_length_exceeded``), carried
+    here rather than read out of the message. What a server answers is its error table's
+    (``serve.api_errors``).
     """
 
     exit_code = 1
-    http_status = 500
     code: str | None = None
 
 
@@ -43,7 +42,6 @@ class InputError(EdgeVLMError):
     """The user gave something unusable (a path, a value, a combination of options)."""
 
     exit_code = 2
-    http_status = 400
 
 
 class ContextExceeded(InputError):
@@ -67,12 +65,14 @@ class UnsupportedModel(InputError):
 class ImageError(InputError):
     """An image that is missing, unreadable or not an image."""
 
+    code = "invalid_image"
+
 
 class MemoryBusy(InputError):
     """Not enough memory free right now for this request (another program has it); a server
     answers 503: it may work later."""
 
-    http_status = 503
+    code = "memory_busy"
 
 
 class BackendError(EdgeVLMError):
@@ -80,9 +80,8 @@ class BackendError(EdgeVLMError):
 
 
 class DoesNotFit(EdgeVLMError):
-    """The plan found no configuration that fits the memory available; says by how much."""
-
-    http_status = 507
+    """The plan found no configuration that fits the memory available; says by how much (a
+    server answers 507)."""
 
 
 class OutputError(EdgeVLMError):
@@ -90,9 +89,8 @@ class OutputError(EdgeVLMError):
 
 
 class DownloadError(EdgeVLMError):
-    """The hub could not be reached, refused, or sent something else than announced (exit 1)."""
-
-    http_status = 502
+    """The hub could not be reached, refused, or sent something else than announced (exit 1; a
+    server answers 502)."""
 
 
 class IntegrityError(DownloadError):

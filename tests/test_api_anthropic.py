@@ -16,9 +16,10 @@ import jsonschema
 import pytest
 
 import edgevlm
-from edgevlm.serve.anthropic import error_for, parse_messages_request
+from edgevlm.serve.anthropic import parse_messages_request
+from edgevlm.serve.anthropic_reply import error_for
+from edgevlm.serve.api_errors import APIError, RequestTooLarge, kind_of
 from edgevlm.serve.options import ServeOptions
-from edgevlm.serve.request import APIError
 from edgevlm_testkit import cached_model_pair, with_chat_template
 
 from .conftest import STRICT_KEY
@@ -335,7 +336,7 @@ def test_request_mapping():
     ):
         with pytest.raises(APIError) as err:
             parse_messages_request({**_min(), **bad})
-        assert err.value.http_status == 400 and err.value.param == param, (bad, err.value.param)
+        assert kind_of(err.value).status == 400 and err.value.param == param, (bad, err.value.param)
 
 
 def _min() -> dict:
@@ -353,7 +354,7 @@ def test_error_mapping():
         "error": {"type": "invalid_request_error", "message": "too long"},
         "edgevlm": {"code": "context_length_exceeded", "param": None},
     }
-    assert error_for(APIError("big", 413))[1]["error"]["type"] == "request_too_large"
+    assert error_for(RequestTooLarge("big"))[1]["error"]["type"] == "request_too_large"
     assert error_for(BackendError("llama_decode failed"))[1]["error"]["type"] == "api_error"
     assert error_for(KeyError("x"))[1]["error"] == {"type": "api_error", "message": "internal error (KeyError)"}
 

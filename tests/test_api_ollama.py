@@ -20,8 +20,9 @@ import pytest
 
 from edgevlm.errors import BackendError
 from edgevlm.serve import ollama as api
+from edgevlm.serve.api_errors import APIError, ServerBusy
 from edgevlm.serve.ollama_models import model_name, parameter_size
-from edgevlm.serve.request import APIError, Delta, Reply, ToolCall
+from edgevlm.serve.request import Delta, Reply, ToolCall
 from edgevlm_testkit import cached_model_pair, with_chat_template
 
 from .test_serve import Served, free_port, png
@@ -356,7 +357,7 @@ def test_reply_shapes():
     assert got[0]["message"] == {"role": "assistant", "content": "", "thinking": "think"} and got[0]["done"] is False
     assert got[1]["message"]["content"] == "Hel" and got[2]["message"]["tool_calls"][0]["function"]["name"] == "zoom"
     assert got[-1] == {"error": "the model failed"}
-    assert api.error_for(APIError("busy", 503, headers={"retry-after": "2"})) == (
+    assert api.error_for(ServerBusy("busy"), 2) == (
         503,
         {"error": "busy"},
         {"retry-after": "2"},

@@ -18,9 +18,11 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 from pydantic import BaseModel, Field
 
 import edgevlm
+from edgevlm.serve.api_errors import APIError, kind_of
 from edgevlm.serve.options import ServeOptions
-from edgevlm.serve.request import APIError, ChatMessage, ImageRef, Reply
-from edgevlm.serve.responses import ResponseStore, Stored, parse_responses_request, reply_message
+from edgevlm.serve.request import ChatMessage, ImageRef, Reply
+from edgevlm.serve.responses import parse_responses_request
+from edgevlm.serve.responses_store import ResponseStore, Stored, reply_message
 from edgevlm_testkit import cached_model_pair, with_chat_template
 
 from .conftest import STRICT_KEY
@@ -373,7 +375,7 @@ def test_request_mapping():
 
     with pytest.raises(APIError) as err:
         parse_responses_request({"input": "Hi", "previous_response_id": "resp_nope"}, store=ResponseStore())
-    assert err.value.http_status == 404 and err.value.param == "previous_response_id"
+    assert kind_of(err.value).status == 404 and err.value.param == "previous_response_id"
     for body, param in [
         (
             {"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "u"}]}]},
@@ -389,7 +391,7 @@ def test_request_mapping():
     ]:
         with pytest.raises(APIError) as err:
             parse_responses_request(body)
-        assert err.value.http_status == 400 and err.value.param == param, (body, err.value)
+        assert kind_of(err.value).status == 400 and err.value.param == param, (body, err.value)
 
 
 def test_chained_requests_and_the_store_bounds():

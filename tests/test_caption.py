@@ -22,9 +22,10 @@ from PIL import Image
 
 from edgevlm.caption import CaptionSettings, check_template, clean_caption, render_prompt
 from edgevlm.caption.inputs import InputItem, discover, parse_shard, sniff
-from edgevlm.caption.outputs import CaptionRecord, RecordLog
+from edgevlm.caption.outputs import CAPTION_RECORDS, CaptionRecord
 from edgevlm.caption.text import compose
 from edgevlm.errors import InputError
+from edgevlm.jobs.records import RecordLog
 
 from .conftest import run_cli
 from .test_errors import assert_clean_error
@@ -165,13 +166,13 @@ def test_record_log_cuts_a_torn_tail(tmp_path, fmt):
             f"img-{i}", f"p/{i}.png", "ab" * 32, caption, "m.gguf", "Describe", "s1", created="2025-01-01T00:00:00Z"
         )
 
-    log = RecordLog(str(path), fmt).open()
+    log = RecordLog(str(path), CAPTION_RECORDS, fmt).open()
     log.append(rec(1, "first"))
     log.append(rec(2, 'a caption with "quotes",\nand a line break'))
     log.close()
     whole = path.read_bytes()
     path.write_bytes(whole + (b'{"custom_id": "img-3", "pa' if fmt == "jsonl" else b'img-3,p/3.png,ab,"torn\n'))
-    log = RecordLog(str(path), fmt).open()
+    log = RecordLog(str(path), CAPTION_RECORDS, fmt).open()
     assert [e.data["custom_id"] for e in log.entries] == ["img-1", "img-2"]
     assert log.repaired_bytes > 0 and path.read_bytes() == whole
     log.close()
@@ -181,7 +182,7 @@ def test_record_log_cuts_a_torn_tail(tmp_path, fmt):
     other = tmp_path / "notes.txt"
     other.write_text("my own notes\n")
     with pytest.raises(InputError, match="not a caption"):
-        RecordLog(str(other), fmt).open()
+        RecordLog(str(other), CAPTION_RECORDS, fmt).open()
     assert other.read_text() == "my own notes\n"  # never truncated
 
 

@@ -151,3 +151,100 @@ def test_bad_values_in_library_calls_are_input_errors(model_pair, images, tmp_pa
         with pytest.raises(InputError, match="max_tokens 0"):
             eng.chat("hi", max_tokens=0)
         assert eng.messages == [] and eng.chat("hi", max_tokens=1).stats.predicted_n <= 1
+
+
+# The error table at the HTTP edge (serve.api_errors): one status per exception class for
+# every API, whatever shape each puts it in.
+
+
+def _example(cls: type[BaseException]) -> BaseException:
+    return cls("something went wrong")  # type: ignore[call-arg]
+
+
+def test_every_class_in_the_error_table_has_one_status_in_every_api():
+    from edgevlm.serve import anthropic_reply as anthropic
+    from edgevlm.serve import ollama
+    from edgevlm.serve import openai_reply as openai
+    from edgevlm.serve.api_errors import TABLE
+
+    for cls, kind in TABLE.items():
+        exc = _example(cls)
+        o_status, o_body, o_headers = openai.error_for(exc, 7)
+        a_status, a_body, a_headers = anthropic.error_for(exc, 7)
+        l_status, l_body, l_headers = ollama.error_for(exc, 7)
+        assert o_status == a_status == l_status == kind.status, cls
+        assert o_headers == a_headers == l_headers, cls
+        assert o_body["error"]["type"] == kind.openai and set(o_body["error"]) == {"message", "type", "param", "code"}
+        assert a_body["type"] == "error" and a_body["error"]["type"] == kind.anthropic, cls
+        assert set(l_body) == {"error"} and l_body["error"] == o_body["error"]["message"] == a_body["error"]["message"]
+        if kind.retry:
+            assert o_headers == {"retry-after": "7"}, cls
+        elif kind.retry is False:
+            assert o_headers == {"x-should-retry": "false"} and kind.status < 500, cls
+
+
+def test_an_api_error_is_not_bad_input_but_its_4xx_still_exits_2():
+    from edgevlm.errors import EdgeVLMError, InputError
+    from edgevlm.serve.api_errors import TABLE, APIError, ServerBusy, kind_of
+    from edgevlm.serve.openai_reply import error_for
+
+    assert not issubclass(APIError, InputError) and issubclass(APIError, EdgeVLMError)
+    for cls in TABLE:
+        if isinstance(cls, type) and issubclass(cls, APIError):
+            assert cls.exit_code == (2 if kind_of(_example(cls)).status < 500 else 1), cls
+    assert ServerBusy("x").exit_code == 1
+    # bad input from the engine is still a 400 in OpenAI's shape
+    status, body, _ = error_for(InputError("no such picture"))
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+
+
+def test_a_memory_busy_retry_after_is_the_servers_retry_after():
+    from edgevlm.errors import MemoryBusy
+    from edgevlm.serve import anthropic_reply as anthropic
+    from edgevlm.serve import ollama
+    from edgevlm.serve import openai_reply as openai
+    from edgevlm.serve.options import ServeOptions
+
+    for api in (openai, anthropic, ollama):
+        assert api.error_for(MemoryBusy("busy"))[2] == {"retry-after": str(ServeOptions().retry_after_s)}
+        assert api.error_for(MemoryBusy("busy"), 11)[2] == {"retry-after": "11"}
+
+
+def test_the_server_answers_a_503_with_its_own_retry_after():
+    from starlette.testclient import TestClient
+
+    from edgevlm.errors import MemoryBusy
+    from edgevlm.serve.app import create_app
+    from edgevlm.serve.options import ServeOptions
+
+    def load():
+        raise MemoryBusy("not now")
+
+    app = create_app(load, ServeOptions(retry_after_s=9))
+    with TestClient(app) as client:
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 503 and r.headers["retry-after"] == "9"
+
+
+def test_no_api_error_in_serve_spells_a_status():
+    """The table owns statuses: no ``APIError(...)`` (or a named subclass) in edgevlm/serve
+    passes a number, and no call builds a ``retry-after`` header by hand."""
+    import ast
+    from pathlib import Path
+
+    from edgevlm.serve import api_errors
+
+    names = {c.__name__ for c in api_errors.TABLE if c.__module__ == api_errors.__name__}
+    assert {"APIError", "ServerBusy", "WorkerStopped"} <= names
+    bad = []
+    for p in sorted((Path(api_errors.__file__).parent).glob("*.py")):
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.Constant) and n.value == "retry-after" and p.name != "api_errors.py":
+                bad.append(f"{p.name}:{n.lineno} a retry-after header")
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names:
+                args = [*n.args, *(k.value for k in n.keywords)]
+                if any(isinstance(a, ast.Constant) and isinstance(a.value, int) for a in args):
+                    bad.append(f"{p.name}:{n.lineno} {n.func.id}(... a status ...)")
+                if any(k.arg in ("status", "headers", "type_") for k in n.keywords):
+                    bad.append(f"{p.name}:{n.lineno} {n.func.id}(... by hand ...)")
+    assert not bad, bad

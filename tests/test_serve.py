@@ -20,8 +20,8 @@ import pytest
 from openai import APIStatusError, BadRequestError, OpenAI
 from PIL import Image
 
+from edgevlm.serve.api_errors import APIError, kind_of
 from edgevlm.serve.openai import parse_chat_request
-from edgevlm.serve.request import APIError
 
 LONG = {"type": "json_schema", "json_schema": {"name": "long", "schema": {"type": "string", "minLength": 3000}}}
 
@@ -464,7 +464,7 @@ def test_request_parsing():
     ):
         with pytest.raises(APIError) as err:
             parse_chat_request(bad)
-        assert err.value.http_status == 400
+        assert kind_of(err.value).status == 400
 
 
 def test_a_dynamic_image_is_shrunk_to_fit_and_the_reply_says_so(model_pair):
@@ -525,7 +525,7 @@ def test_health_says_503_while_loading_and_timeouts_end_replies(model_pair):
 
 def test_error_mapping():
     from edgevlm.errors import BackendError, ContextExceeded, ImageError, InputError, MemoryBusy
-    from edgevlm.serve.openai import error_for
+    from edgevlm.serve.openai_reply import error_for
 
     assert error_for(MemoryBusy("busy"))[0] == 503 and "retry-after" in error_for(MemoryBusy("x"))[2]
     status, body, headers = error_for(ImageError("a.png: not an image"))

@@ -21,11 +21,12 @@ import uvicorn
 from openai import APIStatusError, BadRequestError, OpenAI
 
 import edgevlm
+from edgevlm.serve.api_errors import APIError, kind_of
 from edgevlm.serve.app import create_app
 from edgevlm.serve.media import fetch_bytes
 from edgevlm.serve.openai import parse_chat_request
 from edgevlm.serve.options import ServeOptions
-from edgevlm.serve.request import APIError, ImageRef
+from edgevlm.serve.request import ImageRef
 from edgevlm.serve.service import ChatService
 
 from .conftest import run_cli
@@ -231,7 +232,7 @@ def test_waiting_requests_end_when_the_worker_stops(model_pair):
         req = parse_chat_request({"messages": [user("Hi")]})
         with pytest.raises(APIError) as err:  # never started: refused at once, nothing waits
             asyncio.run(asyncio.wait_for(service.complete(req), 10))
-        assert err.value.http_status == 503 and err.value.code == "server_stopping"
+        assert kind_of(err.value).status == 503 and err.value.code == "server_stopping"
         service.start()
         long = parse_chat_request(
             {
@@ -264,13 +265,15 @@ def test_unsupported_fields_are_a_400_not_ignored():
     ):
         with pytest.raises(APIError) as err:
             parse_chat_request({**base, **extra})
-        assert err.value.http_status == 400 and err.value.param == param and err.value.code == "unsupported_parameter"
+        assert (
+            kind_of(err.value).status == 400 and err.value.param == param and err.value.code == "unsupported_parameter"
+        )
     # what does not change the answer is still accepted
     parse_chat_request({**base, "tools": [], "tool_choice": "none", "logprobs": False, "user": "u"})
     # a forced call needs a tool to call
     with pytest.raises(APIError) as err:
         parse_chat_request({**base, "tool_choice": "required"})
-    assert err.value.http_status == 400 and err.value.param == "tool_choice"
+    assert kind_of(err.value).status == 400 and err.value.param == "tool_choice"
 
 
 def test_an_image_url_is_fetched_from_the_address_that_was_checked(monkeypatch):
@@ -313,7 +316,7 @@ def test_a_path_on_another_drive_is_refused_not_a_500(monkeypatch, tmp_path):
     monkeypatch.setattr(os.path, "commonpath", other_drive)
     with pytest.raises(APIError) as err:
         fetch_bytes(ImageRef(str(tmp_path / "a.png")), ServeOptions(allow_paths=(str(tmp_path),)), "image 1")
-    assert err.value.http_status == 400 and "only read under --allow-path" in str(err.value)
+    assert kind_of(err.value).status == 400 and "only read under --allow-path" in str(err.value)
 
 
 def test_a_batch_line_the_template_refuses_is_an_error_line(model_pair, tmp_path):

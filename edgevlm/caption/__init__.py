@@ -5,7 +5,6 @@ text (``text``), settings (``settings``) and a resumable run over files (``job``
 
 from .job import CaptionJob, CaptionSummary
 from .outputs import CaptionRecord
-from .prepare import StopToken
 from .runner import Captioner, CaptionResult, caption_images
 from .settings import CaptionSettings, caption_slots, model_identity
 from .text import DEFAULT_PROMPT, check_template, clean_caption, compose, render_prompt
@@ -18,7 +17,6 @@ __all__ = [
     "CaptionSettings",
     "CaptionSummary",
     "Captioner",
-    "StopToken",
     "caption_images",
     "caption_slots",
     "check_template",

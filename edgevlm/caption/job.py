@@ -18,10 +18,12 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import InputError, OutputError
+from ..jobs.records import RecordLog
+from ..jobs.stop import StopToken
 from .inputs import InputItem, common_root
-from .outputs import RecordLog
+from .outputs import CAPTION_RECORDS
 from .parquet import ParquetLog
-from .prepare import Preparer, ResumeIndex, StopToken
+from .prepare import Preparer, ResumeIndex
 from .runner import Captioner, CaptionResult
 from .settings import CaptionSettings, model_identity
 from .sidecars import Metadata, Plain, Sidecars
@@ -166,7 +168,9 @@ class CaptionJob:
             self.deliverable = Plain(existing, separator, sidecar_ext)
         self.retry_errors = retry_errors
         self.log: RecordLog | ParquetLog = (
-            ParquetLog(self.out) if fmt == "parquet" else RecordLog(self.out, "csv" if fmt == "csv" else "jsonl")
+            ParquetLog(self.out)
+            if fmt == "parquet"
+            else RecordLog(self.out, CAPTION_RECORDS, "csv" if fmt == "csv" else "jsonl")
         )
         self.summary = CaptionSummary(total=len(items), out=self.out)
         self.index = ResumeIndex()
@@ -201,7 +205,11 @@ class CaptionJob:
     def recorded_paths(self) -> set[str | None]:
         """Paths with a record of these settings, read without locking (``--dry-run``)."""
         log = self.log
-        entries = ParquetLog.peek(self.out) if isinstance(log, ParquetLog) else RecordLog.peek(self.out, log.fmt)
+        entries = (
+            ParquetLog.peek(self.out)
+            if isinstance(log, ParquetLog)
+            else RecordLog.peek(self.out, CAPTION_RECORDS, log.fmt)
+        )
         return {e.data.get("path") for e in entries if e.data.get("settings") == self.digest}
 
     def todo(self) -> int:

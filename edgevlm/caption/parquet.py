@@ -25,7 +25,8 @@ from typing import Any
 from filelock import FileLock
 
 from ..errors import InputError
-from .outputs import CaptionRecord, Entry, commit_file, fsync_dir, lock_path, stage_file, take_lock
+from ..jobs.records import Entry, commit_file, fsync_dir, lock_path, stage_file, take_lock
+from .outputs import CaptionRecord
 
 __all__ = ["PARQUET_COLUMNS", "ParquetLog", "parquet_row", "pyarrow_module", "read_records"]
 

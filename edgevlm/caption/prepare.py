@@ -1,6 +1,6 @@
 """Inputs made ready for the model in a background thread: stat, resume check, read, hash,
 decode, plan and resize (``Preparer``), ``depth`` ahead of the captioning loop (``Prefetcher``);
-``ResumeIndex`` is what earlier runs left in the record log; ``StopToken`` is Ctrl-C."""
+``ResumeIndex`` is what earlier runs left in the record log."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import EdgeVLMError, InputError
+from ..jobs.records import Entry
+from ..jobs.stop import StopToken
 from ..runtime.intake import Intake, MediaRef, media_kind
 from ..vision.images import LoadedImage, load_image
 from .inputs import InputItem
-from .outputs import Entry
 from .settings import CaptionSettings
 from .sidecars import Plain
 
-__all__ = ["Prefetcher", "Prepared", "Preparer", "ResumeIndex", "StopToken", "strip_label"]
+__all__ = ["Prefetcher", "Prepared", "Preparer", "ResumeIndex", "strip_label"]
 
 
 @dataclass
@@ -278,25 +279,3 @@ class Prefetcher:
             except queue.Empty:
                 break
         self.thread.join(timeout=10)
-
-
-# --- stopping cleanly --------------------------------------------------------------------------
-class StopToken:
-    """Ctrl-C, the polite way. ``request()``: stop after the image(s) in progress. ``abandon()``:
-    stop at the next safe point (between generated tokens, or while waiting for an image)
-    without writing the image(s) in progress, which a rerun does. Flags only: a signal handler may call them
-    at any moment (even inside a llama.cpp log callback, where an exception would be lost)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.abandoned = False
-
-    def request(self) -> None:
-        self.requested = True
-
-    def abandon(self) -> None:
-        self.requested = self.abandoned = True
-
-    def check(self) -> None:
-        if self.abandoned:
-            raise KeyboardInterrupt

@@ -28,12 +28,13 @@ from typing import Any
 
 from ..backend.system import json_grammar
 from ..errors import BackendError, ContextExceeded, EdgeVLMError, ImageError, InputError, MemoryBusy
+from ..jobs.stop import StopToken
 from ..runtime.conversation import Message
 from ..runtime.scheduler import WAIT, Client, Request, Sequence
 from ..vision.merge import MergeSpec
 from .inputs import InputItem, discover
 from .outputs import CaptionRecord
-from .prepare import Prefetcher, Prepared, Preparer, ResumeIndex, StopToken, strip_label
+from .prepare import Prefetcher, Prepared, Preparer, ResumeIndex, strip_label
 from .settings import CaptionSettings, model_identity
 from .sidecars import Plain
 from .text import clean_caption, compose, render_prompt

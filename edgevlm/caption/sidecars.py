@@ -19,8 +19,9 @@ from collections.abc import Callable
 from filelock import FileLock
 
 from ..errors import InputError
+from ..jobs.records import Entry, atomic_write, commit_file, lock_path, stage_file
 from .inputs import InputItem
-from .outputs import CaptionRecord, Entry, atomic_write, commit_file, lock_path, stage_file
+from .outputs import CaptionRecord
 
 __all__ = ["Metadata", "Plain", "Sidecars"]
 

@@ -124,7 +124,7 @@ def batch(
     Run the same command again after a crash or Ctrl-C: answered custom_ids are skipped.
     """
 
-    from ..caption.prepare import StopToken
+    from ..jobs.stop import StopToken
     from ..runtime.engine import EngineOptions
     from ..serve.batchfile import BatchOutput, read_batch_file
     from ..serve.options import ServeOptions

@@ -241,10 +241,10 @@ def caption(
     from ..caption import (
         DEFAULT_PROMPT,
         CaptionJob,
-        StopToken,
         caption_slots,
     )
     from ..caption.inputs import discover
+    from ..jobs.stop import StopToken
 
     sel, dest = selection, output
     out = dest.out

@@ -20,11 +20,11 @@ from filelock import FileLock
 
 from ..api import load
 from ..caption.inputs import InputItem
-from ..caption.outputs import Entry
 from ..caption.prepare import ResumeIndex
 from ..caption.runner import Captioner
 from ..caption.settings import CaptionSettings, caption_slots
 from ..hub.download import local_files
+from ..jobs.records import Entry
 from ..plan.planner import Wishes
 from ..runtime.engine import EngineOptions
 from ..runtime.model import LoadedModel

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..caption.prepare import StopToken
+from ..jobs.stop import StopToken
 from ..runtime.engine import EngineOptions
 from ..serve.batchfile import BatchLine, BatchOutput, BatchSummary, error_line
 from ..serve.options import ServeOptions

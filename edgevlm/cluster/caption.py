@@ -32,10 +32,11 @@ from ..caption.inputs import InputItem
 from ..caption.job import CaptionJob, CaptionSummary
 from ..caption.outputs import CaptionRecord
 from ..caption.parquet import parquet_row
-from ..caption.prepare import Preparer, StopToken
+from ..caption.prepare import Preparer
 from ..caption.runner import Captioner, CaptionResult
 from ..caption.settings import CaptionSettings, model_identity
 from ..errors import ClusterError, EdgeVLMError
+from ..jobs.stop import StopToken
 from .actors import ActorSpec, CaptionActor, decode_result
 from .connect import DEFAULT_BATCH, READ_CPUS, ActorLayout, ray_module
 

@@ -54,14 +54,17 @@ from ..plan.devices import format_size
 from ..plan.host import Lease
 from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
-from . import anthropic, ollama, ollama_models
+from . import anthropic, anthropic_reply, ollama, ollama_models
+from .api_errors import APIError, InvalidAPIKey, ModelLoading, NotFound
 from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
 from .ollama_routes import ollama_routes
-from .openai import completion_body, error_body, error_for, parse_chat_request, stream_events
+from .openai import parse_chat_request
+from .openai_reply import completion_body, error_body, error_for, stream_events
 from .options import ServeOptions
-from .request import APIError, ChatRequest
-from .responses import ResponsesCall, ResponseStore, parse_responses_request
+from .request import ChatRequest
+from .responses import ResponsesCall, parse_responses_request
 from .responses_reply import reply_body, stream_response
+from .responses_store import ResponseStore
 from .service import ChatService
 from .worker import Job
 
@@ -172,10 +175,12 @@ class Server:
         job, req = await self.accept(request, lambda d: anthropic.parse_messages_request(d, self.options.sampling))
         if req.stream:
             return event_stream(
-                anthropic.stream_events(service.deltas(job, req), job.id, service.model_name(req), job.prompt_cells),
+                anthropic_reply.stream_events(
+                    service.deltas(job, req), job.id, service.model_name(req), job.prompt_cells
+                ),
                 finish=functools.partial(service.finish, job),
             )
-        return JSONResponse(anthropic.message_body(await service.whole(job, req, request.is_disconnected)))
+        return JSONResponse(anthropic_reply.message_body(await service.whole(job, req, request.is_disconnected)))
 
     async def count_tokens(self, request: HTTPRequest) -> Response:
         """Anthropic's ``POST /v1/messages/count_tokens``: the prompt's tokens, pictures, tools and
@@ -219,7 +224,7 @@ class Server:
             return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
         stored = self.responses.get(rid) if request.method == "GET" else None
         if stored is None:
-            raise APIError(f"no response {rid!r} is stored here", 404, "response_id", "not_found")
+            raise NotFound(f"no response {rid!r} is stored here", "response_id")
         return JSONResponse(stored.body)
 
     async def ollama_reply(self, request: HTTPRequest, generate: bool = False) -> Response:
@@ -267,7 +272,7 @@ class Server:
         ref = body.get(f"{kind}_url") if isinstance(body, dict) else None
         url = ref.get("url") if isinstance(ref, dict) else ref
         if not isinstance(url, str) or not url:
-            raise APIError(f'give {{"{kind}_url": {{"url": ...}}}}', 400, f"{kind}_url")
+            raise APIError(f'give {{"{kind}_url": {{"url": ...}}}}', f"{kind}_url")
         detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
         name = body.get("name") if isinstance(body.get("name"), str) else ""
         max_tokens = body.get("max_tokens")  # (the reply the request will ask for: its room)
@@ -391,11 +396,11 @@ def _free_now(model: LoadedModel) -> dict[str, int]:
 
 
 OPENAI = Dialect("openai", bearer, error_for)
-ANTHROPIC = Dialect("anthropic", anthropic.api_key, anthropic.error_for, "x-api-key: KEY")
+ANTHROPIC = Dialect("anthropic", anthropic.api_key, anthropic_reply.error_for, "x-api-key: KEY")
 
 
-def _error_response(exc: BaseException, dialect: Dialect = OPENAI) -> JSONResponse:
-    status, body, headers = dialect.error(exc)
+def _error_response(exc: BaseException, dialect: Dialect, retry_after_s: int) -> JSONResponse:
+    status, body, headers = dialect.error(exc, retry_after_s)
     if status >= 500 and not isinstance(exc, APIError) and not getattr(exc, "edgevlm_logged", False):
         log.exception("request failed", exc_info=exc)
     return JSONResponse(body, status, headers=headers)
@@ -421,25 +426,14 @@ def create_app(
                 if keyed and options.api_key is not None:
                     token = dialect.key(request.headers)
                     if not hmac.compare_digest(token.encode(), options.api_key.encode()):
-                        raise APIError(
-                            f"invalid or missing API key ({dialect.key_hint})",
-                            401,
-                            code="invalid_api_key",
-                            type_="authentication_error",
-                        )
+                        raise InvalidAPIKey(f"invalid or missing API key ({dialect.key_hint})")
                 if v1 and server.state != "ready":
-                    raise APIError(
-                        f"the model is {server.state}" + (f": {server.error}" if server.error else ""),
-                        503,
-                        code="model_loading",
-                        type_="server_error",
-                        headers={"retry-after": str(options.retry_after_s)},
-                    )
+                    raise ModelLoading(f"the model is {server.state}" + (f": {server.error}" if server.error else ""))
                 return await handler(request)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                return _error_response(exc, dialect)
+                return _error_response(exc, dialect, options.retry_after_s)
 
         return endpoint
 
@@ -466,9 +460,8 @@ def create_app(
 
     async def model_card(request: HTTPRequest) -> Response:
         if request.path_params["model"] != options.model_id:
-            raise APIError(
+            raise NotFound(
                 f"no model {request.path_params['model']!r} (this server has {options.model_id!r})",
-                404,
                 "model",
                 "model_not_found",
             )

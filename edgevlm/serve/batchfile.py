@@ -24,8 +24,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..caption.outputs import BATCH_LINES, Entry, RecordLog
 from ..errors import InputError, OutputError
+from ..jobs.records import BATCH_LINES, Entry, RecordLog
 
 __all__ = [
     "BATCH_URLS",
@@ -251,7 +251,7 @@ class BatchOutput:
     def __init__(self, batch: BatchFile, out: str):
         self.batch = batch
         self.out = out
-        self.log = RecordLog(out, "jsonl", BATCH_LINES)
+        self.log = RecordLog(out, BATCH_LINES)
         self.summary = BatchSummary(total=len(batch.lines), duplicates=len(batch.duplicates), out=out)
         self.done: dict[str, dict[str, Any]] = {}
         self.t0 = time.perf_counter()

@@ -9,10 +9,11 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..caption.prepare import StopToken
+from ..jobs.stop import StopToken
 from ..runtime.model import LoadedModel
 from .batchfile import BatchLine, error_line, response_line
-from .openai import completion_body, error_for, parse_chat_request
+from .openai import parse_chat_request
+from .openai_reply import completion_body, error_for
 from .options import ServeOptions
 from .responses import parse_responses_request
 from .responses_reply import reply_body

@@ -13,11 +13,11 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import StreamingResponse
 
 from ..plan.host import Lease
-from .request import APIError
+from .api_errors import RequestTooLarge
 
 __all__ = ["BODY_COPIES", "Dialect", "bearer", "event_stream", "read_body"]
 
-ErrorMap = Callable[[BaseException], "tuple[int, dict[str, Any], dict[str, str]]"]
+ErrorMap = Callable[[BaseException, int], "tuple[int, dict[str, Any], dict[str, str]]"]  # (exc, retry-after s)
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,7 @@ async def read_body(
 ) -> bytes:
     """The request body (at most ``limit`` bytes); with ``lease``, the memory it takes is held
     before it is read (the declared length up front, else chunk by chunk)."""
-    too_big = APIError(
-        f"the request body is larger than {limit:,} bytes (the server's --max-body)",
-        413,
-        code="request_too_large",
-        headers={"x-should-retry": "false"},
-    )
+    too_big = RequestTooLarge(f"the request body is larger than {limit:,} bytes (the server's --max-body)")
     declared = request.headers.get("content-length")
     known = int(declared) if declared and declared.isdigit() else None
     if known is not None and known > limit:

@@ -16,14 +16,15 @@ import socket
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
 from ..vision.images import LoadedImage, load_image
-from .openai import APIError, ImageRef
+from .api_errors import APIError
 from .options import ServeOptions
+from .request import ImageRef
 
 __all__ = ["fetch_bytes", "fetch_image", "read_data_uri"]
 
 
 def _refuse(message: str, param: str = "messages") -> APIError:
-    return APIError(message, 400, param, "invalid_image_url", headers={"x-should-retry": "false"})
+    return APIError(message, param, "invalid_image_url")
 
 
 def read_data_uri(uri: str, limit: int) -> bytes:

@@ -50,10 +50,10 @@ from typing import TYPE_CHECKING, Any
 from ..backend.sampling import SamplingParams
 from ..errors import EdgeVLMError
 from . import openai
+from .api_errors import RETRY_AFTER_S, APIError, NotFound, failure_of
 from .http import bearer
 from .request import (
     DEFAULT_SAMPLING,
-    APIError,
     ChatMessage,
     ChatRequest,
     Delta,
@@ -420,12 +420,12 @@ async def stream_events(
         yield _line(error_for(exc)[1])
 
 
-def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """(status, ``{"error": message}``, headers): OpenAI's mapping (``openai.error_for``) in
-    Ollama's shape."""
-    status, body, headers = openai.error_for(exc)
-    return status, {"error": body["error"]["message"]}, headers
+def error_for(exc: BaseException, retry_after_s: int = RETRY_AFTER_S) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, ``{"error": message}``, headers): the error table's (``api_errors``) in Ollama's
+    shape."""
+    f = failure_of(exc, retry_after_s)
+    return f.status, {"error": f.message}, dict(f.headers)
 
 
-def not_found(name: str) -> APIError:
-    return APIError(f"model '{name}' not found", 404, "model", "model_not_found")
+def not_found(name: str) -> NotFound:
+    return NotFound(f"model '{name}' not found", "model", "model_not_found")

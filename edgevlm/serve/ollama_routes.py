@@ -16,9 +16,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from . import ollama, ollama_models
+from .api_errors import APIError
 from .http import Dialect, read_body
 from .options import ServeOptions
-from .request import APIError
 
 
 class Server(Protocol):
@@ -66,7 +66,7 @@ def ollama_routes(server: Server, guarded: Callable[..., Any]) -> list[Route]:
             raise APIError(f"the body is not valid JSON ({exc})") from None
         name = (data.get("model") or data.get("name")) if isinstance(data, dict) else None
         if not isinstance(name, str) or not name:
-            raise APIError("'model' must name a model", 400, "model")
+            raise APIError("'model' must name a model", "model")
         f = await facts()
         if not f.matches(name):
             raise ollama.not_found(name)

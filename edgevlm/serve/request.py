@@ -2,7 +2,7 @@
 
 Each API module (``openai``: chat completions, ``responses``, ``anthropic``, ``ollama``) turns
 its body into a ``ChatRequest`` — validated, one clear message naming the field that is wrong,
-raised as ``APIError`` — and a ``Reply`` (or the stream of ``Delta``s before it) into its own
+raised as ``api_errors.APIError`` — and a ``Reply`` (or the stream of ``Delta``s before it) into its own
 body and events. Admission, budgeting, the guard, tool calls and reasoning happen once, in
 ``service.ChatService``, for all of them.
 """
@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from ..backend.sampling import SERVE_REPLY, SamplingParams
-from ..errors import InputError
+from .api_errors import APIError
 
 __all__ = [
-    "APIError",
     "ChatMessage",
     "ChatRequest",
     "DEFAULT_SAMPLING",
@@ -36,30 +35,9 @@ __all__ = [
 DEFAULT_SAMPLING = SERVE_REPLY.sampling  # as llama-server when a request names none (--temp ... change it)
 
 
-class APIError(InputError):
-    """A request an API refuses: an HTTP status, and the fields APIs put in their error bodies
-    (each API module maps them to its own shape)."""
-
-    def __init__(
-        self,
-        message: str,
-        status: int = 400,
-        param: str | None = None,
-        code: str | None = None,
-        type_: str = "invalid_request_error",
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.http_status = status
-        self.param = param
-        self.code = code
-        self.type = type_
-        self.headers = headers or {}
-
-
 def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
     """A 400 for what the client sent, naming the field."""
-    return APIError(message, 400, param, code)
+    return APIError(message, param, code)
 
 
 def number(body: dict, key: str, lo: float, hi: float, default: float) -> float:

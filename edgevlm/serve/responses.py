@@ -1,7 +1,8 @@
 """OpenAI's Responses API (``POST /v1/responses``) as data: a request body → ``ChatRequest``
-(validated, one clear message naming the field that is wrong), and ``ResponseStore``: the
-responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}`` (``responses_reply``
-shapes the replies: the ``response`` object and the streaming events).
+(validated, one clear message naming the field that is wrong), an earlier response's
+conversation read from the store (``responses_store``: the responses kept for
+``previous_response_id`` and ``GET /v1/responses/{id}``); ``responses_reply`` shapes the
+replies: the ``response`` object and the streaming events.
 
 Input: a string, or items — messages (user, assistant, system, developer; ``input_text``,
 ``input_image`` with a URL or data URI, ``output_text``), ``function_call`` items (consecutive
@@ -16,58 +17,41 @@ longer fits, its oldest pictures become the model's summaries (edgevlm's ``evict
 Fields clients send that do not change the answer (``user``, ``metadata``, ``include``,
 ``prompt_cache_key``, ``service_tier`` ...) are accepted and ignored; fields that would change it
 and are not supported (``background``, ``conversation``, ``prompt``, logprobs) are a 400.
-Pure functions and one small class, no I/O: the server (``app.Server``) owns the store.
+Pure functions, no I/O.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backend.sampling import SamplingParams
+from .api_errors import NotFound
 from .openai import parse_tools, sampling_of, tool_of
 from .request import (
     DEFAULT_SAMPLING,
-    APIError,
     ChatMessage,
     ChatRequest,
     ImageRef,
-    Reply,
     ToolCall,
     bad,
     integer,
     new_id,
 )
+from .responses_store import ResponseStore, Stored
 
 __all__ = [
-    "ResponseStore",
     "ResponsesCall",
-    "Stored",
     "parse_responses_request",
-    "reply_message",
 ]
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 DETAILS = {"auto": "auto", "low": "low", "high": "high", "original": "high"}
 ROLES = ("user", "assistant", "system", "developer")
-MESSAGE_OVERHEAD = 200  # bytes a stored message takes beside its text and URLs (the objects)
 
 
 # --- the request ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Stored:
-    """A response kept: the conversation it ended (its messages, the reply last; pictures as
-    their URLs, never pixels), the system and developer messages it was given, and its body."""
-
-    messages: tuple[ChatMessage, ...]
-    system: tuple[str, ...]
-    body: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -103,10 +87,9 @@ def parse_responses_request(
             raise bad("'previous_response_id' must be a response's id", "previous_response_id")
         prior = store.get(prev_id) if store is not None else None
         if prior is None:
-            raise APIError(
+            raise NotFound(
                 f"previous response not found: {prev_id!r} (this server keeps its latest responses for a "
                 "while, in memory, unless they were created with store: false)",
-                404,
                 "previous_response_id",
                 "previous_response_not_found",
             )
@@ -409,105 +392,3 @@ def _reasoning(raw: Any) -> tuple[str | None, dict[str, Any]]:
         raise bad(f"reasoning.effort must be one of {', '.join(EFFORTS)}, not {effort!r}", "reasoning.effort")
     summary = raw.get("summary")
     return effort, {"effort": effort, "summary": summary if isinstance(summary, str) else None}
-
-
-# --- the store -------------------------------------------------------------------------------
-
-
-def _message_bytes(m: ChatMessage) -> int:
-    """What a stored message holds: its text, its pictures' URLs (data URIs: the picture's bytes,
-    base64), its calls; never pixels."""
-    n = MESSAGE_OVERHEAD + sys.getsizeof(m.text)
-    n += sum(sys.getsizeof(im.url) + sys.getsizeof(im.name) for im in m.images)
-    n += sum(sys.getsizeof(c.arguments) + len(c.name) + len(c.id) for c in m.tool_calls)
-    return n
-
-
-def reply_message(reply: Reply, index: int, max_tool_calls: int | None = None) -> ChatMessage:
-    """The reply as the assistant message a conversation goes on from: the generated text itself
-    (the worker knows its exact token ids by it, so the next turn reuses the KV cache), or its
-    answer and the calls the client was given."""
-    if reply.tool_calls:
-        calls = reply.tool_calls[:max_tool_calls] if max_tool_calls else reply.tool_calls
-        return ChatMessage("assistant", reply.text, (), index, calls)
-    if reply.reasoning:  # (templates leave earlier reasoning out: the answer alone goes on)
-        return ChatMessage("assistant", reply.text, (), index)
-    return ChatMessage("assistant", reply.raw or reply.text, (), index)
-
-
-class ResponseStore:
-    """Responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}``: at most
-    ``limit`` of them and ``max_bytes`` of what they hold (their bodies, and their conversations'
-    texts and picture URLs — each message counted once, however many conversations of a chain
-    share it), the least recently used given up first. Thread-safe (one lock, never held long)."""
-
-    def __init__(self, limit: int = 256, max_bytes: int = 64 * 2**20):
-        self.limit, self.max_bytes = limit, max_bytes
-        self._items: OrderedDict[str, tuple[Stored, int]] = OrderedDict()  # id → (it, its body's bytes)
-        self._shared: dict[int, list[Any]] = {}  # id(message) → [conversations holding it, its bytes]
-        self._lock = threading.Lock()
-        self.nbytes = 0
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __contains__(self, rid: str) -> bool:
-        return rid in self._items
-
-    def get(self, rid: str) -> Stored | None:
-        with self._lock:
-            got = self._items.get(rid)
-            if got is None:
-                return None
-            self._items.move_to_end(rid)
-            return got[0]
-
-    def put(self, rid: str, stored: Stored) -> bool:
-        """Keep ``stored`` (giving up the least recently used to make room); False when it alone
-        is larger than the store."""
-        if self.limit <= 0:
-            return False
-        body = len(json.dumps(stored.body, ensure_ascii=False)) + sum(sys.getsizeof(s) for s in stored.system)
-        fresh = {id(m): m for m in stored.messages}
-        if body + sum(_message_bytes(m) for m in fresh.values()) > self.max_bytes:
-            return False
-        with self._lock:
-            self._drop(rid)
-            self._items[rid] = (stored, body)
-            self.nbytes += body
-            for k, m in fresh.items():
-                held = self._shared.setdefault(k, [0, _message_bytes(m)])
-                held[0] += 1
-                if held[0] == 1:
-                    self.nbytes += held[1]
-            while len(self._items) > self.limit or self.nbytes > self.max_bytes:
-                self._drop(next(iter(self._items)))
-        return True
-
-    def delete(self, rid: str) -> bool:
-        with self._lock:
-            return self._drop(rid)
-
-    def _drop(self, rid: str) -> bool:
-        got = self._items.pop(rid, None)
-        if got is None:
-            return False
-        stored, body = got
-        self.nbytes -= body
-        for k in {id(m) for m in stored.messages}:
-            held = self._shared[k]
-            held[0] -= 1
-            if held[0] == 0:
-                del self._shared[k]
-                self.nbytes -= held[1]
-        return True
-
-    def keep(self, call: ResponsesCall, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
-        """Store a finished response when its request asked to (``store``, the default); its
-        body says whether it was."""
-        if call.store:
-            stored = Stored(
-                call.messages + (reply_message(reply, len(call.messages), call.max_tool_calls),), call.system, body
-            )
-            body["store"] = self.put(call.id, stored)
-        return body

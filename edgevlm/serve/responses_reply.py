@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import EdgeVLMError
-from .openai import error_for
+from .openai_reply import error_for
 from .request import Delta, Reply, ToolCall, new_id
 from .responses import ResponsesCall
 

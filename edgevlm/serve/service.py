@@ -4,7 +4,7 @@ batch files (``edgevlm batch``, its Ray actors) share, so a batch line's body is
 
     service = ChatService(vlm, ServeOptions())       # vlm: a LoadedModel
     service.start()
-    reply = await service.complete(parse_chat_request(data))  # a Reply (openai.completion_body: its JSON)
+    reply = await service.complete(parse_chat_request(data))  # a Reply (openai_reply.completion_body: its JSON)
     service.stop()
 
 Work per request: the JSON grammar (when asked for) is built and parsed by llama.cpp first,
@@ -45,10 +45,11 @@ from ..runtime.requests import ThinkCap
 from ..runtime.toolformat import call_grammar, markers
 from ..runtime.turn import ReplySpec, Turn
 from ..vision.images import LoadedImage
+from .api_errors import APIError, RequestTimedOut, ServerBusy, WorkerStopped
 from .media import fetch_bytes
 from .options import ServeOptions
 from .replies import THINK_CLOSE, THINK_OPEN, ReplySplitter
-from .request import APIError, ChatRequest, Delta, ImageRef, Reply
+from .request import ChatRequest, Delta, ImageRef, Reply
 from .worker import Job, Worker
 
 __all__ = ["ChatService", "next_event"]
@@ -91,13 +92,9 @@ class ChatService:
             if self.admitted >= self.capacity:
                 self.worker.counters.rejected += 1
                 w = self.worker
-                raise APIError(
+                raise ServerBusy(
                     f"the server is busy: {w.running} request(s) running and {self.admitted - w.running} "
-                    f"waiting (the queue holds {self.options.queue}); retry shortly",
-                    503,
-                    code="server_busy",
-                    type_="server_error",
-                    headers={"retry-after": str(self.options.retry_after_s)},
+                    f"waiting (the queue holds {self.options.queue}); retry shortly"
                 )
             self.admitted += 1
         return self.host.lease(what, self._leave)
@@ -240,7 +237,7 @@ class ChatService:
             names = [t.name for t in req.offered_tools]
             if req.tool_choice == "function" and req.tool_name not in names:
                 raise APIError(
-                    f"tool_choice names the function {req.tool_name!r}, which is not in 'tools'", 400, "tool_choice"
+                    f"tool_choice names the function {req.tool_name!r}, which is not in 'tools'", "tool_choice"
                 )
             tools = [t.to_template() for t in req.offered_tools]
             return call_grammar(
@@ -414,15 +411,7 @@ async def next_event(job: Job, worker: Worker, gone: Gone | None = None) -> tupl
                 raise asyncio.CancelledError("client disconnected") from None
             if not worker.alive:
                 worker.cancel(job)
-                raise APIError(
-                    "the server's model worker stopped", 500, code="worker_stopped", type_="server_error"
-                ) from None
+                raise WorkerStopped("the server's model worker stopped") from None
             if time.monotonic() > job.deadline + EVENT_GRACE_S:
                 worker.cancel(job)
-                raise APIError(
-                    "the request got no answer in time",
-                    503,
-                    code="timeout",
-                    type_="server_error",
-                    headers={"retry-after": str(worker.options.retry_after_s)},
-                ) from None
+                raise RequestTimedOut("the request got no answer in time") from None

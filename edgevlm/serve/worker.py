@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backend.sampling import SamplingParams
-from ..errors import EdgeVLMError
+from ..errors import ContextExceeded, EdgeVLMError
 from ..plan.host import Lease
 from ..runtime.conversation import Message
 from ..runtime.items import Prompt
@@ -39,9 +39,10 @@ from ..runtime.placement import SHORT_PROMPT
 from ..runtime.scheduler import WAIT, Client, GenerationResponse, Request, Sequence
 from ..runtime.session import Footprint, SessionOptions, Summaries, make_room
 from ..runtime.turn import Turn
+from .api_errors import ClientGone, RequestTimedOut, ServerStopping
 from .options import ServeOptions
 from .recall import ReplyRecall
-from .request import APIError, new_id
+from .request import new_id
 
 __all__ = ["Job", "Worker"]
 
@@ -192,13 +193,7 @@ class Worker:
         """Queue ``job`` (its place was taken at the door: ``ChatService.admit``)."""
         with self._cond:
             if self._stop or not self.alive:
-                raise APIError(
-                    "the server is stopping",
-                    503,
-                    code="server_stopping",
-                    type_="server_error",
-                    headers={"retry-after": str(self.options.retry_after_s)},
-                )
+                raise ServerStopping("the server is stopping")
             self._inbox.append(job)
             self._cond.notify()
 
@@ -289,13 +284,7 @@ class Worker:
 
     def _shutdown(self) -> None:
         """The thread ends (the server stops): every job still here gets its final event."""
-        gone = APIError(
-            "the server is stopping",
-            503,
-            code="server_stopping",
-            type_="server_error",
-            headers={"retry-after": str(self.options.retry_after_s)},
-        )
+        gone = ServerStopping("the server is stopping")
         with self._cond:
             jobs = list(self._inbox) + list(self._waiting) + list(self._running.values())
             self._inbox.clear()
@@ -309,7 +298,7 @@ class Worker:
         """Render the request (exact reply tokens where known) and check it can ever fit; with
         ``evict``, the session policy makes room first (old pictures → summaries)."""
         if job.cancelled:
-            self._emit(job, "error", APIError("the client went away", 499, code="cancelled"))
+            self._emit(job, "error", ClientGone("the client went away"))
             return
         turn, pro = job.turn, job.progress
         for m in turn.conversation.messages:
@@ -372,7 +361,7 @@ class Worker:
         while (seq := self.sched.submit(req, self.client)) == WAIT:
             if not self._running or time.monotonic() > job.deadline:
                 prompt.release()
-                raise APIError("no room to summarise an old picture", 400, "messages", "context_length_exceeded")
+                raise ContextExceeded("no room to summarise an old picture (the context is busy with other requests)")
             self._step()
             self._forward_all()
         assert isinstance(seq, Sequence)  # submit gives a Sequence or WAIT
@@ -407,20 +396,14 @@ class Worker:
             if job.cancelled:
                 self._waiting.remove(job)
                 self._drop(job)
-                self._emit(job, "error", APIError("the client went away", 499, code="cancelled"))
+                self._emit(job, "error", ClientGone("the client went away"))
                 continue
             if now > job.deadline:
                 self._waiting.remove(job)
                 self._drop(job)
                 self._fail(
                     job,
-                    APIError(
-                        f"the request waited {self.options.timeout_s:g} s without a free sequence",
-                        503,
-                        code="timeout",
-                        type_="server_error",
-                        headers={"retry-after": str(self.options.retry_after_s)},
-                    ),
+                    RequestTimedOut(f"the request waited {self.options.timeout_s:g} s without a free sequence"),
                 )
                 continue
             if not follow_ups and not self.sched.has_free_slot():
