@@ -28,14 +28,12 @@ import functools
 import hmac
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -49,14 +47,13 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..model.projectors import encoder_patches
-from ..plan.devices import format_size
 from ..plan.host import Lease
 from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
 from . import anthropic, anthropic_reply, ollama, ollama_models
 from .api_errors import APIError, InvalidAPIKey, ModelLoading, NotFound
 from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
+from .job import Job
 from .ollama_routes import ollama_routes
 from .openai import parse_chat_request
 from .openai_reply import completion_body, error_body, error_for, stream_events
@@ -66,7 +63,8 @@ from .responses import ResponsesCall, parse_responses_request
 from .responses_reply import reply_body, stream_response
 from .responses_store import ResponseStore
 from .service import ChatService
-from .worker import Job
+from .status import metrics as metrics_text
+from .status import status as status_of
 
 __all__ = ["Server", "create_app"]
 
@@ -284,115 +282,10 @@ class Server:
 
     # --- the rest --------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "model": self.options.model_id,
-            "state": self.state,
-            "uptime_s": round(time.time() - self.started, 1),
-        }
-        if self.error is not None:
-            out["error"] = str(self.error)
-        model = self.model
-        if model is None or self.service is None:
-            return out
-        worker = self.service.worker
-        sched = model.scheduler
-        plan = model.plan
-        rss = psutil.Process().memory_info().rss
-        out.update(
-            # the model files by name, not where they sit on the server's disk
-            plan={**(p := plan.to_dict()), **{k: os.path.basename(p[k]) for k in ("model", "mmproj") if p.get(k)}}
-            if plan is not None
-            else None,
-            slots={"total": sched.max_running, "busy": worker.running},
-            kv=sched.status(),
-            queue={"waiting": worker.queued, "limit": self.options.queue},
-            context={"n_ctx": sched.n_ctx, "cells_used": sched.cells_used()},
-            memory={
-                "predicted": {d.name: d.predicted.total for d in plan.devices} if plan is not None else {},
-                "host": self._host(rss),
-                "measured": {"process_rss_bytes": rss, "process_rss": format_size(rss), "free": _free_now(model)},
-            },
-            requests=vars(worker.counters).copy(),
-            images_cached=len(sched.images),
-        )
-        return out
-
-    def _host(self, rss: int) -> dict[str, Any]:
-        """What the host's memory is planned for, beside the RSS measured now: the model's
-        buffers (the plan), the image cache's bound, the host KV cache of idle conversations
-        (--cache-ram), the Responses store's and the reply recall's bounds, the process itself
-        (--host-reserve) and the requests in flight and waiting (the allowance, and what they
-        hold of it now)."""
-        model, service = self.model, self.service
-        assert model is not None and service is not None
-        plan = model.plan
-        buffers = plan.host_buffers if plan is not None else 0
-        reserve = plan.host_reserve if plan is not None else 0
-        cache = image_cache_bound(model)
-        kv_cache = model.scheduler.host_cache.max_bytes
-        host = service.host.to_dict()
-        stored = self.responses.max_bytes  # conversations kept for previous_response_id
-        recall = service.worker.recall  # the generated ids of replies, for follow-ups that send them back
-        limit = buffers + cache + kv_cache + reserve + host["allowance_bytes"] + stored + recall.max_bytes
-        return {
-            "buffers_bytes": buffers,
-            "image_cache_bytes": cache,
-            "kv_cache_bytes": kv_cache,
-            "kv_cache_used_bytes": model.scheduler.host_cache.nbytes,
-            "responses_store_bytes": stored,
-            "responses_store_used_bytes": self.responses.nbytes,
-            "reply_recall_bytes": recall.max_bytes,
-            "reply_recall_used_bytes": recall.held,
-            "process_reserve_bytes": reserve,
-            **host,
-            "limit_bytes": limit,
-            "limit": format_size(limit),
-            "rss_bytes": rss,
-            "rss_within_limit": rss <= limit,
-        }
+        return status_of(self)
 
     def metrics(self) -> str:
-        st = self.status()
-        lines = [f"edgevlm_ready {int(st['state'] == 'ready')}"]
-        if st["state"] == "ready":
-            r = st["requests"]
-            lines += [
-                f'edgevlm_requests_total{{outcome="served"}} {r["served"]}',
-                f'edgevlm_requests_total{{outcome="cancelled"}} {r["cancelled"]}',
-                f'edgevlm_requests_total{{outcome="failed"}} {r["failed"]}',
-                f'edgevlm_requests_total{{outcome="rejected"}} {r["rejected"]}',
-                f"edgevlm_prompt_tokens_total {r['prompt_tokens']}",
-                f"edgevlm_cached_tokens_total {r['cached_tokens']}",
-                f"edgevlm_generated_tokens_total {r['generated_tokens']}",
-                f"edgevlm_slots_busy {st['slots']['busy']}",
-                f"edgevlm_slots_total {st['slots']['total']}",
-                f"edgevlm_queue_waiting {st['queue']['waiting']}",
-                f"edgevlm_kv_cells_used {st['context']['cells_used']}",
-                f"edgevlm_conversations_kept {st['kv']['conversations']}",
-                f"edgevlm_host_kv_cache_bytes {st['kv']['host_cache']['bytes']}",
-                f"edgevlm_kv_cells_total {st['context']['n_ctx']}",
-                f"edgevlm_process_rss_bytes {st['memory']['measured']['process_rss_bytes']}",
-            ]
-        return "\n".join(lines) + "\n"
-
-
-def image_cache_bound(model: LoadedModel) -> int:
-    """The most the image cache holds on the host: its units at the largest picture's embeddings
-    (and merged copies) and mtmd's preprocessed pixels, within its byte bound."""
-    sched, be = model.scheduler, model.backend
-    proj = be.proj_info
-    tokens = (model.plan.image_max_tokens if model.plan is not None else 0) or 4096
-    embeddings = tokens * be.n_embd_inp * 4 * 2  # (a merged copy is at most as large again)
-    pixels = encoder_patches(proj, tokens) * proj.patch_size**2 * 3 * 4
-    opts = sched.options
-    return min(opts.image_cache_bytes, opts.image_cache_units * embeddings) + opts.image_cache_units * pixels
-
-
-def _free_now(model: LoadedModel) -> dict[str, int]:
-    if model.guard is None:
-        return {}
-    pr = model.guard.measure()
-    return {d.name: d.free_bytes for d in pr.devices}
+        return metrics_text(self)
 
 
 OPENAI = Dialect("openai", bearer, error_for)

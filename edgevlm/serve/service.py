@@ -46,11 +46,12 @@ from ..runtime.toolformat import call_grammar, markers
 from ..runtime.turn import ReplySpec, Turn
 from ..vision.images import LoadedImage
 from .api_errors import APIError, RequestTimedOut, ServerBusy, WorkerStopped
+from .job import Job
 from .media import fetch_bytes
 from .options import ServeOptions
 from .replies import THINK_CLOSE, THINK_OPEN, ReplySplitter
 from .request import ChatRequest, Delta, ImageRef, Reply
-from .worker import Job, Worker
+from .worker import Worker
 
 __all__ = ["ChatService", "next_event"]
 
