@@ -42,7 +42,8 @@ def status(server: Server) -> dict[str, Any]:
         else None,
         slots={"total": sched.max_running, "busy": worker.running},
         kv=sched.status(),
-        queue={"waiting": worker.queued, "limit": server.options.queue},
+        # admitted: every request in, from its body's first byte to its last event (the door's count)
+        queue={"waiting": worker.queued, "limit": server.options.queue, "admitted": server.service.admitted},
         context={"n_ctx": sched.n_ctx, "cells_used": sched.cells_used()},
         memory={
             "predicted": {d.name: d.predicted.total for d in plan.devices} if plan is not None else {},
