@@ -404,3 +404,57 @@ def test_queued_requests_keep_their_pictures_when_the_image_cache_is_small(model
     finally:
         srv.stop()
         vlm.close()
+
+
+def until(condition, what: str, timeout: float = 30.0):
+    """Poll ``condition`` until it holds (its value), failing after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"still not {what}"
+        time.sleep(0.02)  # WAIT: polling the server's own counters
+    return value
+
+
+def test_the_budget_route_takes_its_place_and_lease_at_the_door_like_any_request(model_pair):
+    """Bodies sent to ``/v1/edgevlm/budget`` take a place (the queue limit) and a lease on the host
+    allowance before they are read: with every place held by bodies still arriving, the next
+    budget request and a chat request get 503 ``server_busy``, and the bodies show in the
+    allowance; once they arrive each is answered, and every place and byte is given back."""
+    pair = model_pair("qwen2vl")
+    vlm = edgevlm.load(pair.model, pair.mmproj, n_ctx=2048, n_threads=2, n_seq_max=1)
+    srv = InProcess(vlm, ServeOptions(max_tokens=8, queue=2, host_allowance=64 * 2**20))
+    socks = []
+    try:
+        capacity = 1 + 2  # one sequence and a queue of two
+        for i in range(capacity):
+            body = json.dumps({"image_url": {"url": data_uri(png(64, 48, seed=i))}}).encode()
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+            head = (
+                "POST /v1/edgevlm/budget HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            )
+            s.sendall(head.encode() + body[:16])  # the rest later: the body is still arriving
+            socks.append((s, body))
+        until(lambda: srv.status()["queue"]["admitted"] == capacity, "every place taken")
+        host = srv.status()["memory"]["host"]
+        assert host["in_use_bytes"] >= sum(len(b) for _, b in socks)  # leased before they were read
+        late = httpx.post(srv.url + "/v1/edgevlm/budget", json={"image_url": {"url": data_uri(png())}}, timeout=30)
+        assert late.status_code == 503 and late.json()["error"]["code"] == "server_busy"
+        assert late.headers["retry-after"]
+        with pytest.raises(APIStatusError) as err:
+            srv.client().chat.completions.create(model="m", messages=[user("Hi?")], max_tokens=2)
+        assert err.value.status_code == 503 and err.value.body["code"] == "server_busy"
+        for s, body in socks:
+            s.sendall(body[16:])
+        for s, _ in socks:
+            status = s.makefile("rb").readline()
+            assert status.startswith(b"HTTP/1.1 200"), status
+        until(lambda: srv.status()["queue"]["admitted"] == 0, "every place given back")
+        assert srv.status()["memory"]["host"]["in_use_bytes"] == 0
+        ok = httpx.post(srv.url + "/v1/edgevlm/budget", json={"image_url": {"url": data_uri(png())}}, timeout=30)
+        assert ok.status_code == 200 and ok.json()["width"] == 320 and ok.json()["total_tokens"] > 0
+    finally:
+        for s, _ in socks:
+            s.close()
+        srv.stop()
+        vlm.close()
