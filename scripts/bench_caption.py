@@ -130,7 +130,7 @@ class EdgeSide:
 
         want = None if args.parallel == "auto" else int(args.parallel)
         settings = CaptionSettings(prompt=PROMPT, system=self.system, max_tokens=max(args.lengths))
-        self.engine = edgevlm.load(
+        self.vlm = edgevlm.load(
             model,
             mmproj,
             n_ctx=args.n_ctx,
@@ -144,8 +144,8 @@ class EdgeSide:
             image_max_tokens=None,
             n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens, settings, want),
         )
-        self.slots = self.engine.scheduler.n_slots
-        self.stops = list(self.engine.default_stops)
+        self.slots = self.vlm.scheduler.n_slots
+        self.stops = list(self.vlm.default_stops)
 
     def run(self, images: list[Path], out: Path, max_tokens: int) -> dict[str, Any]:
         from edgevlm.caption import CaptionSettings
@@ -156,7 +156,7 @@ class EdgeSide:
         t0 = time.perf_counter()
         items = discover([str(p) for p in images]).items
         with CaptionJob(items, settings, model=str(self.model), mmproj=str(self.mmproj), out=str(out)) as job:
-            s = job.run(self.engine, prefetch=2)
+            s = job.run(self.vlm, prefetch=2)
         wall = time.perf_counter() - t0
         recs = [json.loads(ln) for ln in out.read_text().splitlines()]
         assert s.done == len(images) and all(r["error"] is None for r in recs), recs
@@ -174,7 +174,7 @@ class EdgeSide:
         }
 
     def close(self):
-        self.engine.close()
+        self.vlm.close()
 
 
 class LibrarySide:

@@ -102,29 +102,29 @@ class EdgeSide:
         )
         if "kv" in inspect.signature(edgevlm.load).parameters:  # the planning load()
             opts["kv"] = "f16"
-        self.engine = edgevlm.load(
+        self.vlm = edgevlm.load(
             model, mmproj, n_ctx=n_ctx, n_threads=n_threads, options=edgevlm.EngineOptions(system=SYSTEM), **opts
         )
-        self.stops = list(self.engine.default_stops)
-        be = self.engine.backend
+        self.stops = list(self.vlm.default_stops)
+        be = self.vlm.backend
         self.info = {
             "n_ctx": be.n_ctx,
             "n_batch": be.n_batch,
             "n_threads": be.n_threads,
-            "guard": type(getattr(self.engine, "guard", None)).__name__,
+            "guard": type(getattr(self.vlm, "guard", None)).__name__,
         }
 
     def fresh(self) -> None:
         """Empty conversation, empty KV cache and no cached image embeddings."""
-        self.engine.reset()
-        self.engine.scheduler.images.clear()
+        self.vlm.reset()
+        self.vlm.scheduler.images.clear()
 
     def turn(self, text: str, images: list[Path], max_tokens: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         ttft = None
         parts = []
         stats = None
-        for r in self.engine.stream(text, images=[str(p) for p in images], max_tokens=max_tokens, temperature=0.0):
+        for r in self.vlm.stream(text, images=[str(p) for p in images], max_tokens=max_tokens, temperature=0.0):
             if ttft is None and r.text:
                 ttft = time.perf_counter()
             parts.append(r.text)
@@ -147,7 +147,7 @@ class EdgeSide:
         }
 
     def close(self) -> None:
-        self.engine.close()
+        self.vlm.close()
 
 
 class LibrarySide:

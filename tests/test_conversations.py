@@ -37,7 +37,7 @@ def test_eight_conversations_over_four_running_keep_their_prefixes(model_pair):
     s = Served(model_pair("llava15"), "--parallel", "4", "--ctx", "8192", "--max-tokens", "8")
     try:
         st = s.status()
-        assert st["slots"]["total"] == 4 and st["kv"]["sequences"] >= 8
+        assert st["slots"]["max_running"] == 4 and st["kv"]["sequences"] >= 8
         c = s.client()
 
         def chat(i):
@@ -170,6 +170,6 @@ def test_serve_plans_the_host_kv_cache_and_shows_it(model_pair):
         )
         host = st["memory"]["host"]
         assert host["kv_cache_bytes"] == 128 * 2**20 and st["kv"]["host_cache"]["max_bytes"] == 128 * 2**20
-        assert st["slots"]["total"] == 2 and st["kv"]["sequences"] >= 16
+        assert st["slots"]["max_running"] == 2 and st["kv"]["sequences"] >= 16
     finally:
         assert "Traceback" not in s.stop()

@@ -423,10 +423,10 @@ def test_private_urls_and_paths_when_allowed(model_pair, tmp_path):
 
 def test_status_metrics_and_models(server):
     st = server.status()
-    assert st["state"] == "ready" and st["plan"]["fits"] and st["slots"]["total"] == 4
+    assert st["state"] == "ready" and st["plan"]["fits"] and st["slots"]["max_running"] == 4
     assert st["memory"]["measured"]["process_rss_bytes"] > 0 and st["memory"]["predicted"]
     m = httpx.get(server.url + "/metrics").text
-    assert 'edgevlm_requests_total{outcome="served"}' in m and "edgevlm_slots_total 4" in m
+    assert 'edgevlm_requests_total{outcome="served"}' in m and "edgevlm_slots_max_running 4" in m
     card = httpx.get(server.url + "/v1/models").json()["data"][0]
     assert card["object"] == "model" and card["input_modalities"] == ["text", "image"]
 

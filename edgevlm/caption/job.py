@@ -218,18 +218,18 @@ class CaptionJob:
 
     def run(
         self,
-        engine: Any,
+        model: Any,
         *,
         stop: StopToken | None = None,
         prefetch: int = 2,
         slots: int | None = None,
         on_result: Callable[[CaptionResult, CaptionSummary], None] | None = None,
     ) -> CaptionSummary:
-        """Caption with ``engine`` (None when ``needs_model()`` said no), up to ``slots`` images
+        """Caption with ``model`` (None when ``needs_model()`` said no), up to ``slots`` images
         in flight (None: as many as its context has sequences)."""
         stop = stop or StopToken()
         cap = Captioner(
-            engine,
+            model,
             self.settings,
             self.model_name,
             self.digest,

@@ -7,7 +7,7 @@
 ``CaptionJob`` adds files: it finds what an earlier run already did (resume), writes each record
 atomically, and keeps sidecars / ``metadata.jsonl`` in step (see ``outputs``).
 
-Each image is a one-turn request to the engine's scheduler. When the context holds several
+Each image is a one-turn request to the model's scheduler. When the context holds several
 sequences (``edgevlm.load(..., n_seq_max=4)``; ``caption_slots`` says how many fit), several
 images are in flight and their captions are generated in one batch per token, sharing the
 system prompt's KV cells (``stats.cached_n`` says how many tokens were reused); merged images
@@ -31,6 +31,7 @@ from ..errors import BackendError, ContextExceeded, EdgeVLMError, ImageError, In
 from ..jobs.stop import StopToken
 from ..runtime.conversation import Message
 from ..runtime.scheduler import WAIT, Client, Request, Sequence
+from ..runtime.turn import ReplySpec
 from ..vision.merge import MergeSpec
 from .inputs import InputItem, discover
 from .outputs import CaptionRecord
@@ -82,7 +83,7 @@ class Captioner:
 
     def __init__(
         self,
-        engine: Any,
+        model: Any,
         settings: CaptionSettings,
         model_name: str,
         digest: str,
@@ -94,7 +95,7 @@ class Captioner:
         slots: int | None = None,
     ):
         settings.validate()
-        self.engine = engine  # a LoadedModel; None: every input is known to be done (nothing to caption)
+        self.model = model  # a LoadedModel; None: every input is known to be done (nothing to caption)
         self.client = Client("caption")
         self.settings = settings
         self.model_name = model_name
@@ -111,12 +112,12 @@ class Captioner:
         self.grammar = json_grammar(json.loads(settings.json_schema)) if settings.json_schema else None
         self.slots = 1
         self.intake, room = None, None
-        if engine is not None:
-            sched = engine.scheduler
+        if model is not None:
+            sched = model.scheduler
             opts = replace(
-                engine.options, image_tokens=settings.image_tokens or None, tiles=settings.tiles, video=settings.video
+                model.options, image_tokens=settings.image_tokens or None, tiles=settings.tiles, video=settings.video
             )
-            self.intake = engine.intake(opts)
+            self.intake = model.intake(opts)
             self.slots = max(1, min(slots or sched.max_running, sched.max_running))
             room = sched.budget.image_room(settings.max_tokens)
         self.preparer = Preparer(self.intake, settings, digest, self.out, self.index, conflicts or {}, room)
@@ -158,25 +159,18 @@ class Captioner:
 
     def _request(self, job: _InFlight) -> Request:
         """The one-turn request of a prepared picture, its views run past the guard."""
-        eng, p, s = self.engine, job.prepared, self.settings
+        eng, p, s = self.model, job.prepared, self.settings
         sched = eng.scheduler
         assert self.intake is not None  # (a model runs it)
         adm = self.intake.admit([v for _, v in p.views], sched.budget.image_room(s.max_tokens))
         job.notices.extend(adm.notices)
         msg = Message("user", job.prompt, adm.views, labels=[lb for lb, _ in p.views])
         prompt = sched.render([msg], s.system, self.merge, keep_images=False)
-        return Request(
-            prompt,
-            s.max_tokens,
-            s.sampling(self.grammar),
-            tuple(s.stop) + tuple(sched.default_stops),
-            new_images=frozenset(prompt.units),
-            t_start=job.t0,
-            tag=job,
-        )
+        reply = ReplySpec(s.max_tokens, s.sampling(self.grammar), tuple(s.stop) + tuple(sched.default_stops))
+        return reply.request(prompt, new_images=frozenset(prompt.units), t_start=job.t0, tag=job)
 
     def _run(self, pf: Prefetcher) -> Iterator[CaptionResult]:
-        sched = self.engine.scheduler if self.engine is not None else None
+        sched = self.model.scheduler if self.model is not None else None
         source = iter(pf)
         llama_ms_before = sched.llama_ms if sched is not None else 0.0
         waiting: _InFlight | None = None
@@ -309,7 +303,7 @@ class Captioner:
 
 
 def caption_images(
-    engine: Any,
+    model: Any,
     inputs: Iterable[str | InputItem],
     settings: CaptionSettings | None = None,
     *,
@@ -319,7 +313,7 @@ def caption_images(
     **fields: Any,
 ) -> Iterator[CaptionRecord]:
     """Caption images (paths, directories, globs) without writing files: one record each.
-    The engine's conversation and options stay as they are.
+    The model's conversation and options stay as they are.
 
     ``fields`` override ``settings`` (``caption_images(vlm, paths, max_tokens=32)``)."""
     settings = replace(settings or CaptionSettings(), **fields)
@@ -328,9 +322,9 @@ def caption_images(
     names = [os.fspath(i) for i in inputs if not isinstance(i, InputItem)]
     if names:
         items += discover(names, recursive=recursive).items
-    be = engine.backend
+    be = model.backend
     name, ident = model_identity(be.model_path, be.mmproj_path)
-    cap = Captioner(engine, settings, name, settings.digest(ident), prefetch=prefetch, slots=slots)
+    cap = Captioner(model, settings, name, settings.digest(ident), prefetch=prefetch, slots=slots)
     for res in cap.run(items):
         if res.record is not None:
             yield res.record

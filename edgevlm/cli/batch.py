@@ -125,7 +125,7 @@ def batch(
     """
 
     from ..jobs.stop import StopToken
-    from ..runtime.engine import EngineOptions
+    from ..runtime.vlm import EngineOptions
     from ..serve.batchfile import BatchOutput, read_batch_file
     from ..serve.options import ServeOptions
 
@@ -232,9 +232,9 @@ def _here(
 ) -> None:
     from ..serve.batchfile import error_line
     from ..serve.batchrun import run_lines
-    from .loading import load_engine, model_paths
+    from .loading import load_model, model_paths
 
-    engine = None
+    vlm = None
     spec = model
     with sig:
         try:
@@ -249,7 +249,7 @@ def _here(
                     parallel,
                     wishes.sequences,
                 )
-                engine = load_engine(
+                vlm = load_model(
                     model,
                     mmproj,
                     verbose,
@@ -262,18 +262,18 @@ def _here(
                 )
                 options = _named(options, spec, model)
             sig.running = True
-            if engine is None:  # only lines that are not requests: answered without a model
+            if vlm is None:  # only lines that are not requests: answered without a model
                 for line in todo:
                     _emit(output, error_line(line), ui)
             else:
-                run_lines(engine, todo, lambda d, line: _emit(output, d, ui), options, sig.token)
+                run_lines(vlm, todo, lambda d, line: _emit(output, d, ui), options, sig.token)
         except KeyboardInterrupt:
             output.summary.interrupted = True
         finally:
             sig.closing = True
             ui.stop()
-            if engine is not None:
-                engine.close()
+            if vlm is not None:
+                vlm.close()
     if sig.token.requested and output.summary.remaining:
         output.summary.interrupted = True
 

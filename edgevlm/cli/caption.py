@@ -353,7 +353,7 @@ def caption(
         finally:
             job.close()
         sys.exit(summary.exit_code)
-    engine = None
+    vlm = None
     try:
         with sig:
             try:
@@ -363,10 +363,10 @@ def caption(
                         "other settings (prompt, model, ...): they are kept, new ones are added beside them"
                     )
                 if job.needs_model():
-                    from ..runtime.engine import EngineOptions
-                    from .loading import load_engine
+                    from ..runtime.vlm import EngineOptions
+                    from .loading import load_model
 
-                    engine = load_engine(
+                    vlm = load_model(
                         model,
                         mmproj,
                         verbose,
@@ -376,27 +376,27 @@ def caption(
                         **planning.probe_args,
                         n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens, settings, parallel),
                     )
-                    if merge.enabled and not engine.merging:
+                    if merge.enabled and not vlm.merging:
                         ui.note(
-                            f"note: --merge ignored: {engine.backend.proj_info.projector_type} tokens "
+                            f"note: --merge ignored: {vlm.backend.proj_info.projector_type} tokens "
                             f"are not on a spatial grid"
                         )
-                    if parallel and engine.scheduler.max_running < parallel:
+                    if parallel and vlm.scheduler.max_running < parallel:
                         ui.note(
-                            f"note: --parallel {parallel}: the context ({engine.n_ctx} tokens) holds "
-                            f"{engine.scheduler.max_running} image(s) in flight; use a larger --ctx for more"
+                            f"note: --parallel {parallel}: the context ({vlm.n_ctx} tokens) holds "
+                            f"{vlm.scheduler.max_running} image(s) in flight; use a larger --ctx for more"
                         )
                 ui.start(job, dest.fmt)
                 sig.running = True
-                summary = job.run(engine, stop=token, prefetch=prefetch, on_result=ui.update)
+                summary = job.run(vlm, stop=token, prefetch=prefetch, on_result=ui.update)
             except KeyboardInterrupt:  # stopped while the model was loading
                 summary = job.summary
                 summary.interrupted = True
             finally:
                 sig.closing = True  # from here on we stop anyway: later signals are ignored
                 ui.stop()
-                if engine is not None:
-                    engine.close()
+                if vlm is not None:
+                    vlm.close()
             ui.finish(summary, job)
     finally:
         job.close()

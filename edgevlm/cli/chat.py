@@ -111,7 +111,7 @@ def chat(
     from ..backend.system import json_grammar
     from ..runtime.engine import Clip, EngineOptions, load_media
     from ..runtime.session import SessionOptions
-    from .loading import load_engine, model_paths
+    from .loading import load_model, model_paths
     from .repl import ChatLoop
 
     # the pictures first: a missing or broken one is said before anything is downloaded or loaded
@@ -142,7 +142,7 @@ def chat(
         stop=list(reply.stop),
         grammar=json_grammar(json_schema) if json_schema else None,
     )
-    vlm = load_engine(
+    vlm = load_model(
         model, mmproj, verbose, options=options, wishes=planning.wishes, n_threads=threads, **planning.probe_args
     )
     if merge.enabled and not vlm.merging:

@@ -1,5 +1,5 @@
 """Getting a model ready for a command: ``--model NAME`` resolved to local files (pulled when
-needed), a plan from local files or remote headers, and the engine loaded with a progress bar
+needed), a plan from local files or remote headers, and the model loaded with a progress bar
 on a terminal (the plan printed with ``--verbose``)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..runtime.model import LoadedModel
 from .common import CLIError, echo_err
 from .render import render_plan
 
-__all__ = ["LARGE_DOWNLOAD", "confirm_download", "load_engine", "model_paths", "plan_for_spec"]
+__all__ = ["LARGE_DOWNLOAD", "confirm_download", "load_model", "model_paths", "plan_for_spec"]
 
 
 def _echo_notes(r) -> None:
@@ -112,13 +112,13 @@ def model_paths(
     return r.local_paths()  # type: ignore[return-value]
 
 
-def load_engine(model: str, mmproj: str, verbose: bool, **opts: Any) -> LoadedModel:
+def load_model(model: str, mmproj: str, verbose: bool, **opts: Any) -> LoadedModel:
     """``edgevlm.load`` with a progress bar while the model loads (stderr a terminal)."""
     if verbose or not sys.stderr.isatty():
-        engine = load(model, mmproj, verbose=verbose, **opts)
-        if verbose and engine.plan is not None:
-            render_plan(engine.plan, file=sys.stderr)
-        return engine
+        vlm = load(model, mmproj, verbose=verbose, **opts)
+        if verbose and vlm.plan is not None:
+            render_plan(vlm.plan, file=sys.stderr)
+        return vlm
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

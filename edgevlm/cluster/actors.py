@@ -39,7 +39,7 @@ __all__ = ["ActorSpec", "BatchActor", "CaptionActor", "decode_result", "encode_r
 
 @dataclass(frozen=True)
 class ActorSpec:
-    """How every actor gets its engine (pickled to each of them)."""
+    """How every actor gets its model (pickled to each of them)."""
 
     model: str  # a path every node sees, a registry name or an hf: spec
     mmproj: str | None
@@ -75,7 +75,7 @@ def decode_result(text: str) -> dict[str, Any]:
 
 
 class CaptionActor:
-    """Captions image rows (``bytes``, ``path``) with one engine, several images in flight."""
+    """Captions image rows (``bytes``, ``path``) with one model, several images in flight."""
 
     def __init__(
         self,
@@ -85,7 +85,7 @@ class CaptionActor:
         digest: str,
         previous: list[dict[str, Any]] | None = None,
     ):
-        self.engine = _load(
+        self.model = _load(
             spec,
             options=EngineOptions(system=settings.system, merge=MergeSpec.parse(settings.merge)),
             n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens, settings, spec.parallel),
@@ -103,7 +103,7 @@ class CaptionActor:
             InputItem(str(p), str(p), True, data=bytes(b)) for p, b in zip(batch["path"], batch["bytes"], strict=True)
         ]
         cap = Captioner(
-            self.engine, self.settings, self.model_name, self.digest, index=self.index, prefetch=2, slots=self.parallel
+            self.model, self.settings, self.model_name, self.digest, index=self.index, prefetch=2, slots=self.parallel
         )
         out: dict[str, list[str]] = {"path": [], "result": []}
         for res in cap.run(items):
@@ -113,7 +113,7 @@ class CaptionActor:
 
 
 class BatchActor:
-    """Answers batch-file lines with one engine and its chat service, many in flight."""
+    """Answers batch-file lines with one model and its chat service, many in flight."""
 
     def __init__(self, spec: ActorSpec, options: ServeOptions, engine_options: EngineOptions):
         wishes = replace(spec.wishes, images=max(spec.wishes.images, spec.parallel or 1))
@@ -124,13 +124,13 @@ class BatchActor:
             spec.parallel,
             wishes.sequences,
         )
-        self.engine = _load(
+        self.model = _load(
             replace(spec, wishes=wishes),
             options=engine_options,
             n_seq_max=lambda plan: layout(plan)[0],
             parallel=lambda plan: layout(plan)[1],
         )
-        self.service = ChatService(self.engine, options)
+        self.service = ChatService(self.model, options)
         self.service.start()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:

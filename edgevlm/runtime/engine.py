@@ -37,6 +37,7 @@ from .items import Prompt
 from .scheduler import Client, GenerationResponse, Request, Scheduler, Sequence
 from .session import Footprint, RoomReport, SessionOptions, Summaries, make_room
 from .stats import TurnStats
+from .turn import ReplySpec
 
 if TYPE_CHECKING:
     from .model import LoadedModel
@@ -202,7 +203,7 @@ class Engine:
         afterwards (the next turn drops its tokens from the KV cache by prefix matching)."""
         msgs = list(self.messages if messages is None else messages) + [Message("user", text)]
         prompt = self.render(msgs)
-        seq = self._submit(Request(prompt, max_tokens, SamplingParams(0.0), tuple(self.default_stops)))
+        seq = self._submit(ReplySpec(max_tokens, SamplingParams(0.0), tuple(self.default_stops)).request(prompt))
         return "".join(r.text for r in self.scheduler.stream(seq))
 
     def stream(
@@ -259,10 +260,8 @@ class Engine:
             prompt = room.rendered or self.render()
             new = frozenset(self.scheduler.images.key(img) for img in loaded)
             sampling = SamplingParams(temperature, top_k, top_p, min_p, seed, grammar)
-            request = Request(
-                prompt, max_tokens, sampling, tuple(stop) + tuple(self.default_stops), new_images=new, t_start=t_start
-            )
-            seq = self._submit(request)
+            reply = ReplySpec(max_tokens, sampling, tuple(stop) + tuple(self.default_stops))
+            seq = self._submit(reply.request(prompt, new_images=new, t_start=t_start))
         except BaseException:
             self.messages.remove(msg)
             del self.pictures[len(self.pictures) - len(made) :]

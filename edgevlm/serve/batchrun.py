@@ -86,14 +86,14 @@ async def answer_lines(
 
 
 def run_lines(
-    engine: LoadedModel,
+    model: LoadedModel,
     lines: Iterable[BatchLine],
     on_line: OnLine,
     options: ServeOptions,
     stop: StopToken | None = None,
 ) -> None:
-    """Start a chat service on ``engine``, answer ``lines``, stop it."""
-    service = ChatService(engine, options)
+    """Start a chat service on ``model``, answer ``lines``, stop it."""
+    service = ChatService(model, options)
     service.start()
     try:
         asyncio.run(answer_lines(service, lines, on_line, stop))

@@ -79,20 +79,20 @@ def _parameter_count(path: str, size: int, mtime: float) -> int:
     return sum(t.n_elements for t in read_gguf(path).tensors)
 
 
-def facts_of(engine: LoadedModel, model_id: str) -> ModelFacts:
+def facts_of(model: LoadedModel, model_id: str) -> ModelFacts:
     """The facts of a loaded model (its GGUF headers, read once, and its plan)."""
-    be = engine.backend
+    be = model.backend
     text, proj = be.text_info, be.proj_info
     st = os.stat(text.path)
     size = text.file_size + proj.file_size
     digest = hashlib.sha256(f"{text.path}\0{text.file_size}\0{proj.path}\0{proj.file_size}".encode()).hexdigest()
-    plan = engine.plan
+    plan = model.plan
     if plan is not None:
         loaded = sum(d.predicted.total for d in plan.devices)
         vram = sum(d.predicted.total for d in plan.devices if d.kind != "cpu")
     else:
         loaded, vram = size, 0
-    fmt = engine.scheduler.formatter
+    fmt = model.scheduler.formatter
     params = _parameter_count(text.path, text.file_size, st.st_mtime)
     arch = text.arch
     info = {
@@ -100,7 +100,7 @@ def facts_of(engine: LoadedModel, model_id: str) -> ModelFacts:
         "general.name": text.name,
         "general.parameter_count": params,
         "general.file_type": text.file_type,
-        f"{arch}.context_length": engine.n_ctx,  # the server's context (what a request can use)
+        f"{arch}.context_length": model.n_ctx,  # the server's context (what a request can use)
         f"{arch}.embedding_length": text.n_embd,
         f"{arch}.block_count": text.n_layer,
         f"{arch}.attention.head_count": text.n_head,
@@ -121,7 +121,7 @@ def facts_of(engine: LoadedModel, model_id: str) -> ModelFacts:
         family=arch,
         parameter_count=params,
         quantization=text.file_type,
-        n_ctx=engine.n_ctx,
+        n_ctx=model.n_ctx,
         n_ctx_train=text.n_ctx_train,
         template=fmt.template,
         info=info,

@@ -40,7 +40,9 @@ def status(server: Server) -> dict[str, Any]:
         plan={**(p := plan.to_dict()), **{k: os.path.basename(p[k]) for k in ("model", "mmproj") if p.get(k)}}
         if plan is not None
         else None,
-        slots={"total": sched.max_running, "busy": worker.running},
+        # a slot is what the scheduler calls one: a KV sequence (running a request, or idle and
+        # keeping a conversation's cells); at most max_running of them generate at once
+        slots={"total": sched.n_slots, "busy": worker.running, "max_running": sched.max_running},
         kv=sched.status(),
         # admitted: every request in, from its body's first byte to its last event (the door's count)
         queue={"waiting": worker.queued, "limit": server.options.queue, "admitted": server.service.admitted},
@@ -107,6 +109,7 @@ def metrics(server: Server) -> str:
             f"edgevlm_generated_tokens_total {r['generated_tokens']}",
             f"edgevlm_slots_busy {st['slots']['busy']}",
             f"edgevlm_slots_total {st['slots']['total']}",
+            f"edgevlm_slots_max_running {st['slots']['max_running']}",
             f"edgevlm_queue_waiting {st['queue']['waiting']}",
             f"edgevlm_kv_cells_used {st['context']['cells_used']}",
             f"edgevlm_conversations_kept {st['kv']['conversations']}",

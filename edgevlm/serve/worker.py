@@ -32,8 +32,9 @@ from ..errors import ContextExceeded, EdgeVLMError
 from ..runtime.conversation import Message
 from ..runtime.model import LoadedModel
 from ..runtime.placement import SHORT_PROMPT
-from ..runtime.scheduler import WAIT, Client, GenerationResponse, Request, Sequence
+from ..runtime.scheduler import WAIT, Client, GenerationResponse, Sequence
 from ..runtime.session import Footprint, SessionOptions, Summaries, make_room
+from ..runtime.turn import ReplySpec
 from .api_errors import ClientGone, RequestTimedOut, ServerStopping
 from .job import Counters, Job, Outbox
 from .options import ServeOptions
@@ -252,7 +253,7 @@ class Worker:
         requests in flight (until the request's own deadline)."""
         opts = self._session
         prompt = self.model.render(messages + [Message("user", question)], job.turn.system)  # (no tools: a summary)
-        req = Request(prompt, opts.summary_tokens, SamplingParams(0.0), tuple(self.sched.default_stops))
+        req = ReplySpec(opts.summary_tokens, SamplingParams(0.0), tuple(self.sched.default_stops)).request(prompt)
         while (seq := self.sched.submit(req, self.client)) == WAIT:
             if not self._running or time.monotonic() > job.deadline:
                 prompt.release()

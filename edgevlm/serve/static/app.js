@@ -358,7 +358,7 @@ function renderStatus(st) {
     const r = st.requests;
     const predicted = Object.values(st.memory.predicted || {}).reduce((a, b) => a + b, 0);
     rows.push(
-      ["sequences busy", `${st.slots.busy} / ${st.slots.total}`],
+      ["sequences busy", `${st.slots.busy} / ${st.slots.max_running}`],
       ["queue", `${st.queue.waiting} waiting (holds ${st.queue.limit})`],
       ["KV cells", `${fmt(st.context.cells_used)} / ${fmt(st.context.n_ctx)}`],
       ["memory predicted", mib(predicted)],
