@@ -125,7 +125,7 @@ def batch(
     """
 
     from ..jobs.stop import StopToken
-    from ..runtime.vlm import EngineOptions
+    from ..runtime.engine import EngineOptions
     from ..serve.batchfile import BatchOutput, read_batch_file
     from ..serve.options import ServeOptions
 

@@ -363,7 +363,7 @@ def caption(
                         "other settings (prompt, model, ...): they are kept, new ones are added beside them"
                     )
                 if job.needs_model():
-                    from ..runtime.vlm import EngineOptions
+                    from ..runtime.engine import EngineOptions
                     from .loading import load_model
 
                     vlm = load_model(
