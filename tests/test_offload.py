@@ -116,3 +116,35 @@ def test_an_attention_cuda_cannot_run_goes_to_the_cpu(model_pair):
     gpu, host = fp.predict(Config(2, 2048, "q8_0", "q8_0", True, True, 256, 512, 128))
     # both within the log's two decimals: CUDA0 0.625 MiB predicted, "0.62 MiB" logged
     assert abs(host.compute - 1006633) < 0.006 * MIB and abs(gpu.compute - 650117) < 0.006 * MIB
+
+
+def test_a_quantized_weight_is_padded_to_cudas_row_padding():
+    """ggml-cuda's ``get_alloc_size``: a quantized weight whose rows are not a multiple of 512
+    values takes the rest of one such row more, and each tensor starts at the buffer's alignment
+    (128) — by ggml's arithmetic for a 64×64 Q8_0 weight (34-byte blocks of 32 values)."""
+    from edgevlm.plan.estimate import WeightTensor
+    from edgevlm.plan.offload import device_tensor_bytes
+
+    w = WeightTensor("blk.0.attn_q.weight", 64 * 64 // 32 * 34, 0, 0, False, (64, 64), "Q8_0")
+    cuda = Device("CUDA0", "what-if", "gpu", 8 << 30, 8 << 30, align=128)
+    vulkan = Device("Vulkan0", "what-if", "gpu", 8 << 30, 8 << 30, align=64)
+    assert device_tensor_bytes(w, cuda) == 4864  # 4352 + 448 values' 476 bytes = 4828, aligned to 128
+    assert device_tensor_bytes(w, vulkan) == 4352  # no row padding; 4352 is a multiple of 64
+    f16 = WeightTensor("blk.0.attn_norm.weight", 64 * 2, 0, 0, False, (64,), "F16")
+    assert device_tensor_bytes(f16, cuda) == 128  # not quantized: only aligned
+    wide = WeightTensor("blk.0.ffn_up.weight", 4096 * 64 // 32 * 34, 0, 0, False, (4096, 64), "Q8_0")
+    assert device_tensor_bytes(wide, cuda) == wide.n_bytes  # rows of 4096: nothing to pad
+
+
+def test_the_weights_on_a_cuda_device_are_what_llama_cpp_logged_on_an_h200(model_pair):
+    """Every layer of the tiny Qwen2-VL pair on CUDA0: llama.cpp logged a 0.24 MiB model buffer
+    on an H200 (the device tests, 2026-12-04); the plan, padding and alignment included, rounds
+    to it — without the row padding it was 0.23."""
+    from edgevlm.plan.devices import probe
+    from edgevlm.plan.planner import Wishes as PlanWishes
+    from edgevlm.plan.planner import make_plan
+
+    pair = model_pair("qwen2vl")
+    plan = make_plan(str(pair.model), str(pair.mmproj), probe(free_memory=["CUDA0=8GiB"]), PlanWishes(n_ctx=1024))
+    (cuda,) = [d for d in plan.devices if d.name == "CUDA0"]
+    assert round(cuda.predicted.weights / 2**20, 2) == 0.24

@@ -69,6 +69,7 @@ class WeightTensor:
     layer: int  # 0..n_layer-1 for blocks, n_layer for the output layer, -1 for the input layer
     repackable: bool  # a 2-D matmul weight the CPU backend repacks (Q4_0 & co on AVX2/NEON)
     shape: tuple[int, ...] = ()  # ggml order
+    ggml_type: str = ""  # ggml's type name ("Q8_0"; its block size and bytes: ``gguf.GGML_QUANT_SIZES``)
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class TextTensors:
             else:  # token embedding, rope factors and other globals stay with the input
                 layer = -1
             rep = _repackable(t) and layer >= 0
-            out.append(WeightTensor(t.name, t.n_bytes, t.offset, layer, rep, tuple(t.shape)))
+            out.append(WeightTensor(t.name, t.n_bytes, t.offset, layer, rep, tuple(t.shape), t.ggml_type))
         if not has_output:
             # Tied embeddings: llama.cpp loads token_embd a second time as the output layer's
             # matrix, placed like an output.weight would be — on a GPU when the output layer is
@@ -101,7 +102,10 @@ class TextTensors:
             emb = next((t for t in gf.tensors if t.name == "token_embd.weight"), None)
             if emb is not None:
                 rep = _repackable(emb)
-                out.append(WeightTensor("output.weight(tied)", emb.n_bytes, emb.offset, n_layer, rep, tuple(emb.shape)))
+                tied = WeightTensor(
+                    "output.weight(tied)", emb.n_bytes, emb.offset, n_layer, rep, tuple(emb.shape), emb.ggml_type
+                )
+                out.append(tied)
         return cls(n_layer, tuple(out), not has_output)
 
     @property
@@ -155,6 +159,7 @@ def weight_bytes(
     repack: bool | Callable[[WeightTensor], bool] = True,
     use_mmap: bool = True,
     stays_host: Callable[[WeightTensor, int], bool] | None = None,
+    on_gpu: Callable[[WeightTensor, int], int] | None = None,
 ) -> tuple[HostWeights, dict[int, int]]:
     """Host buffers and bytes per GPU index for a layer placement (``layer_devices``).
 
@@ -163,7 +168,9 @@ def weight_bytes(
     host weight llama.cpp could repack is repacked — for all of them, or per weight
     (``plan.offload.host_repacks``: not where a GPU's pinned host type takes it first).
     ``stays_host(t, gpu)``: a weight that GPU cannot multiply (``plan.offload.device_refuses``),
-    which llama.cpp keeps in a host buffer although its layer is offloaded.
+    which llama.cpp keeps in a host buffer although its layer is offloaded. ``on_gpu(t, gpu)``:
+    what a weight takes in that GPU's model buffer (``plan.offload.device_tensor_bytes``;
+    default: its bytes).
     """
     repacked = repack if callable(repack) else (lambda t: bool(repack) and t.repackable)
     gpu: dict[int, int] = {}
@@ -174,7 +181,7 @@ def weight_bytes(
         if dev >= 0 and stays_host is not None and stays_host(t, dev):
             dev = -1
         if dev >= 0:
-            gpu[dev] = gpu.get(dev, 0) + t.n_bytes
+            gpu[dev] = gpu.get(dev, 0) + (on_gpu(t, dev) if on_gpu is not None else t.n_bytes)
             continue
         if t.repackable and repacked(t):
             rep += t.n_bytes

@@ -24,7 +24,7 @@ from .estimate import (
     text_compute_bytes,
     weight_bytes,
 )
-from .offload import device_refuses, gpu_backend, host_repacks, placed_compute
+from .offload import device_refuses, device_tensor_bytes, gpu_backend, host_repacks, placed_compute
 
 __all__ = [
     "DEFAULT_DYNAMIC_IMAGE_TOKENS",
@@ -291,6 +291,7 @@ class Footprint:
             devs,
             lambda w: host_repacks(w, in_model, self.repack),
             stays_host=lambda w, d: device_refuses(w, gpus[d]),
+            on_gpu=lambda w, d: device_tensor_bytes(w, gpus[d]),
         )
         kv = kv_bytes(
             t.n_layer,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from ..model.gguf_info import TextModelInfo
 from ..model.kv_types import KV_TYPES
 from . import compute
@@ -26,7 +28,16 @@ from .estimate import TextTensors, WeightTensor, kv_cells, replayed_graph
 from .graphalloc import Tensor
 from .sched import Backend, Home, schedule
 
-__all__ = ["PROBE_COLUMNS", "device_refuses", "gpu_backend", "host_repacks", "placed_compute"]
+__all__ = [
+    "CUDA_ROW_PADDING",
+    "PROBE_COLUMNS",
+    "device_refuses",
+    "device_tensor_bytes",
+    "gpu_backend",
+    "host_repacks",
+    "placed_compute",
+    "quant_size",
+]
 
 PROBE_COLUMNS = 512  # the batch llama.cpp's weight check multiplies by
 
@@ -38,6 +49,30 @@ def device_refuses(w: WeightTensor, gpu: Device) -> bool:
     out = w.shape[1] * PROBE_COLUMNS * 4
     inp = w.shape[0] * PROBE_COLUMNS * 4
     return max(w.n_bytes, out, inp) > gpu.max_tensor
+
+
+CUDA_ROW_PADDING = 512  # ggml-cuda's MATRIX_ROW_PADDING
+
+
+def device_tensor_bytes(w: WeightTensor, gpu: Device) -> int:
+    """What weight ``w`` takes in ``gpu``'s model buffer: ggml's allocation size for it — CUDA
+    pads a quantized weight whose rows are not a multiple of 512 values by the rest of one such
+    row (``ggml_backend_cuda_buffer_type_get_alloc_size``) — aligned to the buffer type's
+    alignment, as ``ggml_backend_alloc_ctx_tensors_from_buft`` lays tensors out."""
+    n = w.n_bytes
+    if gpu.name.startswith("CUDA") and w.shape and w.shape[0] % CUDA_ROW_PADDING:
+        block, size = quant_size(w.ggml_type)
+        if block > 1:
+            n += (CUDA_ROW_PADDING - w.shape[0] % CUDA_ROW_PADDING) // block * size
+    return -(-n // gpu.align) * gpu.align if gpu.align > 1 else n
+
+
+def quant_size(ggml_type: str) -> tuple[int, int]:
+    """(values per block, bytes per block) of a ggml type by name; (1, 0) for one gguf does not know."""
+    try:
+        return GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    except KeyError:
+        return 1, 0
 
 
 def host_repacks(w: WeightTensor, gpus: list[Device], repack: bool) -> bool:

@@ -232,9 +232,11 @@ class Intake:
     def views(self, ref: MediaRef, room: int | None = None, lease: Lease | None = None, label: str = "") -> Views:
         """``ref`` made ready: a picture budgeted into views, a clip's frames chosen under
         ``room`` (None: its own budget only); what it holds taken on ``lease``."""
+        src = ref.source
+        if not ref.name and self.fetch is None and isinstance(src, (str, os.PathLike)):
+            label = os.fspath(src)  # a file is named by its path
         label = ref.name or label or ("video" if ref.kind == "video" else "image")
         deadline = time.monotonic() + self.host_wait_s
-        src = ref.source
         if isinstance(src, (str, os.PathLike)) and self.fetch is None and media_kind(ref) == "video":
             made = self._clip(ref, label, src, room, lease, deadline)  # (read as a stream from its file)
             made.given = ref.name
