@@ -28,6 +28,7 @@ from .options import ServeOptions
 
 __all__ = [
     "APIError",
+    "BodyTooSlow",
     "ClientGone",
     "Failure",
     "InvalidAPIKey",
@@ -77,6 +78,13 @@ class RequestTooLarge(APIError):
     """The request body is over the server's ``--max-body`` (413)."""
 
     code = "request_too_large"
+
+
+class BodyTooSlow(APIError):
+    """The request body did not arrive within the server's pace (408: ``http.BodyPace``,
+    ``--body-timeout`` and ``--body-min-rate``); the connection is closed after the reply."""
+
+    code = "body_timeout"
 
 
 class ClientGone(APIError):
@@ -139,6 +147,7 @@ TABLE: dict[type[BaseException], Kind] = {
     InvalidAPIKey: Kind(401, "authentication_error", "authentication_error", False),
     NotFound: Kind(404, _CLIENT, "not_found_error", False),
     RequestTooLarge: Kind(413, _CLIENT, "request_too_large", False),
+    BodyTooSlow: Kind(408, _CLIENT, "timeout_error", None),  # (a slow link may do better next time)
     ClientGone: Kind(499, _CLIENT, _CLIENT, False),
     ServerBusy: _BUSY,
     ServerStopping: _BUSY,

@@ -13,11 +13,13 @@ header, and answers errors in its own shape (a ``Dialect``: OpenAI's ``{"error":
 ``{"error": "..."}``), with a 4xx for anything the client sent. All of them share one admission
 path (``Server.accept``) and one request model (``request.ChatRequest``).
 
-Work per request: the body is read (at most ``max_body_bytes``, under a lease on the host
-allowance taken before it is read), parsed, its pictures fetched, decoded, budgeted and run past
-the guard in a thread (so the event loop keeps serving), then the worker renders, queues and
-runs it on the shared scheduler. A fault in one request is that request's 500 (its traceback
-in the log once); every other request goes on.
+Work per request: its place and a lease on the host allowance are taken at the door, the body
+is read (at most ``max_body_bytes``, at the server's pace: else 408; the lease growing with the
+bytes that arrive), parsed (whatever the API cannot read is a 400), its pictures fetched,
+decoded, budgeted and run past the guard in a thread (so the event loop keeps serving), then
+the worker renders, queues and runs it on the shared scheduler. A refusal (4xx, 503, a client
+gone) is one line in the log (``edgevlm.serve``); a fault in one request is that request's 500
+(its traceback in the log once); every other request goes on.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ import asyncio
 import contextlib
 import functools
 import hmac
-import json
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -51,8 +51,8 @@ from ..plan.host import Lease
 from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
 from . import anthropic, anthropic_reply, ollama, ollama_models
-from .api_errors import APIError, InvalidAPIKey, ModelLoading, NotFound
-from .http import BODY_COPIES, Dialect, bearer, event_stream, read_body
+from .api_errors import APIError, ClientGone, InvalidAPIKey, ModelLoading, NotFound
+from .http import BODY_COPIES, BodyPace, Dialect, bearer, error_response, event_stream, parse_json, parsed, read_body
 from .job import Job
 from .ollama_routes import ollama_routes
 from .openai import parse_chat_request
@@ -68,7 +68,6 @@ from .status import status as status_of
 
 __all__ = ["Server", "create_app"]
 
-log = logging.getLogger("edgevlm.serve")
 STATIC = Path(__file__).resolve().parent / "static"  # the web page: plain HTML, CSS, JS
 
 
@@ -134,7 +133,7 @@ class Server:
         assert service is not None
         lease = service.admit("this request")  # before reading the body
         try:
-            req = parse(await self.read_json(request, lease))
+            req = parsed(parse, await self.read_json(request, lease))
             job = await service.submit(req, request.is_disconnected, lease, count_only)
         except BaseException:
             lease.release()
@@ -142,15 +141,19 @@ class Server:
         return job, req
 
     async def read_json(self, request: HTTPRequest, lease: Lease) -> Any:
-        """A request's body as JSON, read under ``lease`` (taken before it is read); the bytes
-        are dropped once parsed, and the lease keeps what the parsed body holds."""
-        service = self.service
+        """A request's body as JSON, read under ``lease`` (growing as the bytes arrive) at the
+        server's pace (``http.BodyPace``: else 408); the bytes are dropped once parsed, and the
+        lease keeps what the parsed body holds. A client that leaves meanwhile is counted as
+        cancelled."""
+        service, o = self.service, self.options
         assert service is not None
-        body = await read_body(request, self.options.max_body_bytes, lease, service.host_deadline())
+        pace = BodyPace(o.body_timeout_s, o.body_min_rate, o.timeout_s)
         try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise APIError(f"the body is not valid JSON ({exc})") from None
+            body = await read_body(request, o.max_body_bytes, lease, o.host_wait_s, pace)
+        except ClientGone:
+            service.worker.count_cancelled()
+            raise
+        data = parse_json(body)
         del body
         lease.resize(lease.held // BODY_COPIES)  # the bytes are dropped; the parsed body stays
         return data
@@ -292,13 +295,6 @@ OPENAI = Dialect("openai", bearer, error_for)
 ANTHROPIC = Dialect("anthropic", anthropic.api_key, anthropic_reply.error_for, "x-api-key: KEY")
 
 
-def _error_response(exc: BaseException, dialect: Dialect, retry_after_s: int) -> JSONResponse:
-    status, body, headers = dialect.error(exc, retry_after_s)
-    if status >= 500 and not isinstance(exc, APIError) and not getattr(exc, "edgevlm_logged", False):
-        log.exception("request failed", exc_info=exc)
-    return JSONResponse(body, status, headers=headers)
-
-
 def create_app(
     model: LoadedModel | Callable[[], LoadedModel],
     options: ServeOptions = ServeOptions(),
@@ -326,7 +322,7 @@ def create_app(
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                return _error_response(exc, dialect, options.retry_after_s)
+                return error_response(exc, dialect, options.retry_after_s, request)
 
         return endpoint
 

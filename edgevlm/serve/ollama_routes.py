@@ -4,7 +4,6 @@ the same routes alone for the ``--ollama-port`` listener (the bodies: ``ollama``
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -17,7 +16,7 @@ from starlette.routing import Route
 
 from . import ollama, ollama_models
 from .api_errors import APIError
-from .http import Dialect, read_body
+from .http import BodyPace, Dialect, parse_json, read_body
 from .options import ServeOptions
 
 
@@ -59,11 +58,9 @@ def ollama_routes(server: Server, guarded: Callable[..., Any]) -> list[Route]:
         return JSONResponse(ollama_models.ps_body(await facts(), server.started))
 
     async def show(request: HTTPRequest) -> Response:
-        body = await read_body(request, server.options.max_body_bytes)
-        try:
-            data = json.loads(body or b"{}")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise APIError(f"the body is not valid JSON ({exc})") from None
+        o = server.options
+        body = await read_body(request, o.max_body_bytes, pace=BodyPace(o.body_timeout_s, o.body_min_rate, o.timeout_s))
+        data = parse_json(body or b"{}")
         name = (data.get("model") or data.get("name")) if isinstance(data, dict) else None
         if not isinstance(name, str) or not name:
             raise APIError("'model' must name a model", "model")

@@ -24,6 +24,11 @@ class ServeOptions:
     ollama_port: int | None = None
     queue: int = 16  # requests that may wait for a free sequence; more get 503 + Retry-After
     max_body_bytes: int = 32 * 2**20  # a larger request body gets 413
+    # a body must arrive within body_timeout_s plus 1 s per body_min_rate bytes that came (never
+    # past timeout_s), else 408 and its place and lease are given back (http.BodyPace); it holds
+    # host allowance only for the bytes that arrived, never for a Content-Length it declares
+    body_timeout_s: float = 20.0
+    body_min_rate: int = 16 * 1024  # bytes a second
     max_tokens: int = SERVE_REPLY.max_tokens  # replies of requests that name no max_tokens
     sampling: SamplingParams = SERVE_REPLY.sampling  # how requests that name no temperature, top_k ... sample
     timeout_s: float = 600.0  # a request ends after this long (waiting included)

@@ -45,7 +45,7 @@ from ..runtime.requests import ThinkCap
 from ..runtime.toolformat import call_grammar, markers
 from ..runtime.turn import ReplySpec, Turn
 from ..vision.images import LoadedImage
-from .api_errors import APIError, RequestTimedOut, ServerBusy, WorkerStopped
+from .api_errors import APIError, ClientGone, RequestTimedOut, ServerBusy, WorkerStopped
 from .job import Job
 from .media import fetch_bytes
 from .options import ServeOptions
@@ -103,9 +103,6 @@ class ChatService:
     def _leave(self) -> None:
         with self._places:
             self.admitted -= 1
-
-    def host_deadline(self) -> float:
-        return time.monotonic() + self.options.host_wait_s
 
     def fetch(self, source: str, label: str) -> bytes:
         """A picture's or clip's bytes, by the server's rules (``media.fetch_bytes``)."""
@@ -408,8 +405,8 @@ async def next_event(job: Job, worker: Worker, gone: Gone | None = None) -> tupl
             return await _get(job.events, 0.25)
         except asyncio.TimeoutError:
             if gone is not None and await gone():
-                worker.cancel(job)
-                raise asyncio.CancelledError("client disconnected") from None
+                worker.cancel(job)  # (the worker counts it cancelled)
+                raise ClientGone("the client went away before its reply") from None
             if not worker.alive:
                 worker.cancel(job)
                 raise WorkerStopped("the server's model worker stopped") from None

@@ -106,6 +106,12 @@ class Worker:
         with self._cond:
             self._cond.notify()
 
+    def count_cancelled(self) -> None:
+        """One more request ended because its client went away (from either thread: the HTTP
+        side counts those that leave before their job gets here)."""
+        with self._cond:
+            self.counters.cancelled += 1
+
     # --- the thread ----------------------------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -194,6 +200,7 @@ class Worker:
         """Render the request (exact reply tokens where known) and check it can ever fit; with
         ``evict``, the session policy makes room first (old pictures → summaries)."""
         if job.cancelled:
+            self.count_cancelled()
             self._emit(job, "error", ClientGone("the client went away"))
             return
         turn, pro = job.turn, job.progress
@@ -292,6 +299,7 @@ class Worker:
             if job.cancelled:
                 self._waiting.remove(job)
                 self._drop(job)
+                self.count_cancelled()
                 self._emit(job, "error", ClientGone("the client went away"))
                 continue
             if now > job.deadline:
@@ -363,7 +371,7 @@ class Worker:
         self.recall.remember(seq.reply.strip(), seq.tokens)  # (the APIs trim a reply's ends)
         c = self.counters
         if job.cancelled:
-            c.cancelled += 1
+            self.count_cancelled()
         else:
             c.served += 1
         c.prompt_tokens += st.prompt_n + st.cached_n
