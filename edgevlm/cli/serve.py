@@ -84,6 +84,21 @@ __all__ = ["serve"]
     help=f"Largest request body (images inline); larger gets 413 [default: "
     f"{format_size(ServeOptions.max_body_bytes)}].",
 )
+@click.option(
+    "--body-timeout",
+    default=ServeOptions.body_timeout_s,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds a request body may take to arrive, plus 1 s per --body-min-rate bytes that came; "
+    "a slower body gets 408 and gives its place and memory back.",
+)
+@click.option(
+    "--body-min-rate",
+    type=Size(),
+    default=ServeOptions.body_min_rate,
+    help="The slowest a body may arrive on average, in bytes a second (see --body-timeout) "
+    f"[default: {format_size(ServeOptions.body_min_rate)}].",
+)
 @request_defaults_options
 @click.option(
     "--timeout",
@@ -124,6 +139,8 @@ def serve(
     cache_ram,
     api_key,
     max_body,
+    body_timeout,
+    body_min_rate,
     max_tokens,
     sampling,
     reasoning_budget,
@@ -165,7 +182,7 @@ def serve(
     from ..plan.planner import make_plan
     from ..runtime.engine import EngineOptions
     from ..serve.app import create_app
-    from ..serve.listen import Listener
+    from ..serve.listen import Listener, bind
     from ..serve.ollama_routes import ollama_app
     from ..serve.options import serve_layout
     from .common import CLIError
@@ -174,6 +191,9 @@ def serve(
 
     if parallel is not None and parallel < 1:
         raise CLIError(f"--parallel {parallel}: give 1 or more, or auto", 2)
+    # the ports first: one in use is a line now, not uvicorn's error after planning and loading
+    sockets = bind(host, port)
+    ollama_sockets = bind(host, ollama_port, "--ollama-port") if ollama_port is not None else None
     cache_ram = ServeOptions.cache_ram if cache_ram is None else cache_ram
     wishes = planning.serving(parallel, merge, cache_ram)
     spec = model
@@ -191,6 +211,8 @@ def serve(
         ollama_port=ollama_port,
         queue=queue,
         max_body_bytes=max_body,
+        body_timeout_s=body_timeout,
+        body_min_rate=body_min_rate,
         max_tokens=max_tokens,
         sampling=sampling,
         reasoning_budget=reasoning_budget,
@@ -247,12 +269,13 @@ def serve(
         else uvicorn.Config(
             ollama_app(app), host=host, port=ollama_port, log_level=level, access_log=verbose, lifespan="off"
         ),
+        ollama_sockets,
     )
     echo_err(
         f"edgevlm serve: loading {os.path.basename(model)} ({slots} request(s) at once); "
         f"GET /health answers 503 until it is ready"
     )
-    server.run()
+    server.run(sockets)
     if server.beside is not None and server.beside.failed:
         echo_err(f"Error: --ollama-port {ollama_port}: cannot listen on {host}:{ollama_port}")
         outcome["code"] = outcome["code"] or 1

@@ -1,17 +1,55 @@
 """``edgevlm serve``'s uvicorn server, and a second listener beside it in the same process and
 event loop (``--ollama-port``: Ollama's API on a port of its own): one set of signal handlers
-(the main server's), and the two stop together."""
+(the main server's), and the two stop together. Their ports are bound first (``bind``), before
+the model is planned or loaded: a port in use is one line at once, not uvicorn's error after
+the load."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import socket
 from collections.abc import Iterator
 
 import uvicorn
 
-__all__ = ["Beside", "Listener"]
+from ..errors import InputError
+
+__all__ = ["Beside", "Listener", "bind"]
+
+
+def bind(host: str, port: int, what: str = "--port") -> list[socket.socket]:
+    """Sockets bound to ``host``:``port`` as uvicorn (asyncio's ``create_server``) binds them —
+    every address the host resolves to, ``SO_REUSEADDR`` on POSIX, IPv6 sockets IPv6 only — for
+    the listener to serve on (``Listener.run(sockets)``). A port in use, an address that is not
+    this machine's or a host that does not resolve is an ``InputError`` naming ``host:port``."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise InputError(f"{what} {port}: cannot listen on {where}: {exc.strerror}") from None
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, addr in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            if os.name == "posix":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+    except OSError as exc:
+        for sock in socks:
+            sock.close()
+        reason = {
+            errno.EADDRINUSE: "the port is in use (another server?); give another",
+            errno.EADDRNOTAVAIL: "the address is not this machine's",
+            errno.EACCES: "permission denied (a port below 1024 needs privileges)",
+        }.get(exc.errno or 0, exc.strerror or str(exc))
+        raise InputError(f"{what} {port}: cannot listen on {where}: {reason}") from None
+    return socks
 
 
 class Beside(uvicorn.Server):
@@ -19,9 +57,10 @@ class Beside(uvicorn.Server):
     main server's end both), it stops when the main one stops, and a port it cannot listen on
     stops the main one (``failed``)."""
 
-    def __init__(self, config: uvicorn.Config, main: uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, main: uvicorn.Server, sockets: list[socket.socket] | None = None):
         super().__init__(config)
         self.main = main
+        self.sockets = sockets  # bound already (``bind``), else uvicorn binds them
         self.failed = False
 
     @contextlib.contextmanager
@@ -33,18 +72,24 @@ class Beside(uvicorn.Server):
 
     async def serve_beside(self) -> None:
         try:
-            await self.serve()
+            await self.serve(self.sockets)
         except SystemExit:  # (uvicorn exits when it cannot listen: the port is taken)
             self.failed = True
             self.main.should_exit = True
 
 
 class Listener(uvicorn.Server):
-    """uvicorn's server, and ``beside`` (a config: its app, host and port) with it."""
+    """uvicorn's server, and ``beside`` (a config: its app, host and port; ``beside_sockets``:
+    bound for it already) with it."""
 
-    def __init__(self, config: uvicorn.Config, beside: uvicorn.Config | None = None):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        beside: uvicorn.Config | None = None,
+        beside_sockets: list[socket.socket] | None = None,
+    ):
         super().__init__(config)
-        self.beside = Beside(beside, self) if beside is not None else None
+        self.beside = Beside(beside, self, beside_sockets) if beside is not None else None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         if self.beside is None:
