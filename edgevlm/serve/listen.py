@@ -1,15 +1,30 @@
 """``edgevlm serve``'s uvicorn server, and a second listener beside it in the same process and
 event loop (``--ollama-port``: Ollama's API on a port of its own): one set of signal handlers
-(the main server's), and the two stop together."""
+(the main server's), and the two stop together.
+
+Stopping (SIGTERM, Ctrl-C; SIGBREAK on Windows — uvicorn's signals): the first signal is
+uvicorn's graceful shutdown — the listening sockets close, idle connections end — and
+``on_stop`` hears the signal's time first (the app stops admitting and gives replies in
+progress their grace; uvicorn's ``timeout_graceful_shutdown`` is the backstop). Once it has
+stopped the command's own exit code stands: the signal is not raised again (uvicorn would,
+and die by it). A signal while stopping ends the process at once: exit 128 + its number (130
+for Ctrl-C, 143 for SIGTERM), one line on stderr, streams cut.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
 
 import uvicorn
+from uvicorn.server import HANDLED_SIGNALS
 
 __all__ = ["Beside", "Listener"]
 
@@ -42,9 +57,37 @@ class Beside(uvicorn.Server):
 class Listener(uvicorn.Server):
     """uvicorn's server, and ``beside`` (a config: its app, host and port) with it."""
 
-    def __init__(self, config: uvicorn.Config, beside: uvicorn.Config | None = None):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        beside: uvicorn.Config | None = None,
+        on_stop: Callable[[float], None] | None = None,
+    ):
         super().__init__(config)
         self.beside = Beside(beside, self) if beside is not None else None
+        self.on_stop = on_stop  # hears when the first signal came (monotonic), as stopping begins
+        self.signalled_at: float | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's signals to ``handle_exit``, which stay (the process is ending): a late one
+        must not become a traceback."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in HANDLED_SIGNALS:
+                signal.signal(sig, self.handle_exit)
+        yield
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:  # a second signal (or one while stopping anyway): at once
+            os.write(2, b"edgevlm serve: stopped at once; replies in progress are cut\n")
+            os._exit(128 + sig)
+        self.signalled_at = time.monotonic()
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_stop is not None:
+            self.on_stop(self.signalled_at or time.monotonic())
+        await super().shutdown(sockets)
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         if self.beside is None:
