@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -108,6 +109,14 @@ __all__ = ["serve"]
     help="Seconds a request may take, waiting included.",
 )
 @click.option(
+    "--shutdown-grace",
+    default=ServeOptions.shutdown_grace_s,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="On SIGTERM or Ctrl-C: seconds replies in progress may take to finish before they end "
+    "(cut short, with their last event); waiting requests get 503 at once. A second signal stops at once.",
+)
+@click.option(
     "--allow-private-urls",
     is_flag=True,
     help="Fetch image URLs that resolve to loopback, private or link-local addresses.",
@@ -145,6 +154,7 @@ def serve(
     sampling,
     reasoning_budget,
     timeout,
+    shutdown_grace,
     allow_private_urls,
     allow_path,
     model_id,
@@ -217,6 +227,7 @@ def serve(
         sampling=sampling,
         reasoning_budget=reasoning_budget,
         timeout_s=timeout,
+        shutdown_grace_s=shutdown_grace,
         allow_private_urls=allow_private_urls,
         allow_paths=tuple(allow_path),
         host_allowance=plan.host_allowance,
@@ -260,16 +271,22 @@ def serve(
         outcome["code"] = getattr(exc, "exit_code", 1)
         server.should_exit = True
 
+    def stopping(since: float) -> None:  # the first SIGTERM / Ctrl-C (serve.listen)
+        app.state.server.drain(since)
+        if server.signalled_at is not None:
+            echo_err(f"stopping: replies in progress get up to {shutdown_grace:g} s (a second signal stops at once)")
+
     app = create_app(load_model, options, on_error=failed)
     level = "info" if verbose else "warning"
+    # uvicorn's own bound on the connections left once the grace is over (their last events sent)
+    common = dict(log_level=level, access_log=verbose, timeout_graceful_shutdown=math.ceil(shutdown_grace) + 1)
     server = Listener(
-        uvicorn.Config(app, host=host, port=port, log_level=level, access_log=verbose, lifespan="on"),
+        uvicorn.Config(app, host=host, port=port, lifespan="on", **common),
         None
         if ollama_port is None
-        else uvicorn.Config(
-            ollama_app(app), host=host, port=ollama_port, log_level=level, access_log=verbose, lifespan="off"
-        ),
+        else uvicorn.Config(ollama_app(app), host=host, port=ollama_port, lifespan="off", **common),
         ollama_sockets,
+        on_stop=stopping,
     )
     echo_err(
         f"edgevlm serve: loading {os.path.basename(model)} ({slots} request(s) at once); "

@@ -51,7 +51,7 @@ from ..plan.host import Lease
 from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
 from . import anthropic, anthropic_reply, ollama, ollama_models
-from .api_errors import APIError, ClientGone, InvalidAPIKey, ModelLoading, NotFound
+from .api_errors import APIError, ClientGone, InvalidAPIKey, ModelLoading, NotFound, ServerStopping
 from .http import BODY_COPIES, BodyPace, Dialect, bearer, error_response, event_stream, parse_json, parsed, read_body
 from .job import Job
 from .ollama_routes import ollama_routes
@@ -85,13 +85,15 @@ class Server:
         self.model: LoadedModel | None = model if isinstance(model, LoadedModel) else None
         self.service: ChatService | None = None
         self.error: BaseException | None = None
+        self.stopping = False  # ``drain``: the server is stopping
         self._load = None if isinstance(model, LoadedModel) else model
         self._on_error = on_error
         self.responses = ResponseStore(options.responses_store, options.responses_store_bytes)
 
     @property
     def state(self) -> str:
-        return "ready" if self.service is not None else "error" if self.error is not None else "loading"
+        ready = "stopping" if self.stopping else "ready"
+        return ready if self.service is not None else "error" if self.error is not None else "loading"
 
     def start(self) -> None:
         if self._load is None:
@@ -115,6 +117,12 @@ class Server:
         service = ChatService(model, self.options)
         service.start()
         self.service = service
+
+    def drain(self, since: float | None = None) -> None:
+        """The server stops (a signal at ``since``): 503 from here on (``ChatService.drain``)."""
+        self.stopping = True
+        if self.service is not None:
+            self.service.drain(since)
 
     def stop(self) -> None:
         if self.service is not None:
@@ -316,6 +324,8 @@ def create_app(
                     token = dialect.key(request.headers)
                     if not hmac.compare_digest(token.encode(), options.api_key.encode()):
                         raise InvalidAPIKey(f"invalid or missing API key ({dialect.key_hint})")
+                if v1 and server.state == "stopping":
+                    raise ServerStopping("the server is stopping")
                 if v1 and server.state != "ready":
                     raise ModelLoading(f"the model is {server.state}" + (f": {server.error}" if server.error else ""))
                 return await handler(request)

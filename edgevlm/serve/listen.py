@@ -2,7 +2,16 @@
 event loop (``--ollama-port``: Ollama's API on a port of its own): one set of signal handlers
 (the main server's), and the two stop together. Their ports are bound first (``bind``), before
 the model is planned or loaded: a port in use is one line at once, not uvicorn's error after
-the load."""
+the load.
+
+Stopping (SIGTERM, Ctrl-C; SIGBREAK on Windows — uvicorn's signals): the first signal is
+uvicorn's graceful shutdown — the listening sockets close, idle connections end — and
+``on_stop`` hears the signal's time first (the app stops admitting and gives replies in
+progress their grace; uvicorn's ``timeout_graceful_shutdown`` is the backstop). Once it has
+stopped the command's own exit code stands: the signal is not raised again (uvicorn would,
+and die by it). A signal while stopping ends the process at once: exit 128 + its number (130
+for Ctrl-C, 143 for SIGTERM), one line on stderr, streams cut.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +19,15 @@ import asyncio
 import contextlib
 import errno
 import os
+import signal
 import socket
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
 
 import uvicorn
+from uvicorn.server import HANDLED_SIGNALS
 
 from ..errors import InputError
 
@@ -87,9 +101,33 @@ class Listener(uvicorn.Server):
         config: uvicorn.Config,
         beside: uvicorn.Config | None = None,
         beside_sockets: list[socket.socket] | None = None,
+        on_stop: Callable[[float], None] | None = None,
     ):
         super().__init__(config)
         self.beside = Beside(beside, self, beside_sockets) if beside is not None else None
+        self.on_stop = on_stop  # hears when the first signal came (monotonic), as stopping begins
+        self.signalled_at: float | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's signals to ``handle_exit``, which stay (the process is ending): a late one
+        must not become a traceback."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in HANDLED_SIGNALS:
+                signal.signal(sig, self.handle_exit)
+        yield
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:  # a second signal (or one while stopping anyway): at once
+            os.write(2, b"edgevlm serve: stopped at once; replies in progress are cut\n")
+            os._exit(128 + sig)
+        self.signalled_at = time.monotonic()
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_stop is not None:
+            self.on_stop(self.signalled_at or time.monotonic())
+        await super().shutdown(sockets)
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         if self.beside is None:

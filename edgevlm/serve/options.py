@@ -32,6 +32,9 @@ class ServeOptions:
     max_tokens: int = SERVE_REPLY.max_tokens  # replies of requests that name no max_tokens
     sampling: SamplingParams = SERVE_REPLY.sampling  # how requests that name no temperature, top_k ... sample
     timeout_s: float = 600.0  # a request ends after this long (waiting included)
+    # on SIGTERM / Ctrl-C, replies in progress get this long to finish, then end with their last
+    # event (finish "length", a notice); waiting requests get 503 at once (docs/serve.md, Stopping)
+    shutdown_grace_s: float = 5.0
     retry_after_s: int = 2  # what a 503 tells clients to wait
     allow_private_urls: bool = False  # image URLs resolving to loopback / private / link-local
     allow_paths: tuple[str, ...] = ()  # folders whose files a request may name as images

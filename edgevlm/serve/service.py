@@ -45,7 +45,7 @@ from ..runtime.requests import ThinkCap
 from ..runtime.toolformat import call_grammar, markers
 from ..runtime.turn import ReplySpec, Turn
 from ..vision.images import LoadedImage
-from .api_errors import APIError, ClientGone, RequestTimedOut, ServerBusy, WorkerStopped
+from .api_errors import APIError, ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
 from .job import Job
 from .media import fetch_bytes
 from .options import ServeOptions
@@ -71,6 +71,7 @@ class ChatService:
         planned = model.plan.host_allowance if model.plan is not None else 0
         self.host = HostAllowance(planned or options.host_allowance)
         self.admitted = 0  # requests in, from the door to their last event (``admit``)
+        self.stopping = False  # the server is stopping (``drain``): every request gets 503
         self._places = threading.Lock()
 
     def start(self) -> None:
@@ -79,6 +80,13 @@ class ChatService:
 
     def stop(self) -> None:
         self.worker.stop()
+
+    def drain(self, since: float | None = None) -> None:
+        """The server stops (a signal at ``since``, monotonic; default now): new requests get 503
+        ``ServerStopping``, waiting ones too, and replies in progress go on for
+        ``shutdown_grace_s``, then end with their last event (``Worker.drain``)."""
+        self.stopping = True
+        self.worker.drain((time.monotonic() if since is None else since) + self.options.shutdown_grace_s)
 
     @property
     def capacity(self) -> int:
@@ -90,6 +98,8 @@ class ChatService:
         ``capacity`` requests are in, from their body's first byte to their last event) and its
         lease on the host allowance; releasing the lease gives the place back."""
         with self._places:
+            if self.stopping:
+                raise ServerStopping("the server is stopping; retry on another instance, or once it is back")
             if self.admitted >= self.capacity:
                 self.worker.counters.rejected += 1
                 w = self.worker

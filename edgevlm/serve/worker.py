@@ -60,6 +60,7 @@ class Worker:
         self._summaries = Summaries()  # by picture content: one summary per picture
         self._cond = threading.Condition()
         self._stop = False
+        self._drain_at: float | None = None  # the server stops: replies in progress are cut then
         self._outbox = Outbox()
         self._thread = threading.Thread(target=self._run, name="edgevlm-serve", daemon=True)
 
@@ -72,6 +73,14 @@ class Worker:
             self._stop = True
             self._cond.notify()
         self._thread.join(timeout=30)
+
+    def drain(self, until: float) -> None:
+        """The server is stopping: no new jobs; the ones not started end at once (503
+        ``ServerStopping``); replies in progress go on until ``until`` (monotonic), then end as
+        cut short (finish "length", a notice) — each with its last event."""
+        with self._cond:
+            self._drain_at = until
+            self._cond.notify()
 
     @property
     def alive(self) -> bool:
@@ -88,7 +97,7 @@ class Worker:
     def submit(self, job: Job) -> None:
         """Queue ``job`` (its place was taken at the door: ``ChatService.admit``)."""
         with self._cond:
-            if self._stop or not self.alive:
+            if self._stop or self._drain_at is not None or not self.alive:
                 raise ServerStopping("the server is stopping")
             self._inbox.append(job)
             self._cond.notify()
@@ -124,6 +133,9 @@ class Worker:
                         break
                     new = list(self._inbox)
                     self._inbox.clear()
+                if self._drain_at is not None:  # stopping: what has not started ends now
+                    self._turn_away(new)
+                    new = []
                 try:
                     for job in new:
                         self._guarded(job, self._prepare)
@@ -195,6 +207,12 @@ class Worker:
             self._emit(job, "error", gone)
         self._outbox.flush()
         self.sched.cancel_client(self.client)
+
+    def _turn_away(self, jobs: list[Job]) -> None:
+        """The server is stopping: ``jobs`` and the waiting ones (none started) end with 503."""
+        for job in [*jobs, *self._waiting]:
+            self._drop(job)
+            self._emit(job, "error", ServerStopping("the server is stopping; the request had not started"))
 
     def _prepare(self, job: Job) -> None:
         """Render the request (exact reply tokens where known) and check it can ever fit; with
@@ -343,8 +361,10 @@ class Worker:
         pro = job.progress
         seq = pro.seq
         assert seq is not None  # a running job has its sequence
-        if not seq.done and (job.cancelled or now > job.deadline):
+        stop = self._drain_at is not None and now >= self._drain_at
+        if not seq.done and (job.cancelled or stop or now > job.deadline):
             job.timed_out = not job.cancelled
+            job.stopped = stop and not job.cancelled
             self.sched.cancel(seq)
         while seq.out:
             r: GenerationResponse = seq.out.popleft()
@@ -377,6 +397,10 @@ class Worker:
         c.prompt_tokens += st.prompt_n + st.cached_n
         c.cached_tokens += st.cached_n
         c.generated_tokens += st.predicted_n
-        if job.timed_out:
+        if job.stopped:
+            job.turn.notices.append(
+                f"stopped: the server is shutting down (its --shutdown-grace of {self.options.shutdown_grace_s:g} s)"
+            )
+        elif job.timed_out:
             job.turn.notices.append(f"stopped after {self.options.timeout_s:g} s (the server's --timeout)")
         self._emit(job, "done", seq)
