@@ -4,15 +4,30 @@ to a loopback, private, link-local or otherwise non-public address are refused (
 is checked again) unless ``--allow-private-urls``, and the connection goes to the address that
 was checked (the host is resolved once: a DNS answer that changes in between cannot point the
 fetch elsewhere); ``file:`` URLs never work. Every refusal is an ``APIError`` with one line
-saying why."""
+saying why.
+
+A source's scheme is read from its first characters (``url_scheme``), never by parsing the
+whole string: ``urllib.parse.urlsplit`` keeps its last 128 inputs (Python 3.11+), and a
+``data:`` URI is the picture itself. Only http(s) URLs of at most ``URL_MAX_CHARS`` are parsed.
+
+A fetch ends by its deadline (``url_deadline_s``, redirects included: "took longer"), and its
+body must come at ``url_min_rate`` bytes/s or faster once ``RATE_GRACE_S`` have passed ("too
+slow"); each wait for bytes is at most ``url_timeout_s``. The server fetches on threads of its
+own (``Fetcher``: ``url_fetches`` at once), so slow URLs cannot hold the threads that decode
+pictures and build grammars for everyone else."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import ipaddress
+import math
 import os
 import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
 from ..vision.images import LoadedImage, load_image
@@ -20,11 +35,25 @@ from .api_errors import APIError
 from .options import ServeOptions
 from .request import ImageRef
 
-__all__ = ["fetch_bytes", "fetch_image", "read_data_uri"]
+__all__ = ["RATE_GRACE_S", "URL_MAX_CHARS", "Fetcher", "fetch_bytes", "fetch_image", "read_data_uri", "url_scheme"]
+
+URL_MAX_CHARS = 8192  # a longer http(s) image URL (or redirect) is refused before it is parsed
+RATE_GRACE_S = 2.0  # a fetch's body is held to url_min_rate from this long after its headers on
+_SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.")
 
 
 def _refuse(message: str, param: str = "messages") -> APIError:
     return APIError(message, param, "invalid_image_url")
+
+
+def url_scheme(url: str) -> str:
+    """``url``'s scheme, lower-cased, as ``urlsplit`` reads it ("" for none: a path), from its
+    first 16 characters alone."""
+    head, sep, _ = url[:16].partition(":")
+    head = head.replace("\t", "").replace("\r", "").replace("\n", "")  # (urlsplit drops them)
+    if not sep or not head or not head[0].isalpha() or not _SCHEME_CHARS.issuperset(head):
+        return ""
+    return head.lower()
 
 
 def read_data_uri(uri: str, limit: int) -> bytes:
@@ -76,10 +105,37 @@ def _pinned(url: str, address: str) -> tuple[str, dict[str, str], dict[str, str]
     return target, headers, {"sni_hostname": host}
 
 
-def _fetch_url(url: str, opts: ServeOptions) -> bytes:
+class _Cut(Exception):
+    """A fetch's time is up: ``slow`` (under url_min_rate) or too long (past its deadline)."""
+
+    def __init__(self, slow: bool, got: int):
+        self.slow, self.got = slow, got
+
+
+def _fetch_url(url: str, opts: ServeOptions, label: str, deadline: float | None = None) -> bytes:
+    start = time.monotonic()
+    end = start + opts.url_deadline_s if deadline is None else min(deadline, start + opts.url_deadline_s)
+    try:
+        return asyncio.run(_fetch_async(url, opts, end))
+    except _Cut as cut:
+        shown = url if len(url) <= 120 else url[:117] + "..."
+        took = time.monotonic() - start
+        if cut.slow:
+            raise _refuse(
+                f"{label}: the image URL {shown} is too slow: {cut.got:,} bytes in {took:.1f} s, under the "
+                f"{opts.url_min_rate:,} bytes/s the server asks for"
+            ) from None
+        raise _refuse(
+            f"{label}: the image URL {shown} took longer than {end - start:.3g} s (the server's limit)"
+        ) from None
+
+
+async def _fetch_async(url: str, opts: ServeOptions, end: float) -> bytes:
     import httpx
 
     for _ in range(opts.url_max_redirects + 1):
+        if len(url) > URL_MAX_CHARS:
+            raise _refuse(f"the image URL is longer than {URL_MAX_CHARS:,} characters")
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise _refuse(f"image URL scheme {parts.scheme or '(none)'!r} is not allowed (data:, http, https)")
@@ -89,27 +145,53 @@ def _fetch_url(url: str, opts: ServeOptions) -> bytes:
         target, headers, ext = _pinned(url, address)
         try:
             # no proxy from the environment: the connection goes to the address checked above
-            with (
-                httpx.Client(timeout=opts.url_timeout_s, follow_redirects=False, trust_env=False) as client,
-                client.stream("GET", target, headers={"User-Agent": "edgevlm", **headers}, extensions=ext) as resp,
-            ):
-                if resp.is_redirect:
-                    url = urljoin(url, resp.headers.get("location", ""))
-                    continue
-                if resp.status_code != 200:
-                    raise _refuse(f"fetching the image URL got HTTP {resp.status_code}")
-                size = int(resp.headers.get("content-length") or 0)
-                if size > opts.url_max_bytes:
-                    raise _refuse(f"the image URL holds {size:,} bytes, over the limit of {opts.url_max_bytes:,}")
-                data = bytearray()
-                for chunk in resp.iter_bytes():
-                    data += chunk
-                    if len(data) > opts.url_max_bytes:
-                        raise _refuse(f"the image URL holds more than {opts.url_max_bytes:,} bytes")
-                return bytes(data)
+            async with httpx.AsyncClient(timeout=opts.url_timeout_s, follow_redirects=False, trust_env=False) as client:
+                request = client.build_request(
+                    "GET", target, headers={"User-Agent": "edgevlm", **headers}, extensions=ext
+                )
+                resp = await _by(client.send(request, stream=True), end, 0)
+                try:
+                    if resp.is_redirect:
+                        location = resp.headers.get("location", "")
+                        if len(location) > URL_MAX_CHARS:
+                            raise _refuse(f"the image URL redirects to more than {URL_MAX_CHARS:,} characters")
+                        url = urljoin(url, location)
+                        continue
+                    if resp.status_code != 200:
+                        raise _refuse(f"fetching the image URL got HTTP {resp.status_code}")
+                    size = int(resp.headers.get("content-length") or 0)
+                    if size > opts.url_max_bytes:
+                        raise _refuse(f"the image URL holds {size:,} bytes, over the limit of {opts.url_max_bytes:,}")
+                    return await _body(resp, opts, end)
+                finally:
+                    await resp.aclose()
         except httpx.HTTPError as exc:
             raise _refuse(f"cannot fetch the image URL ({type(exc).__name__})") from None
     raise _refuse(f"the image URL redirects more than {opts.url_max_redirects} times")
+
+
+async def _by(step: Any, end: float, got: int, slow_at: float = math.inf) -> Any:
+    """``step`` awaited until ``end`` (then: too long) or ``slow_at`` (then: too slow)."""
+    try:
+        return await asyncio.wait_for(step, max(0.0, min(end, slow_at) - time.monotonic()))
+    except asyncio.TimeoutError:
+        raise _Cut(slow_at < end, got) from None
+
+
+async def _body(resp: Any, opts: ServeOptions, end: float) -> bytes:
+    """The response's body, at most ``url_max_bytes``, by ``end`` and at ``url_min_rate``."""
+    begun = time.monotonic()
+    data = bytearray()
+    chunks = resp.aiter_bytes()
+    while True:
+        slow_at = begun + RATE_GRACE_S + len(data) / opts.url_min_rate if opts.url_min_rate > 0 else math.inf
+        try:
+            chunk = await _by(chunks.__anext__(), end, len(data), slow_at)
+        except StopAsyncIteration:
+            return bytes(data)
+        data += chunk
+        if len(data) > opts.url_max_bytes:
+            raise _refuse(f"the image URL holds more than {opts.url_max_bytes:,} bytes")
 
 
 def _read_path(path: str, opts: ServeOptions) -> bytes:
@@ -133,15 +215,16 @@ def _under(path: str, root: str) -> bool:
         return False
 
 
-def fetch_bytes(ref: ImageRef, opts: ServeOptions, label: str) -> bytes:
+def fetch_bytes(ref: ImageRef, opts: ServeOptions, label: str, deadline: float | None = None) -> bytes:
     """A request's picture as the bytes it was sent as (``label`` names it in errors:
-    ``messages[1] image 1``)."""
+    ``messages[1] image 1``); a URL's fetch ends by ``deadline`` (a ``time.monotonic()`` value)
+    too, when that comes before its own."""
     url = ref.url.strip()
-    scheme = urlsplit(url).scheme.lower() if ":" in url[:12] else ""
+    scheme = url_scheme(url)
     if scheme == "data":
         data = read_data_uri(url, opts.url_max_bytes)
     elif scheme in ("http", "https"):
-        data = _fetch_url(url, opts)
+        data = _fetch_url(url, opts, label, deadline)
     elif scheme == "file":
         raise _refuse("file: URLs are not allowed (name a path under --allow-path)")
     elif scheme == "" or len(scheme) == 1:  # a path (C:\\ on Windows)
@@ -156,3 +239,25 @@ def fetch_bytes(ref: ImageRef, opts: ServeOptions, label: str) -> bytes:
 def fetch_image(ref: ImageRef, opts: ServeOptions, max_pixels: int, label: str) -> LoadedImage:
     """A request's picture, decoded."""
     return load_image(fetch_bytes(ref, opts, label), max_pixels, name=label)
+
+
+class Fetcher:
+    """The server's fetches of http(s) URLs, on ``url_fetches`` threads of their own (more wait
+    their turn); anything else (``data:``, paths) is read in the caller's thread."""
+
+    def __init__(self, opts: ServeOptions):
+        self.opts = opts
+        self.pool = ThreadPoolExecutor(max(1, opts.url_fetches), thread_name_prefix="edgevlm-fetch")
+
+    @staticmethod
+    def remote(source: str) -> bool:
+        return url_scheme(source.strip()) in ("http", "https")
+
+    def fetch(self, source: str, label: str, deadline: float | None = None) -> bytes:
+        """``fetch_bytes`` by the server's rules, a URL's on the fetch threads (blocking)."""
+        if not self.remote(source):
+            return fetch_bytes(ImageRef(source), self.opts, label, deadline)
+        return self.pool.submit(fetch_bytes, ImageRef(source), self.opts, label, deadline).result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -40,7 +40,12 @@ class ServeOptions:
     allow_paths: tuple[str, ...] = ()  # folders whose files a request may name as images
     path_base: str | None = None  # relative image paths are read from here (None: the current folder)
     url_max_bytes: int = 32 * 2**20  # an image URL's body is cut off (and refused) past this
-    url_timeout_s: float = 15.0
+    url_timeout_s: float = 15.0  # connecting to an image URL, and each wait for its next bytes
+    url_deadline_s: float = 30.0  # a whole fetch (redirects included) ends by then: 400 "took longer"
+    # an image URL's body comes at least this fast (bytes/s, on average from RATE_GRACE_S after its
+    # headers on: serve/media.py), or the fetch ends: 400 "too slow"; 0: no floor
+    url_min_rate: int = 32 * 1024
+    url_fetches: int = 16  # image URLs fetched at once, on threads of their own; more wait their turn
     url_max_redirects: int = 3
     # host RAM requests in flight and waiting may hold (bodies, decodes, views, embeddings): the
     # plan's --host-allowance when serving; a 24-megapixel photo takes ~190 MiB while decoded

@@ -47,8 +47,9 @@ from ..runtime.turn import ReplySpec, Turn
 from ..vision.images import LoadedImage
 from .api_errors import APIError, ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
 from .job import Job
-from .media import fetch_bytes
+from .media import Fetcher, fetch_bytes
 from .options import ServeOptions
+from .prep import Preparation
 from .replies import THINK_CLOSE, THINK_OPEN, ReplySplitter
 from .request import ChatRequest, Delta, ImageRef, Reply
 from .worker import Worker
@@ -67,6 +68,7 @@ class ChatService:
         self.model = model
         self.options = options
         self.worker = Worker(model, options)
+        self.fetcher = Fetcher(options)  # (image URLs on threads of their own)
         self.intake = model.intake(fetch=self.fetch, host_wait_s=options.host_wait_s)  # (never keeps a full decode)
         planned = model.plan.host_allowance if model.plan is not None else 0
         self.host = HostAllowance(planned or options.host_allowance)
@@ -80,6 +82,7 @@ class ChatService:
 
     def stop(self) -> None:
         self.worker.stop()
+        self.fetcher.close()
 
     def drain(self, since: float | None = None) -> None:
         """The server stops (a signal at ``since``, monotonic; default now): new requests get 503
@@ -116,10 +119,24 @@ class ChatService:
 
     def fetch(self, source: str, label: str) -> bytes:
         """A picture's or clip's bytes, by the server's rules (``media.fetch_bytes``)."""
-        return fetch_bytes(ImageRef(source), self.options, label)
+        return self.fetcher.fetch(source, label)
+
+    def prepare_fetched(
+        self, req: ChatRequest, lease: Lease, fetched: dict[str, bytes]
+    ) -> tuple[Conversation, list[int], list[str]]:
+        """``prepare`` with the request's image URLs fetched already (``fetched``: their bytes,
+        held on ``lease`` until the intake is done with them)."""
+        held = sum(map(len, fetched.values()))
+        lease.grow(held, self.host_deadline())
+        try:
+            return self.prepare(req, lease, fetched)
+        finally:
+            lease.shrink(held)
 
     # --- pictures ----------------------------------------------------------------------------
-    def prepare(self, req: ChatRequest, lease: Lease) -> tuple[Conversation, list[int], list[str]]:
+    def prepare(
+        self, req: ChatRequest, lease: Lease, fetched: dict[str, bytes] | None = None
+    ) -> tuple[Conversation, list[int], list[str]]:
         """The request's pictures and clips made ready by the model's one intake (blocking:
         called in a thread), holding ``lease`` for what they take. Returns the conversation
         (pictures numbered from 1), each message's place in the request, and notices. With
@@ -132,7 +149,7 @@ class ChatService:
             # the last message's pictures (all of them, without evict) must fit the room left;
             # an earlier one's, with evict, may give way later: planned as if it were the last
             bound = i == len(req.messages) - 1 or not req.evict
-            refs = [MediaRef(r.url, r.kind, r.detail, r.name) for r in m.images]
+            refs = [MediaRef((fetched or {}).get(r.url, r.url), r.kind, r.detail, r.name) for r in m.images]
             made, used = self.intake.message(
                 refs, room if bound else full_room, first=len(conv.pictures) + 1, lease=lease
             )
@@ -173,11 +190,16 @@ class ChatService:
         prompt is rendered and counted (``job.prompt_cells``), never run."""
         loop = asyncio.get_running_loop()
         lease = lease or self.admit()  # (the server's routes admitted it at the door)
+        deadline = time.monotonic() + self.options.timeout_s  # (its preparation included)
+        prep = Preparation(lease, deadline, self.options.timeout_s)
         try:
-            grammar = await loop.run_in_executor(None, self.grammar, req)
+            grammar = await prep.run(None, self.grammar, req)
             if grammar is not None:
-                await loop.run_in_executor(None, self.model.backend.check_grammar, grammar)
-            conv, places, notices = await loop.run_in_executor(None, self.prepare, req, lease)
+                await prep.run(None, self.model.backend.check_grammar, grammar)
+            urls = {r.url: f"messages[{m.index}]" for m in req.messages for r in m.images if Fetcher.remote(r.url)}
+            calls = [(fetch_bytes, ImageRef(url), self.options, label, deadline) for url, label in urls.items()]
+            fetched = dict(zip(urls, await prep.run_all(self.fetcher.pool, calls), strict=True))  # (own threads)
+            conv, places, notices = await prep.run(None, self.prepare_fetched, req, lease, fetched)
             tools = tuple(t.to_template() for t in req.offered_tools)
             reply = ReplySpec(
                 req.max_tokens or self.options.max_tokens,
@@ -197,10 +219,10 @@ class ChatService:
                 tuple(places),
                 notices,
             )
-            job = Job(turn, time.monotonic() + self.options.timeout_s, loop, lease, count_only)
+            job = Job(turn, deadline, loop, lease, count_only)
             self.worker.submit(job)
         except BaseException:
-            lease.release()
+            prep.give_up()  # (the lease given back once no step of it runs)
             raise
         try:
             kind, value = await next_event(job, self.worker, gone)
