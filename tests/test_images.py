@@ -167,8 +167,8 @@ def test_decoding_a_large_picture_stays_within_its_lease(mode):
     """The lease a server takes before decoding (``decode_bytes``) covers the decode's peak: what
     tracemalloc sees (numpy's arrays and Python's bytes) plus Pillow's own buffer of the picture
     (allocated outside Python's allocator, so counted here from the mode's bytes per pixel).
-    Before the 16-bit and float greys were scaled in strips they took ~1.4x their lease in
-    float64 copies (3000x3000: a 206 / 215 MiB traced peak against a 155 / 172 MiB lease)."""
+    Before the 16-bit and float greys were scaled in strips, their whole-picture float64 copies
+    alone peaked past the lease (3000x3000: 206 / 215 MiB traced against 155 / 172 MiB)."""
     n, rng = 3000, np.random.default_rng(0)
     if mode == "I;16":
         img, fmt, pillow_bpp = Image.fromarray(rng.integers(0, 65536, (n, n), dtype=np.uint16)), "PNG", 2
