@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
+import tracemalloc
+
 import numpy as np
 import pytest
 from PIL import Image
 
 from edgevlm.errors import ImageError
-from edgevlm.vision.images import load_image
+from edgevlm.vision import images
+from edgevlm.vision.images import decode_bytes, load_image
 
 
 def test_exif_orientation_is_applied(tmp_path):
@@ -107,3 +111,82 @@ def test_missing_and_directory(tmp_path):
         load_image(tmp_path / "nope.png")
     with pytest.raises(ImageError, match="is a directory"):
         load_image(tmp_path)
+
+
+# --- 16-bit and float pictures: the same pixels as before, a strip at a time -------------------
+
+
+def _whole_array_scaling(img: Image.Image) -> np.ndarray:
+    """How 16-bit and float greys were scaled before, on the whole picture in float64 at once
+    (the reference the strip-by-strip scaling must match pixel for pixel)."""
+    if img.mode == "F":
+        arr = np.asarray(img, dtype=np.float64)
+        lo, hi = float(arr.min()), float(arr.max())
+        norm = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
+        grey = (norm * 255).astype(np.uint8)
+    else:
+        arr = np.asarray(img, dtype=np.float64)
+        hi = arr.max() or 1.0
+        scale = 255.0 / (65535.0 if hi > 255 else 255.0)
+        grey = np.clip(arr * scale, 0, 255).astype(np.uint8)
+    return np.asarray(Image.fromarray(grey).convert("RGB"))
+
+
+def _deep_pictures() -> dict[str, Image.Image]:
+    rng = np.random.default_rng(7)
+    every = np.arange(65536, dtype=np.uint16).reshape(256, 256)  # every 16-bit value once
+    wide = rng.integers(-40_000, 200_000, (3, 700), dtype=np.int32)  # negatives, values past 65535
+    floats = (rng.standard_normal((37, 53)) * 1e3).astype(np.float32)
+    floats[0, 0], floats[-1, -1] = -3.5e4, 2.25e4  # (least and largest in different strips)
+    return {
+        "I;16 every value": Image.fromarray(every),
+        "I;16B": Image.fromarray(every).convert("I").convert("I;16B"),
+        "I;16 dim (max 200)": Image.fromarray((every % 201).astype(np.uint16)),
+        "I wide": Image.fromarray(wide),
+        "F": Image.fromarray(floats),
+        "F flat": Image.fromarray(np.full((9, 11), 2.5, dtype=np.float32)),
+        "F one row": Image.fromarray(floats.reshape(1, -1)),
+    }
+
+
+@pytest.mark.parametrize("strip", [1 << 18, 64])  # the default, and strips so small a row is cut in pieces
+@pytest.mark.parametrize("name", list(_deep_pictures()))
+def test_16_bit_and_float_pictures_scale_to_the_same_pixels_as_the_whole_array(monkeypatch, name, strip):
+    monkeypatch.setattr(images, "_DEEP_STRIP_PIXELS", strip)
+    img = _deep_pictures()[name]
+    expected = _whole_array_scaling(img)
+    assert np.array_equal(np.asarray(images.flatten(img)), expected)
+    if img.mode in ("I;16", "F"):  # through a file as well (PNG keeps I;16, TIFF keeps F)
+        buf = io.BytesIO()
+        img.save(buf, "PNG" if img.mode == "I;16" else "TIFF")
+        assert np.array_equal(load_image(buf.getvalue()).rgb, expected)
+
+
+@pytest.mark.parametrize("mode", ["I;16", "F", "RGB"])
+def test_decoding_a_large_picture_stays_within_its_lease(mode):
+    """The lease a server takes before decoding (``decode_bytes``) covers the decode's peak: what
+    tracemalloc sees (numpy's arrays and Python's bytes) plus Pillow's own buffer of the picture
+    (allocated outside Python's allocator, so counted here from the mode's bytes per pixel).
+    Before the 16-bit and float greys were scaled in strips, their whole-picture float64 copies
+    alone peaked past the lease (3000x3000: 206 / 215 MiB traced against 155 / 172 MiB)."""
+    n, rng = 3000, np.random.default_rng(0)
+    if mode == "I;16":
+        img, fmt, pillow_bpp = Image.fromarray(rng.integers(0, 65536, (n, n), dtype=np.uint16)), "PNG", 2
+    elif mode == "F":
+        img, fmt, pillow_bpp = Image.fromarray(rng.random((n, n), dtype=np.float32)), "TIFF", 4
+    else:
+        img, fmt, pillow_bpp = Image.fromarray(rng.integers(0, 256, (n, n, 3), dtype=np.uint8)), "PNG", 4
+    buf = io.BytesIO()
+    img.save(buf, fmt, **({"compress_level": 1} if fmt == "PNG" else {}))
+    del img
+    data = buf.getvalue()
+    lease = decode_bytes(data)
+    tracemalloc.start()
+    try:
+        out = load_image(data)
+        _, traced = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.rgb.shape == (n, n, 3)
+    peak = traced + n * n * pillow_bpp + len(data)  # (the body the lease counts too)
+    assert peak <= lease, f"{mode}: decoding peaked at {peak / 2**20:.0f} MiB against a {lease / 2**20:.0f} MiB lease"

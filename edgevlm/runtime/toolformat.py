@@ -31,6 +31,8 @@ __all__ = [
     "fallback_instructions",
     "markers",
     "parse_calls",
+    "parse_cut",
+    "partial_object",
     "probe_caps",
 ]
 
@@ -40,8 +42,9 @@ FORMATS = ("hermes", "mistral", "llama3")
 @dataclass(frozen=True)
 class ParsedCall:
     name: str
-    arguments: str  # a JSON object as text
+    arguments: str  # a JSON object as text (cut off: the JSON text as far as it was generated)
     id: str = ""  # when the format carries one (Mistral's 9-character ids)
+    partial: bool = False  # the reply ended before its arguments did (``parse_cut``)
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,9 @@ def fallback_instructions(tools: Sequence[dict[str, Any]], required: str | None 
 
 # --- parsing ---------------------------------------------------------------------------------
 
+# calls are read leniently: a control character written raw inside a string (a tab, a newline in
+# code, a byte a small model let through its grammar) is kept (and escaped when written back)
+_JSON = json.JSONDecoder(strict=False)
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _MISTRAL_NEW = re.compile(r"\[TOOL_CALLS\]\s*([A-Za-z0-9_.\-]+)\s*\[ARGS\]\s*", re.S)
 
@@ -160,7 +166,7 @@ def _call(obj: Any, names: set[str] | None) -> ParsedCall | None:
         return None
     if isinstance(args, str):
         try:
-            args = json.loads(args or "{}")
+            args = _JSON.decode(args or "{}")
         except ValueError:
             return None
     if not isinstance(args, dict):
@@ -172,7 +178,7 @@ def _call(obj: Any, names: set[str] | None) -> ParsedCall | None:
 def _json_values(text: str) -> list[Any]:
     """The JSON values written one after another in ``text`` (whitespace between); [] when
     anything else is there."""
-    dec = json.JSONDecoder()
+    dec = _JSON
     out: list[Any] = []
     i, n = 0, len(text)
     while True:
@@ -218,7 +224,7 @@ def parse_calls(text: str, fmt: str, names: Sequence[str] | None = None) -> tupl
             pos, body = 0, "[TOOL_CALLS]" + rest
             for m in _MISTRAL_NEW.finditer(body):
                 try:
-                    args, end = json.JSONDecoder().raw_decode(body, m.end())
+                    args, end = _JSON.raw_decode(body, m.end())
                 except ValueError:
                     return text, []
                 one = _call({"name": m.group(1), "arguments": args}, known)
@@ -235,6 +241,179 @@ def parse_calls(text: str, fmt: str, names: Sequence[str] | None = None) -> tupl
         if got:
             return "", got
     return text, []
+
+
+# --- a reply cut off inside its calls --------------------------------------------------------
+
+_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)(")?', re.S)
+_STARTS_NAMED = re.compile(r'\s*\[?\s*\{\s*"name"\s*:', re.S)
+_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*', re.S)
+
+
+def parse_cut(
+    text: str, fmt: str, names: Sequence[str], forced: str | None = None
+) -> tuple[str, list[ParsedCall]] | None:
+    """A reply that ended inside its tool calls (cut off by max_tokens): (its text before the
+    calls, the calls) — the whole ones, and the last as far as it got (``partial``: its
+    ``arguments`` the JSON text as generated; a call whose arguments are whole is whole though
+    its closing was cut). The markup itself is never in the text, and a call whose function
+    cannot be told (its name cut off, or not one offered) is left out. ``forced``: "any" or the
+    function a grammar made the reply call (then the reply is a call, and a name cut off is that
+    function's or the one function it begins). None: no call after all — no marker, not forced,
+    and no offered function named at its start (a JSON answer cut off)."""
+    if fmt == "hermes" and "<tool_call>" in text:
+        calls: list[ParsedCall] = []
+        for m in _HERMES.finditer(text):
+            closed = m.group(0).rstrip().endswith("</tool_call>")
+            body = m.group(1) if closed else _unclosed(m.group(1), "</tool_call>")
+            got = _calls_in(_json_values(body), set(names))
+            if got is not None:
+                calls += got
+            elif not closed and (one := _cut_call(body, names, forced or "any")) is not None:
+                calls.append(one)  # (a closed call that is broken is left out: markup is never text)
+        return text[: text.index("<tool_call>")].strip(), calls
+    if fmt == "mistral" and "[TOOL_CALLS]" in text:
+        head, _, rest = text.partition("[TOOL_CALLS]")
+        rest = rest.replace("</s>", "")
+        if rest.lstrip().startswith(("[", "{")):
+            return head.strip(), _cut_values(rest, names, forced or "any") or []
+        calls = []
+        for piece in rest.split("[TOOL_CALLS]"):  # the newer form: name[ARGS]{...}, one after another
+            name, sep, args = piece.partition("[ARGS]")
+            fn = _function(name.strip(), bool(sep), names, forced or "any")
+            if fn is not None:
+                calls.append(_with_args(fn, args) if sep else ParsedCall(fn, "", partial=True))
+        return head.strip(), calls
+    head, body = "", text
+    if fmt == "llama3" and "<|python_tag|>" in text:
+        head, _, body = text.partition("<|python_tag|>")
+        forced = forced or "any"
+    if not body.lstrip().startswith(("{", "[")) or not (forced or _STARTS_NAMED.match(body)):
+        return None if not forced else (head.strip(), [])
+    found = _cut_values(body, names, forced)
+    return None if found is None else (head.strip(), found)
+
+
+def _unclosed(body: str, tag: str) -> str:
+    """``body`` without the start of ``tag`` that the cut left at its end."""
+    body = body.rstrip()
+    for n in range(min(len(tag) - 1, len(body)), 0, -1):
+        if body.endswith(tag[:n]):
+            return body[:-n].rstrip()
+    return body
+
+
+def _function(name: str, whole: bool, names: Sequence[str], forced: str | None) -> str | None:
+    """The function a call names: ``name`` when it is offered; a name cut off (``whole``
+    false) is the one offered function it begins (or the forced one) — only when the reply is
+    surely a call (``forced``)."""
+    if whole:
+        return name if name in names else None
+    if forced is None:
+        return None
+    if forced != "any" and forced.startswith(name):
+        return forced
+    begun = [n for n in names if n.startswith(name)]
+    return begun[0] if len(begun) == 1 else None
+
+
+def _with_args(name: str, args: str) -> ParsedCall:
+    """A call to ``name`` whose arguments start ``args``: whole when they are a whole JSON
+    object, else partial with the text as generated."""
+    try:
+        value, _ = _JSON.raw_decode(args.lstrip())
+    except ValueError:
+        return ParsedCall(name, args.strip(), partial=True)
+    whole = _call({"name": name, "arguments": value}, None)
+    return whole if whole is not None else ParsedCall(name, args.strip(), partial=True)
+
+
+def _cut_call(obj: str, names: Sequence[str], forced: str | None) -> ParsedCall | None:
+    """One call object as far as it was generated (``{"name": "zoom", "arguments": {"box": "le``)."""
+    m = _NAME.search(obj)
+    fn = _function(m.group(1), bool(m.group(2)), names, forced) if m else _function("", False, names, forced)
+    if fn is None:
+        return None
+    a = _ARGS.search(obj)
+    return _with_args(fn, obj[a.end() :]) if a else ParsedCall(fn, "", partial=True)
+
+
+def _cut_values(body: str, names: Sequence[str], forced: str | None) -> list[ParsedCall] | None:
+    """Call objects one after another (in a JSON list or not), the last perhaps cut off; None
+    when the first is no call and the reply is not surely one (``forced`` None)."""
+    dec, s = _JSON, body.strip()
+    calls: list[ParsedCall] = []
+    i = 1 if s.startswith("[") else 0
+    while True:
+        while i < len(s) and s[i] in " \t\r\n,":
+            i += 1
+        if i >= len(s) or s[i] == "]":
+            return calls
+        try:
+            value, i = dec.raw_decode(s, i)
+        except ValueError:
+            one = _cut_call(s[i:], names, forced)
+            if one is None and forced is None and not calls:
+                return None
+            return calls + ([one] if one is not None else [])
+        got = _calls_in([value], set(names))
+        if got is None and forced is None and not calls:
+            return None
+        calls += got or []
+
+
+def partial_object(text: str) -> dict[str, Any]:
+    """What a JSON object cut off part-way holds so far: its whole members, and a last string
+    as far as it went ({} when nothing whole is there yet) — the arguments of a call cut off,
+    as an object (Anthropic's ``tool_use.input``)."""
+    text = text.strip()
+    cuts, state = [len(text)], _Scan()
+    for i, ch in enumerate(text):  # where the text may be cut back to: before a comma, after a bracket
+        if state.feed(ch):
+            cuts += [i] if ch == "," else [i + 1] if ch in "{[" else []
+    if state.escaped:
+        cuts[0] -= 1  # (an escape cut in two)
+    for cut in sorted(set(cuts), reverse=True)[:64]:
+        head = text[:cut].rstrip().rstrip(",")
+        tail = _Scan()
+        for ch in head:
+            tail.feed(ch)
+        try:
+            value = _JSON.decode(head + tail.closing())
+        except ValueError:
+            continue
+        return value if isinstance(value, dict) else {}
+    return {}
+
+
+class _Scan:
+    """JSON text read a character at a time: whether it is in a string, and what is open."""
+
+    def __init__(self) -> None:
+        self.open: list[str] = []
+        self.in_string = self.escaped = False
+
+    def feed(self, ch: str) -> bool:
+        """Take ``ch``; whether it was outside a string (structure)."""
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif ch == "\\":
+                self.escaped = True
+            elif ch == '"':
+                self.in_string = False
+            return False
+        if ch == '"':
+            self.in_string = True
+        elif ch in "{[":
+            self.open.append("}" if ch == "{" else "]")
+        elif ch in "}]" and self.open:
+            self.open.pop()
+        return True
+
+    def closing(self) -> str:
+        """The quote and brackets that close what is open."""
+        return ('"' if self.in_string else "") + "".join(reversed(self.open))
 
 
 # --- grammar ---------------------------------------------------------------------------------

@@ -36,6 +36,9 @@ class ReplySpec:
     stops: tuple[str, ...] = ()  # besides the model's end-of-generation tokens
     think: ThinkCap | None = None  # a reasoning budget
     preserve: frozenset[int] = frozenset()  # control tokens whose text the reply shows
+    # KV cells kept for the reply (None: the context budget's rule for max_tokens); a reply past
+    # them grows into cells nobody reserved (a forced tool call left room to close)
+    reserve: int | None = None
 
     def request(
         self,
@@ -52,6 +55,7 @@ class ReplySpec:
             self.max_tokens,
             self.sampling,
             self.stops,
+            reserve=self.reserve,
             new_images=new_images,
             t_start=t_start,
             counters=dict(counters or {}),

@@ -5,7 +5,9 @@ clients expect (``message``, ``message_start`` … ``message_stop``), and an exc
 Replies: ``content`` holds a thinking block (with an empty ``signature``: edgevlm signs nothing,
 and drops thinking blocks sent back), the text, and ``tool_use`` blocks; ``usage`` counts the
 prompt tokens evaluated (``input_tokens``) apart from those read from the cache
-(``cache_read_input_tokens``). ``stop_reason``: end_turn, max_tokens or tool_use — never
+(``cache_read_input_tokens``); a ``tool_use`` cut off by max_tokens holds the input as far as
+it got (its whole members and a last string cut short), with ``stop_reason`` max_tokens.
+``stop_reason``: end_turn, max_tokens or tool_use — never
 stop_sequence: a stop sequence and the template's own end are cut the same way, so which one
 ended a reply is not known (``stop_sequence`` is always null).
 

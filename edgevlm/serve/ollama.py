@@ -30,7 +30,8 @@ Pure functions, no I/O, as ``openai``. What maps where:
 
 Replies: ``message`` (chat) or ``response`` (generate) with ``thinking`` and ``tool_calls`` when
 there are any; ``done_reason`` "stop" or "length" (a reply that made tool calls ends with
-"stop", as Ollama's); counts and durations in nanoseconds: ``prompt_eval_count`` counts the whole
+"stop", as Ollama's; one cut off inside a call has only the calls whose arguments are whole,
+no markup in ``content``, and "length"); counts and durations in nanoseconds: ``prompt_eval_count`` counts the whole
 prompt (cached tokens too), ``prompt_eval_duration`` the time spent evaluating what was not
 cached, ``load_duration`` is 0 (the model is loaded once, at start). Streamed: one NDJSON line
 per piece (``done: false``), then the final record; an error after the stream began is a last
@@ -350,11 +351,13 @@ def _counts(reply: Reply, started: float | None) -> dict[str, int]:
 
 
 def _message(text: str, thinking: str = "", calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
+    """An assistant message; its calls those whose arguments are whole (Ollama's ``arguments``
+    is an object: a call cut off part-way has none to give)."""
     msg: dict[str, Any] = {"role": "assistant", "content": text}
     if thinking:
         msg["thinking"] = thinking
-    if calls:
-        msg["tool_calls"] = [_call(c) for c in calls]
+    if whole := [_call(c) for c in calls if not c.partial]:
+        msg["tool_calls"] = whole
     return msg
 
 
@@ -411,6 +414,8 @@ async def stream_events(
                 elif d.kind == "tool_call":  # (generate offers no tools)
                     continue
             elif d.kind == "tool_call" and d.call is not None:
+                if d.call.partial:  # (cut off: no arguments to give, see _message)
+                    continue
                 head["message"] = _message("", calls=(d.call,))
             else:
                 head["message"] = _message(d.text) if d.kind == "text" else _message("", d.text)

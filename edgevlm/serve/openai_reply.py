@@ -59,7 +59,8 @@ def _call_body(call: ToolCall, index: int | None = None) -> dict[str, Any]:
 
 def message_body(reply: Reply) -> dict[str, Any]:
     """The assistant message of a reply: content (null when it is only tool calls), its tool
-    calls, its reasoning."""
+    calls (one cut off by max_tokens as OpenAI gives it: its arguments the JSON text as far as
+    it was generated, with finish_reason "length"), its reasoning."""
     msg: dict[str, Any] = {"role": "assistant", "content": reply.text if (reply.text or not reply.tool_calls) else None}
     if reply.reasoning:
         msg["reasoning_content"] = reply.reasoning

@@ -6,13 +6,19 @@ marker on (``<tool_call>``, ``[TOOL_CALLS]``, ``<|python_tag|>``), or a reply wh
 starts with ``{``/``[``, the text is held back until the reply ends, then parsed
 (``runtime.toolformat.parse_calls``); what is not a call after all is sent as text then. Text
 that could still grow into a marker is held back too, so a client never sees half a marker.
+
+A reply cut off (max_tokens, the deadline) inside a call, or a forced call (the grammar's) that
+does not parse, never reaches the client as text: its calls come out as far as they got
+(``runtime.toolformat.parse_cut``; the last one ``partial``, its arguments the JSON text as
+generated), a marker begun at its end is dropped, and a call whose function cannot be told is
+left out. Only a reply that is no call after all (a JSON answer cut off) is still text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..runtime.toolformat import markers, parse_calls
+from ..runtime.toolformat import markers, parse_calls, parse_cut
 from .request import Delta, ToolCall, new_id
 
 __all__ = ["ReplySplitter", "call_id"]
@@ -43,10 +49,12 @@ class ReplySplitter:
         tools: Sequence[str] = (),
         thinking: bool = False,
         may_think: bool = False,
+        forced: str | None = None,
     ):
         """``tools``: the names offered (none: no tool parsing); ``thinking``: the reply starts
-        inside ``<think>``; ``may_think``: it may open one itself."""
-        self.fmt, self.names = fmt, list(tools)
+        inside ``<think>``; ``may_think``: it may open one itself; ``forced``: "any" or the
+        function's name when a grammar makes the reply a call."""
+        self.fmt, self.names, self.forced = fmt, list(tools), forced
         self.phase = "reasoning" if thinking else ("start" if may_think else "content")
         self.buf = ""  # text not sent yet
         self.held = ""  # tool phase: everything from the marker on
@@ -133,23 +141,25 @@ class ReplySplitter:
         out.append(Delta(kind, text))
 
     # --- the end -------------------------------------------------------------------------------
-    def finish(self) -> list[Delta]:
-        """The reply ended: what was held back, as text or as tool calls."""
+    def finish(self, cut: bool = False) -> list[Delta]:
+        """The reply ended (``cut``: by max_tokens or the deadline): what was held back, as text
+        or as tool calls — a call cut off as far as it got, never as text (see the module doc)."""
         out: list[Delta] = []
         if self.phase in ("start", "content"):
-            self._say(out, "text", self.buf)
+            begun = max(_partial(self.buf, m) for m in markers(self.fmt)) if cut and self.names else 0
+            self._say(out, "text", self.buf[: len(self.buf) - begun])  # (a marker begun is no text)
         elif self.phase == "reasoning":  # never closed (cut by max_tokens): all of it was reasoning
             self._say(out, "reasoning", self.buf.rstrip())
         else:
-            text, calls = parse_calls(self.held + self.buf, self.fmt, self.names)
-            if calls:
-                self._say(out, "text", text)
-                for c in calls:
-                    call = ToolCall(call_id(self.fmt, c.id), c.name, c.arguments)
-                    out.append(Delta("tool_call", call=call, index=len(self.calls)))
-                    self.calls.append(call)
-            else:
-                self._say(out, "text", self.held + self.buf)
+            held = self.held + self.buf
+            text, calls = parse_calls(held, self.fmt, self.names)  # (no calls: text is all of it)
+            if cut or (self.forced and not calls):
+                text, calls = parse_cut(held, self.fmt, self.names, self.forced) or (held, [])
+            self._say(out, "text", text)
+            for c in calls:
+                call = ToolCall(call_id(self.fmt, c.id), c.name, c.arguments, c.partial)
+                out.append(Delta("tool_call", call=call, index=len(self.calls)))
+                self.calls.append(call)
         self.buf = self.held = ""
         return out
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from ..backend.sampling import SERVE_REPLY, SamplingParams
+from ..runtime.toolformat import partial_object
 from .api_errors import APIError
 
 __all__ = [
@@ -101,10 +102,16 @@ class ToolCall:
     id: str
     name: str
     arguments: str  # a JSON object, as text (OpenAI's convention; other APIs parse it)
+    # the reply was cut off (max_tokens) inside this call: ``arguments`` is the JSON text as far
+    # as it was generated (OpenAI's chat shows it so; Responses marks the item incomplete)
+    partial: bool = False
 
     @property
     def args(self) -> dict[str, Any]:
-        """The arguments parsed (an object; {} when they are not one)."""
+        """The arguments parsed (an object; {} when they are not one; cut off: what they hold
+        so far, ``toolformat.partial_object``)."""
+        if self.partial:
+            return partial_object(self.arguments)
         try:
             v = json.loads(self.arguments or "{}")
         except ValueError:

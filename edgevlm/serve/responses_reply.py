@@ -1,8 +1,10 @@
 """The Responses API's replies (``POST /v1/responses``): a ``Reply`` → the ``response`` object
 (reasoning, message and function-call output items, usage), and a reply's ``Delta``s → the
 Responses streaming events (``response.created`` ... ``response.completed``), each with its
-``type`` and ``sequence_number``. Pure functions: ``responses`` parses the requests and keeps
-the store, ``app.Server`` serves both."""
+``type`` and ``sequence_number``. A function call cut off by ``max_output_tokens`` is an
+``incomplete`` item (its arguments the JSON text as generated) in an ``incomplete`` response
+(``incomplete_details.reason``: max_output_tokens). Pure functions: ``responses`` parses the
+requests and keeps the store, ``app.Server`` serves both."""
 
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ def _text_part(text: str) -> dict[str, Any]:
 
 
 def _call_item(item_id: str, call: ToolCall, status: str, arguments: str | None = None) -> dict[str, Any]:
+    """A function_call item (``status`` "completed" is "incomplete" for a call cut off)."""
+    if call.partial and status == "completed":
+        status = "incomplete"
     return {
         "type": "function_call",
         "id": item_id,

@@ -201,19 +201,21 @@ class ChatService:
             fetched = dict(zip(urls, await prep.run_all(self.fetcher.pool, calls), strict=True))  # (own threads)
             conv, places, notices = await prep.run(None, self.prepare_fetched, req, lease, fetched)
             tools = tuple(t.to_template() for t in req.offered_tools)
+            length, reserve = self.reply_length(req)
             reply = ReplySpec(
-                req.max_tokens or self.options.max_tokens,
+                length,
                 replace(req.sampling, grammar=grammar),
                 req.stop + tuple(self.model.scheduler.default_stops),
                 self.think_cap(req),
                 self.preserved,
+                reserve,
             )
             turn = Turn(
                 conv,
                 reply,
                 req.system,
                 tools,
-                {"required": "any", "function": req.tool_name}.get(req.tool_choice) if tools else None,
+                self.forced_call(req),
                 self.think_switch(req),
                 req.evict,
                 tuple(places),
@@ -246,10 +248,25 @@ class ChatService:
         return self.model.scheduler.formatter.tool_format
 
     @staticmethod
-    def constrained(req: ChatRequest) -> bool:
+    def forced_call(req: ChatRequest) -> str | None:
+        """The call a grammar makes the reply: "any" (tool_choice required) or the function's
+        name; None when the model decides."""
+        return {"required": "any", "function": req.tool_name}.get(req.tool_choice) if req.offered_tools else None
+
+    @classmethod
+    def constrained(cls, req: ChatRequest) -> bool:
         """Whether the reply follows a grammar (a forced call, or JSON output)."""
-        forced = bool(req.offered_tools) and req.tool_choice in ("required", "function")
-        return forced or req.response_format != "text"
+        return cls.forced_call(req) is not None or req.response_format != "text"
+
+    def reply_length(self, req: ChatRequest) -> tuple[int, int | None]:
+        """(most tokens, KV cells kept — None: the budget's rule): max_tokens, else the server's; a
+        forced call naming none may run to the context's end to close (kept: the server's)."""
+        if req.max_tokens:
+            return req.max_tokens, None
+        if self.forced_call(req) is None:
+            return self.options.max_tokens, None
+        budget = self.model.scheduler.budget
+        return max(budget.n_ctx, self.options.max_tokens), budget.reply_reserve(self.options.max_tokens)
 
     def grammar(self, req: ChatRequest) -> str | None:
         """The grammar sampling follows: a forced tool call (tool_choice required or a named
@@ -333,6 +350,7 @@ class ChatService:
             [t.name for t in req.offered_tools],
             thinking=fmt.starts_thinking(self.think_switch(req)),
             may_think=fmt.caps.thinking and self.think_switch(req) is not False,
+            forced=self.forced_call(req),
         )
 
     # --- replies -------------------------------------------------------------------------------
@@ -364,16 +382,16 @@ class ChatService:
                 elif kind == "error":
                     raise value
                 elif kind == "done":
-                    for d in split.finish():
+                    ended = "length" if job.timed_out else value.finish_reason  # (max_tokens, deadline)
+                    finish = "length" if ended == "context" else ended or "stop"
+                    for d in split.finish(cut=finish == "length"):  # (a call cut off is no text)
                         yield d
-                    yield self._reply(job, req, split, value, "".join(raw))
+                    yield self._reply(job, req, split, value, "".join(raw), finish)
                     return
         finally:
             self.finish(job)
 
-    def _reply(self, job: Job, req: ChatRequest, split: ReplySplitter, seq: Any, raw: str) -> Reply:
-        finish = "length" if job.timed_out else seq.finish_reason
-        finish = "length" if finish == "context" else finish
+    def _reply(self, job: Job, req: ChatRequest, split: ReplySplitter, seq: Any, raw: str, finish: str) -> Reply:
         if split.calls and finish == "stop":
             finish = "tool_calls"
         return Reply(
@@ -381,7 +399,7 @@ class ChatService:
             job.created,
             self.model_name(req),
             split.text,
-            finish or "stop",
+            finish,
             seq.stats,
             split.thought,
             tuple(split.calls),

@@ -226,9 +226,9 @@ class Worker:
             if m.role == "assistant" and m.tokens is None and not m.tool_calls:
                 m.tokens = self.recall.tokens(m.text.strip())
         budget = self.sched.budget
-        reserve = budget.reply_reserve(turn.reply.max_tokens)
+        reserve = budget.reply_reserve(turn.reply.max_tokens) if turn.reply.reserve is None else turn.reply.reserve
         if turn.evict:
-            self._make_room(job, reserve, budget.image_room(turn.reply.max_tokens))
+            self._make_room(job, reserve, budget.image_room(reserve))  # (a reserve is a reply of that many)
         pro.prompt = prompt = turn.render(self.model)
         turn.conversation.clear()  # the prompt holds what it needs: the views' pixels can go
         pro.prompt_cells = prompt.cells

@@ -81,10 +81,16 @@ _PIL_OPEN_LOCK = threading.Lock()
 
 # Host memory a decode takes at its peak, per pixel: Pillow's own buffer (4 bytes a pixel for
 # RGB) and the RGB array it is copied into strip by strip (3), with room for an EXIF rotation;
-# modes that are flattened (alpha, palette, 16-bit) go through one or two more RGBA copies.
+# modes that are flattened (alpha, palette) go through one or two more RGBA copies; 16-bit and
+# float greys (2 or 4 bytes in Pillow, one more such copy for an EXIF rotation) are scaled a
+# strip at a time straight into the RGB array (``_deep_grey``).
 DECODE_BYTES_PER_PIXEL = 8
 FLATTEN_BYTES_PER_PIXEL = 16
 _STRIP = 256  # rows converted at a time (Pillow → numpy without a second full copy)
+# 16-bit and float greys: at most this many pixels, and a quarter of the picture, scaled at a
+# time (a strip's float64 copy is 8 bytes a pixel: bounded by the strip, never by the picture)
+_DEEP_STRIP_PIXELS = 1 << 18
+_DEEP_GREY = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 
 
 def has_image_ext(path: str) -> bool:
@@ -119,17 +125,52 @@ def flatten(img: Image.Image) -> Image.Image:
         rgba = img.convert("RGBA")
         bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(bg, rgba).convert("RGB")
-    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
-        arr = np.asarray(img, dtype=np.float64)
-        hi = arr.max() or 1.0
-        scale = 255.0 / (65535.0 if hi > 255 else 255.0)
-        return Image.fromarray(np.clip(arr * scale, 0, 255).astype(np.uint8)).convert("RGB")
-    if img.mode == "F":
-        arr = np.asarray(img, dtype=np.float64)
-        lo, hi = float(arr.min()), float(arr.max())
-        norm = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
-        return Image.fromarray((norm * 255).astype(np.uint8)).convert("RGB")
+    if img.mode in _DEEP_GREY:
+        return Image.fromarray(_deep_grey(img))
     return img.convert("RGB")
+
+
+def _deep_boxes(w: int, h: int) -> list[tuple[int, int, int, int]]:
+    """The boxes a 16-bit or float picture is scaled in: whole rows, at most
+    ``_DEEP_STRIP_PIXELS`` and a quarter of the picture at a time (pieces of a row when one row
+    is more than that)."""
+    most = max(1, min(_DEEP_STRIP_PIXELS, (w * h) // 4))
+    rows, cols = max(1, min(h, most // w)), min(w, most)
+    return [(x, y, min(w, x + cols), min(h, y + rows)) for y in range(0, h, rows) for x in range(0, w, cols)]
+
+
+def _deep_grey(img: Image.Image) -> np.ndarray:
+    """A 16-bit or float grey picture (``I;16``, ``I;16B``, ``I``, ``F``) as H×W×3 uint8, a
+    strip at a time: integers scaled from 0–65535 when any is over 255 (as ``v * 255 //
+    65535``: what ``v * (255 / 65535)`` truncated gives for every 16-bit value), else taken as
+    they are (clipped to 0–255 either way); floats stretched from their least to their largest value (0 when all
+    are the same, or one is NaN). Nothing larger than a strip is copied: the peak is Pillow's
+    buffer and the RGB array (``FLATTEN_BYTES_PER_PIXEL`` covers it)."""
+    w, h = img.size
+    boxes = _deep_boxes(w, h)
+    out = np.empty((h, w, 3), dtype=np.uint8)
+    if img.mode == "F":
+        ends = np.array([(a.min(), a.max()) for a in (np.asarray(img.crop(b)) for b in boxes)], dtype=np.float64)
+        lo, hi = float(ends[:, 0].min()), float(ends[:, 1].max())  # (a NaN anywhere is the answer, as before)
+        for x0, y0, x1, y1 in boxes:
+            if hi > lo:
+                strip = np.asarray(img.crop((x0, y0, x1, y1)), dtype=np.float64)
+                np.subtract(strip, lo, out=strip)
+                np.divide(strip, hi - lo, out=strip)
+                np.multiply(strip, 255, out=strip)
+                grey = strip.astype(np.uint8)
+            else:
+                grey = np.zeros((y1 - y0, x1 - x0), dtype=np.uint8)
+            out[y0:y1, x0:x1] = grey[:, :, None]
+        return out
+    top = max(int(np.asarray(img.crop(b)).max()) for b in boxes)
+    for x0, y0, x1, y1 in boxes:
+        strip = np.clip(np.asarray(img.crop((x0, y0, x1, y1))), 0, 65535 if top > 255 else 255).astype(np.int32)
+        if top > 255:
+            strip *= 255
+            strip //= 65535
+        out[y0:y1, x0:x1] = strip.astype(np.uint8)[:, :, None]
+    return out
 
 
 def load_image(
@@ -167,8 +208,7 @@ def load_image(
         try:
             img.load()
             img = ImageOps.exif_transpose(img) or img
-            rgb_img = flatten(img)
-            rgb = _to_array(rgb_img)
+            rgb = _deep_grey(img) if img.mode in _DEEP_GREY else _to_array(flatten(img))
         except ImageError:
             raise
         except Exception as exc:  # truncated / corrupt data surfaces at load time
