@@ -26,8 +26,6 @@ ends with a 503, and one whose worker is gone with a 500 — a batch line never 
 from __future__ import annotations
 
 import asyncio
-import functools
-import re
 import sys
 import threading
 import time
@@ -35,28 +33,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from ..backend.system import json_grammar
-from ..errors import InputError
 from ..plan.host import HostAllowance, Lease, return_freed_memory
 from ..runtime.conversation import Conversation, Message
 from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
-from ..runtime.requests import ThinkCap
-from ..runtime.toolformat import call_grammar, markers
 from ..runtime.turn import ReplySpec, Turn
 from ..vision.images import LoadedImage
-from .api_errors import APIError, ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
+from .api_errors import ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
 from .job import Job
 from .media import Fetcher, fetch_bytes
 from .options import ServeOptions
 from .prep import Preparation
-from .replies import THINK_CLOSE, THINK_OPEN, ReplySplitter
+from .replies import ReplySplitter
 from .request import ChatRequest, Delta, ImageRef, Reply
+from .rules import ReplyRules
 from .worker import Worker
 
 __all__ = ["ChatService", "next_event"]
 
-_ROOT = re.compile(r"^root\s*::=", re.M)
 EVENT_GRACE_S = 30.0  # past its deadline, a request waits this much longer for its last event
 Gone = Callable[[], Awaitable[bool]]  # whether the client went away (HTTP disconnect)
 
@@ -68,6 +62,7 @@ class ChatService:
         self.model = model
         self.options = options
         self.worker = Worker(model, options)
+        self.rules = ReplyRules(model, options)
         self.fetcher = Fetcher(options)  # (image URLs on threads of their own)
         self.intake = model.intake(fetch=self.fetch, host_wait_s=options.host_wait_s)  # (never keeps a full decode)
         planned = model.plan.host_allowance if model.plan is not None else 0
@@ -127,7 +122,7 @@ class ChatService:
         """``prepare`` with the request's image URLs fetched already (``fetched``: their bytes,
         held on ``lease`` until the intake is done with them)."""
         held = sum(map(len, fetched.values()))
-        lease.grow(held, self.host_deadline())
+        lease.grow(held, time.monotonic() + self.options.host_wait_s)
         try:
             return self.prepare(req, lease, fetched)
         finally:
@@ -193,7 +188,7 @@ class ChatService:
         deadline = time.monotonic() + self.options.timeout_s  # (its preparation included)
         prep = Preparation(lease, deadline, self.options.timeout_s)
         try:
-            grammar = await prep.run(None, self.grammar, req)
+            grammar = await prep.run(None, self.rules.grammar, req)
             if grammar is not None:
                 await prep.run(None, self.model.backend.check_grammar, grammar)
             urls = {r.url: f"messages[{m.index}]" for m in req.messages for r in m.images if Fetcher.remote(r.url)}
@@ -201,13 +196,13 @@ class ChatService:
             fetched = dict(zip(urls, await prep.run_all(self.fetcher.pool, calls), strict=True))  # (own threads)
             conv, places, notices = await prep.run(None, self.prepare_fetched, req, lease, fetched)
             tools = tuple(t.to_template() for t in req.offered_tools)
-            length, reserve = self.reply_length(req)
+            length, reserve = self.rules.reply_length(req)
             reply = ReplySpec(
                 length,
                 replace(req.sampling, grammar=grammar),
                 req.stop + tuple(self.model.scheduler.default_stops),
-                self.think_cap(req),
-                self.preserved,
+                self.rules.think_cap(req),
+                self.rules.preserved,
                 reserve,
             )
             turn = Turn(
@@ -215,8 +210,8 @@ class ChatService:
                 reply,
                 req.system,
                 tools,
-                self.forced_call(req),
-                self.think_switch(req),
+                self.rules.forced_call(req),
+                self.rules.think_switch(req),
                 req.evict,
                 tuple(places),
                 notices,
@@ -242,123 +237,12 @@ class ChatService:
         if job.lease is not None:
             job.lease.release()
 
-    # --- tools and reasoning ------------------------------------------------------------------
-    @property
-    def tool_format(self) -> str:
-        return self.model.scheduler.formatter.tool_format
-
-    @staticmethod
-    def forced_call(req: ChatRequest) -> str | None:
-        """The call a grammar makes the reply: "any" (tool_choice required) or the function's
-        name; None when the model decides."""
-        return {"required": "any", "function": req.tool_name}.get(req.tool_choice) if req.offered_tools else None
-
-    @classmethod
-    def constrained(cls, req: ChatRequest) -> bool:
-        """Whether the reply follows a grammar (a forced call, or JSON output)."""
-        return cls.forced_call(req) is not None or req.response_format != "text"
-
-    def reply_length(self, req: ChatRequest) -> tuple[int, int | None]:
-        """(most tokens, KV cells kept — None: the budget's rule): max_tokens, else the server's; a
-        forced call naming none may run to the context's end to close (kept: the server's)."""
-        if req.max_tokens:
-            return req.max_tokens, None
-        if self.forced_call(req) is None:
-            return self.options.max_tokens, None
-        budget = self.model.scheduler.budget
-        return max(budget.n_ctx, self.options.max_tokens), budget.reply_reserve(self.options.max_tokens)
-
-    def grammar(self, req: ChatRequest) -> str | None:
-        """The grammar sampling follows: a forced tool call (tool_choice required or a named
-        function), else the JSON of response_format, else none. A reply that starts inside
-        <think> (a template without a switch) is made to close it first: the grammar has no
-        room for reasoning, and tokens put in past a grammar would break it."""
-        g = self._grammar(req)
-        if g is not None and self.model.scheduler.formatter.starts_thinking(self.think_switch(req)):
-            g = _ROOT.sub("edgevlm-answer ::=", g, count=1)
-            g = 'root ::= "\\n' + THINK_CLOSE + '\\n\\n" edgevlm-answer\n' + g
-        return g
-
-    def _grammar(self, req: ChatRequest) -> str | None:
-        if req.offered_tools and req.tool_choice in ("required", "function"):
-            names = [t.name for t in req.offered_tools]
-            if req.tool_choice == "function" and req.tool_name not in names:
-                raise APIError(
-                    f"tool_choice names the function {req.tool_name!r}, which is not in 'tools'", "tool_choice"
-                )
-            tools = [t.to_template() for t in req.offered_tools]
-            return call_grammar(
-                tools,
-                self.tool_format,
-                json_grammar,
-                req.tool_name if req.tool_choice == "function" else None,
-                req.parallel_tool_calls,
-            )
-        if req.response_format != "text":
-            return json_grammar(req.json_schema)
-        return None
-
-    @functools.cached_property
-    def preserved(self) -> frozenset[int]:
-        """Control tokens whose text a reply must show: tool-call markers and <think> tags that
-        are one token each, hidden when detokenized plainly (Mistral's [TOOL_CALLS])."""
-        be = self.model.backend
-        out = set()
-        for text in (*markers(self.tool_format), "[ARGS]", "</tool_call>", THINK_OPEN, THINK_CLOSE):
-            try:
-                toks = be.tokenize_text(text)
-            except InputError:
-                continue
-            if len(toks) == 1 and not be.token_bytes(toks[0]) and be.token_bytes(toks[0], special=True):
-                out.add(toks[0])
-        return frozenset(out)
-
-    def budget_for(self, req: ChatRequest) -> int:
-        """The request's reasoning budget: its own under the server's (-1: no cap)."""
-        server = self.options.reasoning_budget
-        own = req.think_budget if req.think_budget is not None else -1
-        if server < 0:
-            return own
-        return server if own < 0 else min(own, server)
-
-    def think_switch(self, req: ChatRequest) -> bool | None:
-        """The template's ``enable_thinking``: off under a grammar (which has no room for
-        reasoning), else the request's, else off for a budget of 0."""
-        if self.constrained(req):
-            return False
-        if req.think is not None:
-            return req.think
-        return False if self.budget_for(req) == 0 else None
-
-    def think_cap(self, req: ChatRequest) -> ThinkCap | None:
-        """A cap on the reply's <think> block, for templates that have one."""
-        fmt = self.model.scheduler.formatter
-        budget = self.budget_for(req)
-        think = self.think_switch(req)
-        if budget < 0 or not fmt.caps.thinking or think is False and fmt.caps.think_switch:
-            return None
-        if self.constrained(req):  # (the grammar closes <think> itself: nothing may be put in past it)
-            return None
-        close = tuple(self.model.backend.tokenize_text("\n" + THINK_CLOSE + "\n\n"))
-        return ThinkCap(budget, close, inside=fmt.starts_thinking(think))
-
-    def splitter(self, req: ChatRequest) -> ReplySplitter:
-        """What turns this request's reply text into answer, reasoning and tool calls."""
-        fmt = self.model.scheduler.formatter
-        return ReplySplitter(
-            self.tool_format,
-            [t.name for t in req.offered_tools],
-            thinking=fmt.starts_thinking(self.think_switch(req)),
-            may_think=fmt.caps.thinking and self.think_switch(req) is not False,
-            forced=self.forced_call(req),
-        )
-
     # --- replies -------------------------------------------------------------------------------
     async def deltas(self, job: Job, req: ChatRequest, gone: Gone | None = None) -> AsyncIterator[Delta | Reply]:
         """The reply as it comes: ``Delta``s (answer text, reasoning, tool calls; the tokens that
         arrived meanwhile joined), then the ``Reply``. An error raises (``EdgeVLMError``); the
         job is finished (its memory given back) however the iteration ends."""
-        split = self.splitter(req)
+        split = self.rules.splitter(req)
         raw: list[str] = []
         held: tuple[str, Any] | None = None  # an event taken while joining text, not handled yet
         try:
