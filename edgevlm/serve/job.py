@@ -78,8 +78,7 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False
-    timed_out: bool = False  # cut short by the server: its --timeout, or its stop (``stopped``)
-    stopped: bool = False  # cut short when the server stopped (its --shutdown-grace ran out)
+    cut: str = ""  # why the server cut it short: "timeout" (its --timeout) or "stop" (--shutdown-grace ran out)
     ended: bool = False  # its final event ("done" or "error") was put
     progress: Progress = field(default_factory=Progress)
 

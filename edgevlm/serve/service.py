@@ -266,7 +266,7 @@ class ChatService:
                 elif kind == "error":
                     raise value
                 elif kind == "done":
-                    ended = "length" if job.timed_out else value.finish_reason  # (max_tokens, deadline)
+                    ended = "length" if job.cut else value.finish_reason  # (max_tokens, deadline)
                     finish = "length" if ended == "context" else ended or "stop"
                     for d in split.finish(cut=finish == "length"):  # (a call cut off is no text)
                         yield d

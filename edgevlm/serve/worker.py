@@ -363,8 +363,8 @@ class Worker:
         assert seq is not None  # a running job has its sequence
         stop = self._drain_at is not None and now >= self._drain_at
         if not seq.done and (job.cancelled or stop or now > job.deadline):
-            job.timed_out = not job.cancelled
-            job.stopped = stop and not job.cancelled
+            if not job.cancelled:
+                job.cut = "stop" if stop else "timeout"
             self.sched.cancel(seq)
         while seq.out:
             r: GenerationResponse = seq.out.popleft()
@@ -397,10 +397,10 @@ class Worker:
         c.prompt_tokens += st.prompt_n + st.cached_n
         c.cached_tokens += st.cached_n
         c.generated_tokens += st.predicted_n
-        if job.stopped:
+        if job.cut == "stop":
             job.turn.notices.append(
                 f"stopped: the server is shutting down (its --shutdown-grace of {self.options.shutdown_grace_s:g} s)"
             )
-        elif job.timed_out:
+        elif job.cut == "timeout":
             job.turn.notices.append(f"stopped after {self.options.timeout_s:g} s (the server's --timeout)")
         self._emit(job, "done", seq)
