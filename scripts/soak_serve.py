@@ -127,10 +127,11 @@ def malformed(rng: random.Random, pool: dict[str, list[str]]) -> tuple[str, byte
             "truncated image",
             json.dumps({**ok, "messages": [user("x", [pool["any"][0][: len(pool["any"][0]) // 2 // 4 * 4]])]}).encode(),
         ),
-        (
-            "tools",
-            json.dumps({**ok, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}).encode(),
+        (  # (tools are answered since the server speaks tool calls: the deprecated 'functions' is not)
+            "functions",
+            json.dumps({**ok, "functions": [{"name": "f", "parameters": {}}]}).encode(),
         ),
+        ("logprobs", json.dumps({**ok, "logprobs": True}).encode()),
         ("role tool", json.dumps({**ok, "messages": [{"role": "tool", "content": "x"}]}).encode()),
         ("max_tokens 0", json.dumps({**ok, "max_tokens": 0}).encode()),
     ]
