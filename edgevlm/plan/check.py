@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from ..backend.dryrun import DryRun
 from .footprint import Breakdown, Plan
@@ -31,7 +32,7 @@ class CheckRow:
         """The plan counted less than llama.cpp reserves (beyond the log's rounding)."""
         return self.reserved - self.predicted > ROUNDING
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dict(asdict(self), error=self.error, under=self.under)
 
 

@@ -7,29 +7,29 @@ graphs are in ``encoders/``."""
 from __future__ import annotations
 
 from ..errors import UnsupportedModel
-from .graphalloc import F16, F32, I32, Graph
+from .graphalloc import F16, F32, I32, Graph, Tensor
 from .sched import Backend, encoder_bytes
 
 __all__ = ["clip_compute_bytes"]
 
 
 def _clip_graph(
-    projector_type,
-    patch_size,
-    n_embd,
-    n_head,
-    n_ff,
-    n_layer,
-    n_patches,
-    n_mmproj_embd,
-    merge,
-    flash_attn,
-    n_wa_pattern=0,
-    conv_type=F16,
-    has_pre_ln=None,
-    has_post_ln=None,
-    n_blocks=None,
-):
+    projector_type: str,
+    patch_size: int,
+    n_embd: int,
+    n_head: int,
+    n_ff: int,
+    n_layer: int,
+    n_patches: int,
+    n_mmproj_embd: int,
+    merge: int,
+    flash_attn: bool,
+    n_wa_pattern: int = 0,
+    conv_type: str = F16,
+    has_pre_ln: bool | None = None,
+    has_post_ln: bool | None = None,
+    n_blocks: int | None = None,
+) -> Graph:
     g = Graph()
     W = g.EXT
     E, Hh, Ff, P, p = n_embd, n_head, n_ff, n_patches, patch_size
@@ -49,7 +49,7 @@ def _clip_graph(
 
     inp_raw = g.input("inp_raw", F32, (P * p * p, 3))  # (W', H', 3): W'*H' = n_patches * p^2
 
-    def conv(inp):
+    def conv(inp: Tensor) -> Tensor:
         col = g.op("IM2COL", conv_type, (3 * p * p, P), W, inp)
         colr = g.view(col, (3 * p * p, P), op="RESHAPE")
         mm = g.op("MUL_MAT", F32, (P, E), colr, W)
@@ -85,7 +85,7 @@ def _clip_graph(
         x = g.op("ADD", F32, (E, n_pos), x, pe)
     N = n_pos
 
-    def norm(t, bias=True, rms=False):
+    def norm(t: Tensor, bias: bool = True, rms: bool = False) -> Tensor:
         t = g.op("RMS_NORM" if rms else "NORM", F32, (E, N), t)
         t = g.op("MUL", F32, (E, N), t, W)
         if bias:

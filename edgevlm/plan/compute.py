@@ -166,7 +166,7 @@ def swiglu_block(
     def W(role: str) -> Tensor:  # the layer's weight of this role
         return lw(role) if lw is not None else g.EXT
 
-    def rms(x):
+    def rms(x: Tensor) -> Tensor:
         return g.op("MUL", F32, (E, T), g.op("RMS_NORM", F32, (E, T), x, name=f"norm-{il}"), W("norm"))
 
     ffn_inp = g.op("ADD", F32, (E, T), rms(cur) if post_norms else cur, res)
@@ -272,6 +272,18 @@ class TextGraph:
         return cls()  # llama, and the estimate for architectures without a graph of their own
 
 
+@dataclass(frozen=True)
+class _CacheInputs:
+    """The inputs of one cache kind (full or sliding-window), made at its first layer: the
+    Hadamard rotations (quantized caches only), the rows K and V go to, the attention mask."""
+
+    k_rot: Tensor | None
+    v_rot: Tensor | None
+    k_idxs: Tensor
+    v_idxs: Tensor
+    mask: Tensor
+
+
 def build_text_graph(
     f: TextGraph,
     n_embd: int,
@@ -315,26 +327,28 @@ def build_text_graph(
     # (hadamard on Q), inp_pos (first layer only), v_rot, k_idxs, v_idxs, kq_mask; out_ids last
     inp_tokens = g.input("inp_tokens", I32, (U,))
     g.input("inp_embd", F32, (Ein, U))
-    ins: dict[bool, dict] = {}
+    ins: dict[bool, _CacheInputs] = {}
     inp_pos = None
     for swa in layers:
         if swa in ins:
             continue
-        d = {"k_rot": g.input("attn_inp_k_rot", F32, (nrot_k, nrot_k)) if rot_k else None}
+        k_rot = g.input("attn_inp_k_rot", F32, (nrot_k, nrot_k)) if rot_k else None
         if inp_pos is None:
             inp_pos = g.input("inp_pos", I32, (U * f.n_pos,))
-        d["v_rot"] = g.input("attn_inp_v_rot", F32, (nrot_v, nrot_v)) if rot_v else None
-        d["k_idxs"] = g.input("k_idxs", I64, (U,))
-        d["v_idxs"] = g.input("v_idxs", I64, (U if flash_attn else U * Ekv,))
-        d["mask"] = g.input("kq_mask", F16 if flash_attn else F32, ((n_kv_swa if swa else n_kv), U))
-        ins[swa] = d
+        v_rot = g.input("attn_inp_v_rot", F32, (nrot_v, nrot_v)) if rot_v else None
+        k_idxs = g.input("k_idxs", I64, (U,))
+        v_idxs = g.input("v_idxs", I64, (U if flash_attn else U * Ekv,))
+        cells = n_kv_swa if swa else n_kv
+        assert cells is not None  # sliding-window layers come only with n_kv_swa (text_compute_bytes)
+        mask = g.input("kq_mask", F16 if flash_attn else F32, (cells, U))
+        ins[swa] = _CacheInputs(k_rot, v_rot, k_idxs, v_idxs, mask)
     out_ids = g.input("out_ids", I32, (n_outputs,))
 
-    def rms(x, ne, il):  # build_norm names every layer's RMS norm "norm-<il>"
+    def rms(x: Tensor, ne: tuple[int, ...], il: int) -> Tensor:  # build_norm names every layer's RMS norm "norm-<il>"
         x = g.op("RMS_NORM", F32, ne, x, name=f"norm-{il}")
         return g.op("MUL", F32, ne, x, w(il, "norm"))
 
-    def proj(x, rows, heads, name, il):
+    def proj(x: Tensor, rows: int, heads: int, name: str, il: int) -> Tensor:
         y = g.op("MUL_MAT", F32, (rows, U), w(il, f"attn_{name.lower()}"), x, name=f"{name}cur-{il}")
         if f.bias:
             y = g.op("ADD", F32, (rows, U), y, w(il, "bias"))
@@ -361,21 +375,21 @@ def build_text_graph(
                 q = g.op("ROPE", F32, (D, H, U), q, inp_pos, name=f"Qrope-{il}")
                 if f.q_scale:
                     q = g.op("SCALE", F32, (D, H, U), q)
-                if rot_k:
-                    q = hadamard(g, q, d["k_rot"], nrot_k, (D, H, U))
+                if d.k_rot is not None:  # (there is one when rot_k)
+                    q = hadamard(g, q, d.k_rot, nrot_k, (D, H, U))
                 qkv["q"] = q
             elif which == "k":
                 k = proj(cur, Ekv, Hkv, "K", il)
                 if f.qk_norm:
                     k = rms(k, (D, Hkv, U), il)
                 k = g.op("ROPE", F32, (D, Hkv, U), k, inp_pos, name=f"Krope-{il}")
-                if rot_k:
-                    k = hadamard(g, k, d["k_rot"], nrot_k, (D, Hkv, U))
+                if d.k_rot is not None:
+                    k = hadamard(g, k, d.k_rot, nrot_k, (D, Hkv, U))
                 qkv["k"] = k
             else:
                 v = proj(cur, Ekv, Hkv, "V", il)
-                if rot_v:
-                    v = hadamard(g, v, d["v_rot"], nrot_v, (D, Hkv, U))
+                if d.v_rot is not None:  # (there is one when rot_v)
+                    v = hadamard(g, v, d.v_rot, nrot_v, (D, Hkv, U))
                 qkv["v"] = v
         cur = store_and_attend(
             g,
@@ -389,10 +403,10 @@ def build_text_graph(
             U,
             layer_kv,
             flash_attn,
-            d["k_idxs"],
-            d["v_idxs"],
-            d["mask"],
-            d["v_rot"],
+            d.k_idxs,
+            d.v_idxs,
+            d.mask,
+            d.v_rot,
             nrot_v,
             *caches[il],
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import psutil
 
@@ -94,7 +95,7 @@ class Device:
     def usable_bytes(self) -> int:
         return max(0, self.free_bytes - self.overhead_bytes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -111,7 +112,7 @@ class Probe:
     def host(self) -> Device:
         return next(d for d in self.devices if d.kind == "cpu")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"devices": [d.to_dict() for d in self.devices], "notes": list(self.notes)}
 
 

@@ -12,9 +12,9 @@ import functools
 import importlib
 import platform
 import re
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 from ..model.gguf_info import GGUFFile, ProjectorInfo, TensorInfo, TextModelInfo
 from ..model.kv_types import KV_DEFAULT, KV_TYPES
@@ -325,14 +325,31 @@ BUILTIN_GRAPHS = ("mlp", "qwen2vl_merger", "qwen2.5vl_merger")  # in plan.comput
 
 
 @functools.cache
-def _encoder_module(name: str | None) -> types.ModuleType | None:
+class _EncoderGraph(Protocol):
+    """What a ``plan.encoders`` module offers: its encoder's compute buffer."""
+
+    def compute_bytes(
+        self,
+        proj: ProjectorInfo,
+        n_patches: int,
+        flash_attn: bool,
+        grid: tuple[int, int] | None = None,
+        gpu: Backend | None = None,
+        host: bool = False,
+    ) -> int: ...
+
+
+def _encoder_module(name: str | None) -> _EncoderGraph | None:
     """The ``plan.encoders`` module replaying ``name``'s graph, if there is one."""
     if name is None or name in BUILTIN_GRAPHS:
         return None
     try:
-        return importlib.import_module(f"{__package__}.encoders.{name}")
+        module = importlib.import_module(f"{__package__}.encoders.{name}")
     except ImportError:
         return None
+    # every module in plan/encoders defines compute_bytes with this signature (mypy checks each
+    # one's definition; the import by name is what it cannot follow)
+    return cast(_EncoderGraph, module)
 
 
 @functools.lru_cache(maxsize=4096)

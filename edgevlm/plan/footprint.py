@@ -7,6 +7,7 @@ levers are pulled is ``planner.py``'s.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..backend.system import cpu_repacks
 from ..errors import InputError
@@ -132,7 +133,7 @@ class DevicePlan:
     def headroom_bytes(self) -> int:
         return self.budget_bytes - self.predicted.total
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "kind": self.kind,
@@ -195,14 +196,14 @@ class Plan:
         """What the buffers on the host are predicted to take (weights, KV, compute, encoder)."""
         return next((d.predicted.total for d in self.devices if d.kind == "cpu"), 0)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("devices", "reasons", "levers")}
         d["devices"] = [dv.to_dict() for dv in self.devices]
         d["reasons"] = list(self.reasons)
         d["levers"] = [asdict(lv) for lv in self.levers]
         return d
 
-    def backend_options(self) -> dict:
+    def backend_options(self) -> dict[str, Any]:
         """Keyword arguments for ``Backend`` that realise this plan."""
         return dict(
             n_ctx=self.n_ctx,

@@ -12,7 +12,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["ALIGN", "INPLACE_OPS", "TYPE_SIZE", "Graph", "allocate", "input_bytes", "pad", "replay", "Tensor"]
+__all__ = [
+    "ALIGN",
+    "INPLACE_OPS",
+    "TYPE_SIZE",
+    "Graph",
+    "Shape",
+    "Trace",
+    "allocate",
+    "input_bytes",
+    "pad",
+    "replay",
+    "Tensor",
+]
 
 
 ALIGN = 32  # TENSOR_ALIGNMENT of the CPU buffer type
@@ -45,6 +57,8 @@ INPLACE_OPS = {
 }
 FLAG_INPUT, FLAG_OUTPUT = 1, 2
 
+Shape = tuple[int, ...]  # ne (elements) or nb (byte strides) of a tensor: four entries, ggml's order
+
 
 def pad(x: int, a: int) -> int:
     return (x + a - 1) // a * a
@@ -57,9 +71,9 @@ def pad(x: int, a: int) -> int:
 class Tensor:
     op: str
     type: str
-    ne: tuple
-    nb: tuple
-    src: list = field(default_factory=list)
+    ne: Shape
+    nb: Shape
+    src: list[Tensor | None] = field(default_factory=list)
     view_src: Tensor | None = None
     flags: int = 0
     external: bool = False  # weights, KV cache: live in other buffers
@@ -89,7 +103,7 @@ class Tensor:
         return n
 
 
-def _contig_nb(type_: str, ne: tuple) -> tuple:
+def _contig_nb(type_: str, ne: Shape) -> Shape:
     ts = TYPE_SIZE[type_]
     nb0 = ts
     nb1 = nb0 * ne[0]
@@ -98,35 +112,35 @@ def _contig_nb(type_: str, ne: tuple) -> tuple:
     return (nb0, nb1, nb2, nb3)
 
 
-def _ne4(ne: Sequence[int]) -> tuple:
+def _ne4(ne: Sequence[int]) -> Shape:
     ne4 = tuple(int(x) for x in ne)
     return ne4 + (1,) * (4 - len(ne4))
 
 
 class Graph:
-    def __init__(self):
+    def __init__(self) -> None:
         self.leafs: list[Tensor] = []
         self.nodes: list[Tensor] = []
         self.EXT = Tensor("NONE", F16, (1, 1, 1, 1), (2, 2, 2, 2), external=True, name="ext")
 
     # leaf inputs (allocated by galloc in the leaf pass, in leaf order)
-    def input(self, name, type_, ne):
-        ne = _ne4(ne)
-        t = Tensor("NONE", type_, ne, _contig_nb(type_, ne), flags=FLAG_INPUT, name=name)
+    def input(self, name: str, type_: str, ne: Sequence[int]) -> Tensor:
+        ne4 = _ne4(ne)
+        t = Tensor("NONE", type_, ne4, _contig_nb(type_, ne4), flags=FLAG_INPUT, name=name)
         self.leafs.append(t)
         return t
 
-    def op(self, op, type_, ne, *src, name="", flags=0):
-        ne = _ne4(ne)
-        t = Tensor(op, type_, ne, _contig_nb(type_, ne), [s for s in src], flags=flags, name=name)
+    def op(self, op: str, type_: str, ne: Sequence[int], *src: Tensor | None, name: str = "", flags: int = 0) -> Tensor:
+        ne4 = _ne4(ne)
+        t = Tensor(op, type_, ne4, _contig_nb(type_, ne4), [s for s in src], flags=flags, name=name)
         self.nodes.append(t)
         return t
 
-    def view(self, a: Tensor, ne: Sequence[int], name: str = "", op: str = "VIEW", nb: tuple | None = None) -> Tensor:
+    def view(self, a: Tensor, ne: Sequence[int], name: str = "", op: str = "VIEW", nb: Shape | None = None) -> Tensor:
         """reshape/view/permute of an own tensor (view_src = the root, like ggml)."""
-        ne = _ne4(ne)
+        ne4 = _ne4(ne)
         root = a.view_src if a.view_src is not None else a
-        t = Tensor(op, a.type, ne, nb or _contig_nb(a.type, ne), [a], view_src=root, name=name)
+        t = Tensor(op, a.type, ne4, nb or _contig_nb(a.type, ne4), [a], view_src=root, name=name)
         self.nodes.append(t)
         return t
 
@@ -235,11 +249,26 @@ class DynAlloc:
         fb.insert(j, [off, size])
 
 
+@dataclass(slots=True)
+class _Hash:
+    """What ggml-alloc's hash set keeps per tensor: children and views still to run, whether it
+    holds memory now, and where (buffer index; chunk and offset in it)."""
+
+    nc: int = 0
+    nv: int = 0
+    alloc: bool = False
+    addr: tuple[int, int] | None = None
+    buf: int = 0
+
+
 def _same_layout(a: Tensor, b: Tensor) -> bool:
     return a.type == b.type and a.ne == b.ne and a.nb == b.nb
 
 
-def replay(g: Graph, align: int = ALIGN, trace: list | None = None, offsets: dict | None = None) -> int:
+Trace = list[tuple[int, str, int]]  # (high-water mark, tensor name or op, node index)
+
+
+def replay(g: Graph, align: int = ALIGN, trace: Trace | None = None, offsets: dict[str, int] | None = None) -> int:
     """Size of the buffer ggml_gallocr_reserve would allocate for graph g (one buffer).
 
     trace: if a list is given, (max_size, tensor name, node index) is appended whenever the
@@ -259,31 +288,31 @@ def allocate(
     node_buf: Sequence[int],
     leaf_buf: Sequence[int],
     allocs: list[DynAlloc],
-    trace: list | None = None,
-    offsets: dict | None = None,
+    trace: Trace | None = None,
+    offsets: dict[str, int] | None = None,
 ) -> list[int]:
     """ggml_gallocr_alloc_graph_impl over several buffers (``allocs``; a node or leaf goes to
     the buffer its id names): the size of each."""
-    H: dict[int, dict] = {}
+    H: dict[int, _Hash] = {}
 
-    def h(t):
+    def h(t: Tensor) -> _Hash:
         k = id(t)
         r = H.get(k)
         if r is None:
-            r = H[k] = {"nc": 0, "nv": 0, "alloc": False, "addr": None, "buf": 0}
+            r = H[k] = _Hash()
         return r
 
-    def alloc_node(t, buf):
+    def alloc_node(t: Tensor, buf: int) -> None:
         ht = h(t)
-        if t.external or ht["alloc"] or t.view_src is not None:
+        if t.external or ht.alloc or t.view_src is not None:
             return
-        ht["alloc"] = True
+        ht.alloc = True
         if t.op in INPLACE_OPS:
             for p in t.src:
                 if p is None or p.external:
                     continue
                 hp = h(p)
-                if not hp["alloc"]:
+                if not hp.alloc:
                     continue
                 if p.flags & FLAG_OUTPUT or (p.view_src is not None and p.view_src.flags & FLAG_OUTPUT):
                     continue
@@ -291,41 +320,43 @@ def allocate(
                     continue
                 # (a view parent is never "allocated" in ggml-alloc's hash, so the view branch of
                 #  ggml_gallocr_allocate_node is dead: ROPE of a reshaped matmul is NOT in place)
-                if hp["nc"] == 1 and hp["nv"] == 0:
-                    ht["addr"], ht["buf"] = hp["addr"], hp["buf"]
-                    hp["alloc"] = False
-                    extra = pad(p.nbytes, allocs[hp["buf"]].align) - pad(t.nbytes, allocs[hp["buf"]].align)
+                if hp.nc == 1 and hp.nv == 0:
+                    ht.addr, ht.buf = hp.addr, hp.buf
+                    hp.alloc = False
+                    extra = pad(p.nbytes, allocs[hp.buf].align) - pad(t.nbytes, allocs[hp.buf].align)
                     if extra > 0:
-                        c, off = ht["addr"]
-                        allocs[hp["buf"]].free_bytes((c, off + pad(t.nbytes, allocs[hp["buf"]].align)), extra)
+                        assert ht.addr is not None  # (the parent is allocated: it has an address)
+                        c, off = ht.addr
+                        allocs[hp.buf].free_bytes((c, off + pad(t.nbytes, allocs[hp.buf].align)), extra)
                     return
         al = allocs[buf]
         before = al.max_size
-        ht["addr"], ht["buf"] = al.alloc(t.nbytes), buf
+        ht.addr, ht.buf = al.alloc(t.nbytes), buf
         if offsets is not None and t.name:
-            offsets[t.name] = ht["addr"][1]
+            offsets[t.name] = ht.addr[1]
         if trace is not None and al.max_size > before:
             trace.append((al.max_size, t.name or t.op, cur_i[0]))
 
     cur_i = [-1]
 
-    def free(t):
+    def free(t: Tensor) -> None:
         if t.flags & FLAG_OUTPUT:
             return
         ht = h(t)
-        allocs[ht["buf"]].free_bytes(ht["addr"], t.nbytes)
-        ht["alloc"] = False
+        assert ht.addr is not None  # (freed only while allocated)
+        allocs[ht.buf].free_bytes(ht.addr, t.nbytes)
+        ht.alloc = False
 
     for leaf, buf in zip(leafs, leaf_buf, strict=True):
         alloc_node(leaf, buf)
     for n, buf in zip(nodes, node_buf, strict=True):
         if n.view_src is not None and n.op != "NONE":
-            h(n.view_src)["nv"] += 1
+            h(n.view_src).nv += 1
         if n.flags & FLAG_INPUT:
             alloc_node(n, buf)
         for s in n.src:
             if s is not None:
-                h(s)["nc"] += 1
+                h(s).nc += 1
                 if s.flags & FLAG_INPUT:
                     alloc_node(s, buf)
     for i, (n, buf) in enumerate(zip(nodes, node_buf, strict=True)):
@@ -338,14 +369,14 @@ def allocate(
             if p is None:
                 continue
             hp = h(p)
-            hp["nc"] -= 1
-            if hp["nc"] == 0 and hp["nv"] == 0:
+            hp.nc -= 1
+            if hp.nc == 0 and hp.nv == 0:
                 if p.view_src is not None:
                     vs = p.view_src
                     hv = h(vs)
-                    hv["nv"] -= 1
-                    if hv["nv"] == 0 and hv["nc"] == 0 and hv["alloc"] and not vs.external:
+                    hv.nv -= 1
+                    if hv.nv == 0 and hv.nc == 0 and hv.alloc and not vs.external:
                         free(vs)
-                elif hp["alloc"] and not p.external:
+                elif hp.alloc and not p.external:
                     free(p)
     return [a.max_size for a in allocs]

@@ -22,7 +22,7 @@ import math
 
 from ...model.gguf_info import ProjectorInfo
 from ..compute import vit_attention
-from ..graphalloc import F16, F32, Graph
+from ..graphalloc import F16, F32, Graph, Tensor
 from ..sched import Backend, encoder_bytes
 
 __all__ = ["compute_bytes", "gemma3_graph", "pool_size"]
@@ -67,12 +67,12 @@ def gemma3_graph(
     x = g.op("ADD", F32, (E, P), x, W)
     x = g.view(x, (E, N), op="RESHAPE")
 
-    def norm(t):
+    def norm(t: Tensor) -> Tensor:
         t = g.op("NORM", F32, (E, N), t)
         t = g.op("MUL", F32, (E, N), t, W)
         return g.op("ADD", F32, (E, N), t, W)
 
-    def linear(t, n_out, name=""):
+    def linear(t: Tensor, n_out: int, name: str = "") -> Tensor:
         t = g.op("MUL_MAT", F32, (n_out, N), W, t, name=name)
         return g.op("ADD", F32, (n_out, N), t, W)
 

@@ -24,7 +24,7 @@ import math
 
 from ...model.gguf_info import ProjectorInfo
 from ..compute import vit_attention
-from ..graphalloc import F16, F32, Graph
+from ..graphalloc import F16, F32, Graph, Tensor
 from ..sched import Backend, encoder_bytes
 
 __all__ = ["compute_bytes", "graph"]
@@ -91,7 +91,7 @@ def graph(
     x = g.op("ADD", F32, (E, P, 1), x, W)
     x = g.view(x, (E, P), op="RESHAPE")
 
-    def norm(t):
+    def norm(t: Tensor) -> Tensor:
         t = g.op("NORM", F32, (E, N), t)
         t = g.op("MUL", F32, (E, N), t, W)
         return g.op("ADD", F32, (E, N), t, W)

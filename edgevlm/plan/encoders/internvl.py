@@ -19,7 +19,7 @@ import math
 
 from ...model.gguf_info import ProjectorInfo
 from ..compute import vit_attention
-from ..graphalloc import F16, F32, Graph
+from ..graphalloc import F16, F32, Graph, Tensor
 from ..sched import Backend, encoder_bytes
 
 __all__ = ["compute_bytes", "internvl_graph"]
@@ -66,7 +66,7 @@ def internvl_graph(
     x = g.op("ADD", F32, (E, N, 1), x, W)
     inpL = g.view(x, (E, N), op="RESHAPE")
 
-    def norm(t, ne):
+    def norm(t: Tensor, ne: tuple[int, ...]) -> Tensor:
         if vit6b:
             t = g.op("RMS_NORM", F32, ne, t)
             return g.op("MUL", F32, ne, t, W)
@@ -74,7 +74,7 @@ def internvl_graph(
         t = g.op("MUL", F32, ne, t, W)
         return g.op("ADD", F32, ne, t, W)
 
-    def linear(t, n_out, n_tok, bias=True, name=""):
+    def linear(t: Tensor, n_out: int, n_tok: int, bias: bool = True, name: str = "") -> Tensor:
         t = g.op("MUL_MAT", F32, (n_out, n_tok), W, t, name=name)
         return g.op("ADD", F32, (n_out, n_tok), t, W) if bias else t
 

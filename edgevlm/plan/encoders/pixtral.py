@@ -31,7 +31,7 @@ import math
 
 from ...model.gguf_info import ProjectorInfo
 from ..compute import vit_attention
-from ..graphalloc import F16, F32, I32, Graph
+from ..graphalloc import F16, F32, I32, Graph, Tensor
 from ..sched import Backend, encoder_bytes
 
 __all__ = ["compute_bytes", "grid_bytes", "pixtral_graph"]
@@ -78,7 +78,7 @@ def pixtral_graph(
     x = g.op("CONT", F32, (E, P, 1), x)
     x = g.view(x, (E, P), op="RESHAPE")  # build_vit: flatten the batch
 
-    def rms(t, ne):
+    def rms(t: Tensor, ne: tuple[int, ...]) -> Tensor:
         t = g.op("RMS_NORM", F32, ne, t)
         return g.op("MUL", F32, ne, t, W)
 
@@ -138,8 +138,20 @@ def pixtral_graph(
 
 @functools.lru_cache(maxsize=4096)
 def _grid_bytes(
-    patch, n_embd, n_head, n_ff, n_layer, n_text, merge, px, py, flash_attn, has_pre_ln, gpu=None, host=False
-):
+    patch: int,
+    n_embd: int,
+    n_head: int,
+    n_ff: int,
+    n_layer: int,
+    n_text: int,
+    merge: int,
+    px: int,
+    py: int,
+    flash_attn: bool,
+    has_pre_ln: bool,
+    gpu: Backend | None = None,
+    host: bool = False,
+) -> int:
     g = pixtral_graph(patch, n_embd, n_head, n_ff, n_layer, n_text, merge, px, py, flash_attn, has_pre_ln=has_pre_ln)
     return encoder_bytes(g, gpu, host)
 

@@ -29,6 +29,7 @@ from ..graphalloc import (
     I32,
     TYPE_SIZE,
     Graph,
+    Shape,
     Tensor,
 )
 from ..sched import Backend, encoder_bytes
@@ -50,12 +51,12 @@ def deepstack_layers(proj: ProjectorInfo) -> list[int]:
     return sorted({min(n - 1, i * n // 24) for i in _DEFAULT_DEEPSTACK}) if n else []
 
 
-def _ne4(ne: Sequence[int]) -> tuple:
+def _ne4(ne: Sequence[int]) -> Shape:
     ne4 = tuple(int(x) for x in ne)
     return ne4 + (1,) * (4 - len(ne4))
 
 
-def _contig_nb(type_: str, ne: tuple) -> tuple:
+def _contig_nb(type_: str, ne: Shape) -> Shape:
     ts = TYPE_SIZE[type_]
     return (ts, ts * ne[0], ts * ne[0] * ne[1], ts * ne[0] * ne[1] * ne[2])
 
