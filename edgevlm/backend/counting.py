@@ -38,7 +38,7 @@ class Chunk:
     handle: Any = None
 
 
-class Chunks(list):
+class Chunks(list[Chunk]):
     """A list of Chunk that frees mtmd's chunk array when closed."""
 
     def __init__(self, items, ptr, owner: MtmdTokenizer):

@@ -197,7 +197,7 @@ class Backend(MtmdTokenizer):
         self._counts: OrderedDict[tuple[int, int], ImageTokens] = OrderedDict()
         # from here on, projector types without edgevlm arithmetic are counted by mtmd itself
         self.proj_info = replace(self.proj_info, counter=self.count_tokens)
-        self.n_ctx = llama_cpp.llama_n_ctx(self.llama.ctx)
+        self.n_ctx: int = llama_cpp.llama_n_ctx(self.llama.ctx)
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
         self.n_vocab = self.llama.n_vocab()

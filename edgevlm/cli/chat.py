@@ -109,7 +109,8 @@ def chat(
     Video:        edgevlm chat -m ... --video clip.mp4 --video-tokens 2048 "What happens, and when?"
     """
     from ..backend.system import json_grammar
-    from ..runtime.engine import Clip, EngineOptions, load_media
+    from ..runtime.engine import Clip, EngineOptions
+    from ..runtime.intake import load_media
     from ..runtime.session import SessionOptions
     from .loading import load_model, model_paths
     from .repl import ChatLoop

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..vision.images import LoadedImage
 
@@ -22,12 +23,12 @@ class Message:
     sources: list[str] = field(default_factory=list)  # the pictures the user gave
     pictures: list[int] = field(default_factory=list)  # per view: the picture's number (1-based)
     notes: list[str] = field(default_factory=list)  # text standing in for evicted pictures
-    tool_calls: list[dict] = field(default_factory=list)  # assistant: [{"id", "name", "arguments": dict}]
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # assistant: [{"id", "name", "arguments": dict}]
     tool_call_id: str = ""  # tool: the call this is the result of
     name: str = ""  # tool: the function's name
 
     @property
-    def extra(self) -> dict:
+    def extra(self) -> dict[str, Any]:
         """What a chat template reads beside role and content (tool calls and results)."""
         if self.role == "assistant" and self.tool_calls:
             return {"tool_calls": self.tool_calls}

@@ -31,6 +31,7 @@ from ..vision.budget import ImagePlan
 from ..vision.images import DEFAULT_MAX_PIXELS, LoadedImage
 from ..vision.merge import MergeSpec
 from ..vision.video import VideoBudget
+from .chat_format import PromptFormatter
 from .conversation import Conversation, Message, Picture
 from .intake import Clip, Intake, MediaRef, load_media
 from .items import Prompt
@@ -121,7 +122,7 @@ class Engine:
         return self.model.guard
 
     @property
-    def formatter(self):
+    def formatter(self) -> PromptFormatter:
         return self.scheduler.formatter
 
     @property
@@ -169,10 +170,10 @@ class Engine:
         it)."""
         self.scheduler.cancel_client(self.client)
 
-    def __enter__(self):
+    def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def load_images(self, images: Iterable[Any]) -> list[LoadedImage | MediaRef]:

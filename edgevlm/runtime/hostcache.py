@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from .items import Item
+from .requests import Client
 
 __all__ = ["HostKVCache", "Saved"]
 
@@ -22,7 +22,7 @@ __all__ = ["HostKVCache", "Saved"]
 class Saved:
     items: tuple[Item, ...]  # what the sequence held, in order
     data: bytes  # llama.cpp's copy of its cells
-    owner: Any  # the client whose conversation it was
+    owner: Client | None  # the client whose conversation it was
 
     @property
     def cells(self) -> int:
@@ -60,7 +60,7 @@ class HostKVCache:
     def fits(self, nbytes: int) -> bool:
         return 0 < nbytes <= self.max_bytes
 
-    def put(self, items: tuple[Item, ...], data: bytes, owner: Any = None) -> bool:
+    def put(self, items: tuple[Item, ...], data: bytes, owner: Client | None = None) -> bool:
         """Keep a sequence's cells (dropping the least recently used entries to make room, and
         any entry this one continues: it holds all of that one)."""
         if not self.fits(len(data)):
@@ -97,7 +97,7 @@ class HostKVCache:
                 self._remove(entry)
                 self.restored += 1
 
-    def forget(self, owner: Any = None) -> None:
+    def forget(self, owner: Client | None = None) -> None:
         """Drop ``owner``'s entries (None: every entry)."""
         with self._lock:
             self._entries = [e for e in self._entries if owner is not None and e.owner is not owner]

@@ -31,13 +31,13 @@ __all__ = ["ImageCache", "ImageUnit", "Item", "Prompt", "text_items"]
 class Item:
     """One entry of a sequence: ``("t", token)`` or ``("i", unit key, chunk index[, MergeSpec])``."""
 
-    key: tuple
+    key: tuple[Any, ...]  # its elements read by position, as the forms above say (text or image)
     n_tokens: int  # KV cells
     n_pos: int  # positions it advances (M-RoPE images: max(nx, ny))
 
     @property
     def is_text(self) -> bool:
-        return self.key[0] == "t"
+        return bool(self.key[0] == "t")
 
     @property
     def merged(self) -> bool:

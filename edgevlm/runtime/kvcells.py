@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
 
 from ..backend.llama import Backend
 from .items import Item
+from .requests import Client, Sequence
 
 __all__ = ["Held", "KVCells", "Slot"]
 
@@ -33,8 +33,8 @@ class Slot:
         self.id = sid
         self.kv: list[Held] = []
         self.pos = 0
-        self.seq: Any = None  # the Sequence running here, if any
-        self.owner: Any = None  # the Client whose conversation these cells are
+        self.seq: Sequence | None = None  # the request running here, if any
+        self.owner: Client | None = None  # whose conversation these cells are
         self.last_used = 0
 
     def lcp(self, items: tuple[Item, ...] | list[Item]) -> int:
@@ -43,6 +43,14 @@ class Slot:
         while k < n and self.kv[k].item.key == items[k].key:
             k += 1
         return k
+
+    @property
+    def running(self) -> Sequence:
+        """The request running here; asked only of a live slot (``KVCells.live``), whose
+        ``seq`` is set from ``KVCells.start`` to ``KVCells.stop``."""
+        seq = self.seq
+        assert seq is not None, f"slot {self.id} runs no request"
+        return seq
 
     @property
     def idle(self) -> bool:
@@ -74,16 +82,19 @@ class KVCells:
 
     def held(self) -> int:
         """Cells llama.cpp holds: the accounted items and the rows of pictures being fed."""
-        return self._cells + sum(s.seq.fed for s in self.live)
+        return self._cells + sum(s.running.fed for s in self.live)
 
     def reserved(self) -> int:
         """Cells the requests in flight may still need: their unevaluated prompts and replies."""
-        return sum(max(0, s.seq.reserve - len(s.seq.tokens)) + s.seq.pending_cells - s.seq.fed for s in self.live)
+        return sum(
+            max(0, s.running.reserve - len(s.running.tokens)) + s.running.pending_cells - s.running.fed
+            for s in self.live
+        )
 
     def running(self) -> int:
         return len(self.live)
 
-    def start(self, slot: Slot, seq: Any) -> None:
+    def start(self, slot: Slot, seq: Sequence) -> None:
         slot.seq = seq
         self.live.append(slot)
 

@@ -29,6 +29,7 @@ from ..vision.budget import ImageBudget, ImagePlan
 from ..vision.images import LoadedImage
 from ..vision.merge import MergeSpec
 from ..vision.video import frame_text_tokens
+from .chat_format import PromptFormatter
 from .conversation import Message, Picture
 from .engine import ChatResult, Engine, EngineOptions, GenerationResponse
 from .intake import Fetch, Intake, MediaRef, load_media
@@ -73,7 +74,7 @@ class LoadedModel:
         return self.scheduler.cells_used()
 
     @property
-    def formatter(self):
+    def formatter(self) -> PromptFormatter:
         return self.scheduler.formatter
 
     @property

@@ -166,7 +166,7 @@ class Placer:
     def catch_up(self, s: Slot) -> bool:
         """Before ``s`` evaluates more of its prompt: share what another sequence now holds of
         it. True when it should wait a step (an earlier request is evaluating what they share)."""
-        seq = s.seq
+        seq = s.running
         if seq.feed is not None:
             return False
         items = seq.request.prompt.items

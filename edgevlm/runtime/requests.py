@@ -6,7 +6,7 @@ it ended), the ``GenerationResponse`` steps of a reply, and the ``Client`` that 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +93,7 @@ class Sequence:
         t_start: float,
         t_submit: float,
         client: Client | None = None,
-        tokenize: Any = None,
+        tokenize: Callable[[str], list[int]] | None = None,
         arrival: int = 0,
     ):
         self.request = request
@@ -102,13 +102,13 @@ class Sequence:
         self.client = client
         self.arrival = arrival  # prompt work is done in arrival order
         self.text = TextStream(request.stops, tokenize)
-        self.sampler: Any = None
+        self.sampler: object | None = None  # llama.cpp's sampler chain: an opaque handle (Backend.make_sampler)
         self.pending: list[Item] = []  # what the KV cache does not hold yet: the prompt's rest, then a reply token
         self.pending_prompt = 0  # how many of them belong to the prompt (the rest: a reply token)
         self.pending_cells = 0  # the cells they take
         self.feed: Feed | None = None  # the picture whose embedding rows are being fed
         self.asked: dict[tuple[str, int], bool] = {}  # image chunks asked for: were they encoded already
-        self.wait_for: tuple[Any, int] | None = None  # (an earlier request, k): it will hold our first k items
+        self.wait_for: tuple[Sequence, int] | None = None  # (an earlier request, k): it will hold our first k items
         self.times: list[float] = []  # when each token was sampled
         self.prompt_ms = (t_submit - t_start) * 1000  # preparation + llama.cpp time for the prompt
         self.predicted_ms = 0.0
@@ -156,6 +156,14 @@ class Sequence:
     def generating(self) -> bool:
         """Its prompt is in the KV cache: each step gives it one token."""
         return self.pending_prompt == 0
+
+    @property
+    def feeding(self) -> Feed:
+        """The picture whose rows are being fed; asked only once the scheduler set ``feed``
+        (``Scheduler._feed_ready``) and before its last row is in (``Scheduler._fed``)."""
+        feed = self.feed
+        assert feed is not None, "no picture is being fed"
+        return feed
 
     @property
     def fed(self) -> int:

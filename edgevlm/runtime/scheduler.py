@@ -51,6 +51,7 @@ from ..backend.llama import Backend
 from ..errors import BackendError
 from ..plan.context import ContextBudget
 from ..vision.merge import MergeSpec
+from .chat_format import PromptFormatter
 from .conversation import Message
 from .encoder import Encoder
 from .feed import make_feed
@@ -111,8 +112,13 @@ class Scheduler:
         """Sequence ids: conversations the KV cache keeps."""
         return len(self.slots)
 
-    formatter = property(lambda self: self.renderer.formatter)
-    default_stops = property(lambda self: self.renderer.formatter.default_stops)
+    @property
+    def formatter(self) -> PromptFormatter:
+        return self.renderer.formatter
+
+    @property
+    def default_stops(self) -> list[str]:
+        return self.renderer.formatter.default_stops
 
     def render(
         self,
@@ -170,15 +176,8 @@ class Scheduler:
                 self.backend.free_sampler(sampler)
                 self._warm(request)
                 return WAIT
-            seq = Sequence(
-                request,
-                reserve,
-                request.t_start or t_submit,
-                t_submit,
-                client,
-                self.backend.tokenize_fragment,
-                next(self._arrival),
-            )
+            tokenize, arrival = self.backend.tokenize_fragment, next(self._arrival)
+            seq = Sequence(request, reserve, request.t_start or t_submit, t_submit, client, tokenize, arrival)
             seq.sampler = sampler
             k = len(slot.kv)
             seq.pending = list(items[k:])
@@ -233,7 +232,7 @@ class Scheduler:
             if not running:
                 return []
             done: list[Sequence] = []
-            gen = [s for s in running if s.seq.generating]
+            gen = [s for s in running if s.running.generating]
             short = 0 < self.encoder.cost_ms <= self.costs.batch_ms(self.backend.n_ubatch)
             self.encoder.set_inline(short)
             if (not gen or short) and self.encoder.run_here():
@@ -257,20 +256,20 @@ class Scheduler:
         groups = [(s, 1) for s in gen]
         picture: tuple[Slot, int] | None = None
         prompts = sorted(
-            (s for s in running if not s.seq.generating),  # (running: in arrival order)
-            key=lambda s: s.seq.pending_cells,
+            (s for s in running if not s.running.generating),  # (running: in arrival order)
+            key=lambda s: s.running.pending_cells,
         )
         for s in prompts:
             if rows <= 0:
                 break
             if self.placer.catch_up(s):
                 continue
-            seq = s.seq
+            seq = s.running
             if not seq.pending[0].is_text:
                 if picture is None and self._feed_ready(s, done):
-                    n = seq.feed.left if seq.feed.non_causal else min(rows, seq.feed.left)
-                    if not gen and any(k == len(g.seq.pending) for g, k in groups):  # a first token
-                        if seq.feed.non_causal:  # waits on this step: a slice as beside a stream
+                    n = seq.feeding.left if seq.feeding.non_causal else min(rows, seq.feeding.left)
+                    if not gen and any(k == len(g.running.pending) for g, k in groups):  # a first token
+                        if seq.feeding.non_causal:  # waits on this step: a slice as beside a stream
                             continue
                         n = min(n, self.costs.rows(1, room, mix))
                     picture = (s, n)
@@ -283,7 +282,7 @@ class Scheduler:
             rows -= n
         t0 = time.perf_counter()
         text_rows = sum(n for _, n in groups[len(gen) :])
-        one = picture is not None and bool(groups) and mix and not picture[0].seq.feed.non_causal
+        one = picture is not None and bool(groups) and mix and not picture[0].running.feeding.non_causal
         if groups:  # (one: the picture's rows in the same batch, one pass over the weights)
             self._run(groups, done, picture if one else None)
             n_rows = text_rows + (picture[1] if one and picture else 0)
@@ -312,7 +311,7 @@ class Scheduler:
         entries: list[tuple[int, int, int, bool]] = []
         outs: dict[int, int] = {}  # slot id → batch index of its output
         for s, n in groups:
-            seq = s.seq
+            seq = s.running
             for j in range(n):
                 last = j == len(seq.pending) - 1
                 entries.append((s.id, seq.pending[j].key[1], s.pos + j, last))
@@ -324,7 +323,7 @@ class Scheduler:
                 be.decode_multi(entries)
             else:
                 ps, pn = picture
-                feed = ps.seq.feed
+                feed = ps.running.feeding
                 part = slice(feed.done, feed.done + pn)
                 be.decode_rows(entries, (ps.id, feed.rows[part], feed.positions[part]))
         except Exception as exc:  # llama.cpp refused the batch, or something broke on the way
@@ -348,7 +347,7 @@ class Scheduler:
         if picture is not None:
             self._fed(*picture, dt * picture[1] / n_rows, done)
         for s, n in groups:
-            seq = s.seq
+            seq = s.running
             share = dt * n / n_rows
             n_prompt = min(n, seq.pending_prompt)
             seq.prompt_ms += share * n_prompt / n
@@ -361,7 +360,7 @@ class Scheduler:
         # cells nobody has reserved: what a reply past its own reserve may still grow into
         slack = self.n_ctx - self.cells_used() - self.kv.reserved()
         for s, _ in groups:
-            seq = s.seq
+            seq = s.running
             if seq.pending:  # a long prompt: the rest comes next step
                 continue
             try:
@@ -382,7 +381,7 @@ class Scheduler:
     def _feed_ready(self, s: Slot, done: list[Sequence]) -> bool:
         """Whether the picture at the head of ``s``'s prompt can be fed now (its embeddings
         encoded); sets ``seq.feed``. A failed encode ends that request."""
-        seq = s.seq
+        seq = s.running
         if seq.feed is not None:
             return True
         it = seq.pending[0]
@@ -416,7 +415,7 @@ class Scheduler:
     def _feed_rows(self, s: Slot, n: int, done: list[Sequence]) -> None:
         """Feed the next ``n`` rows of ``s``'s picture; once all are in, it stands in the slot's
         items. A failure ends that request (its rows are removed again)."""
-        feed, t0 = s.seq.feed, time.perf_counter()
+        feed, t0 = s.running.feeding, time.perf_counter()
         part = slice(feed.done, feed.done + n)
         try:
             self.backend.decode_embeddings(feed.rows[part], feed.positions[part], feed.non_causal, s.id)
@@ -429,7 +428,7 @@ class Scheduler:
 
     def _fed(self, s: Slot, n: int, ms: float, done: list[Sequence]) -> None:
         """The next ``n`` rows of ``s``'s picture are in the KV cache (they took ``ms``)."""
-        seq, feed = s.seq, s.seq.feed
+        seq, feed = s.running, s.running.feeding
         seq.prompt_ms += ms
         feed.done += n
         if feed.left > 0:
@@ -449,7 +448,7 @@ class Scheduler:
     # --- sampling and ending -------------------------------------------------------------------
     def _sample(self, s: Slot, index: int) -> str | None:
         """Sample slot ``s``'s next token from batch output ``index``; a finish reason or None."""
-        be, seq = self.backend, s.seq
+        be, seq = self.backend, s.running
         ts = time.perf_counter()
         if seq.request.keep_logits and seq.first_logits is None:
             seq.first_logits = be.logits(index).copy()
@@ -477,7 +476,7 @@ class Scheduler:
         return None
 
     def _fail(self, s: Slot, exc: BaseException, what: str, done: list[Sequence]) -> None:
-        s.seq.error = (
+        s.running.error = (
             exc if isinstance(exc, BackendError) else BackendError(f"{what} failed ({type(exc).__name__}: {exc})")
         )
         done.append(self._finish(s, "error"))

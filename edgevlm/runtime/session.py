@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ..errors import ContextExceeded, InputError
 from ..vision.images import LoadedImage
 from .conversation import Conversation, Message, Picture
+from .items import Prompt
 
 __all__ = [
     "DEFAULT_SUMMARY_PROMPT",
@@ -69,7 +70,7 @@ class Footprint:
 
     cells: int
     image_cells: int
-    rendered: Any = None
+    rendered: Prompt | None = None
 
 
 class RoomCounters(TypedDict):
@@ -87,7 +88,7 @@ class RoomReport:
     evicted_tokens: int = 0
     dropped_turns: int = 0
     prev_cells: int = 0  # cells of the earlier turns (after replacement), for rebuild counting
-    rendered: Any = None  # the last render of the conversation, reused by the turn
+    rendered: Prompt | None = None  # the last render of the conversation, reused by the turn
 
     def counters(self, cached_n: int) -> RoomCounters:
         rebuild = max(0, self.prev_cells - cached_n) if (self.summarized or self.dropped_turns) else 0

@@ -42,7 +42,7 @@ class TurnStats:
     image_tokens_out: int = 0  # image tokens fed to the model after merging
     merge_map_size: int = 0  # entries of the input→output token map (0 when merging is off)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def footer(self) -> str:

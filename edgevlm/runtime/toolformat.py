@@ -85,7 +85,7 @@ _PROBE_TOOL = {
 def probe_caps(render: Callable[..., str], template: str) -> TemplateCaps:
     """Render probe conversations and see what reaches the prompt."""
 
-    def shows(needle: str, messages: list[dict], **kw: Any) -> bool:
+    def shows(needle: str, messages: list[dict[str, Any]], **kw: Any) -> bool:
         try:
             return needle in render(messages, **kw)
         except Exception:  # a template that refuses the shape does not support it
