@@ -75,13 +75,14 @@ def _blocks(raw: Any, at: str) -> list[Any]:
     return raw
 
 
-def _text(block: dict, at: str) -> str:
-    if not isinstance(block.get("text"), str):
+def _text(block: dict[str, Any], at: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
         raise bad(f"{at}.text must be a string", f"{at}.text")
-    return block["text"]
+    return text
 
 
-def _image(block: dict, at: str) -> ImageRef:
+def _image(block: dict[str, Any], at: str) -> ImageRef:
     src = block.get("source")
     kind = src.get("type") if isinstance(src, dict) else None
     if kind == "base64":
@@ -272,7 +273,7 @@ def _thinking(raw: Any, max_tokens: int) -> tuple[bool | None, int | None]:
     raise bad('\'thinking\' must be {"type": "enabled", "budget_tokens"}, disabled or adaptive', "thinking")
 
 
-def _output_format(body: dict) -> tuple[str, dict | None]:
+def _output_format(body: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     cfg = body.get("output_config")
     if cfg is None:
         return "text", None

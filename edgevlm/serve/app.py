@@ -30,7 +30,7 @@ import functools
 import hmac
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ from .status import status as status_of
 
 __all__ = ["Server", "create_app"]
 
+Handler = Callable[[HTTPRequest], Awaitable[Response]]
 STATIC = Path(__file__).resolve().parent / "static"  # the web page: plain HTML, CSS, JS
 
 
@@ -313,7 +314,7 @@ def create_app(
     startup; ``/health`` says 503 until it returns, and ``on_error`` hears if it fails)."""
     server = Server(model, options, on_error)
 
-    def guarded(handler, v1: bool = True, dialect: Dialect = OPENAI, key: bool | None = None):
+    def guarded(handler: Handler, v1: bool = True, dialect: Dialect = OPENAI, key: bool | None = None) -> Handler:
         """``handler`` behind the API key (in ``dialect``'s header; ``key``: off the API routes too) and
         the model's readiness (``v1``); whatever it raises becomes ``dialect``'s error response."""
         keyed = v1 if key is None else key
@@ -388,7 +389,7 @@ def create_app(
         )
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         server.start()
         try:
             yield

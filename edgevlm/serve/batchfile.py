@@ -168,7 +168,7 @@ def error_line(line: BatchLine) -> dict[str, Any]:
 
 
 def _key(d: dict[str, Any]) -> str:
-    cid = d.get("custom_id")
+    cid: str | None = d.get("custom_id")  # (an output line: written by Output.write from a BatchLine)
     if cid is not None:
         return cid
     err = d.get("error") or {}

@@ -60,7 +60,7 @@ async def answer_lines(
     order = asyncio.Lock()  # lines are queued in file order (asyncio's lock is first come, first served)
     window = max(1, service.capacity)
     source = iter(lines)
-    running: dict[asyncio.Task, BatchLine] = {}
+    running: dict[asyncio.Task[dict[str, Any]], BatchLine] = {}
     try:
         while True:
             while len(running) < window and not stop.requested:

@@ -15,7 +15,11 @@ from ..runtime.scheduler import Sequence
 from ..runtime.turn import Turn
 from .request import new_id
 
-__all__ = ["Counters", "Job", "Outbox", "Progress"]
+__all__ = ["Counters", "Event", "Job", "Outbox", "Progress"]
+
+# What the worker tells a job's coroutine, (kind, value): ("accepted", None), ("text", a
+# GenerationResponse), ("done", the finished Sequence or None), ("error", the exception)
+Event = tuple[str, Any]
 
 
 class Outbox:
@@ -24,15 +28,15 @@ class Outbox:
     token and request)."""
 
     def __init__(self) -> None:
-        self._items: list[tuple[Job, tuple[str, Any]]] = []
+        self._items: list[tuple[Job, Event]] = []
 
-    def put(self, job: Job, event: tuple[str, Any]) -> None:
+    def put(self, job: Job, event: Event) -> None:
         self._items.append((job, event))
 
     def flush(self) -> None:
         if not self._items:
             return
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, tuple[str, Any]]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Event], Event]]] = {}
         for job, event in self._items:
             by_loop.setdefault(job.loop, []).append((job.events, event))
         self._items = []
@@ -43,7 +47,7 @@ class Outbox:
                 pass
 
 
-def _deliver(items: list[tuple[asyncio.Queue, tuple[str, Any]]]) -> None:
+def _deliver(items: list[tuple[asyncio.Queue[Event], Event]]) -> None:
     for queue, event in items:
         queue.put_nowait(event)
 
@@ -76,7 +80,7 @@ class Job:
     count_only: bool = False  # rendered and counted, never run (Anthropic's count_tokens)
     id: str = field(default_factory=new_id)
     created: int = field(default_factory=lambda: int(time.time()))
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: bool = False
     cut: str = ""  # why the server cut it short: "timeout" (its --timeout) or "stop" (--shutdown-grace ran out)
     ended: bool = False  # its final event ("done" or "error") was put

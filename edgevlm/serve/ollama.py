@@ -103,7 +103,7 @@ class LoadOnly(Exception):
 # --- requests -------------------------------------------------------------------------------
 
 
-def _model(body: dict) -> str:
+def _model(body: dict[str, Any]) -> str:
     m = body.get("model")
     if m is None:
         return ""
@@ -131,7 +131,7 @@ def _images(raw: Any, where: str) -> tuple[ImageRef, ...]:
     return tuple(out)
 
 
-def _answered(m: dict, pending: list[ToolCall], where: str, i: int) -> tuple[str, str]:
+def _answered(m: dict[str, Any], pending: list[ToolCall], where: str, i: int) -> tuple[str, str]:
     """(call id, function name) of a tool message: its ``tool_call_id``, else the earliest call
     not answered yet of its ``tool_name`` (or of any name)."""
     cid, name = m.get("tool_call_id"), m.get("tool_name", m.get("name"))
@@ -149,7 +149,7 @@ def _answered(m: dict, pending: list[ToolCall], where: str, i: int) -> tuple[str
     return cid or f"call_{i}", name or ""
 
 
-def _content(m: dict, where: str) -> str:
+def _content(m: dict[str, Any], where: str) -> str:
     text = m.get("content")
     if text is None:
         return ""
@@ -189,7 +189,7 @@ def _messages(raw: Any) -> tuple[list[str], list[ChatMessage]]:
     return system, out
 
 
-def _options(body: dict, defaults: SamplingParams) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
+def _options(body: dict[str, Any], defaults: SamplingParams) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
     """``options`` → (sampling, max tokens, stop strings)."""
     opts = body.get("options")
     if opts is None:
@@ -218,7 +218,7 @@ def _options(body: dict, defaults: SamplingParams) -> tuple[SamplingParams, int 
     return sampling, (n if n is not None and n > 0 else None), stops
 
 
-def _format(raw: Any) -> tuple[str, dict | None]:
+def _format(raw: Any) -> tuple[str, dict[str, Any] | None]:
     if raw is None or raw == "":
         return "text", None
     if raw == "json":
@@ -236,7 +236,7 @@ def _think(raw: Any) -> bool | None:
     raise bad(f"'think' must be true, false, low, medium or high, not {raw!r}", "think")
 
 
-def _stream(body: dict) -> bool:
+def _stream(body: dict[str, Any]) -> bool:
     s = body.get("stream")
     if s is None:
         return True  # Ollama streams unless told not to
@@ -245,13 +245,13 @@ def _stream(body: dict) -> bool:
     return s
 
 
-def _unsupported(body: dict) -> None:
+def _unsupported(body: dict[str, Any]) -> None:
     if body.get("logprobs") is True or body.get("top_logprobs"):
         raise bad("'logprobs' is not supported by this server", "logprobs", "unsupported_parameter")
 
 
 def _request(
-    body: dict, messages: list[ChatMessage], system: list[str], defaults: SamplingParams, tools: Any
+    body: dict[str, Any], messages: list[ChatMessage], system: list[str], defaults: SamplingParams, tools: Any
 ) -> ChatRequest:
     _unsupported(body)
     sampling, max_tokens, stops = _options(body, defaults)

@@ -91,7 +91,7 @@ def _content(raw: Any, where: str, role: str) -> tuple[str, tuple[ImageRef, ...]
     return "\n".join(texts), tuple(images)
 
 
-def _response_format(body: dict) -> tuple[str, dict | None]:
+def _response_format(body: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     rf = body.get("response_format")
     if rf is None:
         return "text", None
@@ -111,7 +111,7 @@ def _response_format(body: dict) -> tuple[str, dict | None]:
     raise bad(f"response_format.type must be text, json_object or json_schema, not {kind!r}", "response_format.type")
 
 
-def _unsupported(body: dict) -> None:
+def _unsupported(body: dict[str, Any]) -> None:
     """Refuse what would change the answer and is not supported (silently ignoring it would
     hand a client something else than it asked for)."""
     if body.get("functions") or body.get("function_call") not in (None, "none", "auto"):
@@ -160,7 +160,7 @@ def parse_tools(raw: Any, choice: Any, where: str = "tools") -> tuple[tuple[Tool
     return tuple(tools), kind, name or ""
 
 
-def tool_of(fn: dict, at: str) -> Tool:
+def tool_of(fn: dict[str, Any], at: str) -> Tool:
     """A function tool ``{"name", "description", "parameters"}`` (Anthropic's ``input_schema``
     too), validated; ``at`` names it in errors."""
     name = fn.get("name")
@@ -287,7 +287,7 @@ def parse_chat_request(body: Any, defaults: SamplingParams = DEFAULT_SAMPLING) -
     )
 
 
-def sampling_of(body: dict, defaults: SamplingParams, temperature: str = "temperature") -> SamplingParams:
+def sampling_of(body: dict[str, Any], defaults: SamplingParams, temperature: str = "temperature") -> SamplingParams:
     """``temperature``, ``top_k``, ``top_p``, ``min_p`` and ``seed`` of a body (each API names
     the temperature the same; Ollama's options are a body of their own)."""
     return SamplingParams(

@@ -91,7 +91,12 @@ def completion_body(reply: Reply) -> dict[str, Any]:
 
 
 def chunk_body(
-    req_id: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None, usage: dict | None = None
+    req_id: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any],
+    finish: str | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     choices = (
         []
@@ -156,7 +161,7 @@ class ChunkStream:
         self,
         delta: dict[str, Any],
         finish: str | None = None,
-        usage: dict | None = None,
+        usage: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> str:
         body = chunk_body(self.req_id, self.model, self.created, delta, finish, usage)

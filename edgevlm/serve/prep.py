@@ -35,7 +35,8 @@ class Preparation:
 
     async def run(self, executor: Executor | None, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in ``executor`` (None: the loop's default), by the deadline."""
-        return (await self.run_all(executor, [(fn, *args)]))[0]
+        result: T = (await self.run_all(executor, [(fn, *args)]))[0]  # (fn's own result)
+        return result
 
     async def run_all(self, executor: Executor | None, calls: Iterable[tuple[Any, ...]]) -> list[Any]:
         """Each ``(fn, *args)`` of ``calls`` at once in ``executor``, by the deadline; the first
@@ -84,6 +85,6 @@ class Preparation:
             self.lease.release()
 
 
-def _seen(fut: asyncio.Future) -> None:
+def _seen(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()  # (retrieved: a step whose request gave up is not logged as lost)

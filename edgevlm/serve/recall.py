@@ -29,10 +29,10 @@ class ReplyRecall:
         self.max_bytes = max_bytes
         self.held = 0  # bytes kept now
         self._lock = threading.Lock()
-        self._replies: OrderedDict[str, array] = OrderedDict()
+        self._replies: OrderedDict[str, array[int]] = OrderedDict()
 
     @staticmethod
-    def _size(text: str, ids: array) -> int:
+    def _size(text: str, ids: array[int]) -> int:
         return len(text.encode("utf-8", "surrogatepass")) + ids.itemsize * len(ids) + ENTRY_BYTES
 
     def remember(self, text: str, tokens: Sequence[int]) -> None:

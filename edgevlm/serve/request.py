@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from ..backend.sampling import SERVE_REPLY, SamplingParams
+from ..runtime.stats import TurnStats
 from ..runtime.toolformat import partial_object
 from .api_errors import APIError
 
@@ -41,7 +42,7 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> APIE
     return APIError(message, param, code)
 
 
-def number(body: dict, key: str, lo: float, hi: float, default: float) -> float:
+def number(body: dict[str, Any], key: str, lo: float, hi: float, default: float) -> float:
     """``body[key]``: a number from ``lo`` to ``hi`` (``default`` when absent), else a 400."""
     v = body.get(key)
     if v is None:
@@ -52,12 +53,12 @@ def number(body: dict, key: str, lo: float, hi: float, default: float) -> float:
 
 
 @overload
-def integer(body: dict, key: str, lo: int, default: int) -> int: ...
+def integer(body: dict[str, Any], key: str, lo: int, default: int) -> int: ...
 @overload
-def integer(body: dict, key: str, lo: int, default: None = None) -> int | None: ...
+def integer(body: dict[str, Any], key: str, lo: int, default: None = None) -> int | None: ...
 
 
-def integer(body: dict, key: str, lo: int, default: int | None = None) -> int | None:
+def integer(body: dict[str, Any], key: str, lo: int, default: int | None = None) -> int | None:
     """``body[key]``: an integer of at least ``lo`` (``default`` when absent), else a 400."""
     v = body.get(key)
     if v is None:
@@ -141,7 +142,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     response_format: str = "text"  # text | json_object | json_schema
-    json_schema: dict | None = None
+    json_schema: dict[str, Any] | None = None
     evict: bool = False  # edgevlm extension: old pictures may become summaries to make room
     tools: tuple[Tool, ...] = ()
     tool_choice: str = "auto"  # auto | none | required | function (then tool_name)
@@ -179,7 +180,7 @@ class Reply:
     model: str
     text: str  # the answer (without reasoning and tool-call markup)
     finish: str  # stop | length | tool_calls
-    stats: Any  # runtime.stats.TurnStats: prompt_n, cached_n, predicted_n, timings
+    stats: TurnStats  # prompt_n, cached_n, predicted_n, timings
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     extension: dict[str, Any] = field(default_factory=dict)  # the edgevlm object (notices ...)

@@ -177,7 +177,7 @@ def parse_responses_request(
     )
 
 
-def _unsupported(body: dict) -> None:
+def _unsupported(body: dict[str, Any]) -> None:
     """Refuse what would change the answer and is not supported."""
     if body.get("background"):
         raise bad("'background' responses are not supported by this server", "background", "unsupported_parameter")
@@ -293,7 +293,7 @@ def _content(raw: Any, where: str, role: str, key: str = "content") -> tuple[str
     return "\n".join(texts), tuple(images)
 
 
-def _call(item: dict, where: str) -> ToolCall:
+def _call(item: dict[str, Any], where: str) -> ToolCall:
     cid, name, args = item.get("call_id"), item.get("name"), item.get("arguments", "{}")
     if not isinstance(cid, str) or not cid:
         raise bad(f"{where}.call_id must be a string", f"{where}.call_id")
@@ -347,7 +347,7 @@ def _tools(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return nested, echo
 
 
-def _text(raw: Any) -> tuple[str, dict | None, dict[str, Any]]:
+def _text(raw: Any) -> tuple[str, dict[str, Any] | None, dict[str, Any]]:
     """``text.format`` → (response format, JSON schema, the echo)."""
     if raw is None:
         return "text", None, {"format": {"type": "text"}}

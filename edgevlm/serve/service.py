@@ -31,16 +31,16 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Any
 
 from ..plan.host import HostAllowance, Lease, return_freed_memory
 from ..runtime.conversation import Conversation, Message
 from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
+from ..runtime.requests import Sequence
 from ..runtime.turn import ReplySpec, Turn
 from ..vision.images import LoadedImage
 from .api_errors import ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
-from .job import Job
+from .job import Event, Job
 from .media import Fetcher, fetch_bytes
 from .options import ServeOptions
 from .prep import Preparation
@@ -244,7 +244,7 @@ class ChatService:
         job is finished (its memory given back) however the iteration ends."""
         split = self.rules.splitter(req)
         raw: list[str] = []
-        held: tuple[str, Any] | None = None  # an event taken while joining text, not handled yet
+        held: Event | None = None  # an event taken while joining text, not handled yet
         try:
             while True:
                 if held is not None:
@@ -275,9 +275,10 @@ class ChatService:
         finally:
             self.finish(job)
 
-    def _reply(self, job: Job, req: ChatRequest, split: ReplySplitter, seq: Any, raw: str, finish: str) -> Reply:
+    def _reply(self, job: Job, req: ChatRequest, split: ReplySplitter, seq: Sequence, raw: str, finish: str) -> Reply:
         if split.calls and finish == "stop":
             finish = "tool_calls"
+        assert seq.stats is not None  # (a finished request has its stats)
         return Reply(
             job.id,
             job.created,
@@ -319,16 +320,16 @@ def _joined(deltas: list[Delta]) -> list[Delta]:
 
 if sys.version_info >= (3, 11):
 
-    async def _get(queue: asyncio.Queue, timeout: float) -> Any:
+    async def _get(queue: asyncio.Queue[Event], timeout: float) -> Event:
         async with asyncio.timeout(timeout):  # (no Task per wait, as wait_for makes)
             return await queue.get()
 else:  # pragma: no cover - Python 3.10
 
-    async def _get(queue: asyncio.Queue, timeout: float) -> Any:
+    async def _get(queue: asyncio.Queue[Event], timeout: float) -> Event:
         return await asyncio.wait_for(queue.get(), timeout)
 
 
-async def next_event(job: Job, worker: Worker, gone: Gone | None = None) -> tuple[str, Any]:
+async def next_event(job: Job, worker: Worker, gone: Gone | None = None) -> Event:
     """The job's next event; a client that goes away meanwhile cancels it. Never waits past
     the job's deadline and a grace (the worker ends every job by then), nor on a worker that
     is gone."""

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ..backend.sampling import SamplingParams
@@ -154,7 +155,7 @@ class Worker:
         finally:
             self._shutdown()
 
-    def _guarded(self, job: Job, what) -> bool:
+    def _guarded(self, job: Job, what: Callable[[Job], object]) -> bool:
         """Run ``what(job)``; anything it raises ends that job alone. False if it failed."""
         try:
             what(job)
