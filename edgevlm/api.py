@@ -99,7 +99,7 @@ def load(
         opts = replace(opts, image_tokens=image_tokens)
     what_if = measure is None and bool(free_memory)
     if measure is None:
-        measure = lambda: probe(device, free_memory, gpu_overhead)  # noqa: E731
+        measure = lambda: probe(device, free_memory, gpu_overhead)
     if plan is None:
         plan = make_plan(os.fspath(model), os.fspath(mmproj), measure(), replace(wishes, merge=str(opts.merge)))
     if not plan.fits:

@@ -43,11 +43,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
-from PIL import Image, ImageDraw  # noqa: E402
+import numpy as np
+from PIL import Image, ImageDraw
 
-from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
-from edgevlm_testkit.peers import machine_busy_s, same_kernels  # noqa: E402
+from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair
+from edgevlm_testkit.peers import machine_busy_s, same_kernels
 
 SYSTEM = (
     "You are an image captioning assistant for a text-to-image training dataset. Describe "
@@ -159,7 +159,8 @@ class EdgeSide:
             s = job.run(self.vlm, prefetch=2)
         wall = time.perf_counter() - t0
         recs = [json.loads(ln) for ln in out.read_text().splitlines()]
-        assert s.done == len(images) and all(r["error"] is None for r in recs), recs
+        assert s.done == len(images), recs
+        assert all(r["error"] is None for r in recs), recs
         return {
             "wall_s": wall,
             "captions": {Path(r["path"]).name: r["caption"] for r in recs},

@@ -42,11 +42,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
-from PIL import Image, ImageDraw  # noqa: E402
+import numpy as np
+from PIL import Image, ImageDraw
 
-from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
-from edgevlm_testkit.peers import same_kernels  # noqa: E402
+from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair
+from edgevlm_testkit.peers import same_kernels
 
 SYSTEM = (
     "A chat between a curious human and an artificial intelligence assistant. "

@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from edgevlm_testkit import FAMILIES, cached_model_pair  # noqa: E402
-from edgevlm_testkit.measure import Config, components_dict, measure, naive_estimate  # noqa: E402
+from edgevlm_testkit import FAMILIES, cached_model_pair
+from edgevlm_testkit.measure import Config, components_dict, measure, naive_estimate
 
 MIB = 2**20
 

@@ -34,10 +34,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
+import numpy as np
+from PIL import Image
 
-from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair  # noqa: E402
+from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair
 
 SIZES = [(640, 480), (800, 600), (512, 512), (480, 640)]
 RAY_TARGET = 0.9  # ray 1 actor images/s ÷ plain images/s, at least

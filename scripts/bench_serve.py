@@ -47,12 +47,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
-import numpy as np  # noqa: E402
-from PIL import Image, ImageDraw  # noqa: E402
+import httpx
+import numpy as np
+from PIL import Image, ImageDraw
 
-from edgevlm.backend.system import cpu_extra_buffers  # noqa: E402
-from edgevlm_testkit import cached_model_pair  # noqa: E402
+from edgevlm.backend.system import cpu_extra_buffers
+from edgevlm_testkit import cached_model_pair
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the pinned version whose vendored llama.cpp llama-server is built from
 SERVERS = ("edgevlm", "llama-server", "llama-cpp-python")

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from edgevlm_testkit import cached_model_pair  # noqa: E402
+from edgevlm_testkit import cached_model_pair
 
 UBATCHES = (512, 256, 128, 64)
 TEXT_TOKENS = 1024

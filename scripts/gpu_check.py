@@ -112,7 +112,8 @@ def _vulkan_build():
     spec = importlib.util.spec_from_file_location(
         "vulkan_build", ROOT / "testkit" / "edgevlm_testkit" / "vulkan_build.py"
     )
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

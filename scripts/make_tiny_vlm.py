@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edgevlm_testkit import FAMILIES, PRESETS, make_model_pair  # noqa: E402
+from edgevlm_testkit import FAMILIES, PRESETS, make_model_pair
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,12 +48,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-from PIL import Image, ImageDraw  # noqa: E402
+import httpx
+import numpy as np
+import psutil
+from PIL import Image, ImageDraw
 
-from edgevlm_testkit.peers import machine  # noqa: E402
+from edgevlm_testkit.peers import machine
 
 KINDS = {"chat": 0.45, "stream": 0.2, "disconnect": 0.1, "huge": 0.08, "tiny": 0.05, "malformed": 0.12}
 

@@ -253,5 +253,5 @@ def test_responses_lines_are_answered_with_response_objects_as_the_server_answer
         if key in want:
             assert got[key] == want[key], key
     assert [i["type"] for i in got["output"]] == [i["type"] for i in want["output"]]
-    text = lambda b: [c["text"] for i in b["output"] if i["type"] == "message" for c in i["content"]]  # noqa: E731
+    text = lambda b: [c["text"] for i in b["output"] if i["type"] == "message" for c in i["content"]]
     assert text(got) == text(want)

@@ -82,7 +82,7 @@ def test_budget_with_the_model_counts_as_the_arithmetic(model_pair, images, fami
         assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
         pa, pb = json.loads(a.stdout), json.loads(b.stdout)
         # the notes say where the default budget came from (the projector, or the plan): the rest is equal
-        source = lambda p: {**p, "notes": [n for n in p["notes"] if "--image-tokens changes it" not in n]}  # noqa: E731
+        source = lambda p: {**p, "notes": [n for n in p["notes"] if "--image-tokens changes it" not in n]}
         assert source(pa) == source(pb)
 
 

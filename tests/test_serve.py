@@ -329,7 +329,7 @@ def test_a_client_that_disconnects_frees_its_sequence(tight):
 
 
 class _Pictures(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         data = png(seed=7)
         self.send_response(200)
         self.send_header("content-type", "image/png")

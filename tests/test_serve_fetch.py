@@ -45,7 +45,7 @@ class Drip:
         drip = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 with drip.lock:
                     drip.connected += 1
                 try:

@@ -62,7 +62,7 @@ _SHARD = re.compile(r"^part-(\d{6,})\.parquet$")
 def pyarrow_module():
     try:
         import pyarrow
-        import pyarrow.parquet  # noqa: F401
+        import pyarrow.parquet
     except ImportError:
         raise InputError("--format parquet needs pyarrow: pip install 'edgevlm[parquet]'") from None
     return pyarrow

@@ -245,7 +245,7 @@ def _here(
                 layout = lambda plan: serve_layout(
                     plan.n_ctx,
                     plan.image_max_tokens,
-                    options.max_tokens,  # noqa: E731
+                    options.max_tokens,
                     parallel,
                     wishes.sequences,
                 )

@@ -120,7 +120,7 @@ class BatchActor:
         layout = lambda plan: serve_layout(
             plan.n_ctx,
             plan.image_max_tokens,
-            options.max_tokens,  # noqa: E731
+            options.max_tokens,
             spec.parallel,
             wishes.sequences,
         )

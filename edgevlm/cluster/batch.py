@@ -68,7 +68,7 @@ def answer_on_ray(
                 break
     except KeyboardInterrupt:
         out.summary.interrupted = True
-    except Exception as exc:  # noqa: BLE001 - Ray wraps whatever an actor raised
+    except Exception as exc:  # Ray wraps whatever an actor raised
         raise ray_failure(exc) from None
     if out.summary.remaining:
         out.summary.interrupted = out.summary.interrupted or stop.requested

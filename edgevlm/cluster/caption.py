@@ -145,7 +145,7 @@ def caption_on_ray(
                     return
         except (KeyboardInterrupt, GeneratorExit):
             raise
-        except Exception as exc:  # noqa: BLE001 - Ray wraps whatever an actor raised
+        except Exception as exc:  # Ray wraps whatever an actor raised
             raise ray_failure(exc) from None
         gone = [items[p] for p in todo if p not in seen]  # deleted after the run started
         yield from local.run(gone)

@@ -32,7 +32,7 @@ def ray_module() -> Any:
     """``ray`` with Ray Data, or one line saying how to get it."""
     try:
         import ray
-        import ray.data  # noqa: F401
+        import ray.data
     except ImportError:
         raise InputError("--ray needs Ray, an optional extra: pip install 'edgevlm[ray]'") from None
     return ray
@@ -88,7 +88,7 @@ def connect(address: str = "local", *, num_cpus: int | None = None, verbose: boo
     try:
         with _stderr_hushed(not verbose):
             ray.init(**kwargs)
-    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError ...
+    except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError ...
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         what = "start a local Ray instance" if started else f"connect to Ray at {address}"
         raise ClusterError(f"cannot {what}: {msg}") from None

@@ -62,7 +62,7 @@ def expected_digest(rf: RemoteFile) -> Digest:
     api = hf()
     try:
         infos = api.HfApi(endpoint=s.endpoint).get_paths_info(rf.repo, [rf.file], revision=rf.revision)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise map_error(exc, rf.spec, s) from None
     for info in infos:
         if getattr(info, "path", None) != rf.file:
@@ -143,7 +143,7 @@ def download(
             path = api.hf_hub_download(
                 rf.repo, rf.file, revision=rf.revision, cache_dir=s.cache_dir, endpoint=s.endpoint
             )
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise map_error(exc, rf.spec, s) from None
     downloaded = before is None or not os.path.samefile(before, path)
     checked = None
@@ -292,7 +292,7 @@ def file_identity(spec: str, mmproj: str | None = None) -> tuple[str, str]:
         s = settings()
         try:
             infos = hf().HfApi(endpoint=s.endpoint).get_paths_info(rf.repo, [rf.file], revision=rf.revision)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise map_error(exc, rf.spec, s) from None
         size = next((getattr(i, "size", None) for i in infos if getattr(i, "path", None) == rf.file), None)
         if size is None:

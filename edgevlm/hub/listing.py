@@ -73,7 +73,7 @@ def _row_for(r: ResolvedModel, title: str, license: str, params: str, probe, wis
     except DownloadError as exc:
         if check:
             verdict = f"? {short_error(exc)}"
-    except Exception as exc:  # noqa: BLE001 - a listing must not die on one odd model
+    except Exception as exc:  # a listing must not die on one odd model
         verdict = f"? {short_error(exc)}"
     return ModelRow(
         name=r.name,
@@ -161,7 +161,7 @@ def choose_model(probe, wishes=None, *, fetch: bool = True) -> tuple[ResolvedMod
         r = resolve(e.name, registry=reg)
         try:
             plan = plan_resolved(r, probe, wishes, fetch=fetch and not settings().offline)
-        except Exception as exc:  # noqa: BLE001 - try the next one
+        except Exception as exc:  # try the next one
             tried.append(f"{e.name}: {first_line(exc)}")
             continue
         if plan.fits:

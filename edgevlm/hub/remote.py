@@ -116,7 +116,7 @@ def fetch_header(rf: RemoteFile, *, first_chunk: int = HEADER_FIRST_CHUNK) -> He
     url = api.hf_hub_url(rf.repo, rf.file, revision=rf.revision, endpoint=s.endpoint)
     try:
         meta = api.get_hf_file_metadata(url, endpoint=s.endpoint)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if cached is not None and is_transport_error(exc):
             return HeaderRead(cached[1], "cache", 0, cached[0].get("etag"), cached[0].get("commit"))
         raise map_error(exc, label, s) from None
@@ -130,7 +130,7 @@ def fetch_header(rf: RemoteFile, *, first_chunk: int = HEADER_FIRST_CHUNK) -> He
         gf, fetched = _range_read_header(meta.location or url, meta.size, label, headers, first_chunk)
     except EdgeVLMError:
         raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise map_error(exc, label, s) from None
     _save_header_cache(
         cache_file,

@@ -200,7 +200,7 @@ def repo_files(repo: str, revision: str = "main") -> list[str]:
     api = hf()
     try:
         return sorted(api.HfApi(endpoint=s.endpoint).list_repo_files(repo, revision=revision))
-    except Exception as exc:  # noqa: BLE001 - mapped to one line below
+    except Exception as exc:  # mapped to one line below
         if cached is not None and is_transport_error(exc):
             return cached
         raise map_error(exc, f"hf:{repo}", s) from None

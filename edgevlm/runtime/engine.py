@@ -196,7 +196,8 @@ class Engine:
         for resp in self.stream(text, images, **gen):
             parts.append(resp.text)
             last = resp
-        assert last is not None and last.stats is not None
+        assert last is not None
+        assert last.stats is not None
         return ChatResult("".join(parts), last.stats, last.finish_reason or "stop")
 
     def complete(self, text: str, max_tokens: int, messages: list[Message] | None = None) -> str:

@@ -277,7 +277,8 @@ class Server:
 
     def _budget(self, body: Any, lease: Lease) -> dict[str, Any]:
         model, service = self.model, self.service
-        assert model is not None and service is not None
+        assert model is not None
+        assert service is not None
         kind = "video" if isinstance(body, dict) and "video_url" in body else "image"
         ref = body.get(f"{kind}_url") if isinstance(body, dict) else None
         url = ref.get("url") if isinstance(ref, dict) else ref

@@ -30,7 +30,8 @@ async def answer_line(service: ChatService, line: BatchLine, order: asyncio.Lock
     took it (their pictures are decoded one after another; the replies still run together)."""
     if not line.ok:
         return error_line(line)
-    assert line.custom_id is not None and line.body is not None
+    assert line.custom_id is not None
+    assert line.body is not None
     try:
         call = parse_responses_request(line.body, service.options.sampling) if line.responses else None
         req = call.request if call is not None else parse_chat_request(line.body, service.options.sampling)

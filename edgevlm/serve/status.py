@@ -65,7 +65,8 @@ def host_memory(server: Server, rss: int) -> dict[str, Any]:
     (--host-reserve) and the requests in flight and waiting (the allowance, and what they
     hold of it now)."""
     model, service = server.model, server.service
-    assert model is not None and service is not None
+    assert model is not None
+    assert service is not None
     plan = model.plan
     buffers = plan.host_buffers if plan is not None else 0
     reserve = plan.host_reserve if plan is not None else 0

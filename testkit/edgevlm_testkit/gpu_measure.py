@@ -168,7 +168,7 @@ def _rows(got, label, name, g0, gpu_pred, host_pred, gpu, free0, dev, loaded, im
                 sum(v for k, v in got.items() if k.split(":")[0] == fn and k.split(":")[1] in bufs and k.endswith(what))
                 * MIB
             )
-        )  # noqa: E501
+        )
 
     host_bufs = ("CPU", "CPU_Mapped", "CPU_REPACK") + ((g0.host_buffer,) if g0 is not None and g0.host_buffer else ())
     clip = {k.split(":")[1]: v for k, v in got.items() if k.startswith("reserve_compute_meta:")}
