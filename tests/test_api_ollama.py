@@ -170,10 +170,7 @@ def test_a_full_queue_is_a_503_with_retry_after(srv):
         with pytest.raises(ollama.ResponseError) as err:
             client(srv.url).chat(model=MODEL, messages=[{"role": "user", "content": "And me?"}])
         assert err.value.status_code == 503
-    deadline = time.monotonic() + 20  # the stream closed: its sequence is freed
-    while srv.status()["slots"]["busy"]:
-        assert time.monotonic() < deadline, srv.status()
-        time.sleep(0.05)
+    srv.wait_idle(timeout=20)  # the stream closed: its sequence is freed
 
 
 def test_the_api_key(srv):
