@@ -3,17 +3,20 @@ commands' defaults are the options dataclasses' own."""
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import click
 import pytest
 
+import edgevlm
 from edgevlm.backend.sampling import CHAT_REPLY, LIBRARY_REPLY, SERVE_REPLY
 from edgevlm.caption.settings import CaptionSettings
 from edgevlm.cli import main
 from edgevlm.cluster.connect import DEFAULT_BATCH
-from edgevlm.plan.context import DEFAULT_REPLY_TOKENS, IN_FLIGHT_MAX
-from edgevlm.serve.options import DEFAULT_PARALLEL, ServeOptions
+from edgevlm.plan.context import IN_FLIGHT_MAX
+from edgevlm.runtime.requests import Request
+from edgevlm.serve.options import ServeOptions, serve_slots
 
 from .conftest import make_image, run_cli
 
@@ -51,12 +54,16 @@ def test_command_defaults_are_the_dataclasses():
     assert _default("caption", "--max-tokens") == CaptionSettings.max_tokens
     assert _default("caption", "--temp") == CaptionSettings.temperature
     for command in ("serve", "batch"):
-        assert _default(command, "--max-tokens") == ServeOptions.max_tokens == SERVE_REPLY.max_tokens
+        assert _default(command, "--max-tokens") == SERVE_REPLY.max_tokens
         assert _default(command, "--timeout") == ServeOptions.timeout_s
     assert _default("serve", "--queue") == ServeOptions.queue
     assert _default("serve", "--max-body") == ServeOptions.max_body_bytes
     assert _default("caption", "--ray-batch") == _default("batch", "--ray-batch") == DEFAULT_BATCH
-    assert DEFAULT_PARALLEL == IN_FLIGHT_MAX and LIBRARY_REPLY.max_tokens == DEFAULT_REPLY_TOKENS
+    # the server's automatic parallelism stops where the planner's in-flight count does
+    assert serve_slots(1 << 20, None, 16) == IN_FLIGHT_MAX > serve_slots(2048, None, 16)
+    # a plan counts its pictures with the reply the library then gives a turn by default
+    load_reply = inspect.signature(edgevlm.load).parameters["reply_tokens"].default
+    assert load_reply == Request.max_tokens == LIBRARY_REPLY.max_tokens
 
 
 def test_request_sampling_defaults_are_the_servers_and_can_be_set():
@@ -66,7 +73,7 @@ def test_request_sampling_defaults_are_the_servers_and_can_be_set():
     from edgevlm.serve.openai import parse_chat_request
 
     for command in ("serve", "batch"):
-        assert _default(command, "--temp") == ServeOptions.sampling.temperature == SERVE_REPLY.sampling.temperature
+        assert _default(command, "--temp") == SERVE_REPLY.sampling.temperature
         assert _default(command, "--top-k") == ServeOptions.sampling.top_k
         assert _default(command, "--top-p") == ServeOptions.sampling.top_p
         assert _default(command, "--min-p") == ServeOptions.sampling.min_p

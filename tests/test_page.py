@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import httpx
@@ -142,10 +141,7 @@ def test_the_page_chats_about_a_picture_and_shows_the_plan(browser, site, tmp_pa
     wait(d, lambda d: len(css(d, ".msg.assistant .meta")) == 2, what="stopped")
     meta = css(d, ".msg.assistant .meta")[1].text
     assert "stopped" in meta
-    deadline = time.monotonic() + 10
-    while site.status()["slots"]["busy"]:  # the server freed the sequence
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    site.wait_idle(timeout=10)  # the server freed the sequence
     assert site.status()["requests"]["cancelled"] >= 1
 
     # a file that is not a picture: the server's own message

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import edgevlm
+from edgevlm.backend.llama import Backend
 from edgevlm.caption import Captioner, CaptionSettings, caption_slots
 from edgevlm.errors import InputError
 from edgevlm.plan.context import ContextBudget
@@ -22,6 +23,7 @@ from edgevlm.vision.budget import render_views
 from edgevlm.vision.images import load_image
 
 from .conftest import make_image, run_cli
+from .reference import stock_logits
 
 SYSTEM = "You write short captions for a photo dataset."
 PROMPT = "Caption this."
@@ -43,19 +45,31 @@ def _load(pair, slots, n_ctx=4096):
     )
 
 
-def _sequential_logits(eng, img):
-    """The logits one-at-a-time evaluation gives after the prompt (the engine's own turn)."""
-    eng.reset()
-    eng.chat(PROMPT, [img], max_tokens=1, temperature=0.0)
-    return eng.backend.logits().copy()
+def _message(eng, img) -> Message:
+    """A one-turn caption message for picture ``img``, as captioning makes it."""
+    views = render_views(img, eng.plan_image(img))
+    return Message("user", PROMPT, [v for _, v in views], labels=[lb for lb, _ in views])
+
+
+def _one_at_a_time_logits(eng, ref, img):
+    """The logits after the caption prompt evaluated alone, from an empty cache, through mtmd's
+    stock path on a backend of its own (``tests.reference``: no scheduler, no batch)."""
+    msg = _message(eng, img)
+    prompt = eng.render([msg])
+    try:
+        return stock_logits(ref, prompt, {eng.scheduler.images.key(v): v for v in msg.images})
+    finally:
+        prompt.release()
 
 
 def _request(eng, i, img, max_tokens=8, stop=(), keep_logits=False):
     """A one-turn caption request for picture ``img``, as captioning makes it."""
-    views = render_views(img, eng.plan_image(img))
-    msg = Message("user", PROMPT, [v for _, v in views], labels=[lb for lb, _ in views])
     return Request(
-        eng.render([msg]), max_tokens, stops=tuple(stop) + tuple(eng.default_stops), tag=i, keep_logits=keep_logits
+        eng.render([_message(eng, img)]),
+        max_tokens,
+        stops=tuple(stop) + tuple(eng.default_stops),
+        tag=i,
+        keep_logits=keep_logits,
     )
 
 
@@ -84,10 +98,11 @@ def _run_all(eng, imgs, max_tokens=8, stop=(), keep_logits=False):
 
 @pytest.mark.parametrize("family", ["llava15", "qwen2vl"])
 def test_batched_replies_start_from_the_one_at_a_time_logits(model_pair, pictures, family):
-    eng = _load(model_pair(family), 4)
+    pair = model_pair(family)
+    eng = _load(pair, 4)
     try:
-        want = [_sequential_logits(eng, img) for img in pictures]
-        eng.reset()
+        with Backend(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, type_k="f16", type_v="f16") as ref:
+            want = [_one_at_a_time_logits(eng, ref, img) for img in pictures]
         got, _ = _run_all(eng, pictures, keep_logits=True)
         for i, ref in enumerate(want):
             c = got[i]

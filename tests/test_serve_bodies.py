@@ -14,22 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from edgevlm_testkit.waiting import until
+
 from .conftest import run_cli
 from .test_serve import LONG, Served, data_uri, free_port, png, user
 
 BODY_TIMEOUT_S = 3.0  # the servers' --body-timeout here (1 s more per 64 KiB that came: none do)
-
-
-def until(condition, what: str, timeout: float = 30.0, each=None):
-    """Poll ``condition`` until it holds (its value), failing after ``timeout`` seconds;
-    ``each()`` runs on every round (a trickle of bytes)."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"still not {what}"
-        if each is not None:
-            each()
-        time.sleep(0.05)  # WAIT: polling the server's own counters
-    return value
 
 
 def open_body(port: int, path: str, declared: int, first: bytes = b"{") -> socket.socket:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ import uvicorn
 from openai import APIStatusError, BadRequestError, OpenAI
 
 import edgevlm
+from edgevlm.plan import host as host_module
 from edgevlm.serve.api_errors import APIError, kind_of
 from edgevlm.serve.app import create_app
 from edgevlm.serve.http import BODY_COPIES
@@ -29,6 +31,7 @@ from edgevlm.serve.openai import parse_chat_request
 from edgevlm.serve.options import ServeOptions
 from edgevlm.serve.request import ImageRef
 from edgevlm.serve.service import ChatService
+from edgevlm_testkit.waiting import until, until_async
 
 from .conftest import run_cli
 from .test_serve import Served, _Pictures, data_uri, free_port, png, user
@@ -62,16 +65,17 @@ class InProcess:
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise AssertionError("the in-process server did not become ready")
+        try:
+            until(self._ready, "ready", timeout=60)
+        except AssertionError:
+            self.stop()
+            raise
+
+    def _ready(self) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def client(self) -> OpenAI:
         return OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=120)
@@ -84,27 +88,42 @@ class InProcess:
         self.thread.join(30)
 
 
+LONG_200 = {"type": "string", "minLength": 200}
+
+
 def test_a_refused_template_is_a_400_while_a_concurrent_request_gets_its_200(model_pair):
-    s = Served(model_pair("gemma3"), "--parallel", "2", "--ctx", "2048", "--max-tokens", "24")
+    """The good request is running (a long streamed reply, seen busy on /status) when the bad one
+    is refused, is still running after, and then ends with its whole reply."""
+    s = Served(model_pair("gemma3"), "--parallel", "2", "--ctx", "4096", "--max-tokens", "24")
     try:
         c = s.client()
         bad = [{"role": "user", "content": "First."}, {"role": "user", "content": "Second."}]
-
-        def good():
-            return c.chat.completions.create(
-                model="m", messages=[user("Describe it.", data_uri(png(seed=60)))], max_tokens=24, temperature=0
-            )
-
-        with ThreadPoolExecutor(2) as pool:
-            ok = pool.submit(good)
-            time.sleep(0.05)
+        good = {
+            "model": "m",
+            "messages": [user("Describe it.", data_uri(png(seed=60)))],
+            "max_tokens": 240,
+            "temperature": 0,
+            "stream": True,  # a string of 200 characters at least: far longer than the refusal takes
+            "stream_options": {"include_usage": True},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": LONG_200}},
+        }
+        with httpx.Client(timeout=120) as h, h.stream("POST", s.url + "/v1/chat/completions", json=good) as ok:
+            assert ok.status_code == 200
+            s.wait_busy(1)
             with pytest.raises(BadRequestError) as err:
                 c.chat.completions.create(model="m", messages=bad, max_tokens=8)
             assert "chat template refused" in err.value.body["message"]
             assert "roles must alternate" in err.value.body["message"]
-            assert ok.result(timeout=120).choices[0].finish_reason in ("stop", "length")
-        st = s.status()
-        assert st["slots"]["busy"] == 0 and st["queue"]["waiting"] == 0
+            assert s.status()["slots"]["busy"] == 1  # the good one ran through the refusal
+            events = [json.loads(ln[6:]) for ln in ok.iter_lines() if ln.startswith("data: {")]
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+        (finish,) = [ch[0]["finish_reason"] for e in events if (ch := e["choices"]) and ch[0]["finish_reason"]]
+        if finish == "length":  # cut at max_tokens
+            assert events[-1]["usage"]["completion_tokens"] == 240 and text.startswith('"')
+        else:  # or the whole string the schema asks for
+            assert finish == "stop" and len(json.loads(text)) >= 200, (finish, text)
+        st = s.wait_idle()
+        assert st["requests"]["served"] == 1 and st["requests"]["failed"] == 1  # (the refused one)
         assert c.chat.completions.create(model="m", messages=[user("Again?")], max_tokens=3).choices
     finally:
         assert "Traceback" not in s.stop()
@@ -154,6 +173,16 @@ def test_a_fault_while_a_request_is_prepared_is_its_500_only(model_pair, caplog)
         vlm.close()
 
 
+def waiting_for_the_allowance() -> bool:
+    """Whether a thread is blocked on the host allowance (in a ``Condition.wait`` called from
+    ``edgevlm.plan.host``), waiting for bytes to be given back."""
+    for frame in sys._current_frames().values():
+        caller = frame.f_back
+        if frame.f_code.co_name == "wait" and caller is not None and caller.f_code.co_filename == host_module.__file__:
+            return True
+    return False
+
+
 def test_the_host_allowance_refuses_waits_and_is_shown(model_pair):
     pair = model_pair("llava15")
     vlm = edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=2)
@@ -181,10 +210,11 @@ def test_the_host_allowance_refuses_waits_and_is_shown(model_pair):
                 temperature=0,
                 messages=[user("Now?", data_uri(photo(1600, 1200), "image/jpeg"))],
             )
-            time.sleep(0.3)
+            until(waiting_for_the_allowance, "waiting for the allowance")
             other.release()
             assert later.result(timeout=60).choices[0].finish_reason in ("stop", "length")
         host = srv.status()["memory"]["host"]
+        assert host["waits"] >= 1  # (the allowance's own count: it went on after a wait)
         assert host["allowance_bytes"] == 48 * 2**20 and host["in_use_bytes"] == 0
         assert 0 < host["peak_in_use_bytes"] <= host["allowance_bytes"] and host["refused"] >= 1
         assert host["limit_bytes"] == (
@@ -248,7 +278,7 @@ def test_waiting_requests_end_when_the_worker_stops(model_pair):
 
         async def talk_then_stop():
             task = asyncio.ensure_future(service.complete(long))
-            await asyncio.sleep(0.3)  # (the reply takes ~1 s on 2 cores: it is still running)
+            await until_async(lambda: service.worker.running == 1, "the reply running")
             await asyncio.get_running_loop().run_in_executor(None, service.stop)
             return await asyncio.wait_for(task, 20)
 
@@ -405,15 +435,6 @@ def test_queued_requests_keep_their_pictures_when_the_image_cache_is_small(model
     finally:
         srv.stop()
         vlm.close()
-
-
-def until(condition, what: str, timeout: float = 30.0):
-    """Poll ``condition`` until it holds (its value), failing after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"still not {what}"
-        time.sleep(0.02)  # WAIT: polling the server's own counters
-    return value
 
 
 def test_the_budget_route_takes_its_place_and_lease_at_the_door_like_any_request(model_pair):

@@ -21,6 +21,7 @@ from edgevlm.serve.api_errors import APIError, kind_of
 from edgevlm.serve.openai import parse_chat_request
 from edgevlm.serve.options import ServeOptions
 from edgevlm.serve.service import ChatService
+from edgevlm_testkit.waiting import until, until_async, wait_status
 
 from .test_serve import Served, user
 
@@ -75,13 +76,7 @@ def served(pair, grace: float) -> Served:
 
 def wait_for(s: Served, what, timeout: float = 30) -> dict:
     """Poll /status until ``what(status)`` (within ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        st = s.status()
-        if what(st):
-            return st
-        assert time.monotonic() < deadline, st
-        time.sleep(0.02)  # WAIT: a poll of the server's own counters, inside the deadline
+    return wait_status(s.status, what, "as asked", timeout)
 
 
 def test_sigterm_ends_every_reply_with_its_last_event_and_exits_0_within_the_grace(model_pair):
@@ -130,10 +125,11 @@ def test_sigterm_ends_every_reply_with_its_last_event_and_exits_0_within_the_gra
 
         signalled = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
-        wait_for_queued = time.monotonic() + GRACE
-        while not all(q.lines and q.data() and "error" in q.data()[-1] for q in queued):
-            assert time.monotonic() < wait_for_queued, [q.lines[-2:] for q in queued]
-            time.sleep(0.02)  # WAIT: the waiting streams' last events, inside the grace
+        until(
+            lambda: all(q.lines and q.data() and "error" in q.data()[-1] for q in queued),
+            "every waiting stream's last event, inside the grace",
+            timeout=GRACE,
+        )
         turned_away = time.monotonic()
         try:  # a request after the signal: the listening socket is closed, or it is a 503
             late = httpx.post(url + "/v1/chat/completions", json={"messages": SPEAK, "max_tokens": 4}, timeout=10)
@@ -218,10 +214,7 @@ def test_a_drained_service_ends_a_whole_reply_with_what_it_has_and_refuses_the_r
 
         async def talk_then_drain():
             task = asyncio.ensure_future(service.complete(req))
-            deadline = time.monotonic() + 30
-            while not service.worker.running:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)  # WAIT: until the reply runs
+            await until_async(lambda: service.worker.running, "the reply running")
             service.drain()
             drained = time.monotonic()
             reply = await asyncio.wait_for(task, grace + 5)

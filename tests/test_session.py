@@ -27,38 +27,63 @@ def small(model_pair):
     eng.close()
 
 
-def run_five(eng, pics):
+def shared_cells(before, after) -> int:
+    """Cells of the items two renders have in common from the start: all that prefix matching
+    can keep of ``before`` when ``after`` is evaluated (computed from the renders alone)."""
+    n = 0
+    for a, b in zip(before.items, after.items, strict=False):
+        if a.key != b.key:
+            break
+        n += a.n_tokens
+    return n
+
+
+def run_five(eng, pics, renders=None):
+    """One turn per picture; with ``renders`` (a list), each turn's ``(kept, full)``: the cells
+    its prompt shares from the start with the conversation before it, and all its cells."""
     stats = []
     for i, p in enumerate(pics):
+        before = eng.render(eng.messages) if renders is not None and eng.messages else None
         r = eng.chat(f"Picture {i + 1}: what is it?", [p], **G)
         assert r.stats.n_ctx_used <= r.stats.n_ctx
         stats.append(r.stats)
+        if renders is not None:
+            after = eng.render(eng.messages[:-1])  # this turn's prompt, as the conversation now is
+            renders.append((shared_cells(before, after) if before else 0, after.cells))
+            for prompt in (before, after):
+                if prompt is not None:
+                    prompt.release()
     return stats
 
 
 def test_context_of_two_images_completes_five(small):
-    stats = run_five(small, pictures(5))
+    renders = []
+    stats = run_five(small, pictures(5), renders)
     assert [s.summarized_images for s in stats][:2] == [0, 0]
     assert sum(s.summarized_images for s in stats) >= 3
     summarised = [p.number for p in small.pictures if not p.in_context]
     assert summarised == sorted(summarised) and summarised[0] == 1  # oldest first
     in_ctx = [p.number for p in small.pictures if p.in_context]
     assert 5 in in_ctx and len(in_ctx) <= 2
-    for s in stats:
+    for s, (kept, full) in zip(stats, renders, strict=True):
         if s.summarized_images:
             assert s.evicted_tokens == 576 * s.summarized_images
-            # only the suffix after the replaced picture is rebuilt: less than a full re-prefill
-            assert s.cached_n > 0 and s.prompt_n < s.cached_n + s.prompt_n
+            # only the suffix after the replaced picture is rebuilt: every cell before it (from
+            # the renders) is kept, and kept + evaluated is the whole prompt
+            assert s.cached_n + s.prompt_n == full and 0 < kept <= s.cached_n, (s, kept, full)
             assert s.rebuild_tokens < s.n_ctx_used
 
 
 def test_rebuild_is_cheaper_than_full_prefill(small):
-    stats = run_five(small, pictures(5))
-    later = [s for s in stats if s.summarized_images and s.cached_n > 0]
-    assert later, stats
-    for s in later:
-        full = s.cached_n + s.prompt_n  # what re-prefilling everything would evaluate
-        assert s.prompt_n < full
+    """Every turn that replaced a picture evaluated fewer cells than its whole prompt (what a
+    fresh prefill evaluates, counted from the render): at least the part before the first
+    picture that changed was kept."""
+    renders = []
+    stats = run_five(small, pictures(5), renders)
+    replaced = [(s, kept, full) for s, (kept, full) in zip(stats, renders, strict=True) if s.summarized_images]
+    assert len(replaced) >= 2, stats
+    for s, kept, full in replaced:
+        assert kept > 0 and s.prompt_n <= full - kept < full, (s, kept, full)
 
 
 def test_summary_stands_in_for_the_picture(small):
