@@ -40,7 +40,8 @@ def stock_logits(ref: Backend, prompt: Prompt, images: dict[str, LoadedImage]) -
                 finally:
                     ref.free_bitmap(bitmap)
             chunk = tokenized[key][index]
-            assert chunk.kind == "image" and chunk.n_tokens == item.n_tokens
+            assert chunk.kind == "image"
+            assert chunk.n_tokens == item.n_tokens
             n_past = ref.decode_image(chunk, ref.encode_image(chunk), n_past)
         assert pending, "a prompt ends with text (the reply's header)"
         ref.decode_tokens(pending, n_past)

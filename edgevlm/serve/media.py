@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
 from ..vision.images import LoadedImage, load_image
-from .api_errors import APIError
+from .api_errors import APIError, RequestTimedOut
 from .options import ServeOptions
 from .request import ImageRef
 
@@ -124,6 +124,11 @@ def _fetch_url(url: str, opts: ServeOptions, label: str, deadline: float | None 
             raise _refuse(
                 f"{label}: the image URL {shown} is too slow: {cut.got:,} bytes in {took:.1f} s, under the "
                 f"{opts.url_min_rate:,} bytes/s the server asks for"
+            ) from None
+        if deadline is not None and deadline < start + opts.url_deadline_s:  # the request's own time ran out
+            raise RequestTimedOut(
+                f"the request's time ({opts.timeout_s:g} s, --timeout) ran out while {label}'s image URL "
+                f"{shown} was fetched ({cut.got:,} bytes in {took:.1f} s)"
             ) from None
         raise _refuse(
             f"{label}: the image URL {shown} took longer than {end - start:.3g} s (the server's limit)"
