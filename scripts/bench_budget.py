@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="real")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="bench_budget.json")
+    ap.add_argument("--out", help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--mmproj", help=argparse.SUPPRESS)
@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args)
 
+    from resultfile import Run
+
+    run = Run("bench_budget")
     from rich.console import Console
     from rich.table import Table
 
@@ -156,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         f"target: dynamic family TTFT at 1024 tokens ≥ 4x lower than unbudgeted: "
         f"{q1024['ttft_speedup_vs_unbudgeted']:.1f}x → {'met' if target else 'NOT met'}"
     )
-    Path(args.out).write_text(json.dumps({"rows": rows, "target_ttft_1024_ge_4x": target}, indent=2))
+    result = {"preset": args.preset, "runs": args.runs, "rows": rows, "target_ttft_1024_ge_4x": target}
+    print(f"wrote {run.save(result, args.out)}")
     return 0
 
 
