@@ -30,15 +30,25 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 
 
+# what a benchmark's numbers depend on besides its own script
+CODE = ["edgevlm", "testkit", "pyproject.toml", "scripts/resultfile.py"]
+
+
+def _code() -> list[str]:
+    me = Path(sys.argv[0]).resolve()
+    return [*CODE, str(me.relative_to(ROOT))] if me.is_relative_to(ROOT) else CODE
+
+
+def _git(*a: str) -> str:
+    r = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
 def commit() -> tuple[str, bool]:
-    """The checked-out commit, and whether the code (anything but docs/) differs from it."""
-
-    def git(*a: str) -> str:
-        r = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=30)
-        return r.stdout.strip() if r.returncode == 0 else ""
-
-    head = git("rev-parse", "HEAD")
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs", ":!README.md")
+    """The checked-out commit, and whether the code a benchmark runs (the package, the test kit,
+    this file and the running script) differs from it."""
+    head = _git("rev-parse", "HEAD")
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", *_code())
     return head or "unknown", bool(changed)
 
 
@@ -62,6 +72,7 @@ class Run:
         self.date = datetime.datetime.now(datetime.timezone.utc)
         self.load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
         self.t0, self.busy0, self.own0 = time.perf_counter(), _busy(), _own()
+        self.commit, self.code_changed = commit()  # the code this run runs
 
     def load(self) -> dict[str, Any]:
         """How busy the machine was during the run: the load average at its start and end, and
@@ -77,15 +88,20 @@ class Run:
             "wall_s": round(wall, 1),
         }
 
+    def changed_since(self) -> bool:
+        """Whether the code differed from the commit at the start or at any point up to now."""
+        head, changed = commit()
+        moved = head != self.commit and bool(_git("diff", "--name-only", self.commit, head, "--", *_code()))
+        return self.code_changed or changed or moved
+
     def envelope(self, result: Any) -> dict[str, Any]:
         from edgevlm_testkit.peers import machine
 
-        head, changed = commit()
         return {
             "benchmark": self.benchmark,
             "tag": self.tag,
-            "commit": head,
-            "code_changed": changed,
+            "commit": self.commit,
+            "code_changed": self.changed_since(),
             "date": self.date.isoformat(timespec="seconds"),
             "command": self.argv,
             "machine": machine(),

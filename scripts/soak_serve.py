@@ -467,6 +467,13 @@ def main() -> None:
             "args": vars(args),
             "wall_s": round(wall, 1),
             "counts": {k: dict(v) for k, v in by_kind.items()},
+            "seconds": {  # per kind, as the table shows them
+                k: {"p50": statistics.median(v), "p95": sorted(v)[min(len(v) - 1, int(len(v) * 0.95))]}
+                for k, v in secs.items()
+                if v
+            },
+            "host_held": held,
+            "rss_samples": sampler.samples,
             "total": dict(total),
             "bad_5xx": len(bad5xx),
             "hangs": len(hangs),
