@@ -523,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         "one_shot_ratio_le_1.02": bool(one_ratio <= ONE_SHOT_TARGET),
         "turn5_ratio_ge_3": bool(turns[-1]["ratio"] >= TURN5_TARGET) if turns else None,
     }
-    print(f"JSON: {run.save(result, args.out)}")
+    out = run.save(result, args.out)
+    print(f"JSON: {out}")
 
     # --- tables ----------------------------------------------------------------------
     t = Table(title=f"One-shot TTFT, 1 image ({args.family}/{args.preset}, {args.runs} runs, {args.threads} threads)")
@@ -583,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(f'{b:.0%}' for b in busy['library'])}"
         )
         con.print(t)
-    con.print(f"[dim]wrote {args.out}[/dim]")
+    con.print(f"[dim]wrote {out}[/dim]")
     return 0
 
 
