@@ -162,7 +162,7 @@ def chat_tables(d: D, stem: str) -> str:
     )
     ok = r["targets"]["one_shot_ratio_le_1.02"]
     out = [
-        f"One-shot TTFT, 1 picture ({cfg['family']}/{cfg['preset']}, {cfg['runs']} runs, {cfg['threads']} threads):",
+        f"One-shot TTFT, 1 picture ({cfg['family']}/{cfg['preset']}, {cfg['runs']} runs, {cfg['n_threads']} threads):",
         "",
         one,
         "",
@@ -358,6 +358,188 @@ def planner_readme(d: D, stem: str) -> str:
     )
 
 
+# --- soak_serve ---------------------------------------------------------------------------------
+def soak_table(d: D, stem: str) -> str:
+    r = d["result"]
+    statuses = sorted(r["total"], key=lambda x: (not x.isdigit(), x))
+    rows = []
+    for kind, counts in r["counts"].items():
+        sec = r.get("seconds", {}).get(kind, {})
+        p50, p95 = sec.get("p50"), sec.get("p95")
+        rows.append(
+            [kind, *[str(counts.get(st, 0)) for st in statuses]]
+            + [f"{p50:.2f}" if p50 is not None else "", f"{p95:.2f}" if p95 is not None else ""]
+        )
+    rows.append(["all", *[str(r["total"].get(st, 0)) for st in statuses], "", ""])
+    a, host = r["args"], r["host_plan"]
+    lines = [
+        f"{a['clients']} clients × {a['requests']} requests, {a['family']} tiny pair, --ctx {a['ctx']}:",
+        "",
+        _table(["kind", *statuses, "p50 s", "p95 s"], rows),
+        "",
+        f"- peak RSS {r['peak_rss_bytes'] / MIB:,.1f} MiB ({r['rss_ready_bytes'] / MIB:,.1f} MiB when ready)",
+    ]
+    if host.get("limit"):
+        lines.append(
+            f"- planned for the host: buffers {host['buffers'] / MIB:,.1f} MiB + image cache "
+            f"{host['image_cache'] / MIB:,.1f} MiB + process {host['process'] / MIB:,.1f} MiB + allowance for requests "
+            f"{host['allowance'] / MIB:,.1f} MiB + host KV cache {host['kv_cache'] / MIB:,.1f} MiB = "
+            f"{host['limit'] / MIB:,.1f} MiB; peak / planned = {r['peak_rss_bytes'] / host['limit']:.2f}"
+        )
+    held = r.get("host_held") or {}
+    if held:
+        lines.append(
+            f"- requests held at most {held['peak_in_use_bytes'] / MIB:,.1f} MiB of the allowance ({held['waits']} "
+            f"waited for it, {held['refused']} refused with 503); RSS after the run {held['rss_bytes'] / MIB:,.1f} MiB"
+        )
+    lines.append(
+        f"- {sum(r['total'].values())} requests in {r['wall_s']:.0f} s; 5xx other than 503: {r['bad_5xx']}; hangs: "
+        f"{r['hangs']}; connection errors: {r['connection_errors']}; malformed not 4xx/503: "
+        f"{r['malformed_not_4xx']}; server alive: {r['alive']}; slots/queue left taken: {r['leaked']}: "
+        f"**{'FAIL' if r['failed'] else 'PASS'}**"
+    )
+    return "\n".join(lines) + "\n\n" + _src(d, stem)
+
+
+def soak_readme(d: D, stem: str) -> str:
+    r = d["result"]
+    a, limit = r["args"], r["host_plan"].get("limit")
+    n5 = sum(v for k, v in r["total"].items() if k.isdigit() and int(k) >= 500)
+    plan = f" of {limit / MIB:,.0f} MiB planned" if limit else ""
+    return (
+        f"| `edgevlm serve` under faults: {sum(r['total'].values())} random requests, {a['clients']} clients | "
+        f"{n5} 5xx, {r['hangs']} hangs, peak RSS {r['peak_rss_bytes'] / MIB:,.0f} MiB{plan} | "
+        f"[serve.md](docs/serve.md#under-faults) ([run](docs/results/{stem}.json)) |"
+    )
+
+
+# --- bench_video --------------------------------------------------------------------------------
+def _video_row(x: D) -> list[str]:
+    if x["budget"] is None:
+        fits = "refused" if x.get("refused") else ("yes" if x["fits_ctx"] else x.get("stopped") or "error")
+        if x.get("refused") and x.get("request_s"):
+            ttft = f"{x['request_s'] * 1000:.0f} to refusal"
+        else:
+            ttft = f"{x['ttft_ms']:.0f}" if x.get("ttft_ms") is not None else "–"
+        event, ratio = "–", "1.00×"
+        rss = f"{x['peak_rss_bytes'] / MIB:.0f}" + ("+" if x.get("stopped") else "")
+    else:
+        fits = "yes" if x["fits_ctx"] else f"error: {x.get('error', '')}"[:40]
+        ttft = f"{x['ttft_ms']:.0f}" if x.get("ttft_ms") is not None else "–"
+        ks = x.get("event_frames") or []
+        if x["event_kept"] is None:
+            event = "–"
+        elif not ks:
+            event = "no"
+        else:
+            event = f"yes, {len(ks)} ({ks[0]:.1f}" + (f"–{ks[-1]:.1f} s)" if len(ks) > 1 else " s)")
+        rss = f"{x['peak_rss_bytes'] / MIB:.0f}"
+        ratio = f"{x['rss_vs_llamacpp']:.2f}×" if x.get("rss_vs_llamacpp") else "–"
+    return [
+        x["model"],
+        x["approach"],
+        str(x.get("frames", "–")),
+        f"{x['tokens']:,}" if x.get("tokens") is not None else "–",
+        fits,
+        ttft,
+        rss,
+        ratio,
+        f"{x['wall_s']:.1f}",
+        event,
+        _pct(x.get("others_cpu")),
+    ]
+
+
+def video_table(d: D, stem: str) -> str:
+    r = d["result"]
+    c = r["clip"]
+    head = ["model", "approach", "frames", "tokens", "fits ctx?", "TTFT ms", "peak RSS MiB", "RSS ÷ llama.cpp"]
+    head += ["wall s", "event frame kept?", "others' CPU"]
+    notes = []
+    for x in r["rows"]:
+        if x["budget"] is not None and x.get("tokens_vs_llamacpp") and x.get("rss_vs_llamacpp"):
+            notes.append(
+                f"- {x['model']} {x['approach']}: {1 / x['tokens_vs_llamacpp']:.0f}× fewer tokens, "
+                f"{1 / x['rss_vs_llamacpp']:.1f}× less peak RSS than llama.cpp's 4 fps"
+            )
+        elif x["budget"] is None:
+            why = x.get("refused") or x.get("stopped") or (str(x["error"]) if x.get("error") else "fits, evaluated")
+            notes.append(f"- {x['model']} llama.cpp ({x.get('source', r['peer'])}): {why}")
+    return (
+        f"A {c['seconds']:g} s {c['size'][0]}×{c['size'][1]} clip ({c['fps']} fps; the red square "
+        f"{c['event_s'][0]:.0f}–{c['event_s'][1]:.0f} s), qwen2vl/{r['preset']} pair, n_ctx {r['n_ctx']}, "
+        f"{r['threads']} threads, each row in a fresh process:\n\n"
+        + _table(head, [_video_row(x) for x in r["rows"]], {2, 3, 5, 6, 7, 8})
+        + "\n\n"
+        + "\n".join(notes)
+        + "\n\n"
+        + _src(d, stem)
+    )
+
+
+def video_readme(d: D, stem: str) -> str:
+    r = d["result"]
+    c = r["clip"]
+    q = [x for x in r["rows"] if x["model"].startswith("qwen2vl") and x["budget"] is not None]
+    base = next(x for x in r["rows"] if x["model"].startswith("qwen2vl") and x["budget"] is None)
+    fewer = sorted(1 / x["tokens_vs_llamacpp"] for x in q if x.get("tokens_vs_llamacpp"))
+    rss = [x["rss_vs_llamacpp"] for x in q if x.get("rss_vs_llamacpp")]
+    kept = all(x.get("event_kept") for x in q)
+    return (
+        f"| a {c['seconds']:g} s {c['size'][1]}p clip, Qwen2-VL-2B shapes: edgevlm under a budget vs all frames "
+        f"at 4 fps (llama.cpp's video helper) | {fewer[0]:.0f}–{fewer[-1]:.0f}× fewer tokens, {max(rss):.2f}× the "
+        f"peak RSS ({min(x['peak_rss_bytes'] for x in q) / MIB:,.0f} MiB vs {base['peak_rss_bytes'] / 2**30:.0f} GiB "
+        f"before llama.cpp refuses it); the 5 s event {'kept at every budget' if kept else 'missed at some budget'} | "
+        f"[benchmarks.md](docs/benchmarks.md#video-under-a-budget) ([run](docs/results/{stem}.json)) |"
+    )
+
+
+# --- bench_caption ------------------------------------------------------------------------------
+def caption_rows(d: D) -> list[list[str]]:
+    r = d["result"]
+    n = r["config"]["images"]
+    system = "the default" if "--long-system" not in d["command"] else "a long guide (`--long-system`)"
+    rows = []
+    for length, v in r["by_max_tokens"].items():
+        ev = {k: _median([x["prompt_evaluated"] for x in v[k]]) / n for k in ("edgevlm", "library")}
+        rows.append(
+            [
+                system,
+                length,
+                f"{v['edgevlm_images_per_s']:.3f}",
+                f"{v['library_images_per_s']:.3f}",
+                f"**{v['ratio_median_of_pairs']:.2f}×** ({', '.join(f'{x:.2f}' for x in v['paired_ratios'])})",
+                f"{ev['edgevlm']:.0f} vs {ev['library']:.0f}",
+                f"{v['edgevlm_engine_share']:.1%}".replace("%", " %"),
+                ", ".join(_pct(x["busy_others"]) for x in v["edgevlm"] + v["library"]),
+            ]
+        )
+    return rows
+
+
+def caption_table(d: D, stem: str) -> str:
+    cfg = d["result"]["config"]
+    head = ["system prompt", "caption tokens", "edgevlm images/s", "library loop images/s", "ratio (per run)"]
+    head += ["prompt tokens evaluated / image", "inside llama.cpp", "others' CPU per run"]
+    return (
+        f"{cfg['family']}/{cfg['preset']}, {cfg['images']} pictures, {cfg['runs']} runs side by side, "
+        f"edgevlm {cfg['edgevlm_slots']} in flight, {cfg['threads']} threads:\n\n"
+        + _table(head, caption_rows(d), {1, 2, 3, 4, 6})
+        + "\n\n"
+        + _src(d, stem)
+    )
+
+
+def caption_readme(d: D, stem: str) -> str:
+    r = d["result"]
+    ratios = sorted(v["ratio_median_of_pairs"] for v in r["by_max_tokens"].values())
+    span = f"{ratios[0]:.2f}" + (f"–{ratios[-1]:.2f}" if len(ratios) > 1 else "")
+    return (
+        f"| `edgevlm caption` vs a llama-cpp-python loop, {r['config']['family']}/{r['config']['preset']} shapes | "
+        f"{span}× the images/s | [caption.md](docs/caption.md) ([run](docs/results/{stem}.json)) |"
+    )
+
+
 def _median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
@@ -370,4 +552,7 @@ PARTS: dict[str, dict[str, Callable[[D, str], str]]] = {
     "bench_quality": {"table": quality_table, "targets": quality_targets, "readme": quality_readme},
     "bench_ubatch": {"table": ubatch_table},
     "bench_planner": {"table": planner_table, "readme": planner_readme},
+    "soak_serve": {"table": soak_table, "readme": soak_readme},
+    "bench_video": {"table": video_table, "readme": video_readme},
+    "bench_caption": {"table": caption_table, "readme": caption_readme},
 }
