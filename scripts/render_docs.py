@@ -8,7 +8,7 @@
 A block sits between ``<!-- results:STEM:PART -->`` and ``<!-- /results:STEM:PART -->``: STEM
 names the results file (``docs/results/STEM.json``, which must exist), PART what is shown of it.
 Which PARTs a file has depends on its benchmark (its ``"benchmark"`` field, or ``gpu_check``
-for ``gpu-check-*.json``): ``scripts/render_gpu.py`` and ``scripts/render_tables.py`` hold them.
+for ``gpu-check-*.json``): ``scripts/render_gpu.py``, ``render_serve.py`` and ``render_tables.py`` hold them.
 Everything between the markers is replaced; what is outside them is the docs' own text.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import render_gpu  # noqa: E402  (scripts/ is not a package)
+import render_serve  # noqa: E402
 import render_tables  # noqa: E402
 
 __all__ = ["BLOCK", "RESULTS", "blocks_in", "check", "docs", "load", "part", "render"]
@@ -33,7 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 BLOCK = re.compile(r"<!-- results:([\w.-]+):([\w-]+) -->\n(.*?)<!-- /results:\1:\2 -->\n?", re.S)
 Part = Callable[[dict[str, Any], str], str]
-PARTS: dict[str, dict[str, Part]] = {"gpu_check": render_gpu.PARTS, **render_tables.PARTS}
+PARTS: dict[str, dict[str, Part]] = {
+    "gpu_check": render_gpu.PARTS,
+    "bench_serve": render_serve.PARTS,
+    **render_tables.PARTS,
+}
 
 
 def docs() -> list[Path]:

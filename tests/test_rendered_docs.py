@@ -144,3 +144,44 @@ def test_a_run_file_holds_the_result_and_what_it_depends_on(tmp_path):
         default.parent == RESULTS
         and default.name == f"bench_example-tag-{d['date'][:10].replace('-', '')}-{d['commit'][:7]}.json"
     )
+
+
+def test_bench_serve_runs_render_every_column_serve_md_shows(tmp_path):
+    """docs/serve.md's tables are not re-measured yet; their renderer is ready for the next run:
+    a run's chats and decode rows (the fields bench_serve.py writes) give each column the page
+    shows — ratios against llama-server, turn-3 TTFT, the ITL beside a new picture and without,
+    for edgevlm and llama-server."""
+    render = _module("render_docs")
+    resultfile = _module("resultfile")
+
+    def chat(server, n, shared, rps, ttft, itl_a, itl):
+        return {
+            "server": server,
+            "clients": n,
+            "shared_picture": shared,
+            "req_per_s": rps,
+            "ttft_p50_turn3": ttft,
+            "itl_p95_admitting_ms": itl_a,
+            "itl_p95_ms": itl,
+        }
+
+    result = {
+        "chats": [
+            chat("edgevlm", 4, False, 0.77, 0.43, 67.0, 41.0),
+            chat("llama-server", 4, False, 0.94, 0.82, 3872.0, 133.0),
+            chat("edgevlm", 4, True, 2.26, 0.46, 43.0, 64.0),
+            chat("llama-server", 4, True, 0.95, 0.67, 5686.0, 50.0),
+        ],
+        "decode": [
+            {"server": "edgevlm", "streams": 8, "tok_per_s": 7505.0},
+            {"server": "llama-server", "streams": 8, "tok_per_s": 6279.0},
+        ],
+    }
+    resultfile.Run("bench_serve", "shared").save(result, tmp_path / "bench_serve-shared-20000101-abcdef0.json")
+    stem = "bench_serve-shared-20000101-abcdef0"
+    own = render.part(stem, "chats", tmp_path)
+    assert "| 4 | 0.77 | 0.94 | – | **0.82×** | 0.43 s | 0.82 s | – | **0.52×** | 67 / 41 | 3872 / 133 |" in own
+    assert "| 4 | 2.26 | 0.95 | – | **2.38×** |" in render.part(stem, "chats-shared", tmp_path)
+    assert "| 8 | 7,505 | 6,279 | – | **1.20×** |" in render.part(stem, "decode", tmp_path)
+    row = render.part(stem, "readme", tmp_path)
+    assert "4–4 users" in row and "2.38–2.38× with a shared picture, 0.82–0.82× with a picture each" in row
