@@ -270,7 +270,7 @@ def quality_targets(d: D, stem: str) -> str:
     diffs = {t: m_half[t] - m_off[t] for t in ("colour", "shape")}
     lines.append(
         "| merge ratio 0.5 within 5 points of off on colour/shape | "
-        + ", ".join(f"{t} {v:+.1f}" for t, v in diffs.items())
+        + ", ".join(f"{t} {'±0' if abs(v) < 0.05 else f'{v:+.1f}'.replace('-', '−')}" for t, v in diffs.items())
         + " | "
         + "; ".join(f"{t} {'met' if abs(v) <= 5 else 'not met'}" for t, v in diffs.items())
         + " |"
