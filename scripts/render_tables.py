@@ -404,11 +404,14 @@ def soak_table(d: D, stem: str) -> str:
 def soak_readme(d: D, stem: str) -> str:
     r = d["result"]
     a, limit = r["args"], r["host_plan"].get("limit")
-    n5 = sum(v for k, v in r["total"].items() if k.isdigit() and int(k) >= 500)
+    n503 = r["total"].get("503", 0)
     plan = f" of {limit / MIB:,.0f} MiB planned" if limit else ""
+    load = d["load"].get("others_cpu_share")
+    busy = f" (other processes used {_pct(load)} of the CPUs)" if load is not None else ""
     return (
         f"| `edgevlm serve` under faults: {sum(r['total'].values())} random requests, {a['clients']} clients | "
-        f"{n5} 5xx, {r['hangs']} hangs, peak RSS {r['peak_rss_bytes'] / MIB:,.0f} MiB{plan} | "
+        f"**{'FAIL' if r['failed'] else 'PASS'}**{busy}: {r['bad_5xx']} 5xx besides {n503} 503s, {r['hangs']} hangs, "
+        f"peak RSS {r['peak_rss_bytes'] / MIB:,.0f} MiB{plan} | "
         f"[serve.md](docs/serve.md#under-faults) ([run](docs/results/{stem}.json)) |"
     )
 
