@@ -332,7 +332,7 @@ def planner_table(d: D, stem: str) -> str:
         ]
         for name, s in r["per_component"].items()
     ]
-    rows.append(["**total**", f"**{_pct2(r['total_max_abs_error'])}**", "", "", str(len(r["rows"]))])
+    rows.append(["**total**", f"**{_pct3(r['total_max_abs_error'])}**", "", "", str(len(r["rows"]))])
     rows.append(["a file size + f16 KV estimate", _pct2(r["naive_max_abs_error"]), "", "", str(len(r["rows"]))])
     head = ["component", "max error (buffers ≥ 1 MiB)", "largest under-estimate", "max error in MiB", "buffers"]
     return (
@@ -341,6 +341,10 @@ def planner_table(d: D, stem: str) -> str:
         + "\n\n"
         + _src(d, stem)
     )
+
+
+def _pct3(x: float) -> str:
+    return f"{x:.3%}".replace("%", " %")
 
 
 def _pct2(x: float, sign: bool = False) -> str:
@@ -352,7 +356,7 @@ def planner_readme(d: D, stem: str) -> str:
     fams = {x["config"].split()[0] for x in r["rows"]}
     return (
         f"| memory predicted vs llama.cpp's own buffer logs, {len(r['rows'])} configurations, {len(fams)} families "
-        f"| max error {_pct2(r['total_max_abs_error'])} in total (a file-size estimate: up to "
+        f"| max error {_pct3(r['total_max_abs_error'])} in total (a file-size estimate: up to "
         f"{_pct2(r['naive_max_abs_error'])} off) | [plan.md](docs/plan.md), "
         f"[models.md](docs/models.md#what-edgevlm-knows-about-each-projector-type) ([run](docs/results/{stem}.json)) |"
     )
@@ -488,9 +492,10 @@ def video_readme(d: D, stem: str) -> str:
     fewer = sorted(1 / x["tokens_vs_llamacpp"] for x in q if x.get("tokens_vs_llamacpp"))
     rss = [x["rss_vs_llamacpp"] for x in q if x.get("rss_vs_llamacpp")]
     kept = all(x.get("event_kept") for x in q)
+    how = "" if r["peer"] == "helper" else ", laid out with PyAV"
     return (
         f"| a {c['seconds']:g} s {c['size'][1]}p clip, Qwen2-VL-2B shapes: edgevlm under a budget vs all frames "
-        f"at 4 fps (llama.cpp's video helper) | {fewer[0]:.0f}–{fewer[-1]:.0f}× fewer tokens, {max(rss):.2f}× the "
+        f"at 4 fps (llama.cpp's video helper{how}) | {fewer[0]:.0f}–{fewer[-1]:.0f}× fewer tokens, {max(rss):.2f}× the "
         f"peak RSS ({min(x['peak_rss_bytes'] for x in q) / MIB:,.0f} MiB vs {base['peak_rss_bytes'] / 2**30:.0f} GiB "
         f"before llama.cpp refuses it); the 5 s event {'kept at every budget' if kept else 'missed at some budget'} | "
         f"[benchmarks.md](docs/benchmarks.md#video-under-a-budget) ([run](docs/results/{stem}.json)) |"
