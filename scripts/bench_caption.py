@@ -306,8 +306,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="also time a process per image (model reloaded) on K images",
     )
-    ap.add_argument("--out", type=Path, default=Path("bench_caption.json"))
+    ap.add_argument("--out", type=Path, help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     args = ap.parse_args(argv)
+
+    from resultfile import Run
+
+    run = Run("bench_caption")
     args.lengths = [int(x) for x in str(args.max_tokens).split(",") if x.strip()]
 
     import llama_cpp
@@ -406,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             for n, v in per_length.items()
         },
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"JSON: {run.save(result, args.out)}")
 
     t = Table(
         title=f"captioning {nimg} images ({args.family}/{args.preset}, {'long ' if args.long_system else ''}"

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -322,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=max(1, min(os.cpu_count() or 1, 8)))
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--n-batch", type=int, default=512)
-    ap.add_argument("--out", type=Path, default=Path("bench_chat.json"))
+    ap.add_argument("--out", type=Path, help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     ap.add_argument("--skip-conversation", action="store_true", help="one-shot only")
     ap.add_argument(
         "--max-busy",
@@ -333,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retries", type=int, default=2, help="redos per one-shot pair (default 2)")
     ap.add_argument("--conv-retries", type=int, default=1, help="redos per conversation pair (default 1)")
     args = ap.parse_args(argv)
+
+    from resultfile import Run
+
+    run = Run("bench_chat")
 
     import llama_cpp
     from rich.console import Console
@@ -520,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         "one_shot_ratio_le_1.02": bool(one_ratio <= ONE_SHOT_TARGET),
         "turn5_ratio_ge_3": bool(turns[-1]["ratio"] >= TURN5_TARGET) if turns else None,
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out = run.save(result, args.out)
+    print(f"JSON: {out}")
 
     # --- tables ----------------------------------------------------------------------
     t = Table(title=f"One-shot TTFT, 1 image ({args.family}/{args.preset}, {args.runs} runs, {args.threads} threads)")
@@ -580,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(f'{b:.0%}' for b in busy['library'])}"
         )
         con.print(t)
-    con.print(f"[dim]wrote {args.out}[/dim]")
+    con.print(f"[dim]wrote {out}[/dim]")
     return 0
 
 

@@ -16,7 +16,6 @@ Answer quality cannot be measured with random weights. With a real pair, compare
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -81,9 +80,12 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", default="real")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="bench_merge.json")
+    ap.add_argument("--out", help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     args = ap.parse_args(argv)
 
+    from resultfile import Run
+
+    run = Run("bench_merge")
     from rich.console import Console
     from rich.table import Table
 
@@ -121,6 +123,7 @@ def main(argv=None) -> int:
         method = r["spec"].replace("stride:", "uniform prune ") if r["spec"].startswith("stride") else r["spec"]
         if "budget" in method:
             method = f"downscale to {r['tokens']}"
+        r["method"] = method  # as the table shows it (docs/benchmarks.md renders it from the JSON)
         t.add_row(
             r["family"],
             method,
@@ -136,7 +139,7 @@ def main(argv=None) -> int:
         "fidelity = mean cosine of each original token to its representative (1.0 = nothing lost); "
         "answer quality needs real weights (see the docstring)."
     )
-    Path(args.out).write_text(json.dumps(rows, indent=2))
+    print(f"wrote {run.save({'preset': args.preset, 'runs': args.runs, 'rows': rows}, args.out)}")
     return 0
 
 

@@ -14,7 +14,6 @@ buffer sizes llama.cpp logs are compared with the prediction.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -68,9 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default="tiny,real")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated (default: every family)")
-    ap.add_argument("--out", default="bench_planner.json")
+    ap.add_argument("--out", help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
+
+    from resultfile import Run
+
+    run = Run("bench_planner")
     presets = [p for p in args.presets.split(",") if p]
     console = Console(stderr=False, width=160)
     rows = []
@@ -157,13 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     summary.add_row("total (naive file + f16 KV)", f"{tot_naive:.2%}", "")
     console.print(summary)
     console.print(f"{len(rows)} configurations in {elapsed:.0f} s")
-    Path(args.out).write_text(
-        json.dumps(
-            {"rows": rows, "per_component": stats, "total_max_abs_error": tot_ours, "naive_max_abs_error": tot_naive},
-            indent=2,
-        )
-    )
-    console.print(f"wrote {args.out}")
+    result = {
+        "presets": presets,
+        "rows": rows,
+        "per_component": stats,
+        "total_max_abs_error": tot_ours,
+        "naive_max_abs_error": tot_naive,
+    }
+    console.print(f"wrote {run.save(result, args.out)}")
     return 0
 
 

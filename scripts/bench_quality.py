@@ -22,7 +22,6 @@ JSON (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import tempfile
@@ -197,9 +196,12 @@ def main(argv=None) -> int:
         default="576,2304",
         help="image-token budgets for the detail scenes (tiles off and auto get the same)",
     )
-    ap.add_argument("--out", default="bench_quality.json")
+    ap.add_argument("--out", help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     args = ap.parse_args(argv)
 
+    from resultfile import Run
+
+    run = Run("bench_quality")
     import edgevlm
 
     t0 = time.time()
@@ -254,8 +256,7 @@ def main(argv=None) -> int:
         "seconds": round(time.time() - t0, 1),
         "rows": rows,
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{time.time() - t0:.0f} s; JSON: {args.out}")
+    print(f"{time.time() - t0:.0f} s; JSON: {run.save(result, args.out)}")
     return 0
 
 

@@ -108,8 +108,12 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--ray-batch", type=int, default=16, help="images per actor call (the CLI default)")
-    ap.add_argument("--json", default="bench_scale.json", help="where the results go")
+    ap.add_argument("--json", help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     args = ap.parse_args()
+
+    from resultfile import Run
+
+    run = Run("bench_scale")
 
     pair = cached_model_pair(args.family, args.preset)
     work = Path(tempfile.mkdtemp(prefix="edgevlm-scale-"))
@@ -177,8 +181,7 @@ def main() -> None:
         "target": RAY_TARGET,
         "target_met": verdict,
     }
-    Path(args.json).write_text(json.dumps(result, indent=2))
-    print(f"results: {args.json}")
+    print(f"results: {run.save(result, args.json)}")
 
 
 if __name__ == "__main__":

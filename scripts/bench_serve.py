@@ -468,8 +468,12 @@ def main() -> None:
     )
     ap.add_argument("--max-seconds", type=float, default=600, help="bound of one run (one server, one count)")
     ap.add_argument("--request-timeout", type=float, default=300)
-    ap.add_argument("--json", default="bench-serve.json")
+    ap.add_argument("--json", help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     args = ap.parse_args()
+
+    from resultfile import Run
+
+    run = Run("bench_serve", "shared" if args.shared_picture else "")
 
     servers = [s for s in args.servers.split(",") if s]
     llama_server = args.llama_server
@@ -509,7 +513,7 @@ def main() -> None:
                     finally:
                         srv.stop()
                     results["chats"].append(row)
-                    Path(args.json).write_text(json.dumps(results, indent=2))  # kept if the run is cut short
+                    out = run.save(results, args.json)  # kept if the run is cut short
                     print(json.dumps(row), file=sys.stderr)
     for s in [int(x) for x in args.decode_streams.split(",") if x]:
         for name in servers:
@@ -523,11 +527,11 @@ def main() -> None:
             finally:
                 srv.stop()
             results["decode"].append(row)
-            Path(args.json).write_text(json.dumps(results, indent=2))
+            out = run.save(results, args.json)
             print(json.dumps(row), file=sys.stderr)
-    Path(args.json).write_text(json.dumps(results, indent=2))
+    out = run.save(results, args.json)
     report(results, servers)
-    print(f"JSON: {args.json}; server logs: {logdir}")
+    print(f"JSON: {out}; server logs: {logdir}")
 
 
 def report(results: dict[str, Any], servers: list[str]) -> None:

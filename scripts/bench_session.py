@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import base64
 import io
-import json
 import statistics
 import sys
 import time
@@ -143,9 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=1536, help="small: holds 2 images of 576 tokens")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="bench_session.json")
+    ap.add_argument("--out", help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     args = ap.parse_args(argv)
 
+    from resultfile import Run
+
+    run = Run("bench_session")
     from rich.console import Console
     from rich.table import Table
 
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             f"max RSS {summary[k]['max_rss_mib']:.0f} MiB"
             + (f", first error at turn {first_fail['turn']}: {first_fail['error']}" if first_fail else "")
         )
-    Path(args.out).write_text(json.dumps({"runs": runs, "summary": summary, "config": vars(args)}, indent=2))
+    print(f"wrote {run.save({'runs': runs, 'summary': summary, 'config': vars(args)}, args.out)}")
     return 0
 
 

@@ -16,9 +16,7 @@ micro-batch. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -103,8 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="real")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=max(1, min(os.cpu_count() or 1, 8)))
-    ap.add_argument("--out", type=Path, default=Path("bench_ubatch.json"))
+    ap.add_argument("--out", help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     args = ap.parse_args(argv)
+
+    from resultfile import Run
+
+    run = Run("bench_ubatch")
     rows = []
     for fam in args.families.split(","):
         rows += measure(fam, args.preset, args.runs, args.threads)
@@ -130,18 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['text_compute_mib']:.1f}",
         )
     Console().print(t)
-    args.out.write_text(
-        json.dumps(
-            {
-                "rows": rows,
-                "machine": platform.processor() or platform.machine(),
-                "threads": args.threads,
-                "runs": args.runs,
-            },
-            indent=2,
-        )
-    )
-    print(f"wrote {args.out}")
+    result = {"rows": rows, "preset": args.preset, "threads": args.threads, "runs": args.runs}
+    print(f"wrote {run.save(result, args.out)}")
     return 0
 
 

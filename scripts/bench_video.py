@@ -331,7 +331,7 @@ def worker_llamacpp(args) -> int:
 # --- the edgevlm side (a worker process running the CLI) --------------------------------------
 def worker_edgevlm(args, cli_args: list[str]) -> int:
     """``edgevlm chat ... --json`` as the CLI runs it, with the plan chat made recorded."""
-    import edgevlm.runtime.engine as eng
+    import edgevlm.runtime.intake as eng  # where the intake looks plan_video up
     from edgevlm.cli import main as cli
 
     plans: list[dict] = []
@@ -558,7 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--side-timeout", type=float, default=900, help="seconds for one row (default 900)")
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "edgevlm" / "bench")
-    ap.add_argument("--json-out", type=Path, default=Path("bench_video.json"))
+    ap.add_argument(
+        "--json-out", type=Path, help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)"
+    )
     # worker arguments
     ap.add_argument("--worker", choices=["llamacpp", "edgevlm"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -572,6 +574,10 @@ def main(argv: list[str] | None = None) -> int:
         return worker_llamacpp(args)
     if args.worker == "edgevlm":
         return worker_edgevlm(args, rest)
+
+    from resultfile import Run
+
+    run = Run("bench_video")
 
     import psutil
     from rich.console import Console
@@ -729,8 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         "total_s": total_s,
         "rows": rows,
     }
-    args.json_out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    con.print(f"[dim]total {total_s:.0f} s; wrote {args.json_out}[/dim]")
+    con.print(f"[dim]total {total_s:.0f} s; wrote {run.save(report, args.json_out)}[/dim]")
     return 0
 
 

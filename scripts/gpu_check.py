@@ -22,7 +22,7 @@ pairs are loaded with every layer, part of them (the CPU's extra buffer types on
 of them on GPU 0, the vision encoder there, at a few contexts, KV types and micro-batches; the
 largest admitted picture is encoded, and each buffer llama.cpp logs is set against the plan (the
 planner's dry-run check included). Then the guard under what-if sizes. Prints the tables and
-writes JSON (``--out``) naming the machine; ``scripts/render_gpu_docs.py`` renders docs/gpu.md
+writes JSON (``--out``) naming the machine; ``scripts/render_docs.py`` renders docs/gpu.md
 from the committed copies in docs/results/.
 """
 

@@ -330,9 +330,13 @@ def main() -> None:
     ap.add_argument("--pictures", type=int, default=24, help="pictures in the pool")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--server-log", default="soak-server.log")
-    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--json", help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     ap.add_argument("--rss-slack", type=float, default=0.0, help="share the peak RSS may exceed the plan by")
     args = ap.parse_args()
+
+    from resultfile import Run
+
+    run = Run("soak_serve")
 
     t0 = time.monotonic()
     pool = picture_pool(args.pictures, args.seed)
@@ -456,32 +460,37 @@ def main() -> None:
     for o in (bad5xx + hangs + conn + wrong4xx)[:10]:
         console.print(f"  {o.kind} {o.status} after {o.seconds:.1f} s: {o.detail}")
     failed = bool(bad5xx or hangs or conn or wrong4xx or not alive or leaked or over_rss)
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "machine": machine(),
-                    "commit": commit(),
-                    "args": vars(args),
-                    "wall_s": round(wall, 1),
-                    "counts": {k: dict(v) for k, v in by_kind.items()},
-                    "total": dict(total),
-                    "bad_5xx": len(bad5xx),
-                    "hangs": len(hangs),
-                    "connection_errors": len(conn),
-                    "malformed_not_4xx": len(wrong4xx),
-                    "alive": alive,
-                    "leaked": leaked,
-                    "peak_rss_bytes": sampler.peak,
-                    "rss_ready_bytes": rss_ready,
-                    "host_plan": host,
-                    "rss_within_plan": not over_rss,
-                    "failed": failed,
-                    "examples": [vars(o) for o in (bad5xx + hangs + conn + wrong4xx)[:20]],
-                },
-                indent=2,
-            )
-        )
+    out = run.save(
+        {
+            "machine": machine(),
+            "commit": commit(),
+            "args": vars(args),
+            "wall_s": round(wall, 1),
+            "counts": {k: dict(v) for k, v in by_kind.items()},
+            "seconds": {  # per kind, as the table shows them
+                k: {"p50": statistics.median(v), "p95": sorted(v)[min(len(v) - 1, int(len(v) * 0.95))]}
+                for k, v in secs.items()
+                if v
+            },
+            "host_held": held,
+            "rss_samples": sampler.samples,
+            "total": dict(total),
+            "bad_5xx": len(bad5xx),
+            "hangs": len(hangs),
+            "connection_errors": len(conn),
+            "malformed_not_4xx": len(wrong4xx),
+            "alive": alive,
+            "leaked": leaked,
+            "peak_rss_bytes": sampler.peak,
+            "rss_ready_bytes": rss_ready,
+            "host_plan": host,
+            "rss_within_plan": not over_rss,
+            "failed": failed,
+            "examples": [vars(o) for o in (bad5xx + hangs + conn + wrong4xx)[:20]],
+        },
+        args.json,
+    )
+    console.print(f"JSON: {out}")
     console.print("FAIL" if failed else "PASS")
     sys.exit(1 if failed else 0)
 

@@ -1,29 +1,15 @@
-#!/usr/bin/env python3
-"""Render the GPU tables of docs/gpu.md (and the GPU rows of README's "Measured") from the
-committed results of ``scripts/gpu_check.py`` — docs/results/gpu-check-*.json.
-
-    python scripts/render_gpu_docs.py           # rewrite the marked blocks in place
-    python scripts/render_gpu_docs.py --check   # exit 1 when a block differs (tests/test_gpu_results.py)
-
-A block sits between ``<!-- gpu-check:NAME -->`` and ``<!-- /gpu-check:NAME -->``; NAME is the
-results file's stem after ``gpu-check-`` (``h200-cuda``, ``lavapipe-vulkan``) plus a part
-(``:buffers``, ``:guard``, ``:summary``), or ``readme`` for README's rows.
-"""
+"""The parts of ``scripts/gpu_check.py``'s results (docs/results/gpu-check-*.json) that docs/gpu.md,
+docs/install.md and README's "Measured" show; ``scripts/render_docs.py`` puts them between
+``<!-- results:gpu-check-STEM:PART -->`` markers. PART is ``summary``, ``buffers``, ``guard``,
+``build``, ``import-order`` or ``readme`` (README's row)."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import re
-import sys
-from pathlib import Path
 
 from edgevlm_testkit.gpu_measure import DeviceRow
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "docs" / "results"
-DOCS = {ROOT / "docs" / "gpu.md", ROOT / "docs" / "install.md", ROOT / "README.md"}
 MIB = 2**20
 COLUMNS = [  # (heading, component suffix)
     ("weights", "weights on {gpu}"),
@@ -37,10 +23,6 @@ COLUMNS = [  # (heading, component suffix)
     ("host: logits", "output buffer (host)"),
     ("host: encoder inputs", "encoder on the host"),
 ]
-
-
-def load(stem: str) -> dict:
-    return json.loads((RESULTS / f"gpu-check-{stem}.json").read_text())
 
 
 def row(r: dict) -> DeviceRow:
@@ -124,13 +106,13 @@ def guard(d: dict) -> str:
     return "\n".join(lines)
 
 
-def build(d: dict, stem: str) -> str:
+def build(d: dict, stem: str = "") -> str:
     """How long the CUDA build took (install.md)."""
     b, dev = d["build"], d["device"]
     secs = " and ".join(f"{s} s" for s in b["seconds"])
     return (
         f"the build took {secs} on {b['cores']} cores ({dev['description']}'s host, CUDA {dev['cuda']}, "
-        f"`{b['cmake_args']}`; [gpu-check-{stem}.json](results/gpu-check-{stem}.json))."
+        f"`{b['cmake_args']}`; [{stem}.json](results/{stem}.json))."
     )
 
 
@@ -146,70 +128,29 @@ def import_order(d: dict) -> str:
     return "\n".join(lines)
 
 
-def readme() -> str:
-    rows = []
-    for stem, what in (
-        ("lavapipe-vulkan", "Vulkan backend, Mesa's software device"),
-        ("h200-cuda", "CUDA backend, an NVIDIA H200"),
-    ):
-        d = load(stem)
-        b = [r for r in d["buffers"] if not r["component"].startswith("outside")]
-        ok = sum(within(r) for r in b)
-        under = sum(row(r).under for r in b)
-        held = sum(r["ok"] for r in d["guard"])
-        late = f" ({under} under: the replay alone, before the plan's dry-run check)" if under else ""
-        rows.append(
-            f"| memory predicted vs llama.cpp's logs with all, part or none of the layers on a GPU ({what}), "
-            f"LLaVA-7B and Qwen2-VL-2B shapes | {ok}/{len(b)} buffers on the device and the host within 0.5 %"
-            f"{late}; {held}/{len(d['guard'])} what-if sizes held | [gpu.md](docs/gpu.md#measured) |"
-        )
-    return "\n".join(rows)
+WHAT = {"Vulkan": "Vulkan backend, Mesa's software device", "CUDA": "CUDA backend, an NVIDIA H200"}
 
 
-def blocks() -> dict[str, str]:
-    out = {"readme": readme()}
-    for f in sorted(RESULTS.glob("gpu-check-*.json")):
-        stem = f.stem.removeprefix("gpu-check-")
-        d = load(stem)
-        out[f"{stem}:buffers"] = buffers(d)
-        out[f"{stem}:summary"] = summary(d)
-        out[f"{stem}:guard"] = guard(d)
-        if d.get("build"):
-            out[f"{stem}:build"] = build(d, stem)
-        if d.get("import_order"):
-            out[f"{stem}:import-order"] = import_order(d)
-    return out
+def readme(d: dict) -> str:
+    """README's "Measured" row for one backend's run."""
+    b = [r for r in d["buffers"] if not r["component"].startswith("outside")]
+    ok = sum(within(r) for r in b)
+    under = sum(row(r).under for r in b)
+    held = sum(r["ok"] for r in d["guard"])
+    late = f" ({under} under: the replay alone, before the plan's dry-run check)" if under else ""
+    what = next((w for k, w in WHAT.items() if d["device"]["name"].startswith(k)), d["device"]["name"])
+    return (
+        f"| memory predicted vs llama.cpp's logs with all, part or none of the layers on a GPU ({what}), "
+        f"LLaVA-7B and Qwen2-VL-2B shapes | {ok}/{len(b)} buffers on the device and the host within 0.5 %"
+        f"{late}; {held}/{len(d['guard'])} what-if sizes held | [gpu.md](docs/gpu.md#measured) |"
+    )
 
 
-def render(text: str, parts: dict[str, str]) -> str:
-    def sub(m: re.Match) -> str:
-        name = m.group(1)
-        if name not in parts:
-            raise SystemExit(f"no results for block {name!r}")
-        return f"<!-- gpu-check:{name} -->\n{parts[name]}\n<!-- /gpu-check:{name} -->"
-
-    return re.sub(r"<!-- gpu-check:([\w:.-]+) -->\n(?:.*?\n)?<!-- /gpu-check:\1 -->", sub, text, flags=re.S)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 when a rendered block differs")
-    args = ap.parse_args(argv)
-    parts = blocks()
-    stale = []
-    for doc in sorted(DOCS):
-        text = doc.read_text()
-        new = render(text, parts)
-        if new != text:
-            stale.append(doc.relative_to(ROOT))
-            if not args.check:
-                doc.write_text(new)
-    if args.check and stale:
-        print("out of date: " + ", ".join(map(str, stale)) + " (python scripts/render_gpu_docs.py)")
-        return 1
-    print(("checked" if args.check else "rendered") + " " + ", ".join(str(d.relative_to(ROOT)) for d in sorted(DOCS)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+PARTS = {
+    "summary": lambda d, stem: summary(d),
+    "buffers": lambda d, stem: buffers(d),
+    "guard": lambda d, stem: guard(d),
+    "build": build,
+    "import-order": lambda d, stem: import_order(d),
+    "readme": lambda d, stem: readme(d),
+}

@@ -1,0 +1,187 @@
+"""The numbers a reader sees in docs/*.md and README.md come from committed benchmark runs
+(docs/results/*.json, written by the benchmarks: scripts/resultfile.py), rendered between
+``<!-- results:STEM:PART -->`` markers by ``scripts/render_docs.py`` (the GPU runs' own checks:
+tests/test_gpu_results.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+RESULTS = ROOT / "docs" / "results"
+GPU_RESULTS = sorted(RESULTS.glob("gpu-check-*.json"))
+RUNS = sorted(set(RESULTS.glob("*.json")) - set(GPU_RESULTS))
+BENCHMARKS = sorted([*SCRIPTS.glob("bench_*.py"), SCRIPTS / "soak_serve.py"])
+
+
+def _module(name: str):
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _referenced() -> set[tuple[str, str]]:
+    render = _module("render_docs")
+    return {(stem, part) for doc in render.docs() for stem, part, _ in render.blocks_in(doc.read_text())}
+
+
+def test_docs_and_readme_show_what_the_committed_results_hold():
+    r = subprocess.run(
+        [sys.executable, str(SCRIPTS / "render_docs.py"), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_committed_run_is_shown_somewhere():
+    """Each run in docs/results/ renders into at least one block: a run nobody shows is a number
+    nobody checks."""
+    stems = {s for s, _ in _referenced()}
+    assert {p.stem for p in RESULTS.glob("*.json")} <= stems
+
+
+@pytest.mark.parametrize("stem_part", sorted(_referenced()), ids=lambda sp: ":".join(sp))
+def test_a_changed_number_changes_the_block(stem_part, tmp_path):
+    """Every block depends on its file: each number (and string) of the run is changed in turn
+    until the rendering changes; a block that nothing in its file changes is transcribed, not
+    rendered."""
+    render = _module("render_docs")
+    stem, part = stem_part
+    for f in RESULTS.glob("*.json"):
+        (tmp_path / f.name).write_text(f.read_text())
+    d = json.loads((RESULTS / f"{stem}.json").read_text())
+    before = render.part(stem, part, tmp_path)
+    paths: list[tuple] = []
+
+    def walk(x, path):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, (*path, k))
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                walk(v, (*path, i))
+        elif isinstance(x, (int, float, str)) and not isinstance(x, bool):
+            paths.append(path)
+
+    walk(d.get("result", d), ("result",) if "result" in d else ())
+    for path in paths:
+        e = json.loads((RESULTS / f"{stem}.json").read_text())
+        node = e
+        for k in path[:-1]:
+            node = node[k]
+        v = node[path[-1]]
+        node[path[-1]] = v + "1" if isinstance(v, str) else v * 3 + 7
+        (tmp_path / f"{stem}.json").write_text(json.dumps(e))
+        try:
+            after = render.part(stem, part, tmp_path)
+        except Exception:  # a number the renderer cannot take (a count made fractional): try the next
+            continue
+        if after != before:
+            return
+    pytest.fail(f"nothing in {stem}.json changes the block {part}")
+
+
+def test_a_block_that_differs_or_names_no_file_fails_the_check(tmp_path, monkeypatch):
+    render = _module("render_docs")
+    stem, part = sorted(_referenced())[0]
+    good = f"<!-- results:{stem}:{part} -->\n{render.part(stem, part)}\n<!-- /results:{stem}:{part} -->\n"
+    page = tmp_path / "page.md"
+    monkeypatch.setattr(render, "docs", lambda: [page])
+    monkeypatch.setattr(render, "ROOT", tmp_path)
+    page.write_text("# page\n\n" + good)
+    assert render.check() == []
+    page.write_text("# page\n\n" + good.replace(f"{part} -->\n", f"{part} -->\n| a hand-typed 9.9× |\n", 1))
+    assert [p for p in render.check() if "differs" in p]
+    gone = "bench_nothing-20000101-0000000:table"
+    page.write_text(f"# page\n\n<!-- results:{gone} -->\n|x|\n<!-- /results:{gone} -->\n")
+    assert [p for p in render.check() if "does not exist" in p]
+    page.write_text(f"# page\n\n<!-- results:{stem}:no-such-part -->\n<!-- /results:{stem}:no-such-part -->\n")
+    assert [p for p in render.check() if "no part" in p]
+    page.write_text(f"# page\n\n<!-- results:{stem}:{part} -->\n| a table whose end marker was lost |\n")
+    assert [p for p in render.check() if "no end marker" in p]
+
+
+@pytest.mark.parametrize("path", RUNS, ids=lambda p: p.stem)
+def test_each_run_names_its_commit_machine_date_command_and_load(path):
+    d = json.loads(path.read_text())
+    assert re.fullmatch(r"[0-9a-f]{40}", d["commit"]) and path.stem.endswith(d["commit"][:7])
+    assert path.stem.startswith(d["benchmark"]) and d["command"][0] == f"{d['benchmark']}.py"
+    m = d["machine"]
+    assert m["cpu"] and m["cores"] and {"avx2", "avx512", "amx"} <= set(m) and m["llama_cpp_build"]
+    assert re.match(r"\d{4}-\d\d-\d\dT", d["date"]) and d["date"][:10].replace("-", "") in path.stem
+    assert d["load"]["wall_s"] > 0 and "others_cpu_share" in d["load"] and d["result"]
+
+
+@pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.stem)
+def test_every_benchmark_writes_its_run_through_resultfile(script):
+    """Each benchmark makes a ``Run`` named after itself and saves its result with it (into
+    docs/results/ unless told otherwise): no benchmark keeps a JSON of its own shape elsewhere."""
+    text = script.read_text()
+    assert re.search(rf'Run\("{script.stem}"', text) and "run.save(" in text
+    assert "write_text(json.dumps(" not in text.split("def main", 1)[1]
+
+
+def test_a_run_file_holds_the_result_and_what_it_depends_on(tmp_path):
+    resultfile = _module("resultfile")
+    run = resultfile.Run("bench_example", "tag")
+    path = run.save({"rows": [1, 2]}, tmp_path / "x.json")
+    d = json.loads(path.read_text())
+    assert d["result"] == {"rows": [1, 2]} and d["benchmark"] == "bench_example" and d["tag"] == "tag"
+    assert d["commit"] == resultfile.commit()[0] and d["machine"]["cores"] and d["load"]["wall_s"] >= 0
+    default = run.path(d["commit"])
+    assert (
+        default.parent == RESULTS
+        and default.name == f"bench_example-tag-{d['date'][:10].replace('-', '')}-{d['commit'][:7]}.json"
+    )
+
+
+def test_bench_serve_runs_render_every_column_serve_md_shows(tmp_path):
+    """docs/serve.md's tables are not re-measured yet; their renderer is ready for the next run:
+    a run's chats and decode rows (the fields bench_serve.py writes) give each column the page
+    shows — ratios against llama-server, turn-3 TTFT, the ITL beside a new picture and without,
+    for edgevlm and llama-server."""
+    render = _module("render_docs")
+    resultfile = _module("resultfile")
+
+    def chat(server, n, shared, rps, ttft, itl_a, itl):
+        return {
+            "server": server,
+            "clients": n,
+            "shared_picture": shared,
+            "req_per_s": rps,
+            "ttft_p50_turn3": ttft,
+            "itl_p95_admitting_ms": itl_a,
+            "itl_p95_ms": itl,
+        }
+
+    result = {
+        "chats": [
+            chat("edgevlm", 4, False, 0.77, 0.43, 67.0, 41.0),
+            chat("llama-server", 4, False, 0.94, 0.82, 3872.0, 133.0),
+            chat("edgevlm", 4, True, 2.26, 0.46, 43.0, 64.0),
+            chat("llama-server", 4, True, 0.95, 0.67, 5686.0, 50.0),
+        ],
+        "decode": [
+            {"server": "edgevlm", "streams": 8, "tok_per_s": 7505.0},
+            {"server": "llama-server", "streams": 8, "tok_per_s": 6279.0},
+        ],
+    }
+    resultfile.Run("bench_serve", "shared").save(result, tmp_path / "bench_serve-shared-20000101-abcdef0.json")
+    stem = "bench_serve-shared-20000101-abcdef0"
+    own = render.part(stem, "chats", tmp_path)
+    assert "| 4 | 0.77 | 0.94 | – | **0.82×** | 0.43 s | 0.82 s | – | **0.52×** | 67 / 41 | 3872 / 133 |" in own
+    assert "| 4 | 2.26 | 0.95 | – | **2.38×** |" in render.part(stem, "chats-shared", tmp_path)
+    assert "| 8 | 7,505 | 6,279 | – | **1.20×** |" in render.part(stem, "decode", tmp_path)
+    row = render.part(stem, "readme", tmp_path)
+    assert "4–4 users" in row and "2.38–2.38× with a shared picture, 0.82–0.82× with a picture each" in row
