@@ -24,9 +24,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import render_gpu  # noqa: E402  (scripts/ is not a package)
-import render_serve  # noqa: E402
-import render_tables  # noqa: E402
+import render_gpu
+import render_serve
+import render_tables
 
 __all__ = ["BLOCK", "RESULTS", "blocks_in", "check", "docs", "load", "part", "render"]
 

@@ -26,7 +26,8 @@ def _module(name: str):
     if str(SCRIPTS) not in sys.path:
         sys.path.insert(0, str(SCRIPTS))
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -115,12 +116,20 @@ def test_a_block_that_differs_or_names_no_file_fails_the_check(tmp_path, monkeyp
 @pytest.mark.parametrize("path", RUNS, ids=lambda p: p.stem)
 def test_each_run_names_its_commit_machine_date_command_and_load(path):
     d = json.loads(path.read_text())
-    assert re.fullmatch(r"[0-9a-f]{40}", d["commit"]) and path.stem.endswith(d["commit"][:7])
-    assert path.stem.startswith(d["benchmark"]) and d["command"][0] == f"{d['benchmark']}.py"
+    assert re.fullmatch(r"[0-9a-f]{40}", d["commit"])
+    assert path.stem.endswith(d["commit"][:7])
+    assert path.stem.startswith(d["benchmark"])
+    assert d["command"][0] == f"{d['benchmark']}.py"
     m = d["machine"]
-    assert m["cpu"] and m["cores"] and {"avx2", "avx512", "amx"} <= set(m) and m["llama_cpp_build"]
-    assert re.match(r"\d{4}-\d\d-\d\dT", d["date"]) and d["date"][:10].replace("-", "") in path.stem
-    assert d["load"]["wall_s"] > 0 and "others_cpu_share" in d["load"] and d["result"]
+    assert m["cpu"]
+    assert m["cores"]
+    assert {"avx2", "avx512", "amx"} <= set(m)
+    assert m["llama_cpp_build"]
+    assert re.match(r"\d{4}-\d\d-\d\dT", d["date"])
+    assert d["date"][:10].replace("-", "") in path.stem
+    assert d["load"]["wall_s"] > 0
+    assert "others_cpu_share" in d["load"]
+    assert d["result"]
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.stem)
@@ -128,7 +137,8 @@ def test_every_benchmark_writes_its_run_through_resultfile(script):
     """Each benchmark makes a ``Run`` named after itself and saves its result with it (into
     docs/results/ unless told otherwise): no benchmark keeps a JSON of its own shape elsewhere."""
     text = script.read_text()
-    assert re.search(rf'Run\("{script.stem}"', text) and "run.save(" in text
+    assert re.search(rf'Run\("{script.stem}"', text)
+    assert "run.save(" in text
     assert "write_text(json.dumps(" not in text.split("def main", 1)[1]
 
 
@@ -137,13 +147,15 @@ def test_a_run_file_holds_the_result_and_what_it_depends_on(tmp_path):
     run = resultfile.Run("bench_example", "tag")
     path = run.save({"rows": [1, 2]}, tmp_path / "x.json")
     d = json.loads(path.read_text())
-    assert d["result"] == {"rows": [1, 2]} and d["benchmark"] == "bench_example" and d["tag"] == "tag"
-    assert d["commit"] == resultfile.commit()[0] and d["machine"]["cores"] and d["load"]["wall_s"] >= 0
+    assert d["result"] == {"rows": [1, 2]}
+    assert d["benchmark"] == "bench_example"
+    assert d["tag"] == "tag"
+    assert d["commit"] == resultfile.commit()[0]
+    assert d["machine"]["cores"]
+    assert d["load"]["wall_s"] >= 0
     default = run.path(d["commit"])
-    assert (
-        default.parent == RESULTS
-        and default.name == f"bench_example-tag-{d['date'][:10].replace('-', '')}-{d['commit'][:7]}.json"
-    )
+    assert default.parent == RESULTS
+    assert default.name == f"bench_example-tag-{d['date'][:10].replace('-', '')}-{d['commit'][:7]}.json"
 
 
 def test_bench_serve_runs_render_every_column_serve_md_shows(tmp_path):
@@ -184,4 +196,5 @@ def test_bench_serve_runs_render_every_column_serve_md_shows(tmp_path):
     assert "| 4 | 2.26 | 0.95 | – | **2.38×** |" in render.part(stem, "chats-shared", tmp_path)
     assert "| 8 | 7,505 | 6,279 | – | **1.20×** |" in render.part(stem, "decode", tmp_path)
     row = render.part(stem, "readme", tmp_path)
-    assert "4–4 users" in row and "2.38–2.38× with a shared picture, 0.82–0.82× with a picture each" in row
+    assert "4–4 users" in row
+    assert "2.38–2.38× with a shared picture, 0.82–0.82× with a picture each" in row
