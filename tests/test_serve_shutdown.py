@@ -28,7 +28,7 @@ from .test_serve import Served, user
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 GRACE = 2.0  # the server's --shutdown-grace in these tests
-LONG = 1900  # tokens: ~8 s for four replies at once on 2 cores, so they still run when the grace ends
+LONG = 3800  # tokens: ~16 s for four replies at once on 2 cores, so they still run when the grace ends (under load too)
 SPEAK = [{"role": "user", "content": "Talk."}]
 
 
@@ -71,7 +71,7 @@ def openai_stream(url: str) -> Stream:
 
 
 def served(pair, grace: float) -> Served:
-    return Served(pair, "--parallel", "4", "--ctx", "8192", "--shutdown-grace", f"{grace:g}")
+    return Served(pair, "--parallel", "4", "--ctx", "16384", "--shutdown-grace", f"{grace:g}")
 
 
 def wait_for(s: Served, what, timeout: float = 30) -> dict:

@@ -179,7 +179,7 @@ class ChatService:
     async def submit(
         self, req: ChatRequest, gone: Gone | None = None, lease: Lease | None = None, count_only: bool = False
     ) -> Job:
-        """Prepare the request and queue it; returns once the worker accepted it (an error it
+        """Prepare the request and queue it; returns once the worker runs it (an error it
         refuses with — 400 too long, 503 busy — is raised). The job holds ``lease`` (or a new
         one) from here on; whoever ends the job releases it (``finish``). ``count_only``: the
         prompt is rendered and counted (``job.prompt_cells``), never run."""

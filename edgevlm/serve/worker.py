@@ -239,7 +239,6 @@ class Worker:
             self._emit(job, "done", None)
             return
         budget.check(prompt.cells, reserve)  # (the one context check: ContextExceeded, a 400)
-        self._emit(job, "accepted")
         pro.new_cells, pro.queued_at = self.sched.new_cells(prompt), time.monotonic()
         self._waiting.append(job)
 
@@ -348,6 +347,9 @@ class Worker:
             assert isinstance(seq, Sequence)  # submit gives a Sequence or WAIT
             self._waiting.remove(job)
             job.progress.seq = seq
+            # accepted once it runs: a request that ends while it waits (its --timeout, a stop) is
+            # then still its API's status code (503), not an error inside a stream already begun
+            self._emit(job, "accepted")
             self._running[id(job)] = job
             self.counters.peak_running = max(self.counters.peak_running, len(self._running))
 
