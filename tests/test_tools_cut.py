@@ -166,7 +166,8 @@ def test_a_forced_call_without_max_tokens_is_given_room_to_close(srv):
     assert r.choices[0].finish_reason == "tool_calls" and r.usage.completion_tokens > SERVER_MAX_TOKENS
     assert len(json.loads(call.function.arguments)["text"]) == LONG
     body = {"model": "m", "input": ASK["content"], "tools": [{"type": "function", **NOTE["function"]}]}
-    r2 = httpx.post(srv.url + "/v1/responses", json={**body, "tool_choice": "required"}, timeout=120).json()
+    forced = {**body, "tool_choice": "required", "temperature": 0, "parallel_tool_calls": False}
+    r2 = httpx.post(srv.url + "/v1/responses", json=forced, timeout=120).json()
     assert r2["status"] == "completed" and [i["status"] for i in r2["output"]] == ["completed"]
     # a reply the model decides stays within the server's default
     plain = c.chat.completions.create(model="m", messages=[ASK], tools=[NOTE], temperature=0)
