@@ -551,6 +551,7 @@ def main(argv=None) -> int:
         if time.time() - last_ckpt > 300:
             save_checkpoint(ckpt, params, opt_state, step, time.time() - t0, vision_steps, vision_s)
             last_ckpt = time.time()
+    log.close()
     save_checkpoint(ckpt, params, opt_state, step, time.time() - t0, vision_steps, vision_s)
     final = jax.tree.map(np.asarray, params)
     model = dm.export_text(cfg, final["text"], vocab, out / MODEL_NAME)

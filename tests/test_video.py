@@ -379,7 +379,7 @@ def _test3() -> str | None:
     return next((p for p in found if p and os.path.isfile(p)), None)
 
 
-def test3_like(path) -> str:
+def clip_like_test3(path) -> str:
     """A clip laid out as llama.cpp's ``test-3.mp4`` is (as a phone or an editor writes one):
     H.264 Main with B-frames (frames stored out of display order), 240 frames of 720×358 (a
     height no multiple of 16) at the fractional rate 337500/14131 (~23.9 fps), and a stereo AAC
@@ -419,7 +419,7 @@ def test_llama_cpp_test_clip(projs, tmp_path, source):
     track) is planned within the budget for a merging and a plain projector, its frames in
     order; the stand-in always runs, the real file when a copy is here."""
     if source == "stand-in":
-        path = test3_like(tmp_path / "test-3-like.mp4")
+        path = clip_like_test3(tmp_path / "test-3-like.mp4")
         with av.open(path) as c:  # the layout it stands in for
             vs = c.streams.video[0]
             assert vs.average_rate == Fraction(337500, 14131) and vs.codec_context.height == 358
