@@ -125,6 +125,7 @@ def selection_hit_rate(scorer: str, trials: int = 24) -> float:
     return hits / trials
 
 
+@pytest.mark.slow
 def test_selection_finds_the_detailed_region():
     rates = {s: selection_hit_rate(s) for s in SCORERS}
     print("hit rates:", rates)

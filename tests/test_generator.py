@@ -113,7 +113,9 @@ def greedy(backend: Backend, prompt: str, image: Path, n: int) -> tuple[list[int
     return out, kinds
 
 
-@pytest.mark.parametrize("family", ALL_FAMILIES)
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=pytest.mark.slow) if f == "idefics3" else f for f in ALL_FAMILIES]
+)
 def test_each_family_generates_from_an_image(model_pair, images, family):
     pair = model_pair(family)
     with Backend(pair.model, pair.mmproj, n_ctx=4096, n_threads=2) as be:
@@ -127,7 +129,6 @@ def test_each_family_generates_from_an_image(model_pair, images, family):
     assert np.abs(first - be.first_logits).max() > 1e-2
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llava15", "qwen2vl"])
 def test_real_shape_preset_runs(model_pair, images, family):
     """Real per-layer shapes (LLaVA-1.5-7B / Qwen2-VL-2B widths, 2 layers) load and generate."""

@@ -19,8 +19,6 @@ from .test_serve import Served
 ARTIFACTS = Path(os.environ.get("EDGEVLM_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 KEY = "page-test-key"
 
-pytestmark = pytest.mark.slow
-
 
 def _browser_paths() -> tuple[str, str] | None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -94,6 +92,8 @@ def served(site) -> int:
     return site.status()["requests"]["served"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(210)  # measured 70 s; the default is 180
 def test_the_page_chats_about_a_picture_and_shows_the_plan(browser, site, tmp_path):
     from selenium.webdriver.common.keys import Keys
 
@@ -213,6 +213,7 @@ c.toBlob((blob) => {
 """
 
 
+@pytest.mark.slow
 def test_drop_paste_and_the_summary_of_an_old_picture(browser, tiny_site):
     from selenium.webdriver.common.keys import Keys
 

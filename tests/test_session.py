@@ -36,6 +36,7 @@ def run_five(eng, pics):
     return stats
 
 
+@pytest.mark.slow
 def test_context_of_two_images_completes_five(small):
     stats = run_five(small, pictures(5))
     assert [s.summarized_images for s in stats][:2] == [0, 0]
@@ -61,6 +62,7 @@ def test_rebuild_is_cheaper_than_full_prefill(small):
         assert s.prompt_n < full
 
 
+@pytest.mark.slow
 def test_summary_stands_in_for_the_picture(small):
     run_five(small, pictures(5))
     first = small.messages[0]
@@ -76,6 +78,8 @@ def test_summary_stands_in_for_the_picture(small):
     assert r.stats.n_ctx_used <= r.stats.n_ctx
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(220)  # measured 71 s; the default is 180
 def test_summaries_are_made_once_and_deterministic(model_pair):
     pair = model_pair("llava15")
     transcripts = []

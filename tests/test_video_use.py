@@ -220,6 +220,7 @@ def _colour_cut(path, seconds: int = 4, fps: int = 10) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_clips_whole_footprint_fits_and_two_clips_share_the_room(model_pair, tmp_path):
     """With the default budget a long clip takes the room its turn has, labels and all: the turn
     fits (the labels' tokens were once left out and a 20 s clip overflowed). Two clips in one
