@@ -224,7 +224,6 @@ def test_a_streamed_forced_tool_call(server):
     jsonschema.validate(call.input, TAGS)
 
 
-@pytest.mark.slow
 def test_thinking_blocks_and_their_budget():
     """A thinking model (a Qwen3-style template that opens <think>): thinking enabled gives a
     thinking block capped at budget_tokens, then the text; disabled gives none."""

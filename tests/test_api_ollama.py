@@ -116,7 +116,6 @@ def test_generate_with_pictures_and_what_it_refuses(srv):
     assert c.chat(model=MODEL, messages=[]).done_reason == "load"
 
 
-@pytest.mark.slow
 def test_json_and_a_schema_by_format(srv):
     c = client(srv.url)
     schema = {
@@ -242,15 +241,7 @@ def test_listings_show_ps_and_the_ollama_port(srv):
 # --- what Open WebUI sends ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param("chat_with_picture", marks=pytest.mark.slow),
-        "title_generation",
-        "chat_tool_result",
-        "chat_json_schema",
-    ],
-)
+@pytest.mark.parametrize("name", ["chat_with_picture", "title_generation", "chat_tool_result", "chat_json_schema"])
 def test_open_webui_chat_bodies_are_answered(srv, name):
     fx = json.loads((WEBUI / f"{name}.json").read_text())
     r = httpx.request(fx["method"], srv.ollama_url + fx["path"], json=fx["body"], headers=auth(), timeout=120)

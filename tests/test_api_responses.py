@@ -119,7 +119,6 @@ def test_a_picture_and_a_question_plain_and_streamed(server):
         assert name.startswith("event: ") and json.loads(data.removeprefix("data: "))["type"] == name[7:]
 
 
-@pytest.mark.slow
 def test_json_output_by_schema_plain_and_with_the_stream_helper(server):
     c = client(server)
     r = c.responses.create(
@@ -180,7 +179,6 @@ def test_chained_responses_reuse_the_cache_and_are_kept_until_deleted(server):
         c.responses.retrieve(unkept.id)
 
 
-@pytest.mark.slow
 def test_a_forced_tool_call_then_its_output_with_a_picture(server):
     c = client(server)
     r = c.responses.create(
@@ -224,7 +222,6 @@ def test_a_forced_tool_call_then_its_output_with_a_picture(server):
     assert again.usage.input_tokens > 2 * 576 and again.output
 
 
-@pytest.mark.slow
 def test_a_streamed_forced_tool_call(server):
     with client(server).responses.stream(
         model="m",
@@ -302,7 +299,6 @@ def test_bad_fields_are_a_400_naming_them(server):
     assert httpx.post(url, json=ok, headers=headers, timeout=60).status_code == 200  # still serving
 
 
-@pytest.mark.slow
 def test_reasoning_items_and_effort():
     """A thinking model (a Qwen3-style template that opens <think>): its reasoning is a reasoning
     item (streamed as reasoning_text events) before the message; effort "none" switches it off."""

@@ -49,7 +49,6 @@ def cli_batch(pair, *args, timeout=300):
     )
 
 
-@pytest.mark.slow
 def test_a_batch_file_is_answered_as_the_server_answers(pair, tmp_path):
     pic = tmp_path / "pic.png"
     pic.write_bytes(png(200, 150, seed=3))
@@ -180,7 +179,6 @@ def test_unusable_files_are_one_line_and_exit_2(pair, tmp_path):
     assert r.returncode == 2 and "not a batch output file" in r.stderr
 
 
-@pytest.mark.slow
 def test_a_killed_run_resumes_without_duplicates(pair, tmp_path):
     req = tmp_path / "r.jsonl"
     write_lines(

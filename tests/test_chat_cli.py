@@ -63,7 +63,6 @@ def test_one_shot_json(model_pair, images):
     assert again["text"] == out["text"]
 
 
-@pytest.mark.slow
 def test_repl_over_piped_stdin(model_pair, images):
     pair = model_pair("llava15")
     script = (

@@ -38,7 +38,7 @@ def test_the_rule():
     assert caption_slots(2048, 576, CaptionSettings(max_tokens=128)) == 2
 
 
-@pytest.mark.parametrize("n_ctx,reply", [pytest.param(4096, 16, marks=pytest.mark.slow), (2048, 48), (1536, 8)])
+@pytest.mark.parametrize("n_ctx,reply", [(4096, 16), (2048, 48), (1536, 8)])
 def test_the_plan_image_count_is_what_the_engine_admits(model_pair, n_ctx, reply):
     pair = model_pair("llava15")
     plan = make_plan(str(pair.model), str(pair.mmproj), probe(device="cpu"), Wishes(n_ctx=n_ctx, reply_tokens=reply))

@@ -69,7 +69,6 @@ def test_eight_conversations_over_four_running_keep_their_prefixes(model_pair):
         assert "Traceback" not in s.stop()
 
 
-@pytest.mark.slow
 def test_a_conversation_restored_from_the_host_cache_answers_as_if_never_evicted(model_pair, pictures):
     pair = model_pair("llava15")
     kw = dict(n_ctx=4096, n_threads=2)

@@ -79,7 +79,6 @@ def demo_engine():
     eng.close()
 
 
-@pytest.mark.slow
 def test_llama_cpp_loads_it_and_it_reads_colours_and_shapes_from_held_out_pictures(demo_engine, tmp_path):
     """Greedy answers to colour and shape questions on scenes from seeds training never used:
     well above the ~25 % / ~40 % a model that ignores the picture gets. On these 40 scenes the

@@ -21,13 +21,8 @@ def pictures(tmp_path_factory):
     return [make_image(d / "wide.png", 900, 500, seed=4, mode="gradient"), make_image(d / "tall.png", 300, 700, seed=5)]
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        pytest.param(f, marks=pytest.mark.slow) if f in ("qwen3vl", "idefics3", "internvl", "pixtral") else f
-        for f in ALL_FAMILIES
-    ],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_budget_chat_caption_and_merge(model_pair, pictures, tmp_path, family):
     pair = model_pair(family)
     m = ["-m", str(pair.model), "--mmproj", str(pair.mmproj)]

@@ -215,7 +215,6 @@ def test_cli_budget_equals_chat_image_tokens(model_pair, tmp_path, size, tokens)
     assert st["image_tokens"] == budget["total_tokens"]
 
 
-@pytest.mark.slow
 def test_the_image_changes_what_the_model_predicts(model_pair):
     pair = model_pair(FAMILY)
     prompt = "<|im_start|>User:{m}What is in the picture?<end_of_utterance>\nAssistant:"

@@ -113,9 +113,7 @@ def greedy(backend: Backend, prompt: str, image: Path, n: int) -> tuple[list[int
     return out, kinds
 
 
-@pytest.mark.parametrize(
-    "family", [pytest.param(f, marks=pytest.mark.slow) if f == "idefics3" else f for f in ALL_FAMILIES]
-)
+@pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_each_family_generates_from_an_image(model_pair, images, family):
     pair = model_pair(family)
     with Backend(pair.model, pair.mmproj, n_ctx=4096, n_threads=2) as be:

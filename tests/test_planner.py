@@ -296,6 +296,7 @@ def test_host_reserve_is_stated_and_settable(model_pair):
     assert r.returncode == 1 and "768.00 MiB kept for the process" in r.stdout
 
 
+@pytest.mark.slow
 def test_qwen2vl_fits_1gib_by_the_micro_batch_and_llama_cpp_agrees(model_pair):
     """Done-when: the Qwen2-VL-2B-shaped pair with --free-memory cpu=1GiB fits by lowering the
     micro-batch, and llama.cpp then allocates what the plan predicted. (Where the build repacks

@@ -82,7 +82,6 @@ def _run_all(eng, imgs, max_tokens=8, stop=(), keep_logits=False):
     return out, waits
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llava15", "qwen2vl"])
 def test_batched_replies_start_from_the_one_at_a_time_logits(model_pair, pictures, family):
     eng = _load(model_pair(family), 4)
@@ -104,7 +103,6 @@ def test_batched_replies_start_from_the_one_at_a_time_logits(model_pair, picture
         eng.close()
 
 
-@pytest.mark.slow
 def test_one_slot_gives_exactly_the_engine_captions(model_pair, pictures):
     eng = _load(model_pair("llava15"), 1)
     try:

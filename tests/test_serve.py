@@ -180,7 +180,6 @@ def test_a_streamed_reply_with_usage(server):
     assert usage.completion_tokens == 12 if finish == ["length"] else 0 < usage.completion_tokens <= 12
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("clients", [2, 4])
 def test_concurrent_clients_share_the_batch(server, clients):
     before = server.status()["requests"]["peak_running"]
@@ -223,7 +222,6 @@ def test_a_resent_history_reuses_its_cache(server):
     assert second.usage.prompt_tokens - cached < 50
 
 
-@pytest.mark.slow
 def test_a_reply_sent_back_as_text_is_matched_as_the_ids_it_was_generated_as(server):
     """Random replies often do not tokenize back to their ids (a leading space the API trims, a
     word split another way); the follow-up still finds the reply cached (serve.recall)."""

@@ -84,6 +84,7 @@ def wait_for(s: Served, what, timeout: float = 30) -> dict:
         time.sleep(0.02)  # WAIT: a poll of the server's own counters, inside the deadline
 
 
+@pytest.mark.slow
 def test_sigterm_ends_every_reply_with_its_last_event_and_exits_0_within_the_grace(model_pair):
     """Four replies running (OpenAI chat, Anthropic, Ollama, Responses: all streamed) and five
     waiting (four OpenAI streams and one whole reply) behind ``--parallel 4``, then SIGTERM: the

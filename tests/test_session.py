@@ -36,7 +36,6 @@ def run_five(eng, pics):
     return stats
 
 
-@pytest.mark.slow
 def test_context_of_two_images_completes_five(small):
     stats = run_five(small, pictures(5))
     assert [s.summarized_images for s in stats][:2] == [0, 0]
@@ -62,7 +61,6 @@ def test_rebuild_is_cheaper_than_full_prefill(small):
         assert s.prompt_n < full
 
 
-@pytest.mark.slow
 def test_summary_stands_in_for_the_picture(small):
     run_five(small, pictures(5))
     first = small.messages[0]
@@ -79,7 +77,7 @@ def test_summary_stands_in_for_the_picture(small):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(220)  # measured 71 s; the default is 180
+@pytest.mark.timeout(213)  # 71 s measured on 2 cores shared with 3 other suites
 def test_summaries_are_made_once_and_deterministic(model_pair):
     pair = model_pair("llava15")
     transcripts = []

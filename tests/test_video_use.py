@@ -63,6 +63,7 @@ def test_a_turn_sends_the_frames_the_plan_chose(family, model_pair, clips):
         assert stamps == sorted(stamps) and pic.name == "moving.mp4"
 
 
+@pytest.mark.slow
 def test_chat_sends_what_budget_predicts(clips):
     """The CLI: ``edgevlm budget CLIP`` and ``edgevlm chat --video CLIP`` agree token for token."""
     args = ["--model", "demo", "--video-tokens", "256"]
