@@ -380,6 +380,7 @@ def parse_shares(text: str, normalise: bool = False) -> dict[str, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=60.0, help="training time budget")
+    ap.add_argument("--steps", type=int, help="stop after this many end-to-end steps too (CI's smoke run)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument(
@@ -522,7 +523,7 @@ def main(argv=None) -> int:
     last_ckpt = time.time()
     while True:
         elapsed = time.time() - t0
-        if elapsed >= budget_s:
+        if elapsed >= budget_s or (args.steps is not None and step - start_step >= args.steps):
             break
         lr = lr_at(args.lr, step, warmup, elapsed / budget_s)
         opt_state[1].hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
@@ -550,6 +551,7 @@ def main(argv=None) -> int:
         if time.time() - last_ckpt > 300:
             save_checkpoint(ckpt, params, opt_state, step, time.time() - t0, vision_steps, vision_s)
             last_ckpt = time.time()
+    log.close()
     save_checkpoint(ckpt, params, opt_state, step, time.time() - t0, vision_steps, vision_s)
     final = jax.tree.map(np.asarray, params)
     model = dm.export_text(cfg, final["text"], vocab, out / MODEL_NAME)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import pytest
@@ -19,6 +20,14 @@ from PIL import Image
 from edgevlm_testkit import FAMILIES, cached_model_pair
 
 ALL_FAMILIES = list(FAMILIES)  # every generated family: each runs the family-wide tests
+
+
+def skip_unless_required(feature: str, reason: str) -> NoReturn:
+    """Skip for ``reason``, or fail when ``EDGEVLM_REQUIRE`` (a comma-separated list; .ci/run
+    sets ``page,train``) names ``feature``: what CI installs to run must not skip unnoticed."""
+    if feature in os.environ.get("EDGEVLM_REQUIRE", "").split(","):
+        pytest.fail(f"{reason}, and EDGEVLM_REQUIRE names {feature!r}: it must run here")
+    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

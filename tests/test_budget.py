@@ -51,7 +51,7 @@ def backends(model_pair):
 @pytest.mark.parametrize(
     "family,budgets",
     [
-        ("qwen2vl", [16, 64, 256, 1024, 2304, 4096]),
+        pytest.param("qwen2vl", [16, 64, 256, 1024, 2304, 4096], marks=pytest.mark.slow),
         ("llava16", [576, 1728, 2304, 2880]),
         ("llava15", [576, 1152, 2304, 2880]),
     ],
@@ -125,6 +125,7 @@ def selection_hit_rate(scorer: str, trials: int = 24) -> float:
     return hits / trials
 
 
+@pytest.mark.slow
 def test_selection_finds_the_detailed_region():
     rates = {s: selection_hit_rate(s) for s in SCORERS}
     print("hit rates:", rates)

@@ -111,6 +111,7 @@ def check_one_each(out: Path, folder: Path) -> list[dict]:
     return recs
 
 
+@pytest.mark.slow
 def test_forty_images_over_two_actors_match_plain_caption(pair, forty, tmp_path):
     out = tmp_path / "c.jsonl"
     seen: set[int] = set()
@@ -161,6 +162,7 @@ def test_forty_images_over_two_actors_match_plain_caption(pair, forty, tmp_path)
             assert r[key] == ray_rec[key], key
 
 
+@pytest.mark.slow
 def test_a_killed_actor_leaves_exactly_one_record_per_image(pair, forty, tmp_path):
     out = tmp_path / "c.jsonl"
     killed: list[int] = []
@@ -182,6 +184,7 @@ def test_a_killed_actor_leaves_exactly_one_record_per_image(pair, forty, tmp_pat
     check_one_each(out, forty)
 
 
+@pytest.mark.slow
 def test_a_killed_driver_resumes_without_duplicates(pair, forty, tmp_path):
     out = tmp_path / "c.jsonl"
     cmd = caption_cmd(pair, str(forty), "--actors", "2", "--out", str(out))
@@ -197,6 +200,7 @@ def test_a_killed_driver_resumes_without_duplicates(pair, forty, tmp_path):
     assert recs[: len(before)] == before  # what was written stays as it was
 
 
+@pytest.mark.slow
 def test_parquet_shards_resume_and_errors_are_records(pair, forty, tmp_path):
     pa = pytest.importorskip("pyarrow.parquet")
     imgs = tmp_path / "imgs"
@@ -221,6 +225,7 @@ def test_parquet_shards_resume_and_errors_are_records(pair, forty, tmp_path):
     assert "ray:" not in again.stderr  # nothing left to do: no cluster started
 
 
+@pytest.mark.slow
 def test_a_batch_file_on_ray(pair, tmp_path):
     good = {f"g{i}": body(f"Picture {i}?", data_uri(png(60 + i, 50, seed=i))) for i in range(6)}
     lines = [line(k, v) for k, v in good.items()]
@@ -279,6 +284,7 @@ def test_a_batch_file_on_ray(pair, tmp_path):
         )
 
 
+@pytest.mark.slow
 def test_the_python_api_on_a_running_ray(pair, forty, tmp_path):
     from edgevlm.caption import CaptionSettings
     from edgevlm.cluster import caption_dataset, caption_files

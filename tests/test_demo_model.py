@@ -15,6 +15,8 @@ import pytest
 
 from edgevlm_testkit import world
 
+from .conftest import skip_unless_required
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 
@@ -47,6 +49,15 @@ def test_demo_resolves_to_the_trained_pair():
     assert Path(r.model.local) == MODELS / RECORD["model"]
     assert Path(r.mmproj.local) == MODELS / RECORD["mmproj"]
     assert any("trained" in n for n in r.notes)
+
+
+def _needs_train_extra() -> None:
+    """JAX and optax (the ``train`` extra, which .ci/run installs): else skip, or fail in CI."""
+    try:
+        import jax  # noqa: F401
+        import optax  # noqa: F401
+    except ImportError:
+        skip_unless_required("train", "JAX or optax missing (pip install -e '.[train]')")
 
 
 def _script_module(name: str):
@@ -266,8 +277,7 @@ def test_letter_alignment_pulls_a_letter_token_towards_its_word_and_ignores_the_
     """The alignment loss itself (JAX, the ``train`` extra): near zero for image tokens equal to
     their letter's embedding, large for another letter's, and tokens labelled with no letter (or
     unlabelled) do not count."""
-    pytest.importorskip("jax")
-    pytest.importorskip("optax")
+    _needs_train_extra()
     import numpy as np
 
     align = _script_module("train_demo").letter_alignment
@@ -285,3 +295,32 @@ def test_letter_alignment_pulls_a_letter_token_towards_its_word_and_ignores_the_
     noise = img.copy()
     noise[0, 2:] = rng.standard_normal((2, 16))  # the unlabelled tokens change: the loss does not
     assert float(align(noise, embd, letter_ids, labels)) == pytest.approx(right)
+
+
+@pytest.mark.slow
+def test_three_training_steps_write_a_pair_llama_cpp_runs(tmp_path):
+    """``train_demo.py --steps 3`` (the ``train`` extra; one batch kind, so one XLA compile)
+    trains from random weights end to end and writes a GGUF pair whose record names its files
+    and steps, with a finite loss; llama.cpp loads the pair and encodes a picture through the
+    trained projector."""
+    _needs_train_extra()
+    import math
+
+    import edgevlm
+
+    train = _script_module("train_demo")
+    args = ["--steps", "3", "--mix", "single:1", "--out", str(tmp_path), "--work", str(tmp_path / "work")]
+    assert train.main(args) == 0
+    rec = json.loads((tmp_path / "edgevlm-demo.json").read_text())
+    assert rec["steps"] == 3 and math.isfinite(rec["final_loss"]), rec
+    for name in (rec["model"], rec["mmproj"]):
+        assert _sha(tmp_path / name) == rec["sha256"][name]
+    assert _sha(tmp_path / rec["model"]) != _record()["sha256"][rec["model"]]  # not the committed pair
+    picture = tmp_path / "scene.png"
+    world.render(world.make_scene(random.Random(7), "plain", size=(320, 240))).save(picture)
+    eng = edgevlm.load(tmp_path / rec["model"], tmp_path / rec["mmproj"], n_ctx=1024)
+    try:
+        r = eng.chat("What colour is the square?", [str(picture)], max_tokens=4, temperature=0.0)
+    finally:
+        eng.close()
+    assert r.stats.images_encoded == 1 and r.stats.image_tokens > 0, r.stats

@@ -21,6 +21,7 @@ def pictures(tmp_path_factory):
     return [make_image(d / "wide.png", 900, 500, seed=4, mode="gradient"), make_image(d / "tall.png", 300, 700, seed=5)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_budget_chat_caption_and_merge(model_pair, pictures, tmp_path, family):
     pair = model_pair(family)

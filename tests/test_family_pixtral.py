@@ -93,7 +93,6 @@ def test_tokens_equal_mtmd_tiny(tiny, limits):
         assert be.tokenize_text("[INST]hi[/INST]")[0] == 3
 
 
-@pytest.mark.slow
 def test_tokens_equal_mtmd_real(model_pair):
     pair = model_pair("pixtral", "real")
     proj = load_projector(pair.mmproj)
@@ -137,7 +136,6 @@ def test_encoder_compute_equals_clip(tiny, size, fa):
     assert bound / MIB >= measured - 0.006
 
 
-@pytest.mark.slow
 def test_encoder_compute_equals_clip_real(model_pair):
     pair = model_pair("pixtral", "real")
     proj = load_projector(pair.mmproj)
@@ -166,6 +164,7 @@ def test_pixtral12b_variant(tmp_path):
         assert abs(grid_bytes(proj, px, py, fa) / MIB - measured) <= 0.006
 
 
+@pytest.mark.slow
 def test_budget_equals_chat_spend(tiny, tmp_path):
     for w, h in [(640, 400), (1600, 1200)]:
         path = make_image(tmp_path / f"img{w}.png", w, h, seed=w)

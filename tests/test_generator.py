@@ -127,7 +127,6 @@ def test_each_family_generates_from_an_image(model_pair, images, family):
     assert np.abs(first - be.first_logits).max() > 1e-2
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llava15", "qwen2vl"])
 def test_real_shape_preset_runs(model_pair, images, family):
     """Real per-layer shapes (LLaVA-1.5-7B / Qwen2-VL-2B widths, 2 layers) load and generate."""

@@ -580,6 +580,7 @@ def test_a_cluster_node_fetches_each_file_once_and_the_driver_none(env, hub, pai
     assert "+".join(ident) == model_identity(model, mmproj)[1]  # the same key before and after the pull
 
 
+@pytest.mark.slow
 def test_every_registry_model_of_a_generated_family_plans_from_its_headers(hub, tmp_path):
     """Each registry entry whose family edgevlm generates resolves and plans from the GGUF
     headers alone (a generated pair served under its repo and file names)."""

@@ -121,6 +121,7 @@ def test_a_failed_decode_ends_that_request_only(model_pair, pictures):
             assert vlm.backend.seq_pos_max(s.id) + 1 == s.pos
 
 
+@pytest.mark.timeout(315)  # 105 s measured on 2 cores shared with 3 other suites
 def test_two_long_replies_on_a_small_context_both_end_cleanly(model_pair):
     pair = model_pair("llava15")
     with edgevlm.load(pair.model, pair.mmproj, n_ctx=1024, n_threads=2, n_seq_max=2) as vlm:
@@ -143,6 +144,7 @@ def test_two_long_replies_on_a_small_context_both_end_cleanly(model_pair):
         assert vlm.chat("Still there?", max_tokens=3).stats.predicted_n >= 1
 
 
+@pytest.mark.timeout(420)  # 140 s measured on 2 cores shared with 3 other suites
 def test_a_reply_never_grows_into_another_requests_reserve(model_pair):
     """A reply past its reserve stops when only cells other requests reserved are left."""
     pair = model_pair("llava15")

@@ -67,6 +67,7 @@ def edge(model_pair):
     assert "Traceback" not in err, err
 
 
+@pytest.mark.slow
 def test_trickled_bodies_hold_no_allowance_end_with_408_and_a_photo_meanwhile_gets_its_200(edge):
     """Three raw sockets declare 30 MB bodies and send a byte now and then: they hold a place each
     but host allowance only for the bytes that came (never 3 × 30 MB); a photo and a text
@@ -159,6 +160,7 @@ def test_json_nested_100000_deep_and_bodies_of_the_wrong_shape_are_400s_in_each_
     assert innocent(edge.url) == [200, 200]
 
 
+@pytest.mark.slow
 def test_refusals_and_clients_gone_are_one_log_line_each_and_every_cancellation_is_counted(model_pair):
     """With the one sequence busy with a long reply and the one queue place taken: a third
     request gets 503 ``server_busy``; the queued client drops its connection and is counted in

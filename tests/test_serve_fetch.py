@@ -109,6 +109,7 @@ def test_a_data_uri_scheme_is_read_without_parsing_the_uri():
         assert url_scheme(source) == urlsplit(source).scheme.lower(), source
 
 
+@pytest.mark.slow
 def test_a_slow_url_is_cut_at_its_deadline_and_a_dripping_one_at_its_rate():
     """A URL sending one byte every half second: with no minimum rate it ends at its deadline
     (1.5 s) with a 400 that names it and says it took too long; with a minimum rate it ends
@@ -134,6 +135,7 @@ def test_a_slow_url_is_cut_at_its_deadline_and_a_dripping_one_at_its_rate():
         drip.close()
 
 
+@pytest.mark.slow
 def test_a_text_request_beside_eight_slow_urls_answers_in_its_own_time(model_pair):
     """Eight requests whose pictures drip in (one byte every half second) hold no thread a
     text-only request needs: it answers within its own time alone + 2 s, with the same answer,
@@ -181,6 +183,7 @@ def test_a_text_request_beside_eight_slow_urls_answers_in_its_own_time(model_pai
         vlm.close()
 
 
+@pytest.mark.slow
 def test_a_request_whose_preparation_outlives_its_timeout_ends_with_its_timeout_error(model_pair):
     """--timeout counts from the request's start, its preparation included: a picture that
     drips in for longer ends the request with the timeout error (503, code "timeout") by its

@@ -79,6 +79,7 @@ def wait_for(s: Served, what, timeout: float = 30) -> dict:
     return wait_status(s.status, what, "as asked", timeout)
 
 
+@pytest.mark.slow
 def test_sigterm_ends_every_reply_with_its_last_event_and_exits_0_within_the_grace(model_pair):
     """Four replies running (OpenAI chat, Anthropic, Ollama, Responses: all streamed) and five
     waiting (four OpenAI streams and one whole reply) behind ``--parallel 4``, then SIGTERM: the

@@ -2,8 +2,9 @@
 counts them (merged Qwen pairs included), never over the budget, near-duplicates skipped, scene
 cuts kept, timestamps, one-line errors for bad clips, and memory that does not grow with length.
 
-Clips are generated here with PyAV (a few seconds of 320×240); llama.cpp's ``test-3.mp4`` is used
-when a copy is found (``EDGEVLM_TEST_3_MP4`` or a llama.cpp checkout), else that case skips."""
+Clips are generated here with PyAV (a few seconds of 320×240), and a stand-in for llama.cpp's
+``test-3.mp4`` with its stream layout; the real file is checked too when a copy is found
+(``EDGEVLM_TEST_3_MP4`` or a llama.cpp checkout), else that one case skips."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -377,10 +379,55 @@ def _test3() -> str | None:
     return next((p for p in found if p and os.path.isfile(p)), None)
 
 
-def test_llama_cpp_test_clip(projs):
-    path = _test3()
-    if path is None:
-        pytest.skip("llama.cpp's tools/mtmd/test-3.mp4 not found (set EDGEVLM_TEST_3_MP4)")
+def clip_like_test3(path) -> str:
+    """A clip laid out as llama.cpp's ``test-3.mp4`` is (as a phone or an editor writes one):
+    H.264 Main with B-frames (frames stored out of display order), 240 frames of 720×358 (a
+    height no multiple of 16) at the fractional rate 337500/14131 (~23.9 fps), and a stereo AAC
+    track beside the video. The picture scrolls, and is inverted from the half: a scene cut."""
+    rate, n = Fraction(337500, 14131), 240
+    w, h = 720, 358
+    rng = np.random.default_rng(3)
+    strip = rng.integers(0, 256, (h // 30 + 1, (w + n * 3) // 30 + 1, 3), dtype=np.uint8).repeat(30, 0).repeat(30, 1)
+    with av.open(str(path), "w") as c:
+        v = c.add_stream(CODEC, rate=rate)
+        v.width, v.height, v.pix_fmt = w, h, "yuv420p"
+        if CODEC == "libx264":
+            v.options = {"preset": "veryfast", "bframes": "3", "profile": "main"}
+        else:
+            v.codec_context.max_b_frames = 2
+        a = c.add_stream("aac", rate=44100, layout="stereo")
+        for i in range(n):
+            img = np.ascontiguousarray(strip[:h, 3 * i : 3 * i + w])
+            for p in v.encode(av.VideoFrame.from_ndarray(img if i < n // 2 else 255 - img, format="rgb24")):
+                c.mux(p)
+        for p in v.encode():
+            c.mux(p)
+        tone = (0.2 * np.sin(2 * np.pi * 440 * np.arange(int(44100 * n / rate)) / 44100)).astype(np.float32)
+        for k in range(0, len(tone), 1024):
+            f = av.AudioFrame.from_ndarray(np.stack([tone[k : k + 1024]] * 2), format="fltp", layout="stereo")
+            f.sample_rate, f.pts = 44100, k
+            for p in a.encode(f):
+                c.mux(p)
+        for p in a.encode():
+            c.mux(p)
+    return str(path)
+
+
+@pytest.mark.parametrize("source", ["stand-in", "llama.cpp"])
+def test_llama_cpp_test_clip(projs, tmp_path, source):
+    """A clip laid out as llama.cpp's (B-frames, a fractional rate, an odd height, an audio
+    track) is planned within the budget for a merging and a plain projector, its frames in
+    order; the stand-in always runs, the real file when a copy is here."""
+    if source == "stand-in":
+        path = clip_like_test3(tmp_path / "test-3-like.mp4")
+        with av.open(path) as c:  # the layout it stands in for
+            vs = c.streams.video[0]
+            assert vs.average_rate == Fraction(337500, 14131) and vs.codec_context.height == 358
+            assert vs.codec_context.has_b_frames and len(c.streams.audio) == 1
+    else:
+        path = _test3()
+        if path is None:
+            pytest.skip("llama.cpp's tools/mtmd/test-3.mp4 not found (set EDGEVLM_TEST_3_MP4)")
     for fam in ("qwen2vl", "llava15"):
         plan, frames = plan_video(path, projs[fam], VideoBudget(tokens=4000))
         assert 0 < plan.total_tokens <= 4000 and len(frames) == len(plan.kept)

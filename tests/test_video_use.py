@@ -63,6 +63,7 @@ def test_a_turn_sends_the_frames_the_plan_chose(family, model_pair, clips):
         assert stamps == sorted(stamps) and pic.name == "moving.mp4"
 
 
+@pytest.mark.slow
 def test_chat_sends_what_budget_predicts(clips):
     """The CLI: ``edgevlm budget CLIP`` and ``edgevlm chat --video CLIP`` agree token for token."""
     args = ["--model", "demo", "--video-tokens", "256"]
@@ -220,6 +221,7 @@ def _colour_cut(path, seconds: int = 4, fps: int = 10) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_clips_whole_footprint_fits_and_two_clips_share_the_room(model_pair, tmp_path):
     """With the default budget a long clip takes the room its turn has, labels and all: the turn
     fits (the labels' tokens were once left out and a 20 s clip overflowed). Two clips in one
