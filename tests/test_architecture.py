@@ -46,17 +46,11 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def imports_of(name: str, path: Path, mods: dict[str, Path], typing_too: bool = True) -> set[str]:
-    """The package's modules ``name`` imports (at module level or inside functions; with
-    ``typing_too``, also those under ``if TYPE_CHECKING:``, which never run)."""
+def imports_of(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """The package's modules ``name`` imports (at module level or inside functions)."""
     pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    if not typing_too:
-        for n in ast.walk(tree):
-            if isinstance(n, ast.If) and ast.unparse(n.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-                n.body = []
-    for n in ast.walk(tree):
+    for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(n, ast.Import):
             out |= {a.name for a in n.names}
         elif isinstance(n, ast.ImportFrom) and n.module != "__future__":
@@ -91,10 +85,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_import_graph_has_no_cycle():
-    """No cycle among the imports that run (a type named for the checker only, under
-    ``TYPE_CHECKING``, may point back: ``Engine`` names the ``LoadedModel`` that makes it)."""
     mods = modules()
-    graph = {m: imports_of(m, p, mods, typing_too=False) for m, p in mods.items()}
+    graph = {m: imports_of(m, p, mods) for m, p in mods.items()}
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
     assert sum(len(v) for v in graph.values()) > 100  # the scan does see the imports
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..backend.llama import Backend
 from ..backend.sampling import LIBRARY_REPLY, SamplingParams
@@ -33,19 +33,16 @@ from ..vision.merge import MergeSpec
 from ..vision.video import VideoBudget
 from .chat_format import PromptFormatter
 from .conversation import Conversation, Message, Picture
-from .intake import Clip, Intake, MediaRef, load_media
+from .intake import Clip, Fetch, Intake, MediaRef, load_media
 from .items import Prompt
 from .scheduler import Client, GenerationResponse, Request, Scheduler, Sequence
 from .session import Footprint, RoomReport, SessionOptions, Summaries, make_room
 from .stats import TurnStats
 from .turn import ReplySpec
 
-if TYPE_CHECKING:
-    from .model import LoadedModel
-
 BUSY_WAIT_S = 120.0  # a turn waits this long for cells other clients' requests hold
 
-__all__ = ["ChatResult", "Clip", "Engine", "EngineOptions", "GenerationResponse", "Message"]
+__all__ = ["ChatResult", "Clip", "Engine", "EngineOptions", "GenerationResponse", "LoadedParts", "Message"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +56,26 @@ class EngineOptions:
     max_image_pixels: int = DEFAULT_MAX_PIXELS
     session: SessionOptions = SessionOptions()  # what happens when the context runs out
     video: VideoBudget = VideoBudget()  # a clip's frames: tokens (None: the room left), frames, fps cap
+
+
+class LoadedParts(Protocol):
+    """What a conversation uses of the model it runs on: ``LoadedModel``, which makes
+    conversations and so is described here rather than imported (mypy checks it at each
+    ``Engine(model)``)."""
+
+    scheduler: Scheduler
+    plan: Plan | None
+    guard: Guard | None
+    options: EngineOptions
+
+    def intake(
+        self,
+        options: EngineOptions | None = None,
+        *,
+        fetch: Fetch | None = None,
+        keep_originals: bool = False,
+        host_wait_s: float = 30.0,
+    ) -> Intake: ...
 
 
 @dataclass(frozen=True)
@@ -89,7 +106,7 @@ class _Turn:
 class Engine:
     """A chat with images over one loaded model pair (a client of its scheduler)."""
 
-    def __init__(self, model: LoadedModel, options: EngineOptions | None = None):
+    def __init__(self, model: LoadedParts, options: EngineOptions | None = None):
         self.model = model
         self.options = options if options is not None else model.options
         self.client = Client("conversation")

@@ -3,7 +3,7 @@ ready by the one intake, ``runtime.intake``) and then only read — rendered int
 submitted as the scheduler's ``Request``.
 
     turn = Turn(conversation, ReplySpec(256, SamplingParams(0.0), stops), system="Be brief.")
-    prompt = turn.render(model)                  # the template, the tools, the thinking switch
+    prompt = turn.render(model.render)           # the template, the tools, the thinking switch
     seq = scheduler.submit(turn.reply.request(prompt, new_images=frozenset(prompt.units)), client)
 
 ``ReplySpec`` is the reply's part (length, sampling, stops, a reasoning cap, control tokens the
@@ -12,17 +12,16 @@ reply shows): a per-request knob is added there once, not in each layer a reques
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..backend.sampling import SamplingParams
 from .conversation import Conversation, Message
 from .items import Prompt
 from .requests import Request, ThinkCap
 
-if TYPE_CHECKING:
-    from .model import LoadedModel
+Render = Callable[..., Prompt]  # ``LoadedModel.render``: messages, system, tools, think, tool_required
 
 __all__ = ["ReplySpec", "Turn"]
 
@@ -82,9 +81,10 @@ class Turn:
     places: tuple[int, ...] = ()
     notices: list[str] = field(default_factory=list)
 
-    def render(self, model: LoadedModel, messages: list[Message] | None = None) -> Prompt:
-        """The prompt of ``messages`` (default: the turn's) as the scheduler sees it."""
-        return model.render(
+    def render(self, render: Render, messages: list[Message] | None = None) -> Prompt:
+        """The prompt of ``messages`` (default: the turn's) as the scheduler sees it, made by
+        ``render`` (the loaded model's ``render``)."""
+        return render(
             self.conversation.messages if messages is None else messages,
             self.system,
             tools=list(self.tools) or None,

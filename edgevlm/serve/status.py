@@ -5,16 +5,31 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psutil
 
 from ..model.projectors import encoder_patches
 from ..plan.devices import format_size
 from ..runtime.model import LoadedModel
+from .options import ServeOptions
+from .responses_store import ResponseStore
+from .service import ChatService
 
-if TYPE_CHECKING:
-    from .app import Server
+
+class Server(Protocol):
+    """What the views read of ``app.Server`` (named here: the app imports this module)."""
+
+    options: ServeOptions
+    started: float
+    error: BaseException | None
+    model: LoadedModel | None
+    service: ChatService | None
+    responses: ResponseStore
+
+    @property
+    def state(self) -> str: ...
+
 
 __all__ = ["host_memory", "image_cache_bound", "metrics", "status"]
 

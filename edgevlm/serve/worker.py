@@ -230,7 +230,7 @@ class Worker:
         reserve = budget.reply_reserve(turn.reply.max_tokens) if turn.reply.reserve is None else turn.reply.reserve
         if turn.evict:
             self._make_room(job, reserve, budget.image_room(reserve))  # (a reserve is a reply of that many)
-        pro.prompt = prompt = turn.render(self.model)
+        pro.prompt = prompt = turn.render(self.model.render)
         turn.conversation.clear()  # the prompt holds what it needs: the views' pixels can go
         pro.prompt_cells = prompt.cells
         if job.count_only:  # counted: nothing more to do
@@ -250,7 +250,7 @@ class Worker:
         holder = {n: m for m in conv.messages for n in m.pictures}
 
         def measure(messages: list[Message]) -> Footprint:
-            p = job.turn.render(self.model, messages)
+            p = job.turn.render(self.model.render, messages)
             return Footprint(p.cells, p.image_cells, p)
 
         rep = make_room(
