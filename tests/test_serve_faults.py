@@ -88,7 +88,7 @@ class InProcess:
         self.thread.join(30)
 
 
-LONG_200 = {"type": "string", "minLength": 200}
+LONG_STRING = {"type": "string", "minLength": 1000}
 
 
 def test_a_refused_template_is_a_400_while_a_concurrent_request_gets_its_200(model_pair):
@@ -101,11 +101,11 @@ def test_a_refused_template_is_a_400_while_a_concurrent_request_gets_its_200(mod
         good = {
             "model": "m",
             "messages": [user("Describe it.", data_uri(png(seed=60)))],
-            "max_tokens": 240,
+            "max_tokens": 1200,
             "temperature": 0,
-            "stream": True,  # a string of 200 characters at least: far longer than the refusal takes
+            "stream": True,  # a string of 1000 characters at least: far longer than the refusal takes
             "stream_options": {"include_usage": True},
-            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": LONG_200}},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": LONG_STRING}},
         }
         with httpx.Client(timeout=120) as h, h.stream("POST", s.url + "/v1/chat/completions", json=good) as ok:
             assert ok.status_code == 200
@@ -119,9 +119,9 @@ def test_a_refused_template_is_a_400_while_a_concurrent_request_gets_its_200(mod
         text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
         (finish,) = [ch[0]["finish_reason"] for e in events if (ch := e["choices"]) and ch[0]["finish_reason"]]
         if finish == "length":  # cut at max_tokens
-            assert events[-1]["usage"]["completion_tokens"] == 240 and text.startswith('"')
+            assert events[-1]["usage"]["completion_tokens"] == 1200 and text.startswith('"')
         else:  # or the whole string the schema asks for
-            assert finish == "stop" and len(json.loads(text)) >= 200, (finish, text)
+            assert finish == "stop" and len(json.loads(text)) >= 1000, (finish, text)
         st = s.wait_idle()
         assert st["requests"]["served"] == 1 and st["requests"]["failed"] == 1  # (the refused one)
         assert c.chat.completions.create(model="m", messages=[user("Again?")], max_tokens=3).choices
