@@ -126,9 +126,9 @@ def _fetch_url(url: str, opts: ServeOptions, label: str, deadline: float | None 
                 f"{opts.url_min_rate:,} bytes/s the server asks for"
             ) from None
         if deadline is not None and deadline < start + opts.url_deadline_s:  # the request's own time ran out
-            raise RequestTimedOut(
-                f"the request's time ({opts.timeout_s:g} s, --timeout) ran out while {label}'s image URL "
-                f"{shown} was fetched ({cut.got:,} bytes in {took:.1f} s)"
+            raise RequestTimedOut(  # (the words serve.prep uses when the same deadline ends the wait)
+                f"the request was not prepared within its {opts.timeout_s:g} s (the server's --timeout): "
+                f"{label}'s image URL {shown} gave {cut.got:,} bytes in {took:.1f} s"
             ) from None
         raise _refuse(
             f"{label}: the image URL {shown} took longer than {end - start:.3g} s (the server's limit)"
