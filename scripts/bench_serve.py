@@ -8,7 +8,7 @@ side in one run, on the same model pair, context, threads and parallelism.
 
 ``llama-server`` is built once from the sdist of the pinned llama-cpp-python (the llama.cpp it
 vendors: the same kernels as ours) into ``~/.cache/edgevlm/llama-server/VERSION/build`` with
-cmake, or taken from ``--llama-server PATH``. ``llama_cpp.server`` needs the
+cmake, or taken from ``--llama-server PATH`` (``scripts/peer_servers.py``). ``llama_cpp.server`` needs the
 ``llama-cpp-python[server]`` extra (``pip install -e '.[bench]'``); a server that cannot start is
 reported, not fatal.
 
@@ -23,6 +23,12 @@ Two workloads, each server started fresh on 127.0.0.1 for each:
 - **decode** (tiny pair): S streams (``--decode-streams``) of ``--decode-tokens`` greedy tokens
   each, text only: generated tokens/s.
 
+For every server and run, the CPU time (user + system) of the server process and all its
+children, read just before the workload starts and just after it ends (the server still up):
+``cpu_s`` and ``cpu_s_per_request`` in the chats rows, ``cpu_s_per_1k_tokens`` in the decode rows.
+``--profile latency|throughput`` is passed on as ``edgevlm serve --profile`` (not passed when not
+given: the server's default).
+
 Prints a table per workload and writes JSON (``--json``). Every run is bounded by
 ``--max-seconds``; requests time out after ``--request-timeout``.
 """
@@ -32,11 +38,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,21 +48,19 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 import numpy as np
+from peer_servers import DEFAULT_CACHE, EXTRA_BUFFERS, Server, find_llama_server, free_port, launch, llama_server_cmd
 from PIL import Image, ImageDraw
 
-from edgevlm.backend.system import cpu_extra_buffers
 from edgevlm_testkit import cached_model_pair
 
-LLAMA_CPP_PYTHON = "0.3.36"  # the pinned version whose vendored llama.cpp llama-server is built from
 SERVERS = ("edgevlm", "llama-server", "llama-cpp-python")
 PROMPTS = ["What is in this picture?", "What colours does it have?", "Describe it in one sentence."]
-# The same kernels on every side: where edgevlm loads without the CPU's extra buffer types (an AMX
-# build, whose matmul segfaults in this llama.cpp: docs/install.md), llama-server gets --no-repack
-# and llama-cpp-python's server the same model parameter (it has no flag for it).
-EXTRA_BUFFERS = cpu_extra_buffers()
+# llama-cpp-python's server gets the model parameter that drops the CPU's extra buffer types where
+# edgevlm and llama-server load without them (peer_servers.EXTRA_BUFFERS; it has no flag for it).
 LLAMA_CPP_SERVER = """
 import runpy, sys
 from edgevlm_testkit.peers import same_kernels
@@ -71,190 +71,30 @@ runpy.run_module("llama_cpp.server", run_name="__main__")
 
 
 # --- the servers -----------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def build_llama_server(cache: Path) -> Path:
-    """llama-server from the sdist of the pinned llama-cpp-python, built once (static)."""
-    build = cache / LLAMA_CPP_PYTHON / "build"
-    exe = build / "bin" / "llama-server"
-    if exe.exists():
-        return exe
-    src = Path(tempfile.mkdtemp(prefix="llama-src-"))
-    print(
-        f"building llama-server from llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist into {build} (once; ~20 min "
-        f"on 2 cores)",
-        file=sys.stderr,
-    )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            "-d",
-            str(src),
-            f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
-        ],
-        check=True,
-    )
-    tar = next(src.glob("llama_cpp_python-*.tar.gz"))
-    shutil.unpack_archive(tar, src)
-    root = next(p for p in src.glob("llama_cpp_python-*") if p.is_dir()) / "vendor" / "llama.cpp"
-    subprocess.run(
-        [
-            "cmake",
-            "-S",
-            str(root),
-            "-B",
-            str(build),
-            "-DCMAKE_BUILD_TYPE=Release",
-            "-DBUILD_SHARED_LIBS=OFF",
-            "-DLLAMA_BUILD_SERVER=ON",
-            "-DLLAMA_CURL=OFF",
-            "-DLLAMA_OPENSSL=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF",
-            "-DLLAMA_BUILD_EXAMPLES=OFF",
-        ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    subprocess.run(
-        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    shutil.rmtree(src, ignore_errors=True)
-    return exe
-
-
-@dataclass
-class Server:
-    name: str
-    proc: subprocess.Popen
-    url: str
-    log: Path
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 def start(
-    name: str, model: Path, mmproj: Path, args, parallel: int, ctx: int, logdir: Path, llama_server: Path | None
+    name: str, model: Path, mmproj: Path, args, parallel: int, ctx: int, logdir: Path, llama_server: Path | str
 ) -> Server | str:
     """A server on a free port of 127.0.0.1, ready (/health) — or why it could not start."""
     port = free_port()
     t = str(args.threads)
     if name == "edgevlm":
-        cmd = [
-            sys.executable,
-            "-m",
-            "edgevlm",
-            "serve",
-            "-m",
-            str(model),
-            "--mmproj",
-            str(mmproj),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--ctx",
-            str(ctx),
-            "--parallel",
-            str(parallel),
-            "--threads",
-            t,
-            "--kv",
-            "f16",
-            "--queue",
-            "64",
-            "--max-tokens",
-            str(args.tokens),
-        ]
+        cmd = [sys.executable, "-m", "edgevlm", "serve", "-m", str(model), "--mmproj", str(mmproj)]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--ctx", str(ctx), "--parallel", str(parallel)]
+        cmd += ["--threads", t, "--kv", "f16", "--queue", "64", "--max-tokens", str(args.tokens)]
+        cmd += ["--profile", args.profile] if args.profile else []  # only when asked: older serves lack it
     elif name == "llama-server":
-        if llama_server is None:
-            return "no llama-server binary"
-        cmd = [
-            str(llama_server),
-            "-m",
-            str(model),
-            "--mmproj",
-            str(mmproj),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "-np",
-            str(parallel),
-            "-c",
-            str(ctx),
-            "-t",
-            t,
-            "-tb",
-            t,
-            "-fa",
-            "on",
-            "--no-webui",
-            *([] if EXTRA_BUFFERS else ["--no-repack"]),
-        ]
+        if isinstance(llama_server, str):
+            return llama_server
+        cmd = llama_server_cmd(llama_server, model, mmproj, port, parallel, ctx, args.threads)
     else:
         try:
             import llama_cpp.server  # noqa: F401
         except ImportError:
             return "llama_cpp.server is not installed (pip install -e '.[bench]')"
-        cmd = [
-            sys.executable,
-            "-c",
-            LLAMA_CPP_SERVER,
-            "--model",
-            str(model),
-            "--clip_model_path",
-            str(mmproj),
-            "--chat_format",
-            "llava-1-5",
-            "--n_ctx",
-            str(ctx),
-            "--n_threads",
-            t,
-            "--n_threads_batch",
-            t,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--interrupt_requests",
-            "False",
-            "--flash_attn",
-            "True",
-        ]
-    log = logdir / f"{name}-{port}.log"
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return f"exited at start: {log.read_text()[-400:]}"
-        try:
-            r = httpx.get(url + ("/health" if name != "llama-cpp-python" else "/v1/models"), timeout=2)
-            if r.status_code == 200:
-                return Server(name, proc, url, log)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    return "not ready in 300 s"
+        cmd = [sys.executable, "-c", LLAMA_CPP_SERVER, "--model", str(model), "--clip_model_path", str(mmproj)]
+        cmd += ["--chat_format", "llava-1-5", "--n_ctx", str(ctx), "--n_threads", t, "--n_threads_batch", t]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--interrupt_requests", "False", "--flash_attn", "True"]
+    return launch(name, cmd, port, logdir, "/health" if name != "llama-cpp-python" else "/v1/models")
 
 
 # --- one streamed request --------------------------------------------------------------------
@@ -460,12 +300,13 @@ def main() -> None:
     ap.add_argument("--decode-streams", default="1,8,32")
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--decode-ctx", type=int, default=16384)
-    ap.add_argument("--llama-server", type=Path, help="a llama-server binary (else built from the sdist)")
     ap.add_argument(
-        "--cache",
-        type=Path,
-        default=Path(os.environ.get("EDGEVLM_CACHE", Path.home() / ".cache" / "edgevlm")) / "llama-server",
+        "--profile",
+        choices=["latency", "throughput"],
+        help="edgevlm serve --profile (scheduler profile; not passed unless given: serve's default, latency)",
     )
+    ap.add_argument("--llama-server", type=Path, help="a llama-server binary (else built from the sdist)")
+    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where llama-server is built")
     ap.add_argument("--max-seconds", type=float, default=600, help="bound of one run (one server, one count)")
     ap.add_argument("--request-timeout", type=float, default=300)
     ap.add_argument("--json", help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
@@ -476,9 +317,9 @@ def main() -> None:
     run = Run("bench_serve", "shared" if args.shared_picture else "")
 
     servers = [s for s in args.servers.split(",") if s]
-    llama_server = args.llama_server
-    if "llama-server" in servers and llama_server is None:
-        llama_server = build_llama_server(args.cache)
+    llama_server: Path | str = "not asked for"
+    if "llama-server" in servers:
+        llama_server = find_llama_server(args.llama_server, args.cache)
     logdir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     kernels = (
         "with the CPU's extra buffer types"
@@ -509,9 +350,12 @@ def main() -> None:
                         print(f"{name}: {srv}", file=sys.stderr)
                         continue
                     try:
+                        cpu0 = srv.cpu_s()
                         row = {"server": name, "shared_picture": shared, **chats(srv.url, n, args, shared)}
+                        row["cpu_s"] = round(srv.cpu_s() - cpu0, 3)  # before it stops: the workload's alone
                     finally:
                         srv.stop()
+                    row["cpu_s_per_request"] = round(row["cpu_s"] / row["requests"], 4) if row["requests"] else None
                     results["chats"].append(row)
                     out = run.save(results, args.json)  # kept if the run is cut short
                     print(json.dumps(row), file=sys.stderr)
@@ -523,15 +367,26 @@ def main() -> None:
                 continue
             try:
                 decode(srv.url, min(2, s), args)  # warm-up
+                cpu0 = srv.cpu_s()
                 row = {"server": name, **decode(srv.url, s, args)}
+                row["cpu_s"] = round(srv.cpu_s() - cpu0, 3)
             finally:
                 srv.stop()
+            row["cpu_s_per_1k_tokens"] = round(1000 * row["cpu_s"] / row["tokens"], 3) if row["tokens"] else None
             results["decode"].append(row)
             out = run.save(results, args.json)
             print(json.dumps(row), file=sys.stderr)
     out = run.save(results, args.json)
     report(results, servers)
     print(f"JSON: {out}; server logs: {logdir}")
+
+
+def _cpu(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}" if x >= 0.1 else f"{x:.3f}"
+
+
+def _times(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}×" if a and b else "—"
 
 
 def report(results: dict[str, Any], servers: list[str]) -> None:
@@ -554,11 +409,16 @@ def report(results: dict[str, Any], servers: list[str]) -> None:
         for s in servers:
             t.add_column(f"{s} TTFT3", justify="right")
         t.add_column("edgevlm ITL p95 ms", justify="right")
+        for s in servers:
+            t.add_column(f"{s} CPU-s/req", justify="right")
+        t.add_column("edgevlm ÷ llama-server CPU", justify="right")
         by = {(r["server"], r["clients"]): r for r in rows}
         for n in sorted({r["clients"] for r in rows}):
             e, ls = by.get(("edgevlm", n)), by.get(("llama-server", n))
             ratio = f"{e['req_per_s'] / ls['req_per_s']:.2f}×" if e and ls and ls["req_per_s"] else "—"
             itl = f"{e['itl_p95_admitting_ms']} / {e['itl_p95_ms']}" if e else "—"
+            cpu = {s: (by.get((s, n)) or {}).get("cpu_s_per_request") for s in servers}
+            cpu_ratio = _times(cpu.get("edgevlm"), cpu.get("llama-server"))
             t.add_row(
                 str(n),
                 *[f"{by[(s, n)]['req_per_s']:.2f}" if (s, n) in by else "—" for s in servers],
@@ -570,21 +430,29 @@ def report(results: dict[str, Any], servers: list[str]) -> None:
                     for s in servers
                 ],
                 itl,
+                *[_cpu(cpu[s]) for s in servers],
+                cpu_ratio,
             )
         console.print(t)
     if results["decode"]:
-        t = Table(title="tiny pair, text only: generated tokens/s")
+        t = Table(title="tiny pair, text only: generated tokens/s; CPU seconds per 1,000 tokens")
         t.add_column("streams", justify="right")
         for s in servers:
             t.add_column(s, justify="right")
         t.add_column("edgevlm ÷ llama-server", justify="right")
+        for s in servers:
+            t.add_column(f"{s} CPU-s/1k tok", justify="right")
+        t.add_column("edgevlm ÷ llama-server CPU", justify="right")
         by = {(r["server"], r["streams"]): r for r in results["decode"]}
         for n in sorted({r["streams"] for r in results["decode"]}):
             e, ls = by.get(("edgevlm", n)), by.get(("llama-server", n))
+            cpu = {s: (by.get((s, n)) or {}).get("cpu_s_per_1k_tokens") for s in servers}
             t.add_row(
                 str(n),
                 *[f"{by[(s, n)]['tok_per_s']:,.0f}" if (s, n) in by else "—" for s in servers],
                 f"{e['tok_per_s'] / ls['tok_per_s']:.2f}×" if e and ls and ls["tok_per_s"] else "—",
+                *[_cpu(cpu[s]) for s in servers],
+                _times(cpu.get("edgevlm"), cpu.get("llama-server")),
             )
         console.print(t)
     for n in results["notes"]:

@@ -31,7 +31,7 @@ RESULTS = ROOT / "docs" / "results"
 
 
 # what a benchmark's numbers depend on besides its own script
-CODE = ["edgevlm", "testkit", "pyproject.toml", "scripts/resultfile.py"]
+CODE = ["edgevlm", "testkit", "pyproject.toml", "scripts/resultfile.py", "scripts/peer_servers.py"]
 
 
 def _code() -> list[str]:
