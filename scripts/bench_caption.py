@@ -1,40 +1,45 @@
 #!/usr/bin/env python3
-"""Benchmark ``edgevlm caption`` against the loop people write around llama-cpp-python.
+"""Benchmark ``edgevlm caption`` against ``edgevlm batch``, a script against ``llama-server`` and the
+loop people write around llama-cpp-python (issue #48: the CPU a picture costs).
 
-    python scripts/bench_caption.py --runs 3                 # llava15/real, 8 images, 16 and 48 tokens
-    python scripts/bench_caption.py --images 4 --max-tokens 8 --runs 1
-    python scripts/bench_caption.py --family qwen2vl --preset tiny --shell-loop 2
+    python scripts/bench_caption.py --runs 3                  # llava15/real, 24 pictures, 32 tokens
+    python scripts/bench_caption.py --preset tiny --images 4 --max-tokens 8 --runs 1
+    python scripts/bench_caption.py --llama-server PATH --sides caption,llama-server
 
-Side by side in one process, on the same generated model pair (random weights, real shapes),
-the same N pictures, the same system prompt and instruction, greedy decoding, one n_ctx (4096:
-what the planner picks for LLaVA-1.5), one thread count, flash attention, n_batch 512, f16 KV,
-for each caption length in ``--max-tokens`` (the random weights never stop early):
+Side by side in one run, on the same generated model pair (random weights, real shapes), the
+same N distinct pictures (``--images``, ``--size`` each, PNG and JPEG in turn), the same system
+prompt and instruction, greedy decoding, the same ``--max-tokens`` (each length in the list is
+timed on every side; the random weights never stop early), one n_ctx (4096: what the planner
+picks for LLaVA-1.5), one thread count, flash attention, n_batch 512, f16 KV, and ``--parallel``
+pictures in flight on every side that has parallelism (``scripts/caption_sides.py``):
 
-- ``edgevlm``: a ``CaptionJob`` over the folder, exactly what ``edgevlm caption`` runs (record
-  log with fsync, resume index, background decoding, KV prefix shared, ``--parallel auto``
-  images in flight with their tokens generated in one batch);
-- ``library``: ``Llama`` + the family's mtmd chat handler loaded once, then one
-  ``create_chat_completion`` per image (system + image + instruction), captions appended to a
-  JSONL file — the loop in most captioning scripts;
+- ``caption``: a ``CaptionJob`` over the pictures, exactly what ``edgevlm caption`` runs, the
+  model loaded as the command loads it (the scheduler's throughput profile);
+- ``batch``: an OpenAI batch file of the same pictures answered as ``edgevlm batch`` answers it,
+  in this process on the caption side's model (its load is not in the time);
+- ``llama-server``: ``llama-server -np N`` (started once, not timed; ``--llama-server PATH``, else
+  built from the pinned sdist: ``scripts/peer_servers.py``; skipped, not fatal, when there is none)
+  and a client keeping N non-streamed requests in flight, each picture a ``data:`` URI;
+- ``library``: ``Llama`` + the family's mtmd chat handler, one ``create_chat_completion`` per
+  picture (one at a time: the loop in most captioning scripts);
 - ``shell loop`` (``--shell-loop K``, off by default): ``edgevlm chat --json`` as a new process
-  per image, so the model loads for every picture (the shell-script way), timed on K images.
+  per picture, so the model loads for every one, timed on K pictures.
 
-Each side captions one warm-up image first (not timed). With ``--runs`` > 1 the order of the
-sides alternates. Reported per caption length: images/s, generated tok/s, the ratio edgevlm ÷
-library (median of the paired runs), the share of edgevlm's wall time spent inside encode +
-prefill + decode (llama.cpp time, attributed to the images in flight by their tokens in each
-batch), where the rest went, and the prompt tokens the KV prefix saved per image. Other processes on a
-shared machine skew wall times: each timed block records the share of CPU time they used.
+Every timed block gets pictures of its own (no side meets a picture an earlier block cached);
+before it each side drops what it cached and captions one other picture (not timed). The order
+of the sides rotates from block to block. Reported per side: wall s, images/s, completion
+tokens/s and total, the CPU seconds its model used (this process's CPU time for the sides that
+run in it, the server process's for llama-server) and per picture; the ratios caption ÷
+llama-server and caption ÷ library (images/s, median of the paired runs) and batch ÷ caption,
+against the targets ≥ 1.2×, ≥ 1.3× and within 5 %. Other processes on a shared machine skew wall
+times: each timed block records the share of CPU time they used.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,447 +47,357 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np
-from PIL import Image, ImageDraw
+from caption_sides import (
+    PROMPT,
+    THROUGHPUT,
+    BatchSide,
+    EdgeSide,
+    LibrarySide,
+    LlamaServerSide,
+    SideSkipped,
+    make_images,
+    own_cpu_s,
+    shell_loop,
+)
+from peer_servers import DEFAULT_CACHE, find_llama_server
 
 from edgevlm_testkit import FAMILIES, PRESETS, cached_model_pair
-from edgevlm_testkit.peers import machine_busy_s, same_kernels
+from edgevlm_testkit.peers import machine_busy_s
 
-SYSTEM = (
-    "You are an image captioning assistant for a text-to-image training dataset. Describe "
-    "the main subject, the setting, the colours, the lighting and the composition in one "
-    "factual sentence. Do not start with 'The image shows' and do not mention the camera."
-)
-# A detailed captioning guide in the system prompt, as dataset-captioning setups often have.
-LONG_SYSTEM = SYSTEM + (
-    " Guidelines: name the subject first, then what it is doing, then where it is. Give the number of"
-    " people or objects when it is small. Name colours plainly (red, dark blue) and materials when"
-    " they are clear (wood, glass, brick). Describe the lighting (soft daylight, harsh noon sun,"
-    " warm indoor light, neon at night) and the weather if outdoors. Mention the style when the"
-    " picture is not a photograph (oil painting, line drawing, 3D render, pixel art, screenshot)."
-    " Describe the composition: close-up, wide shot, from above, centred, rule of thirds. Do not"
-    " guess names of people, brands or places unless the text in the picture states them; quote"
-    " visible text exactly. Do not judge (beautiful, stunning, amazing) and do not speculate about"
-    " feelings or stories. Use plain present tense, no lists, no line breaks, at most 40 words."
-)
-PROMPT = "Write a one-sentence caption for this image."
-SPEED_TARGET = 1.2  # edgevlm images/s ÷ library images/s, at least
-SHARE_TARGET = 0.95  # share of edgevlm's wall time inside encode + prefill + decode, at least
-SIZES = [(640, 480), (800, 600), (512, 512), (480, 640)]
+SIDES = ("caption", "batch", "llama-server", "library")
+LABELS = {
+    "caption": "edgevlm caption",
+    "batch": "edgevlm batch",
+    "llama-server": "llama-server script",
+    "library": "library loop",
+}
+# caption's images/s ÷ a peer's, at least (batch: within 5 % of caption either way)
+TARGETS = {"llama-server": 1.2, "library": 1.3}
+BATCH_TOLERANCE = 0.05
+SHARE_TARGET = 0.95  # share of caption's wall time inside encode + prefill + decode, at least
 
 
-def make_images(outdir: Path, n: int, seed: int = 100) -> list[Path]:
-    """N deterministic pictures: gradients with shapes, PNG and JPEG, four sizes."""
-    paths = []
-    for i in range(n):
-        w, h = SIZES[i % len(SIZES)]
-        rng = np.random.default_rng(seed + i)
-        y, x = np.mgrid[0:h, 0:w]
-        c = rng.integers(0, 255, 3)
-        arr = np.stack(
-            [(x * 255 // w + c[0]) % 256, (y * 255 // h + c[1]) % 256, np.full_like(x, c[2])], axis=-1
-        ).astype(np.uint8)
-        img = Image.fromarray(arr)
-        draw = ImageDraw.Draw(img)
-        for _ in range(6):
-            x0, y0 = int(rng.integers(0, w - 60)), int(rng.integers(0, h - 60))
-            box = [x0, y0, x0 + int(rng.integers(30, w // 2)), y0 + int(rng.integers(30, h // 2))]
-            fill = tuple(int(v) for v in rng.integers(0, 255, 3))
-            (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=fill)
-        p = outdir / (f"img{i:03d}.png" if i % 2 == 0 else f"img{i:03d}.jpg")
-        img.save(p, quality=90) if p.suffix == ".jpg" else img.save(p)
-        paths.append(p)
-    return paths
+def timed(side, images: list[Path], out: Path, n: int) -> dict[str, Any]:
+    """One timed block of a side: its result, the CPU its model used, and the share of the
+    machine's CPU time other processes took meanwhile."""
+    busy0, own0, cpu0, t0 = machine_busy_s(), _own_all(), side.cpu_s(), time.perf_counter()
+    client0 = own_cpu_s()
+    res = side.run(images, out, n)
+    busy1, own1, cpu1, wall = machine_busy_s(), _own_all(), side.cpu_s(), time.perf_counter() - t0
+    res["cpu_s"] = round(cpu1 - cpu0, 3)
+    res["cpu_s_per_image"] = round((cpu1 - cpu0) / len(images), 4)
+    ours = own1 - own0
+    if side.external:  # its server is ours too, though not this process
+        res["client_cpu_s"] = round(own_cpu_s() - client0, 3)
+        ours += cpu1 - cpu0
+    res["busy_others"] = others(busy0, busy1, ours, wall)
+    return res
 
 
-class CpuMeter:
-    """Share of the machine's CPU time other processes used while a block ran (Linux)."""
-
-    def __enter__(self):
-        self.b0, self.o0, self.t0 = machine_busy_s(), _own(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        b1, o1, wall = machine_busy_s(), _own(), time.perf_counter() - self.t0
-        self.others = (
-            None
-            if self.b0 is None or b1 is None or wall <= 0
-            else round(max(0.0, (b1 - self.b0) - (o1 - self.o0)) / (wall * (os.cpu_count() or 1)), 3)
-        )
+def others(busy0: float | None, busy1: float | None, ours: float, wall: float) -> float | None:
+    """The share of all CPUs that other processes used while a block ran (Linux)."""
+    if busy0 is None or busy1 is None or wall <= 0:
+        return None
+    return round(max(0.0, (busy1 - busy0) - ours) / (wall * (os.cpu_count() or 1)), 3)
 
 
-def _own() -> float:
+def _own_all() -> float:
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system  # the shell loop's processes too
+    return t.user + t.system + t.children_user + t.children_system
 
 
-# --- the sides ------------------------------------------------------------------------------
-class EdgeSide:
-    name = "edgevlm"
+def _med(xs) -> float:
+    return float(statistics.median(list(xs)))
 
-    def __init__(self, model: Path, mmproj: Path, args):
-        import edgevlm
 
-        self.model, self.mmproj, self.args = model, mmproj, args
-        self.system = LONG_SYSTEM if args.long_system else SYSTEM
-        from edgevlm.caption import CaptionSettings, caption_slots
+def _paired(a: list[dict], b: list[dict]) -> dict[str, Any]:
+    """a's images/s ÷ b's run by run (their runs side by side in time: slow drift and other
+    processes' load cancel), the median; and the median of a's CPU seconds ÷ b's."""
+    paired = [round(y["wall_s"] / x["wall_s"], 3) for x, y in zip(a, b, strict=True)]
+    cpu = [round(x["cpu_s"] / y["cpu_s"], 3) for x, y in zip(a, b, strict=True) if y["cpu_s"]]
+    return {"median": round(_med(paired), 3), "paired": paired, "cpu": round(_med(cpu), 3) if cpu else None}
 
-        want = None if args.parallel == "auto" else int(args.parallel)
-        settings = CaptionSettings(prompt=PROMPT, system=self.system, max_tokens=max(args.lengths))
-        self.vlm = edgevlm.load(
-            model,
-            mmproj,
-            n_ctx=args.n_ctx,
-            n_threads=args.threads,
-            kv="f16",
-            flash_attn=True,
-            n_batch=args.n_batch,
-            n_ubatch=args.n_batch,
-            type_k="f16",
-            type_v="f16",
-            image_max_tokens=None,
-            n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens, settings, want),
-        )
-        self.slots = self.vlm.scheduler.n_slots
-        self.stops = list(self.vlm.default_stops)
 
-    def run(self, images: list[Path], out: Path, max_tokens: int) -> dict[str, Any]:
-        from edgevlm.caption import CaptionSettings
-        from edgevlm.caption.inputs import discover
-        from edgevlm.caption.job import CaptionJob
-
-        settings = CaptionSettings(prompt=PROMPT, system=self.system, max_tokens=max_tokens)
-        t0 = time.perf_counter()
-        items = discover([str(p) for p in images]).items
-        with CaptionJob(items, settings, model=str(self.model), mmproj=str(self.mmproj), out=str(out)) as job:
-            s = job.run(self.vlm, prefetch=2)
-        wall = time.perf_counter() - t0
-        recs = [json.loads(ln) for ln in out.read_text().splitlines()]
-        assert s.done == len(images), recs
-        assert all(r["error"] is None for r in recs), recs
-        return {
-            "wall_s": wall,
-            "captions": {Path(r["path"]).name: r["caption"] for r in recs},
-            "generated": s.generated_tokens,
-            "prompt_evaluated": s.prompt_tokens,
-            "cached_per_image": s.cached_per_image,
-            "engine_ms": s.engine_ms + s.encode_ms,  # encode + prefill + decode
-            "engine_share": (s.engine_ms + s.encode_ms) / (wall * 1000),
-            "wait_ms": s.wait_ms,
-            "write_ms": s.write_ms,
-            "load_ms_background": s.load_ms,
+def summarise(rn: dict[str, list[dict]], caps: dict[str, dict], nimg: int) -> dict[str, Any]:
+    """One caption length: each side's medians, the paired ratios, the captions alike."""
+    summary = {}
+    for name, rows in rn.items():
+        wall = _med(x["wall_s"] for x in rows)
+        summary[name] = {
+            "wall_s": round(wall, 3),
+            "images_per_s": round(nimg / wall, 4),
+            "tok_per_s": round(_med(x["generated"] / x["wall_s"] for x in rows), 2),
+            "generated": _med(x["generated"] for x in rows),
+            "cpu_s": round(_med(x["cpu_s"] for x in rows), 3),
+            "cpu_s_per_image": round(_med(x["cpu_s_per_image"] for x in rows), 4),
+            "errors": max(x.get("errors", 0) for x in rows),
         }
-
-    def close(self):
-        self.vlm.close()
-
-
-class LibrarySide:
-    name = "library"
-
-    def __init__(self, family: str, model: Path, mmproj: Path, args, stops: list[str]):
-        import llama_cpp
-        from llama_cpp import llama_chat_format as lcf
-
-        if family in ("llava15", "llava16"):
-            cls = lcf.Llava16ChatHandler if family == "llava16" else lcf.Llava15ChatHandler
-        else:  # the generated Qwen pairs carry a chat template: the generic mtmd handler uses it
-            cls = lcf.MTMDChatHandler
-        self.handler_name = cls.__name__
-        same_kernels()  # as edgevlm loads (no AMX buffers where they crash)
-        self.llm = llama_cpp.Llama(
-            str(model),
-            n_ctx=args.n_ctx,
-            n_batch=args.n_batch,
-            n_ubatch=args.n_batch,
-            n_threads=args.threads,
-            n_threads_batch=args.threads,
-            flash_attn=True,
-            chat_handler=cls(clip_model_path=str(mmproj), verbose=False),
-            verbose=False,
-        )
-        self.args, self.stops = args, stops
-        self.system = LONG_SYSTEM if args.long_system else SYSTEM
-
-    def run(self, images: list[Path], out: Path, max_tokens: int) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        captions, generated, prompt = {}, 0, 0
-        with out.open("w") as fh:
-            for p in images:
-                r = self.llm.create_chat_completion(
-                    messages=[
-                        {"role": "system", "content": self.system},
-                        {
-                            "role": "user",
-                            "content": [
-                                {"type": "image_url", "image_url": {"url": p.resolve().as_uri()}},
-                                {"type": "text", "text": PROMPT},
-                            ],
-                        },
-                    ],
-                    max_tokens=max_tokens,
-                    temperature=0.0,
-                    repeat_penalty=1.0,
-                    stop=list(self.stops),
-                )
-                text = r["choices"][0]["message"]["content"].strip()
-                generated += r["usage"]["completion_tokens"]
-                prompt += r["usage"]["prompt_tokens"]
-                captions[p.name] = text
-                fh.write(json.dumps({"path": str(p), "caption": text}) + "\n")
-                fh.flush()
-        return {
-            "wall_s": time.perf_counter() - t0,
-            "captions": captions,
-            "generated": generated,
-            "prompt_evaluated": prompt,
+    ratios: dict[str, Any] = {}
+    cap = rn.get("caption")
+    for other, key in (("llama-server", "caption_vs_llama_server"), ("library", "caption_vs_library")):
+        if cap and rn.get(other):  # caption images/s ÷ the other's, run by run
+            ratios[key] = _paired(cap, rn[other])
+    if cap and rn.get("batch"):  # batch images/s ÷ caption's
+        ratios["batch_vs_caption"] = _paired(rn["batch"], cap)
+    out: dict[str, Any] = {"sides": rn, "summary": summary, "ratios": ratios}
+    if cap:
+        out["caption_engine_share"] = round(_med(x["engine_share"] for x in cap), 4)
+        out["same_captions_as_caption"] = {
+            name: sum(caps["caption"].get(k) == v for k, v in c.items())
+            for name, c in caps.items()
+            if name != "caption"
         }
-
-    def close(self):
-        self.llm.close()
+    return out
 
 
-def shell_loop(model: Path, mmproj: Path, images: list[Path], args, system: str) -> dict[str, Any]:
-    """``edgevlm chat --json`` as a new process per image: the model loads every time."""
-    t0 = time.perf_counter()
-    generated = 0
-    for p in images:
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "edgevlm",
-                "chat",
-                "-m",
-                str(model),
-                "--mmproj",
-                str(mmproj),
-                "-i",
-                str(p),
-                "--system",
-                system,
-                "-n",
-                str(args.lengths[0]),
-                "--temp",
-                "0",
-                "--ctx",
-                str(args.n_ctx),
-                "--threads",
-                str(args.threads),
-                "--kv",
-                "f16",
-                "--json",
-                PROMPT,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        generated += json.loads(r.stdout)["stats"]["predicted_n"]
-    return {"wall_s": time.perf_counter() - t0, "generated": generated, "images": len(images)}
+def targets(v: dict[str, Any]) -> dict[str, bool | None]:
+    r = v["ratios"]
+
+    def at_least(key: str, x: float) -> bool | None:
+        return r[key]["median"] >= x if key in r else None
+
+    return {
+        "caption_ge_1.2x_llama_server": at_least("caption_vs_llama_server", TARGETS["llama-server"]),
+        "caption_ge_1.3x_library": at_least("caption_vs_library", TARGETS["library"]),
+        "batch_within_5pct_of_caption": (
+            abs(r["batch_vs_caption"]["median"] - 1) <= BATCH_TOLERANCE if "batch_vs_caption" in r else None
+        ),
+        "caption_engine_share_ge_0.95": (
+            v["caption_engine_share"] >= SHARE_TARGET if "caption_engine_share" in v else None
+        ),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", default="llava15", choices=list(FAMILIES))
     ap.add_argument("--preset", default="real", choices=list(PRESETS))
-    ap.add_argument("--images", type=int, default=8)
+    ap.add_argument("--images", type=int, default=24, help="distinct pictures per timed block")
+    ap.add_argument("--size", default="640x480", help="the pictures' size, WxH")
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument(
-        "--max-tokens", default="16,48", help="caption lengths in tokens, comma-separated: each is timed on both sides"
-    )
+    ap.add_argument("--max-tokens", default="32", help="caption lengths in tokens, comma-separated: each is timed")
     ap.add_argument("--threads", type=int, default=max(1, min(os.cpu_count() or 1, 8)))
     ap.add_argument("--n-ctx", type=int, default=4096)
-    ap.add_argument("--parallel", default="auto", help="edgevlm's images in flight (auto = what caption uses)")
+    ap.add_argument("--parallel", type=int, default=4, help="pictures in flight (caption, batch, llama-server -np)")
     ap.add_argument("--n-batch", type=int, default=512)
+    ap.add_argument("--sides", default=",".join(SIDES), help=f"which of {', '.join(SIDES)} to time")
+    ap.add_argument("--llama-server", type=Path, help="a llama-server binary (else built once from the sdist)")
+    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where llama-server is built")
     ap.add_argument(
         "--long-system", action="store_true", help="a detailed captioning guide (~300 tokens) as the system prompt"
     )
     ap.add_argument(
-        "--shell-loop",
-        type=int,
-        default=0,
-        metavar="K",
-        help="also time a process per image (model reloaded) on K images",
+        "--shell-loop", type=int, default=0, metavar="K", help="also time a process per image (model reloaded) on K"
     )
     ap.add_argument("--out", type=Path, help="the JSON (default: a new file in docs/results/, scripts/resultfile.py)")
     args = ap.parse_args(argv)
+    args.lengths = [int(x) for x in str(args.max_tokens).split(",") if x.strip()]
+    w, _, h = args.size.partition("x")
+    size = (int(w), int(h))
+    wanted = [s for s in args.sides.split(",") if s]
+    if unknown := set(wanted) - set(SIDES):
+        ap.error(f"--sides: no side {', '.join(sorted(unknown))} (choose from {', '.join(SIDES)})")
 
     from resultfile import Run
 
     run = Run("bench_caption")
-    args.lengths = [int(x) for x in str(args.max_tokens).split(",") if x.strip()]
 
     import llama_cpp
     from rich.console import Console
-    from rich.table import Table
 
     con = Console(width=max(Console().width, 150))
     pair = cached_model_pair(args.family, args.preset, 0)
-    runs: dict[int, dict[str, list[dict]]] = {n: {"edgevlm": [], "library": []} for n in args.lengths}
-    captions: dict[int, dict[str, dict]] = {n: {} for n in args.lengths}
+    skipped: dict[str, str] = {}
     shell = None
     with tempfile.TemporaryDirectory(prefix="bench_caption.") as tmp:
         d = Path(tmp)
-        (d / "imgs").mkdir()
-        images = make_images(d / "imgs", args.images)
-        (d / "warm").mkdir()
-        warm = make_images(d / "warm", 1, seed=10_000)  # not one of the timed pictures
+        warm = make_images(d / "warm", 1, seed=10_000, size=size)[0]  # not one of the timed pictures
         t0 = time.perf_counter()
-        edge = EdgeSide(pair.model, pair.mmproj, args)
-        lib = LibrarySide(args.family, pair.model, pair.mmproj, args, edge.stops)
+        edge = EdgeSide(pair.model, pair.mmproj, args)  # batch answers on its model
+        sides: list[Any] = [edge] if "caption" in wanted else []
+        if "batch" in wanted:
+            sides.append(BatchSide(edge, args))
+        llama_server: Path | str | None = None
+        if "llama-server" in wanted:
+            llama_server = find_llama_server(args.llama_server, args.cache)
+            try:
+                if isinstance(llama_server, str):
+                    raise SideSkipped(llama_server)
+                sides.append(LlamaServerSide(llama_server, pair.model, pair.mmproj, args, edge.stops, d))
+            except SideSkipped as exc:
+                skipped["llama-server"] = str(exc)
+                con.print(f"[yellow]llama-server skipped: {exc}[/yellow]")
+        lib = None
+        if "library" in wanted:
+            lib = LibrarySide(args.family, pair.model, pair.mmproj, args, edge.stops)
+            sides.append(lib)
         con.print(
-            f"[dim]{args.family}/{args.preset}: both sides loaded in {time.perf_counter() - t0:.1f} s "
-            f"({lib.handler_name}); {args.images} images, {args.lengths} tokens each, "
-            f"{args.threads} threads, edgevlm {edge.slots} image(s) in flight[/dim]"
+            f"[dim]{args.family}/{args.preset}: {len(sides)} side(s) loaded in {time.perf_counter() - t0:.1f} s; "
+            f"{args.images} pictures of {args.size}, {args.lengths} tokens each, {args.threads} threads, "
+            f"{args.parallel} in flight (edgevlm: {edge.slots} sequences, {edge.running} running; "
+            f"scheduler profile {getattr(THROUGHPUT, 'profile', 'default')})[/dim]"
         )
-        sides = [edge, lib]
-        for s in sides:  # warm-up, not timed
-            s.run(warm, d / f"warm-{s.name}.jsonl", args.lengths[0])
-        for r in range(args.runs):
-            for li, n in enumerate(args.lengths):
-                for s in sides if (r + li) % 2 == 0 else sides[::-1]:  # alternate who goes first
-                    out = d / f"{s.name}-{n}-{r}.jsonl"
-                    with CpuMeter() as m:
-                        res = s.run(images, out, n)
-                    res["busy_others"] = m.others
-                    captions[n][s.name] = res.pop("captions")
-                    runs[n][s.name].append(res)
-                    con.print(
-                        f"[dim]run {r + 1}, {n} tokens: {s.name} {res['wall_s']:.1f} s "
-                        f"(others used {(m.others or 0):.0%} of the CPUs)[/dim]"
-                    )
-        for s in sides:
-            s.close()
+        runs = {n: {s.name: [] for s in sides} for n in args.lengths}
+        captions: dict[int, dict[str, dict]] = {n: {} for n in args.lengths}
+        try:
+            for r in range(args.runs):
+                for li, n in enumerate(args.lengths):
+                    block = r * len(args.lengths) + li
+                    images = make_images(d / f"imgs{block}", args.images, seed=100 + 1000 * block, size=size)
+                    k = block % len(sides)
+                    for s in sides[k:] + sides[:k]:  # rotate who goes first
+                        s.reset()
+                        s.warm(warm, d / f"warm-{s.name}-{block}.jsonl", n)
+                        res = timed(s, images, d / f"{s.name}-{n}-{r}.jsonl", n)
+                        captions[n][s.name] = res.pop("captions")
+                        runs[n][s.name].append(res)
+                        con.print(
+                            f"[dim]run {r + 1}, {n} tokens: {s.name} {res['wall_s']:.1f} s, CPU {res['cpu_s']:.1f} s"
+                            f" (others used {(res['busy_others'] or 0):.0%} of the CPUs)[/dim]"
+                        )
+        finally:
+            for s in sides[::-1]:
+                s.close()
+            if "caption" not in wanted:
+                edge.close()
         if args.shell_loop:
-            with CpuMeter() as m:
-                shell = shell_loop(pair.model, pair.mmproj, images[: args.shell_loop], args, edge.system)
-            shell["busy_others"] = m.others
+            b0, own0, t0 = machine_busy_s(), _own_all(), time.perf_counter()
+            pics = make_images(d / "shell", args.shell_loop, seed=900_000, size=size)
+            shell = shell_loop(pair.model, pair.mmproj, pics, args, edge.system)
+            b1, own1, wall = machine_busy_s(), _own_all(), time.perf_counter() - t0
+            shell["busy_others"] = others(b0, b1, own1 - own0, wall)
 
     nimg = args.images
-    per_length = {}
-    for n in args.lengths:
-        rn = runs[n]
-
-        def med(name: str, key: str, rn=rn) -> float:
-            return float(statistics.median(x[key] for x in rn[name]))
-
-        e_wall, l_wall = med("edgevlm", "wall_s"), med("library", "wall_s")
-        # Runs side by side in time: their ratio cancels slow drift and load from other processes.
-        paired = [round(lb["wall_s"] / ed["wall_s"], 3) for ed, lb in zip(rn["edgevlm"], rn["library"], strict=True)]
-        same = sum(captions[n]["edgevlm"].get(k) == v for k, v in captions[n]["library"].items())
-        per_length[n] = {
-            "edgevlm": rn["edgevlm"],
-            "library": rn["library"],
-            "ratio_images_per_s": round(l_wall / e_wall, 3),
-            "paired_ratios": paired,
-            "ratio_median_of_pairs": round(statistics.median(paired), 3),
-            "edgevlm_engine_share": round(med("edgevlm", "engine_share"), 4),
-            "same_captions": same,
-            "edgevlm_images_per_s": round(nimg / e_wall, 4),
-            "library_images_per_s": round(nimg / l_wall, 4),
-        }
+    per_length = {n: summarise(runs[n], captions[n], nimg) for n in args.lengths}
     result: dict[str, Any] = {
         "config": {
             "family": args.family,
             "preset": args.preset,
             "images": nimg,
+            "size": list(size),
             "runs": args.runs,
             "max_tokens": args.lengths,
             "threads": args.threads,
             "n_ctx": args.n_ctx,
             "n_batch": args.n_batch,
+            "parallel": args.parallel,
+            "sides": [s.name for s in sides],
+            "skipped": skipped,
             "edgevlm_slots": edge.slots,
+            "edgevlm_running": edge.running,
+            "scheduler_profile": getattr(THROUGHPUT, "profile", None),  # None: before the profiles existed
+            "batch": "in this process on the caption side's loaded model (read_batch_file, BatchOutput, run_lines)",
+            "llama_server": (
+                {"binary": str(llama_server), "command": sides_named(sides, "llama-server").cmd[1:]}
+                if sides_named(sides, "llama-server")
+                else None
+            ),
             "system": edge.system,
             "prompt": PROMPT,
-            "library_handler": lib.handler_name,
+            "library_handler": lib.handler_name if lib else None,
             "llama_cpp_python": llama_cpp.__version__,
-            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
         },
         "by_max_tokens": {str(n): v for n, v in per_length.items()},
         "shell_loop": shell,
-        "targets": {
-            str(n): {
-                "speed_ge_1.2": v["ratio_median_of_pairs"] >= SPEED_TARGET,
-                "engine_share_ge_0.95": v["edgevlm_engine_share"] >= SHARE_TARGET,
-            }
-            for n, v in per_length.items()
-        },
+        "targets": {str(n): targets(v) for n, v in per_length.items()},
     }
     print(f"JSON: {run.save(result, args.out)}")
+    report(con, result, args)
+    return 0
 
+
+def sides_named(sides: list[Any], name: str) -> Any:
+    return next((s for s in sides if s.name == name), None)
+
+
+def report(con, result: dict[str, Any], args) -> None:
+    from rich.table import Table
+
+    cfg = result["config"]
+    nimg = cfg["images"]
     t = Table(
-        title=f"captioning {nimg} images ({args.family}/{args.preset}, {'long ' if args.long_system else ''}"
-        f"system prompt; edgevlm {edge.slots} in flight; library: {lib.handler_name} loop; "
-        f"median of {args.runs} run(s))"
+        title=f"captioning {nimg} pictures of {args.size} ({cfg['family']}/{cfg['preset']}, "
+        f"{'long ' if args.long_system else ''}system prompt; {cfg['parallel']} in flight; "
+        f"median of {cfg['runs']} run(s))"
     )
-    for col in (
-        "caption tokens",
-        "side",
-        "wall s",
-        "images/s",
-        "tok/s",
-        "prompt tok evaluated/img",
-        "vs library (pairs)",
-        "in llama.cpp",
-        "others' CPU",
-    ):
+    cols = ["tokens", "side", "wall s", "images/s", "tok/s", "tokens", "CPU s", "CPU s/image"]
+    cols += ["caption ÷ side (pairs)", "CPU caption ÷ side", "others' CPU"]
+    for col in cols:
         t.add_column(col, justify="left" if col == "side" else "right")
-    for n, v in per_length.items():
-        for name, label in (("edgevlm", "edgevlm caption"), ("library", "library loop")):
-            rows = v[name]
-            wall = statistics.median(x["wall_s"] for x in rows)
-            gen = statistics.median(x["generated"] for x in rows)
-            vs = (
-                f"{v['ratio_median_of_pairs']:.2f}x ({', '.join(f'{x:.2f}' for x in v['paired_ratios'])})"
-                if name == "edgevlm"
-                else "1.00x"
-            )
-            share = f"{v['edgevlm_engine_share']:.1%}" if name == "edgevlm" else "-"
+    key = {"llama-server": "caption_vs_llama_server", "library": "caption_vs_library"}
+    verdicts = []
+    for n, v in result["by_max_tokens"].items():
+        ratios = v["ratios"]
+        for name, rows in v["sides"].items():
+            sm = v["summary"][name]
+            vs, cpu = "-", "-"
+            if name in key and key[name] in ratios:
+                q = ratios[key[name]]
+                vs = f"{q['median']:.2f}x ({', '.join(f'{x:.2f}' for x in q['paired'])})"
+                cpu = f"{q['cpu']:.2f}x" if q["cpu"] else "-"
+            elif name == "batch" and "batch_vs_caption" in ratios:
+                q = ratios["batch_vs_caption"]  # shown as caption ÷ batch, as the other rows
+                vs = f"{1 / q['median']:.2f}x (batch {q['median'] - 1:+.1%})"
+                cpu = f"{1 / q['cpu']:.2f}x" if q["cpu"] else "-"
             t.add_row(
-                str(n),
-                label,
-                f"{wall:.2f}",
-                f"{nimg / wall:.3f}",
-                f"{gen / wall:.1f}",
-                f"{statistics.median(x['prompt_evaluated'] for x in rows) / nimg:.0f}",
+                n,
+                LABELS[name] + (f" [red]({sm['errors']} errors)[/red]" if sm["errors"] else ""),
+                f"{sm['wall_s']:.2f}",
+                f"{sm['images_per_s']:.3f}",
+                f"{sm['tok_per_s']:.1f}",
+                f"{sm['generated']:.0f}",
+                f"{sm['cpu_s']:.1f}",
+                f"{sm['cpu_s_per_image']:.2f}",
                 vs,
-                share,
+                cpu,
                 ", ".join(f"{(x['busy_others'] or 0):.0%}" for x in rows),
             )
+        met = result["targets"][n]
+        parts = [
+            f"{'[green]meets' if ok else '[red]misses'} {what}[/]"
+            for what, ok in (
+                ("caption ≥ 1.2× llama-server", met["caption_ge_1.2x_llama_server"]),
+                ("caption ≥ 1.3× library", met["caption_ge_1.3x_library"]),
+                ("batch within 5 % of caption", met["batch_within_5pct_of_caption"]),
+                (f"≥ {SHARE_TARGET:.0%} in llama.cpp", met["caption_engine_share_ge_0.95"]),
+            )
+            if ok is not None
+        ]
+        same = ", ".join(f"{k} {c}/{nimg}" for k, c in v.get("same_captions_as_caption", {}).items())
+        same = f"; same captions as caption: {same}" if same else ""
+        if parts:
+            verdicts.append(f"{n} tokens: " + ", ".join(parts) + same)
+    shell = result["shell_loop"]
     if shell:
-        kk = shell["images"]
-        per = shell["wall_s"] / kk
+        per = shell["wall_s"] / shell["images"]
         t.add_row(
-            str(args.lengths[0]),
-            f"shell loop, model per image ({kk} img)",
+            str(cfg["max_tokens"][0]),
+            f"shell loop, model per image ({shell['images']} img)",
             f"{per * nimg:.2f}*",
             f"{1 / per:.3f}",
             f"{shell['generated'] / shell['wall_s']:.1f}",
-            "-",
+            f"{shell['generated']}",
+            f"{shell['cpu_s']:.1f}",
+            f"{shell['cpu_s'] / shell['images']:.2f}",
             "-",
             "-",
             f"{(shell['busy_others'] or 0):.0%}",
         )
-    verdicts = []
-    for n, v in per_length.items():
-        ok = v["ratio_median_of_pairs"] >= SPEED_TARGET
-        ok2 = v["edgevlm_engine_share"] >= SHARE_TARGET
-        verdicts.append(
-            f"{n} tokens: {'[green]meets' if ok else '[red]misses'} ≥ {SPEED_TARGET}x[/], "
-            f"{'[green]meets' if ok2 else '[red]misses'} ≥ {SHARE_TARGET:.0%} in llama.cpp[/], "
-            f"same captions {v['same_captions']}/{nimg}"
+    caption = "; ".join(verdicts)
+    first = next(iter(result["by_max_tokens"].values()))
+    if first["sides"].get("caption"):
+        e = first["sides"]["caption"][0]
+        caption += (
+            f". caption waited for images {e['wait_ms']:.0f} ms, wrote records {e['write_ms']:.0f} ms, decoded "
+            f"images in the background {e['load_ms_background']:.0f} ms; KV prefix reused {e['cached_per_image']:g} "
+            f"tok/image; {first.get('caption_engine_share', 0):.1%} of its wall time in llama.cpp"
         )
-    e = per_length[args.lengths[0]]["edgevlm"][0]
-    t.caption = (
-        "; ".join(verdicts) + f". edgevlm waited for images {e['wait_ms']:.0f} ms, wrote records "
-        f"{e['write_ms']:.0f} ms, decoded images in the background {e['load_ms_background']:.0f} ms; "
-        f"KV prefix reused {e['cached_per_image']:g} tok/image" + (" (* = extrapolated to N)" if shell else "")
-    )
+    t.caption = caption + (" (* = extrapolated to N)" if shell else "")
     con.print(t)
-    con.print(f"[dim]wrote {args.out}[/dim]")
-    return 0
+    for name, why in cfg["skipped"].items():
+        con.print(f"[yellow]{name} skipped: {why}[/yellow]")
 
 
 if __name__ == "__main__":

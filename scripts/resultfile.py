@@ -30,8 +30,15 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 
 
-# what a benchmark's numbers depend on besides its own script
-CODE = ["edgevlm", "testkit", "pyproject.toml", "scripts/resultfile.py", "scripts/peer_servers.py"]
+# what a benchmark's numbers depend on besides its own script (the helpers benchmarks import too)
+CODE = [
+    "edgevlm",
+    "testkit",
+    "pyproject.toml",
+    "scripts/resultfile.py",
+    "scripts/peer_servers.py",
+    "scripts/caption_sides.py",
+]
 
 
 def _code() -> list[str]:
