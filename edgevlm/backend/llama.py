@@ -28,6 +28,7 @@ from . import logs
 from .counting import CHUNK_AUDIO, CHUNK_IMAGE, CHUNK_TEXT, Chunk, Chunks, MtmdTokenizer  # noqa: F401
 from .sampling import SamplingParams
 from .system import default_threads, install_log_sink, placement
+from .threads import EncoderThreads
 from .tokrows import open_token_rows
 
 if TYPE_CHECKING:
@@ -193,6 +194,10 @@ class Backend(MtmdTokenizer):
         if not mtmd_cpp.mtmd_support_vision(self.mctx):
             self.close()
             raise ModelPairError(f"{self.mmproj_path}: projector has no vision support")
+        # the encoder's threads per encode and the decoder's per batch (threads): all n_threads
+        # for whichever runs alone, a split of them while both run
+        self.encoder_threads = EncoderThreads(self.mctx, self.n_threads, bool(verbose))
+        self.decode_threads = self.n_threads
         self.marker = mtmd_cpp.mtmd_default_marker().decode()
         self._counts: OrderedDict[tuple[int, int], ImageTokens] = OrderedDict()
         # from here on, projector types without edgevlm arithmetic are counted by mtmd itself
@@ -285,9 +290,18 @@ class Backend(MtmdTokenizer):
         return toks
 
     # --- evaluation -------------------------------------------------------------------
-    def encode_image(self, chunk: Chunk) -> np.ndarray:
-        """Run the vision encoder on an image chunk; returns a (n_tokens, n_embd) float32 copy."""
+    def set_decode_threads(self, n: int) -> None:
+        """The decoder's thread count for the batches from now on (at most ``n_threads``)."""
+        n = max(1, min(n, self.n_threads))
+        if n != self.decode_threads:
+            self.llama_cpp.llama_set_n_threads(self._llm.ctx, n, n)
+            self.decode_threads = n
+
+    def encode_image(self, chunk: Chunk, threads: int | None = None) -> np.ndarray:
+        """Run the vision encoder on an image chunk with ``threads`` (default: all ``n_threads``;
+        ``EncoderThreads``); returns a (n_tokens, n_embd) float32 copy."""
         with self.mtmd_lock:
+            self.encoder_threads.set(max(1, min(threads or self.n_threads, self.n_threads)))
             rc = self.mtmd.mtmd_encode_chunk(self.mctx, chunk.handle)
             if rc != 0:
                 raise BackendError(f"image encoding failed (code {rc})")

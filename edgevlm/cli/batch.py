@@ -249,6 +249,8 @@ def _here(
                     parallel,
                     wishes.sequences,
                 )
+                from ..runtime.scheduler import THROUGHPUT
+
                 vlm = load_model(
                     model,
                     mmproj,
@@ -258,6 +260,7 @@ def _here(
                     n_threads=threads,
                     n_seq_max=lambda plan: layout(plan)[0],
                     parallel=lambda plan: layout(plan)[1],
+                    scheduler_options=THROUGHPUT,  # a batch file: nobody watches a stream
                     **planning.probe_args,
                 )
                 options = _named(options, spec, model)

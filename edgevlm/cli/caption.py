@@ -364,6 +364,7 @@ def caption(
                     )
                 if job.needs_model():
                     from ..runtime.engine import EngineOptions
+                    from ..runtime.scheduler import THROUGHPUT
                     from .loading import load_model
 
                     vlm = load_model(
@@ -375,6 +376,7 @@ def caption(
                         n_threads=threads,
                         **planning.probe_args,
                         n_seq_max=lambda plan: caption_slots(plan.n_ctx, plan.image_max_tokens, settings, parallel),
+                        scheduler_options=THROUGHPUT,  # nobody watches a caption stream
                     )
                     if merge.enabled and not vlm.merging:
                         ui.note(

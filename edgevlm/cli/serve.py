@@ -9,6 +9,7 @@ import sys
 import click
 
 from ..plan.devices import format_size
+from ..runtime.scheduler import PROFILES, SchedulerOptions
 from ..serve.options import ServeOptions
 from .common import (
     AutoInt,
@@ -57,6 +58,14 @@ __all__ = ["serve"]
     default="auto",
     show_default=True,
     help="Requests generated together in one batch (auto: up to 4, as many as the context holds).",
+)
+@click.option(
+    "--profile",
+    type=click.Choice(PROFILES),
+    default=SchedulerOptions.profile,
+    show_default=True,
+    help="latency: running streams keep their pace while pictures come in (chat clients); "
+    "throughput: the least CPU per request, for servers whose clients only run batch jobs.",
 )
 @click.option(
     "--queue",
@@ -144,6 +153,7 @@ def serve(
     port,
     ollama_port,
     parallel,
+    profile,
     queue,
     cache_ram,
     api_key,
@@ -252,6 +262,7 @@ def serve(
             n_threads=threads,
             n_seq_max=sequences,
             parallel=slots,
+            scheduler_options=SchedulerOptions(profile=profile),
             verbose=verbose,
         )
         where = ", ".join(f"http://{h}:{p}" for h, p in bound(server)) or f"http://{host}:{port}"

@@ -28,6 +28,7 @@ from ..jobs.records import Entry
 from ..plan.planner import Wishes
 from ..runtime.engine import EngineOptions
 from ..runtime.model import LoadedModel
+from ..runtime.scheduler import THROUGHPUT
 from ..serve.batchfile import BatchLine
 from ..serve.batchrun import answer_lines
 from ..serve.options import ServeOptions, serve_layout
@@ -56,7 +57,15 @@ def _load_lock() -> FileLock:
 def _load(spec: ActorSpec, **kw: Any) -> LoadedModel:
     with _load_lock():  # one download, and one measurement-then-load at a time, per node
         model, mmproj = local_files(spec.model, spec.mmproj)
-        return load(model, mmproj, wishes=spec.wishes, n_threads=spec.threads, verbose=spec.verbose, **kw)
+        return load(
+            model,
+            mmproj,
+            wishes=spec.wishes,
+            n_threads=spec.threads,
+            verbose=spec.verbose,
+            scheduler_options=THROUGHPUT,  # batch work: nobody watches a stream
+            **kw,
+        )
 
 
 def encode_result(res: Any) -> str:

@@ -105,15 +105,15 @@ class ImageUnit:
             c["reused"] += 1
         return emb
 
-    def encode(self, ci: int, backend: Backend) -> np.ndarray:
+    def encode(self, ci: int, backend: Backend, threads: int | None = None) -> np.ndarray:
         """Run the vision encoder on chunk ``ci`` now (any thread: the unit stays open
-        meanwhile) and keep its embeddings."""
+        meanwhile; with ``threads`` of the backend's, default all) and keep its embeddings."""
         with self.lock:
             self.check()
             emb = self.embeddings.get(ci)
             if emb is None:
                 t0 = time.perf_counter()
-                emb = backend.encode_image(self.chunks[ci])
+                emb = backend.encode_image(self.chunks[ci], threads)
                 self.encode_ms[ci] = (time.perf_counter() - t0) * 1000
                 self.embeddings[ci] = emb
             return emb

@@ -64,7 +64,17 @@ from .requests import WAIT, Client, GenerationResponse, Request, Sequence
 from .stats import build_stats
 from .stepcost import StepCosts
 
-__all__ = ["Client", "GenerationResponse", "Request", "Scheduler", "SchedulerOptions", "Sequence", "WAIT"]
+__all__ = [
+    "PROFILES",
+    "THROUGHPUT",
+    "WAIT",
+    "Client",
+    "GenerationResponse",
+    "Request",
+    "Scheduler",
+    "SchedulerOptions",
+    "Sequence",
+]
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,20 @@ class SchedulerOptions:
     cache_ram: int = 0  # host RAM for idle conversations moved out of the KV cache (0: drop them)
     prefill_share: float = 0.6  # prompt work per step beside running streams, as a share of their own
     # (steps are steered to 1.6x on average; their p95, jitter included, ~1.2x that: within 2x. 0.7: 1.5-2.05x)
+    # "latency" (chat, serve): running streams keep their pace — prompt work in slices beside them
+    # (prefill_share), a long encode beside them on part of the cores (encoder). "throughput"
+    # (caption, batch files, Ray; serve --profile throughput): nobody watches a stream — every
+    # step fills the batch with prompt rows, and every picture is encoded as a step of its own
+    # on all the cores: the least CPU per request.
+    profile: str = "latency"
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"scheduler profile {self.profile!r}: use one of {', '.join(PROFILES)}")
+
+
+PROFILES = ("latency", "throughput")
+THROUGHPUT = SchedulerOptions(profile="throughput")  # what batch work loads with
 
 
 class Scheduler:
@@ -92,6 +116,7 @@ class Scheduler:
         self.host_cache = HostKVCache(options.cache_ram)
         self.placer = Placer(self.kv, self.host_cache, backend, backend.n_ctx)
         self.encoder = Encoder(backend)
+        self.throughput = options.profile == "throughput"
         self.llama_ms = 0.0  # time inside llama.cpp / mtmd (encode, decode, sampling)
         self.lock = threading.RLock()
         self._clock = itertools.count(1)
@@ -233,14 +258,19 @@ class Scheduler:
                 return []
             done: list[Sequence] = []
             gen = [s for s in running if s.running.generating]
-            short = 0 < self.encoder.cost_ms <= self.costs.batch_ms(self.backend.n_ubatch)
-            self.encoder.set_inline(short)
-            if (not gen or short) and self.encoder.run_here():
-                # an encode is this step's work (nobody generates, or it is no longer than a
-                # micro-batch of prompt rows), not beside the streams' (encoder)
-                self.counters["steps"] += 1
-                return []
-            idle = not gen and self.encoder.busy  # ... and while the thread encodes, prompt work waits
+            enc = self.encoder
+            if enc.queued:  # where the next picture is encoded (encoder)
+                short = 0 < enc.cost_ms <= self.costs.batch_ms(self.backend.n_ubatch)
+                if (self.throughput or not gen or short or not enc.can_go_beside) and enc.run_here():
+                    # a step of its own on all the cores: nobody generates, it is no longer than
+                    # a micro-batch of prompt rows, or nobody watches the streams (throughput)
+                    self.counters["steps"] += 1
+                    return []
+                if gen:
+                    enc.start_beside()
+            # the decoder's threads: what the encoder thread leaves, or all of them
+            self.backend.set_decode_threads(enc.decoder_beside if enc.beside else enc.cores)
+            idle = not gen and enc.busy  # ... and while the thread encodes, prompt work waits
             if not idle:
                 done, idle = self._step(running, gen)
         if idle:  # every request waits for a picture the encoder is on: wait with it
@@ -252,7 +282,8 @@ class Scheduler:
         done: list[Sequence] = []
         room = self.backend.n_batch - len(gen)
         mix = self.backend.mixes_tokens  # tokens and a picture's rows in one batch (tokrows)
-        rows = self.costs.rows(len(gen), room, mix)  # prompt rows this step (stepcost)
+        # prompt rows this step (stepcost); in the throughput profile, all the batch holds
+        rows = room if self.throughput else self.costs.rows(len(gen), room, mix)
         groups = [(s, 1) for s in gen]
         picture: tuple[Slot, int] | None = None
         prompts = sorted(
@@ -268,8 +299,9 @@ class Scheduler:
             if not seq.pending[0].is_text:
                 if picture is None and self._feed_ready(s, done):
                     n = seq.feeding.left if seq.feeding.non_causal else min(rows, seq.feeding.left)
-                    if not gen and any(k == len(g.running.pending) for g, k in groups):  # a first token
-                        if seq.feeding.non_causal:  # waits on this step: a slice as beside a stream
+                    first = any(k == len(g.running.pending) for g, k in groups)  # a first token ...
+                    if not gen and first and not self.throughput:  # ... that waits on this step
+                        if seq.feeding.non_causal:  # (a slice as beside a stream)
                             continue
                         n = min(n, self.costs.rows(1, room, mix))
                     picture = (s, n)

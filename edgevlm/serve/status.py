@@ -59,6 +59,9 @@ def status(server: Server) -> dict[str, Any]:
         # keeping a conversation's cells); at most max_running of them generate at once
         slots={"total": sched.n_slots, "busy": worker.running, "max_running": sched.max_running},
         kv=sched.status(),
+        # the scheduler's profile, and the threads of the encoder's and the decoder's ggml teams
+        profile=sched.options.profile,
+        threads=sched.encoder.to_dict(),
         # admitted: every request in, from its body's first byte to its last event (the door's count)
         queue={"waiting": worker.queued, "limit": server.options.queue, "admitted": server.service.admitted},
         context={"n_ctx": sched.n_ctx, "cells_used": sched.cells_used()},
