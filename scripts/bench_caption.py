@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             f"[dim]{args.family}/{args.preset}: {len(sides)} side(s) loaded in {time.perf_counter() - t0:.1f} s; "
             f"{args.images} pictures of {args.size}, {args.lengths} tokens each, {args.threads} threads, "
             f"{args.parallel} in flight (edgevlm: {edge.slots} sequences, {edge.running} running; "
-            f"scheduler profile {getattr(THROUGHPUT, 'profile', 'default')})[/dim]"
+            f"scheduler profile {THROUGHPUT.profile})[/dim]"
         )
         runs = {n: {s.name: [] for s in sides} for n in args.lengths}
         captions: dict[int, dict[str, dict]] = {n: {} for n in args.lengths}
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             "skipped": skipped,
             "edgevlm_slots": edge.slots,
             "edgevlm_running": edge.running,
-            "scheduler_profile": getattr(THROUGHPUT, "profile", None),  # None: before the profiles existed
+            "scheduler_profile": THROUGHPUT.profile,
             "batch": "in this process on the caption side's loaded model (read_batch_file, BatchOutput, run_lines)",
             "llama_server": (
                 {"binary": str(llama_server), "command": sides_named(sides, "llama-server").cmd[1:]}

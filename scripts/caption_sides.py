@@ -26,14 +26,8 @@ import psutil
 from peer_servers import free_port, launch, llama_server_cmd
 from PIL import Image, ImageDraw
 
+from edgevlm.runtime.scheduler import THROUGHPUT
 from edgevlm_testkit.peers import same_kernels
-
-try:
-    from edgevlm.runtime.scheduler import THROUGHPUT
-except ImportError:  # TEMPORARY (#48): until the scheduler's throughput profile is on main, the defaults
-    from edgevlm.runtime.scheduler import SchedulerOptions
-
-    THROUGHPUT = SchedulerOptions()
 
 __all__ = [
     "LONG_SYSTEM",
@@ -169,14 +163,8 @@ class EdgeSide(_Side):
     def reset(self) -> None:
         """Nothing of an earlier block kept: the KV cache, the host cache and the pictures'
         embeddings emptied (caption and batch caption the same pictures on this one model)."""
-        sched = self.vlm.scheduler
-        sched.clear()
-        cache, units = sched.images, sched.images.max_units
-        cache.max_units = 0
-        try:
-            cache.trim()
-        finally:
-            cache.max_units = units
+        self.vlm.scheduler.clear()
+        self.vlm.scheduler.images.clear()
 
     def run(self, images: list[Path], out: Path, max_tokens: int) -> dict[str, Any]:
         from edgevlm.caption import CaptionSettings
