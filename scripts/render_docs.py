@@ -8,7 +8,8 @@
 A block sits between ``<!-- results:STEM:PART -->`` and ``<!-- /results:STEM:PART -->``: STEM
 names the results file (``docs/results/STEM.json``, which must exist), PART what is shown of it.
 Which PARTs a file has depends on its benchmark (its ``"benchmark"`` field, or ``gpu_check``
-for ``gpu-check-*.json``): ``scripts/render_gpu.py``, ``render_serve.py`` and ``render_tables.py`` hold them.
+for ``gpu-check-*.json``): ``scripts/render_gpu.py``, ``render_serve.py``, ``render_caption.py``
+and ``render_tables.py`` hold them.
 Everything between the markers is replaced; what is outside them is the docs' own text.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import render_caption
 import render_gpu
 import render_serve
 import render_tables
@@ -37,6 +39,7 @@ Part = Callable[[dict[str, Any], str], str]
 PARTS: dict[str, dict[str, Part]] = {
     "gpu_check": render_gpu.PARTS,
     "bench_serve": render_serve.PARTS,
+    "bench_caption": render_caption.PARTS,
     **render_tables.PARTS,
 }
 

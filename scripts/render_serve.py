@@ -2,7 +2,9 @@
 (``scripts/render_docs.py``): ``chats`` (a picture per conversation), ``chats-shared`` (one
 picture for all; runs with ``--shared-picture``), ``decode`` and ``readme``. Every column comes
 from the run's JSON: requests/s, turn-3 TTFT p50 and the ITL p95 beside a new picture and
-without one, per server and client count; generated tokens/s per stream count."""
+without one, and the server's CPU seconds per request, per server and client count; generated
+tokens/s and CPU seconds per 1,000 tokens per stream count. Runs made before the CPU was read
+(no ``cpu_s`` in their rows) show "–" there."""
 
 from __future__ import annotations
 
@@ -29,11 +31,28 @@ def _ms(x: float | None) -> str:
     return "–" if x is None else f"{x:.0f}"
 
 
+def _cpu(r: D | None, key: str) -> float | None:
+    return r.get(key) if r else None
+
+
+def _cpus(row: dict[str, D | None], key: str) -> list[str]:
+    """Each server's CPU seconds (per request, per 1k tokens), and edgevlm's ÷ llama-server's."""
+    v = {s: _cpu(r, key) for s, r in row.items()}
+    cells = ["–" if x is None else f"{x:.2f}" if x >= 0.1 else f"{x:.3f}" for x in v.values()]
+    return [*cells, _ratio(v["edgevlm"], v["llama-server"])]
+
+
+def _profile(d: D) -> str:
+    p = (d["result"].get("args") or {}).get("profile")
+    return f"`edgevlm serve --profile {p}`:\n\n" if p and p != "None" else ""
+
+
 def chats(d: D, shared: bool) -> str:
     by = _by(d, shared)
     head = ["clients", "req/s edgevlm", "llama-server", "llama_cpp.server", "÷ llama-server"]
     head += ["turn-3 TTFT p50 edgevlm", "llama-server", "llama_cpp.server", "÷ llama-server"]
     head += ["ITL p95 edgevlm, beside a new picture / without (ms)", "llama-server"]
+    head += ["CPU-s / request edgevlm", "llama-server", "llama_cpp.server", "CPU ÷ llama-server"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for n in sorted({c for _, c in by}):
         row = {s: by.get((s, n)) for s in SERVERS}
@@ -45,21 +64,22 @@ def chats(d: D, shared: bool) -> str:
         itl = [f"{_ms(r['itl_p95_admitting_ms'])} / {_ms(r['itl_p95_ms'])}" if r else "–" for r in (e, ls)]
         cells = [str(n), *req, _ratio(e and e["req_per_s"], ls and ls["req_per_s"])]
         cells += [*ttft, _ratio(e and e.get("ttft_p50_turn3"), ls and ls.get("ttft_p50_turn3")), *itl]
+        cells += _cpus(row, "cpu_s_per_request")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return _profile(d) + "\n".join(lines)
 
 
 def decode(d: D, stem: str) -> str:
     by = {(r["server"], r["streams"]): r for r in d["result"]["decode"]}
-    lines = ["| streams | edgevlm | llama-server | llama_cpp.server | ÷ llama-server |", "|---:|---:|---:|---:|---:|"]
+    head = ["streams", "edgevlm", "llama-server", "llama_cpp.server", "÷ llama-server"]
+    head += ["CPU-s / 1k tokens edgevlm", "llama-server", "llama_cpp.server", "CPU ÷ llama-server"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for n in sorted({s for _, s in by}):
-        row = [by.get((s, n)) for s in SERVERS]
-        cells = [f"{r['tok_per_s']:,.0f}" if r else "–" for r in row]
-        lines.append(
-            f"| {n} | "
-            + " | ".join(cells)
-            + f" | {_ratio(row[0] and row[0]['tok_per_s'], row[1] and row[1]['tok_per_s'])} |"
-        )
+        row = {s: by.get((s, n)) for s in SERVERS}
+        e, ls = row["edgevlm"], row["llama-server"]
+        cells = [str(n), *[f"{r['tok_per_s']:,.0f}" if r else "–" for r in row.values()]]
+        cells += [_ratio(e and e["tok_per_s"], ls and ls["tok_per_s"]), *_cpus(row, "cpu_s_per_1k_tokens")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + source(d, stem)
 
 
@@ -74,6 +94,19 @@ def readme(d: D, stem: str) -> str:
         ]
         if rs:
             spans.append(f"{min(rs):.2f}–{max(rs):.2f}× {what}")
+    cpu = []
+    for shared in (True, False):
+        by = _by(d, shared)
+        cpu += [
+            e["cpu_s_per_request"] / ls["cpu_s_per_request"]
+            for (s, n), e in by.items()
+            if s == "edgevlm"
+            and (ls := by.get(("llama-server", n)))
+            and e.get("cpu_s_per_request")
+            and ls.get("cpu_s_per_request")
+        ]
+    if cpu:
+        spans[-1] += f"; CPU-s per request {min(cpu):.2f}–{max(cpu):.2f}× llama-server's"
     ns = sorted({r["clients"] for r in d["result"]["chats"]})
     return (
         f"| `edgevlm serve` vs `llama-server` (same llama.cpp), {ns[0]}–{ns[-1]} users in 3-turn chats | requests/s "

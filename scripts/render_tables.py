@@ -502,52 +502,6 @@ def video_readme(d: D, stem: str) -> str:
     )
 
 
-# --- bench_caption ------------------------------------------------------------------------------
-def caption_rows(d: D) -> list[list[str]]:
-    r = d["result"]
-    n = r["config"]["images"]
-    system = "the default" if "--long-system" not in d["command"] else "a long guide (`--long-system`)"
-    rows = []
-    for length, v in r["by_max_tokens"].items():
-        ev = {k: _median([x["prompt_evaluated"] for x in v[k]]) / n for k in ("edgevlm", "library")}
-        rows.append(
-            [
-                system,
-                length,
-                f"{v['edgevlm_images_per_s']:.3f}",
-                f"{v['library_images_per_s']:.3f}",
-                f"**{v['ratio_median_of_pairs']:.2f}×** ({', '.join(f'{x:.2f}' for x in v['paired_ratios'])})",
-                f"{ev['edgevlm']:.0f} vs {ev['library']:.0f}",
-                f"{v['edgevlm_engine_share']:.1%}".replace("%", " %"),
-                ", ".join(_pct(x["busy_others"]) for x in v["edgevlm"] + v["library"]),
-            ]
-        )
-    return rows
-
-
-def caption_table(d: D, stem: str) -> str:
-    cfg = d["result"]["config"]
-    head = ["system prompt", "caption tokens", "edgevlm images/s", "library loop images/s", "ratio (per run)"]
-    head += ["prompt tokens evaluated / image", "inside llama.cpp", "others' CPU per run"]
-    return (
-        f"{cfg['family']}/{cfg['preset']}, {cfg['images']} pictures, {cfg['runs']} runs side by side, "
-        f"edgevlm {cfg['edgevlm_slots']} in flight, {cfg['threads']} threads:\n\n"
-        + _table(head, caption_rows(d), {1, 2, 3, 4, 6})
-        + "\n\n"
-        + _src(d, stem)
-    )
-
-
-def caption_readme(d: D, stem: str) -> str:
-    r = d["result"]
-    ratios = sorted(v["ratio_median_of_pairs"] for v in r["by_max_tokens"].values())
-    span = f"{ratios[0]:.2f}" + (f"–{ratios[-1]:.2f}" if len(ratios) > 1 else "")
-    return (
-        f"| `edgevlm caption` vs a llama-cpp-python loop, {r['config']['family']}/{r['config']['preset']} shapes | "
-        f"{span}× the images/s | [caption.md](docs/caption.md) ([run](docs/results/{stem}.json)) |"
-    )
-
-
 def _median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
@@ -562,5 +516,4 @@ PARTS: dict[str, dict[str, Callable[[D, str], str]]] = {
     "bench_planner": {"table": planner_table, "readme": planner_readme},
     "soak_serve": {"table": soak_table, "readme": soak_readme},
     "bench_video": {"table": video_table, "readme": video_readme},
-    "bench_caption": {"table": caption_table, "readme": caption_readme},
 }

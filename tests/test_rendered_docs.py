@@ -198,3 +198,114 @@ def test_bench_serve_runs_render_every_column_serve_md_shows(tmp_path):
     row = render.part(stem, "readme", tmp_path)
     assert "4–4 users" in row
     assert "2.38–2.38× with a shared picture, 0.82–0.82× with a picture each" in row
+
+
+def test_bench_serve_runs_render_the_cpu_each_request_cost(tmp_path):
+    """Issue #48: the chats and decode tables gain each server's CPU seconds (per request, per
+    1,000 tokens) and edgevlm's ÷ llama-server's; a run without them shows "–" there."""
+    render = _module("render_docs")
+    resultfile = _module("resultfile")
+
+    def chat(server, n, rps, cpu):
+        row = {"server": server, "clients": n, "shared_picture": False, "req_per_s": rps, "ttft_p50_turn3": 0.5}
+        row |= {"itl_p95_admitting_ms": 60.0, "itl_p95_ms": 40.0}
+        return row | ({"cpu_s": cpu * 10, "cpu_s_per_request": cpu} if cpu is not None else {})
+
+    result = {
+        "args": {"profile": "throughput"},
+        "chats": [chat("edgevlm", 8, 0.9, 2.31), chat("llama-server", 8, 0.9, 2.71), chat("edgevlm", 16, 0.9, None)],
+        "decode": [
+            {"server": "edgevlm", "streams": 8, "tok_per_s": 7505.0, "cpu_s": 1.0, "cpu_s_per_1k_tokens": 0.5},
+            {"server": "llama-server", "streams": 8, "tok_per_s": 6279.0, "cpu_s": 1.0, "cpu_s_per_1k_tokens": 0.25},
+        ],
+    }
+    resultfile.Run("bench_serve").save(result, tmp_path / "bench_serve-20000101-abcdef0.json")
+    stem = "bench_serve-20000101-abcdef0"
+    own = render.part(stem, "chats", tmp_path)
+    assert own.startswith("`edgevlm serve --profile throughput`:")
+    assert "| 60 / 40 | 60 / 40 | 2.31 | 2.71 | – | **0.85×** |" in own
+    assert own.splitlines()[-1].startswith("| 16 | 0.90 | – |")
+    assert own.splitlines()[-1].endswith("| – | – | – | – |")
+    decode = render.part(stem, "decode", tmp_path)
+    assert "| 8 | 7,505 | 6,279 | – | **1.20×** | 0.50 | 0.25 | – | **2.00×** |" in decode
+    assert "CPU-s per request 0.85–0.85× llama-server's" in render.part(stem, "readme", tmp_path)
+
+
+def _caption_side(wall, gen, cpu, others=0.01, **extra):
+    return {"wall_s": wall, "generated": gen, "cpu_s": cpu, "cpu_s_per_image": cpu / 24, "busy_others": others} | extra
+
+
+def test_bench_caption_runs_render_the_four_sides_their_cpu_and_the_targets(tmp_path):
+    """Issue #48: caption, batch, the llama-server script and the library loop, each with images/s,
+    completion tokens/s and total, CPU seconds per picture, caption ÷ the side (per run) and the
+    targets met or missed — a side that was skipped is said so."""
+    render = _module("render_docs")
+    resultfile = _module("resultfile")
+    sides = {
+        "caption": [_caption_side(48.0, 768, 96.0, engine_share=0.97)],
+        "batch": [_caption_side(50.0, 768, 99.0)],
+        "library": [_caption_side(72.0, 768, 130.0)],
+    }
+    summary = {
+        k: {"wall_s": v[0]["wall_s"], "images_per_s": 24 / v[0]["wall_s"], "tok_per_s": 768 / v[0]["wall_s"]}
+        | {"generated": 768, "cpu_s": v[0]["cpu_s"], "cpu_s_per_image": v[0]["cpu_s_per_image"], "errors": 0}
+        for k, v in sides.items()
+    }
+    ratios = {
+        "caption_vs_library": {"median": 1.5, "paired": [1.5], "cpu": 0.738},
+        "batch_vs_caption": {"median": 0.96, "paired": [0.96], "cpu": 1.031},
+    }
+    config = {"family": "llava15", "preset": "real", "images": 24, "size": [640, 480], "runs": 1, "threads": 2}
+    config |= {"n_ctx": 4096, "parallel": 4, "scheduler_profile": "throughput"}
+    config["skipped"] = {"llama-server": "no llama-server binary"}
+    result = {
+        "config": config,
+        "by_max_tokens": {"32": {"sides": sides, "summary": summary, "ratios": ratios, "caption_engine_share": 0.97}},
+        "targets": {
+            "32": {
+                "caption_ge_1.2x_llama_server": None,
+                "caption_ge_1.3x_library": True,
+                "batch_within_5pct_of_caption": True,
+                "caption_engine_share_ge_0.95": True,
+            }
+        },
+    }
+    resultfile.Run("bench_caption").save(result, tmp_path / "bench_caption-20000101-abcdef0.json")
+    stem = "bench_caption-20000101-abcdef0"
+    table = render.part(stem, "table", tmp_path)
+    assert "24 pictures of 640×480, 1 run(s) side by side, 4 in flight" in table
+    assert "| 32 | `edgevlm caption` | 0.500 | 16.0 | 768 | 4.00 | 48.0 | – | – | 1 % |" in table
+    batch = "| 32 | `edgevlm batch` | 0.480 | 15.4 | 768 | 4.12 | 50.0 | **1.04×** (batch -4.0 %) | 0.97× | 1 % |"
+    assert batch in table
+    assert "| 32 | llama-cpp-python loop | 0.333 | 10.7 | 768 | 5.42 | 72.0 | **1.50×** (1.50) | 0.74× | 1 % |" in table
+    assert "caption ≥ 1.3× the library loop: met; batch within 5 % of caption: met" in table
+    assert "1.2× the llama-server" not in table
+    assert "`llama-server` script skipped: no llama-server binary." in table
+    row = render.part(stem, "readme", tmp_path)
+    assert "| 1.50× the llama-cpp-python loop's images/s; `edgevlm batch` -4 % against caption |" in row
+
+
+def test_bench_caption_runs_made_before_the_four_sides_still_render(tmp_path):
+    """A run of edgevlm against the loop alone (before issue #48) renders as it did."""
+    render = _module("render_docs")
+    resultfile = _module("resultfile")
+    old = [{"wall_s": 20.0, "prompt_evaluated": 4944, "busy_others": 0.01}]
+    lib = [{"wall_s": 24.0, "prompt_evaluated": 5592, "busy_others": 0.0}]
+    result = {
+        "config": {"family": "llava15", "preset": "real", "images": 8, "runs": 1, "threads": 2, "edgevlm_slots": 4},
+        "by_max_tokens": {
+            "16": {
+                "edgevlm": old,
+                "library": lib,
+                "ratio_median_of_pairs": 1.2,
+                "paired_ratios": [1.2],
+                "edgevlm_engine_share": 0.992,
+                "edgevlm_images_per_s": 0.4,
+                "library_images_per_s": 0.333,
+            }
+        },
+    }
+    resultfile.Run("bench_caption").save(result, tmp_path / "bench_caption-20000101-abcdef0.json")
+    stem = "bench_caption-20000101-abcdef0"
+    assert "| 16 | 0.400 | 0.333 | **1.20×** (1.20) | 618 vs 699 | 99.2 % |" in render.part(stem, "table", tmp_path)
+    assert "1.20× the images/s" in render.part(stem, "readme", tmp_path)
