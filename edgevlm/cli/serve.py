@@ -9,7 +9,7 @@ import sys
 import click
 
 from ..plan.devices import format_size
-from ..runtime.scheduler import PROFILES, SchedulerOptions
+from ..runtime.sched_options import PROFILES, SchedulerOptions
 from ..serve.options import ServeOptions
 from .common import (
     AutoInt,

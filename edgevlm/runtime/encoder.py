@@ -97,6 +97,24 @@ class Encoder:
     def pending(self) -> int:
         return len(self._queue) + self.busy
 
+    def place(self, generating: bool, throughput: bool, batch_ms: float) -> bool:
+        """Where the next queued picture is encoded (module doc): True when the caller's thread
+        has just encoded it (a step of its own, on all the cores); otherwise the thread may have
+        been started on it. ``batch_ms``: what a micro-batch of prompt rows takes."""
+        if not self._queue:
+            return False
+        short = 0 < self.cost_ms <= batch_ms
+        if (throughput or not generating or short or not self.can_go_beside) and self.run_here():
+            return True
+        if generating:
+            self.start_beside()
+        return False
+
+    @property
+    def decoder_threads(self) -> int:
+        """The decoder's threads now: what the thread leaves while it encodes, else all."""
+        return self.decoder_beside if self.beside else self.cores
+
     def run_here(self) -> bool:
         """Encode the next queued chunk in the caller's thread, with all the cores; False when
         none is queued or the thread is on one (its part of the cores is taken)."""

@@ -21,7 +21,9 @@ cache of idle conversations (``cache_ram``), and the step loop.
   — samples, and returns the requests that finished. Prompt work goes least remaining first,
   then in arrival order: a follow-up turn gets its first token before a new picture's hundreds
   of rows are through. A picture is encoded as a step of its own when that takes no longer
-  than a micro-batch, else by the encoder thread meanwhile (``encoder``).
+  than a micro-batch, else by the encoder thread meanwhile on part of the cores, the decoder
+  keeping the rest (``encoder``). The throughput profile (``sched_options``: batch work) fills
+  every step's batch with prompt rows and encodes every picture as a step of its own.
 - ``stream(seq)`` yields one request's text as it is generated, stepping as needed.
 
 Every KV cell is accounted for (``kvcells``), every reply's cells are reserved when its request
@@ -44,7 +46,6 @@ import itertools
 import threading
 import time
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import Any
 
 from ..backend.llama import Backend
@@ -61,44 +62,11 @@ from .kvcells import KVCells, Slot
 from .placement import Placer
 from .prompt import PromptRenderer
 from .requests import WAIT, Client, GenerationResponse, Request, Sequence
+from .sched_options import THROUGHPUT, SchedulerOptions
 from .stats import build_stats
 from .stepcost import StepCosts
 
-__all__ = [
-    "PROFILES",
-    "THROUGHPUT",
-    "WAIT",
-    "Client",
-    "GenerationResponse",
-    "Request",
-    "Scheduler",
-    "SchedulerOptions",
-    "Sequence",
-]
-
-
-@dataclass(frozen=True)
-class SchedulerOptions:
-    image_cache_units: int = 32  # pictures whose embeddings are kept for reuse
-    image_cache_bytes: int = 512 * 2**20
-    max_running: int | None = None  # requests generating at once (None: one per sequence id)
-    cache_ram: int = 0  # host RAM for idle conversations moved out of the KV cache (0: drop them)
-    prefill_share: float = 0.6  # prompt work per step beside running streams, as a share of their own
-    # (steps are steered to 1.6x on average; their p95, jitter included, ~1.2x that: within 2x. 0.7: 1.5-2.05x)
-    # "latency" (chat, serve): running streams keep their pace — prompt work in slices beside them
-    # (prefill_share), a long encode beside them on part of the cores (encoder). "throughput"
-    # (caption, batch files, Ray; serve --profile throughput): nobody watches a stream — every
-    # step fills the batch with prompt rows, and every picture is encoded as a step of its own
-    # on all the cores: the least CPU per request.
-    profile: str = "latency"
-
-    def __post_init__(self) -> None:
-        if self.profile not in PROFILES:
-            raise ValueError(f"scheduler profile {self.profile!r}: use one of {', '.join(PROFILES)}")
-
-
-PROFILES = ("latency", "throughput")
-THROUGHPUT = SchedulerOptions(profile="throughput")  # what batch work loads with
+__all__ = ["THROUGHPUT", "WAIT", "Client", "GenerationResponse", "Request", "Scheduler", "SchedulerOptions", "Sequence"]
 
 
 class Scheduler:
@@ -259,17 +227,10 @@ class Scheduler:
             done: list[Sequence] = []
             gen = [s for s in running if s.running.generating]
             enc = self.encoder
-            if enc.queued:  # where the next picture is encoded (encoder)
-                short = 0 < enc.cost_ms <= self.costs.batch_ms(self.backend.n_ubatch)
-                if (self.throughput or not gen or short or not enc.can_go_beside) and enc.run_here():
-                    # a step of its own on all the cores: nobody generates, it is no longer than
-                    # a micro-batch of prompt rows, or nobody watches the streams (throughput)
-                    self.counters["steps"] += 1
-                    return []
-                if gen:
-                    enc.start_beside()
-            # the decoder's threads: what the encoder thread leaves, or all of them
-            self.backend.set_decode_threads(enc.decoder_beside if enc.beside else enc.cores)
+            if enc.place(bool(gen), self.throughput, self.costs.batch_ms(self.backend.n_ubatch)):
+                self.counters["steps"] += 1  # an encode was this step's work (encoder)
+                return []
+            self.backend.set_decode_threads(enc.decoder_threads)
             idle = not gen and enc.busy  # ... and while the thread encodes, prompt work waits
             if not idle:
                 done, idle = self._step(running, gen)
@@ -282,8 +243,10 @@ class Scheduler:
         done: list[Sequence] = []
         room = self.backend.n_batch - len(gen)
         mix = self.backend.mixes_tokens  # tokens and a picture's rows in one batch (tokrows)
-        # prompt rows this step (stepcost); in the throughput profile, all the batch holds
-        rows = room if self.throughput else self.costs.rows(len(gen), room, mix)
+        # prompt rows (stepcost); throughput: all the batch holds; none beside the streams while the
+        # encoder thread has part of the cores (slower steps already; and not measured as steps)
+        beside = self.encoder.beside
+        rows = room if self.throughput else 0 if beside and gen else self.costs.rows(len(gen), room, mix)
         groups = [(s, 1) for s in gen]
         picture: tuple[Slot, int] | None = None
         prompts = sorted(
@@ -318,11 +281,13 @@ class Scheduler:
         if groups:  # (one: the picture's rows in the same batch, one pass over the weights)
             self._run(groups, done, picture if one else None)
             n_rows = text_rows + (picture[1] if one and picture else 0)
-            self.costs.measured(len(gen), n_rows, (time.perf_counter() - t0) * 1000, one or (mix and text_rows > 0))
+            if not beside:
+                self.costs.measured(len(gen), n_rows, (time.perf_counter() - t0) * 1000, one or (mix and text_rows > 0))
         if picture is not None and not one:
             t1 = time.perf_counter()
             self._feed_rows(*picture, done)
-            self.costs.measured(0, picture[1], (time.perf_counter() - t1) * 1000)
+            if not beside:
+                self.costs.measured(0, picture[1], (time.perf_counter() - t1) * 1000)
         self.llama_ms += (time.perf_counter() - t0) * 1000
         idle = not groups and picture is None and not done
         mixed = bool(gen and (text_rows or picture is not None))
