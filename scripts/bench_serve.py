@@ -314,7 +314,8 @@ def main() -> None:
 
     from resultfile import Run
 
-    run = Run("bench_serve", "shared" if args.shared_picture else "")
+    # the file's name says what sets the run apart: a shared-picture table, a profile asked for
+    run = Run("bench_serve", "-".join(t for t in ("shared" if args.shared_picture else "", args.profile or "") if t))
 
     servers = [s for s in args.servers.split(",") if s]
     llama_server: Path | str = "not asked for"
