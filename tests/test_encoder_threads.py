@@ -12,8 +12,9 @@ import pytest
 
 import edgevlm
 from edgevlm.backend.llama import Backend
+from edgevlm.backend.threads import LAYOUT_VERSION, EncoderThreads
 from edgevlm.runtime.conversation import Message
-from edgevlm.runtime.encoder import split_threads
+from edgevlm.runtime.encoder import Encoder, split_threads
 from edgevlm.runtime.requests import Client
 from edgevlm.runtime.scheduler import WAIT, Request
 from edgevlm.vision.budget import render_views
@@ -66,12 +67,13 @@ def test_an_encode_on_one_thread_uses_one_core(model_pair, tmp_path):
         prompt.release()
 
 
-def test_a_backend_whose_field_is_not_found_never_encodes_beside(model_pair):
+def test_another_llama_cpp_build_leaves_the_field_alone_and_never_encodes_beside(model_pair):
     pair = model_pair("llava15")
     with Backend(pair.model, pair.mmproj, n_ctx=512, n_threads=2) as be:
-        be.encoder_threads._field = None  # (another llama.cpp build: the field is not where it was)
-        from edgevlm.runtime.encoder import Encoder
-
+        assert EncoderThreads(be.mctx, 2, False, LAYOUT_VERSION).settable
+        assert not EncoderThreads(be.mctx, 2, False, "0.3.37").settable  # another version's layout
+        assert not EncoderThreads(be.mctx, 3, False, LAYOUT_VERSION).settable  # the field does not hold it
+        be.encoder_threads = EncoderThreads(be.mctx, 2, False, "0.3.37")
         enc = Encoder(be)
         assert not enc.can_go_beside
         assert enc.decoder_beside == 2

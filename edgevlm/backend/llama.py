@@ -196,7 +196,7 @@ class Backend(MtmdTokenizer):
             raise ModelPairError(f"{self.mmproj_path}: projector has no vision support")
         # the encoder's threads per encode and the decoder's per batch (threads): all n_threads
         # for whichever runs alone, a split of them while both run
-        self.encoder_threads = EncoderThreads(self.mctx, self.n_threads, bool(verbose))
+        self.encoder_threads = EncoderThreads(self.mctx, self.n_threads, bool(verbose), llama_cpp.__version__)
         self.decode_threads = self.n_threads
         self.marker = mtmd_cpp.mtmd_default_marker().decode()
         self._counts: OrderedDict[tuple[int, int], ImageTokens] = OrderedDict()

@@ -9,9 +9,9 @@ encoder a part of the cores and the decoder the rest while both run, and all of 
 whichever runs alone; that needs the encoder's count per encode.
 
 ``EncoderThreads`` sets mtmd's count through the field mtmd keeps it in: ``mtmd_context::n_threads``
-at ``MTMD_THREADS_OFFSET`` in the pinned llama.cpp (llama-cpp-python 0.3.36). The offset is
-checked when the context is made — the field must hold the count the context was made with,
-next to its ``print_timings`` flag — and where it does not (another build), the count stays
+at ``MTMD_THREADS_OFFSET`` in the pinned llama.cpp (llama-cpp-python ``LAYOUT_VERSION``). It is
+used only with that version, and checked when the context is made — the field must hold the
+count the context was made with, next to its ``print_timings`` flag; elsewhere the count stays
 what it was made with and ``settable`` is False: the scheduler then never runs the two teams
 at once.
 """
@@ -21,7 +21,9 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-__all__ = ["MTMD_THREADS_OFFSET", "EncoderThreads"]
+__all__ = ["LAYOUT_VERSION", "MTMD_THREADS_OFFSET", "EncoderThreads"]
+
+LAYOUT_VERSION = "0.3.36"  # the llama-cpp-python whose vendored mtmd has this layout
 
 # offsetof(mtmd_context, n_threads): 2 clip pointers, the output vector, the audio-generation clip
 # pointer and its 5 vectors (8 + 8 + 24 + 8 + 5 * 24 = 168), then ``bool print_timings``; then it
@@ -32,11 +34,11 @@ _PRINT_TIMINGS_OFFSET = 168
 class EncoderThreads:
     """The thread count mtmd's context encodes with (module doc)."""
 
-    def __init__(self, mctx: Any, made_with: int, print_timings: bool):
+    def __init__(self, mctx: Any, made_with: int, print_timings: bool, version: str):
         self.made_with = made_with
         self._field: Any = None
         addr = ctypes.cast(mctx, ctypes.c_void_p).value
-        if addr:
+        if addr and version == LAYOUT_VERSION:
             field = ctypes.c_int32.from_address(addr + MTMD_THREADS_OFFSET)
             flag = ctypes.c_uint8.from_address(addr + _PRINT_TIMINGS_OFFSET).value
             if field.value == made_with and flag == int(print_timings):
