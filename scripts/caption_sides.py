@@ -103,6 +103,24 @@ def _messages(system: str, url: str) -> list[dict[str, Any]]:
     ]
 
 
+def _keep(fh: Any, captions: dict[str, str], path: Path, text: str) -> None:
+    """A peer's caption: kept for the comparison and appended to its JSONL file, as a script does."""
+    captions[path.name] = text
+    fh.write(json.dumps({"path": str(path), "caption": text}) + "\n")
+    fh.flush()
+
+
+def _result(t0: float, captions: dict[str, str], generated: int, prompt: int, errors: list[str]) -> dict[str, Any]:
+    return {
+        "wall_s": time.perf_counter() - t0,
+        "captions": captions,
+        "generated": generated,
+        "prompt_evaluated": prompt,
+        "errors": len(errors),
+        "error_examples": errors[:3],
+    }
+
+
 class SideSkipped(Exception):
     """A side that cannot run here (reported, not fatal)."""
 
@@ -327,17 +345,8 @@ class LlamaServerSide(_Side):
                 usage = d["usage"]
                 generated += usage["completion_tokens"]
                 prompt += usage["prompt_tokens"] - (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-                captions[p.name] = text
-                fh.write(json.dumps({"path": str(p), "caption": text}) + "\n")
-                fh.flush()
-        return {
-            "wall_s": time.perf_counter() - t0,
-            "captions": captions,
-            "generated": generated,
-            "prompt_evaluated": prompt,
-            "errors": len(errors),
-            "error_examples": errors[:3],
-        }
+                _keep(fh, captions, p, text)
+        return _result(t0, captions, generated, prompt, errors)
 
     def close(self) -> None:
         self.http.close()
@@ -390,16 +399,8 @@ class LibrarySide(_Side):
                 text = r["choices"][0]["message"]["content"].strip()
                 generated += r["usage"]["completion_tokens"]
                 prompt += r["usage"]["prompt_tokens"]
-                captions[p.name] = text
-                fh.write(json.dumps({"path": str(p), "caption": text}) + "\n")
-                fh.flush()
-        return {
-            "wall_s": time.perf_counter() - t0,
-            "captions": captions,
-            "generated": generated,
-            "prompt_evaluated": prompt,
-            "errors": 0,
-        }
+                _keep(fh, captions, p, text)
+        return _result(t0, captions, generated, prompt, [])
 
     def close(self) -> None:
         self.llm.close()
