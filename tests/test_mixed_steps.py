@@ -12,7 +12,7 @@ from edgevlm.backend.llama import Backend
 from edgevlm.runtime.conversation import Message
 from edgevlm.runtime.requests import Client
 from edgevlm.runtime.scheduler import WAIT, Request
-from edgevlm.runtime.stepcost import MIN_SLICE, StepCosts
+from edgevlm.runtime.stepcost import MIN_SLICE, PART_MS, StepCosts
 from edgevlm.vision.budget import render_views
 from edgevlm.vision.images import load_image
 
@@ -194,3 +194,30 @@ def test_a_first_token_does_not_wait_for_a_whole_picture(model_pair, tmp_path):
         while not first.done or not follow.done:
             sched.step()
         assert first.error is None and follow.error is None
+
+
+def test_a_picture_alone_goes_in_parts_when_a_request_may_arrive_and_stops_once_one_has(model_pair, picture):
+    pair = model_pair("llava15")
+    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=2) as vlm:
+        sched, client = vlm.scheduler, Client("t")
+        seq = sched.submit(Request(vlm.render([_newcomer(vlm, picture)]), 2), client)
+        unit = next(iter(seq.request.prompt.units.values()))
+        while seq.pending[0].is_text or 0 not in unit.embeddings:  # the encode, the text before it
+            sched.step()
+        arrived: list[str] = []
+        sched.arrivals = lambda: bool(arrived)
+
+        def step_rows() -> int:
+            sched.costs.row_ms = PART_MS / 60  # measured costs set (not this machine's clock): parts of 60 rows
+            before = sched.counters["image_rows"]
+            sched.step()
+            return sched.counters["image_rows"] - before
+
+        assert step_rows() > 60  # nobody has arrived: every part of the step goes in
+        arrived.append("a follow-up")
+        assert step_rows() == 60  # one has: the step ends after its first part
+        sched.arrivals = None
+        while not seq.done:
+            sched.step()
+        assert seq.error is None
+        assert seq.stats.image_tokens_in == 576

@@ -45,7 +45,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from ..backend.llama import Backend
@@ -85,6 +85,8 @@ class Scheduler:
         self.placer = Placer(self.kv, self.host_cache, backend, backend.n_ctx)
         self.encoder = Encoder(backend)
         self.throughput = options.profile == "throughput"
+        # whether a request waits to start (the server's worker): picture rows alone go in parts
+        self.arrivals: Callable[[], bool] | None = None
         self.llama_ms = 0.0  # time inside llama.cpp / mtmd (encode, decode, sampling)
         self.lock = threading.RLock()
         self._clock = itertools.count(1)
@@ -284,10 +286,7 @@ class Scheduler:
             if not beside:
                 self.costs.measured(len(gen), n_rows, (time.perf_counter() - t0) * 1000, one or (mix and text_rows > 0))
         if picture is not None and not one:
-            t1 = time.perf_counter()
-            self._feed_rows(*picture, done)
-            if not beside:
-                self.costs.measured(0, picture[1], (time.perf_counter() - t1) * 1000)
+            picture = self._feed_alone(*picture, done, measure=not beside)
         self.llama_ms += (time.perf_counter() - t0) * 1000
         idle = not groups and picture is None and not done
         mixed = bool(gen and (text_rows or picture is not None))
@@ -408,6 +407,22 @@ class Scheduler:
             self._fail(s, exc, "preparing the picture", done)
             return False
         return True
+
+    def _feed_alone(self, s: Slot, n: int, done: list[Sequence], measure: bool) -> tuple[Slot, int]:
+        """Feed ``n`` rows of ``s``'s picture in a batch of their own; where a request may arrive
+        (``arrivals``), in parts (``StepCosts.part``) until one has: a follow-up's first token
+        does not wait for a whole batch of another picture's rows. Returns (s, rows fed)."""
+        fed, arrivals = 0, None if s.running.feeding.non_causal else self.arrivals
+        while fed < n and s.seq is not None and s.running.feed is not None:
+            k = self.costs.part(n - fed) if arrivals is not None else n - fed
+            t1 = time.perf_counter()
+            self._feed_rows(s, k, done)
+            if measure:
+                self.costs.measured(0, k, (time.perf_counter() - t1) * 1000)
+            fed += k
+            if arrivals is not None and arrivals():
+                break
+        return s, fed
 
     def _feed_rows(self, s: Slot, n: int, done: list[Sequence]) -> None:
         """Feed the next ``n`` rows of ``s``'s picture; once all are in, it stands in the slot's
@@ -573,20 +588,3 @@ class Scheduler:
             self.encoder.close()
             self.images.close()
             self.host_cache.forget()
-
-    def status(self) -> dict[str, Any]:
-        """What runs and what is kept, for ``/status``."""
-        return {
-            "running": self.busy,
-            "max_running": self.max_running,
-            "sequences": self.n_slots,
-            "conversations": self.conversations,
-            "cells_used": self.cells_used(),
-            "n_ctx": self.n_ctx,
-            "host_cache": self.host_cache.to_dict(),
-            "encoding": self.encoder.pending,
-            "evicted": {"conversations": self.placer.evicted, "cells": self.placer.evicted_cells},
-            "steps": dict(self.counters),
-            "llama_ms": round(self.llama_ms, 1),
-            "step_ms": self.costs.to_dict(),
-        }

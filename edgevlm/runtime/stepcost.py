@@ -12,15 +12,17 @@ step takes: the slicing rule of chunked prefill, apart from the step loop.
   batch of their own) the rows are their own share of it, at the measured price of a row.
 - Alone, prompt work goes in steps of about ``PROMPT_STEP_MS`` (fewer rows than the batch holds on
   a slow device), so a request that arrives meanwhile — a follow-up's few rows — joins soon; on a
-  GPU the whole batch fits in it.
+  GPU the whole batch fits in it. Where a request may arrive (a server), a picture's rows alone go
+  to llama.cpp in parts of about ``PART_MS`` (``part``), and the step ends once one has.
 """
 
 from __future__ import annotations
 
-__all__ = ["MIN_SLICE", "PROMPT_STEP_MS", "StepCosts"]
+__all__ = ["MIN_SLICE", "PART_MS", "PROMPT_STEP_MS", "StepCosts"]
 
 MIN_SLICE = 4  # prompt rows a step takes at least beside running streams
 PROMPT_STEP_MS = 1500.0
+PART_MS = 300.0  # prompt rows alone where a request may arrive meanwhile: parts of about this long
 GEN_SHARE = 0.7  # the tokens' part of a mixed step of a few rows, at least (CPU: most of it)
 STEER = (0.7, 1.3)  # how far one mixed step moves the next one's rows, down and up
 
@@ -45,6 +47,11 @@ class StepCosts:
         if mixed and self.mix_rows:
             return max(MIN_SLICE, min(room, int(self.mixed_rows(streams))))
         return max(MIN_SLICE, min(room, int(self.prefill_share * self.gen_cost(streams) / self.row_ms)))
+
+    def part(self, n: int) -> int:
+        """Of ``n`` prompt rows in a batch of their own, those of a part of about ``PART_MS`` (all
+        of them until a row is measured): a request that arrives meanwhile waits at most that."""
+        return n if self.row_ms <= 0 else min(n, max(MIN_SLICE, int(PART_MS / self.row_ms)))
 
     def batch_ms(self, rows: int) -> float:
         """What a batch of ``rows`` prompt rows takes alone (0 until one is measured)."""

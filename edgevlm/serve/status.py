@@ -12,6 +12,7 @@ import psutil
 from ..model.projectors import encoder_patches
 from ..plan.devices import format_size
 from ..runtime.model import LoadedModel
+from ..runtime.scheduler import Scheduler
 from .options import ServeOptions
 from .responses_store import ResponseStore
 from .service import ChatService
@@ -31,7 +32,7 @@ class Server(Protocol):
     def state(self) -> str: ...
 
 
-__all__ = ["host_memory", "image_cache_bound", "metrics", "status"]
+__all__ = ["host_memory", "image_cache_bound", "metrics", "scheduler_status", "status"]
 
 
 def status(server: Server) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def status(server: Server) -> dict[str, Any]:
         # a slot is what the scheduler calls one: a KV sequence (running a request, or idle and
         # keeping a conversation's cells); at most max_running of them generate at once
         slots={"total": sched.n_slots, "busy": worker.running, "max_running": sched.max_running},
-        kv=sched.status(),
+        kv=scheduler_status(sched),
         # the scheduler's profile, and the threads of the encoder's and the decoder's ggml teams
         profile=sched.options.profile,
         threads=sched.encoder.to_dict(),
@@ -74,6 +75,24 @@ def status(server: Server) -> dict[str, Any]:
         images_cached=len(sched.images),
     )
     return out
+
+
+def scheduler_status(sched: Scheduler) -> dict[str, Any]:
+    """What runs and what is kept in the scheduler (``kv``)."""
+    return {
+        "running": sched.busy,
+        "max_running": sched.max_running,
+        "sequences": sched.n_slots,
+        "conversations": sched.conversations,
+        "cells_used": sched.cells_used(),
+        "n_ctx": sched.n_ctx,
+        "host_cache": sched.host_cache.to_dict(),
+        "encoding": sched.encoder.pending,
+        "evicted": {"conversations": sched.placer.evicted, "cells": sched.placer.evicted_cells},
+        "steps": dict(sched.counters),
+        "llama_ms": round(sched.llama_ms, 1),
+        "step_ms": sched.costs.to_dict(),
+    }
 
 
 def host_memory(server: Server, rss: int) -> dict[str, Any]:

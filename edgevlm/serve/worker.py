@@ -50,6 +50,8 @@ class Worker:
     def __init__(self, model: LoadedModel, options: ServeOptions):
         self.model = model
         self.sched = model.scheduler
+        if not self.sched.throughput:  # a request that arrives cuts a batch of picture rows short
+            self.sched.arrivals = lambda: bool(self._inbox)
         self.options = options
         self.client = Client("server")
         self.counters = Counters()
