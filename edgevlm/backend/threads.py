@@ -3,10 +3,9 @@ and the vision encoder's (mtmd reads its context's thread count at every encode,
 to change it).
 
 On a CPU the two teams share the cores. When a picture is encoded beside running streams, two
-teams as wide as the cores spin on each other's cores (ggml's barriers busy-wait): about a fifth
-more CPU time per request on 2 cores (scripts/bench_serve.py). So the scheduler gives the
-encoder a part of the cores and the decoder the rest while both run, and all of them to
-whichever runs alone; that needs the encoder's count per encode.
+teams as wide as the cores oversubscribe them (ggml's threads wait for each other at every op).
+So the scheduler gives the encoder a part of the cores and the decoder the rest while both run,
+and all of them to whichever runs alone; that needs the encoder's count per encode.
 
 ``EncoderThreads`` sets mtmd's count through the field mtmd keeps it in: ``mtmd_context::n_threads``
 at ``MTMD_THREADS_OFFSET`` in the pinned llama.cpp (llama-cpp-python ``LAYOUT_VERSION``). It is

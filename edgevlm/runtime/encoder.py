@@ -7,8 +7,9 @@ backend's mtmd lock, which counting and tokenizing share). The step loop alone d
 encode starts, so it always knows how many threads the other team has:
 
 - ``split_threads(cores)``: the encoder's and the decoder's counts while both run — about half
-  each, never more than the cores together (two ggml teams wider than the cores spin on each
-  other's cores: about a fifth more CPU time per request on 2 cores, scripts/bench_serve.py).
+  each, never more than the cores together (two ggml teams as wide as the cores oversubscribe
+  them: ggml's threads wait for each other at every op, and a thread that is not running holds
+  up its whole team).
   Where mtmd's count cannot be set per encode (``backend.encoder_threads.settable``), or with
   one core, nothing is encoded beside the streams.
 - The scheduler's ``step`` encodes a queued picture as a step of its own when nobody generates,
