@@ -13,6 +13,7 @@ import pytest
 import edgevlm
 from edgevlm.backend.llama import Backend
 from edgevlm.backend.threads import LAYOUT_VERSION, EncoderThreads
+from edgevlm.errors import BackendError
 from edgevlm.runtime.conversation import Message
 from edgevlm.runtime.encoder import Encoder, split_threads
 from edgevlm.runtime.requests import Client
@@ -163,3 +164,13 @@ def test_the_encoder_and_the_decoder_never_have_more_threads_than_the_cores(mode
                 assert len(during) >= 3
                 assert all(d[3] + threads <= cores for d in during), during
         assert max(d[3] for d in decodes) == cores  # all of them when the encoder is idle
+
+
+def test_a_closed_backend_never_writes_the_field_nor_encodes(model_pair):
+    pair = model_pair("llava15")
+    be = Backend(pair.model, pair.mmproj, n_ctx=512, n_threads=2)
+    assert be.encoder_threads.settable
+    be.close()
+    assert not be.encoder_threads.settable  # (the context's memory is freed: nothing is written into it)
+    with pytest.raises(BackendError, match="the model is closed"):
+        be.encode_image(None, threads=1)

@@ -233,8 +233,11 @@ class Backend(MtmdTokenizer):
             self.llama_cpp.llama_batch_free(self._batch)
             self._batch = None
         if getattr(self, "mctx", None):
-            self.mtmd.mtmd_free(self.mctx)
-            self.mctx = None
+            with self.mtmd_lock:  # (an encode in another thread finishes first)
+                if getattr(self, "encoder_threads", None) is not None:
+                    self.encoder_threads.release()
+                self.mtmd.mtmd_free(self.mctx)
+                self.mctx = None
         llama = getattr(self, "llama", None)  # (absent when the constructor failed first)
         if llama is not None:
             llama.close()
@@ -301,6 +304,8 @@ class Backend(MtmdTokenizer):
         """Run the vision encoder on an image chunk with ``threads`` (default: all ``n_threads``;
         ``EncoderThreads``); returns a (n_tokens, n_embd) float32 copy."""
         with self.mtmd_lock:
+            if not self.mctx:
+                raise BackendError("image encoding failed: the model is closed")
             self.encoder_threads.set(max(1, min(threads or self.n_threads, self.n_threads)))
             rc = self.mtmd.mtmd_encode_chunk(self.mctx, chunk.handle)
             if rc != 0:

@@ -52,6 +52,10 @@ class EncoderThreads:
         """The count the next encode uses."""
         return int(self._field.value) if self._field is not None else self.made_with
 
+    def release(self) -> None:
+        """The context is about to be freed: the field is never written again."""
+        self._field = None
+
     def set(self, n: int) -> None:
         """Encode with ``n`` threads from now on (the caller holds the mtmd lock; a no-op where
         the field was not found)."""
