@@ -244,7 +244,9 @@ class Scheduler:
         """One step's decode (``step``): its finished requests, and whether it found nothing to do."""
         done: list[Sequence] = []
         room = self.backend.n_batch - len(gen)
-        mix = self.backend.mixes_tokens  # tokens and a picture's rows in one batch (tokrows)
+        # tokens and a picture's rows in one batch (tokrows): a pass saved beside a slice; not with
+        # the throughput profile's full batches of rows, which go faster on their own
+        mix = self.backend.mixes_tokens and not self.throughput
         # prompt rows (stepcost); throughput: all the batch holds; none beside the streams while the
         # encoder thread has part of the cores (slower steps already; and not measured as steps)
         beside = self.encoder.beside
