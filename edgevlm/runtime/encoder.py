@@ -41,9 +41,9 @@ def split_threads(cores: int) -> tuple[int, int]:
 
 
 class Encoder:
-    def __init__(self, backend: Backend, cores: int | None = None):
+    def __init__(self, backend: Backend):
         self.backend = backend
-        self.cores = cores or backend.n_threads
+        self.cores = backend.n_threads
         enc, dec = split_threads(self.cores)
         if not backend.encoder_threads.settable:
             enc, dec = 0, self.cores
@@ -91,10 +91,6 @@ class Encoder:
         return self._beside is not None
 
     @property
-    def queued(self) -> int:
-        return len(self._queue)
-
-    @property
     def pending(self) -> int:
         return len(self._queue) + self.busy
 
@@ -123,13 +119,7 @@ class Encoder:
             if self.busy or not self._queue:
                 return False
             job = self._busy = self._queue.popleft()
-        try:
-            self._encode(job, self.cores)
-        finally:
-            with self._cond:
-                self._busy = None
-                self.counts["here"] += 1
-                self._cond.notify_all()
+        self._encode(job, "here")
         return True
 
     def start_beside(self) -> bool:
@@ -153,22 +143,27 @@ class Encoder:
                 job = self._beside
                 if self._stop or job is None:
                     return
-            try:
-                self._encode(job, self.threads_beside)
-            finally:
-                with self._cond:
-                    self._beside = None
-                    self.counts["beside"] += 1
-                    self._cond.notify_all()
+            self._encode(job, "beside")
 
-    def _encode(self, job: tuple[ImageUnit, int], threads: int) -> None:
+    def _encode(self, job: tuple[ImageUnit, int], where: str) -> None:
+        """Encode ``job`` ``where`` ("here": all the cores; "beside": the thread's part), then
+        give its place back and wake whoever waits."""
         unit, ci = job
+        threads = self.cores if where == "here" else self.threads_beside
         try:
             unit.encode(ci, self.backend, threads)  # (a closed unit raises: its request ends with that)
             ms = unit.encode_ms.get(ci, 0.0) * threads / self.cores  # (as if on all the cores)
             self.cost_ms = ms if not self.cost_ms else 0.7 * self.cost_ms + 0.3 * ms
         except Exception as exc:  # this picture's request ends with it; the encoder goes on
             unit.errors[ci] = exc
+        finally:
+            with self._cond:
+                if where == "here":
+                    self._busy = None
+                else:
+                    self._beside = None
+                self.counts[where] += 1
+                self._cond.notify_all()
 
     def to_dict(self) -> dict[str, object]:
         """The threads of each team and where the encodes ran, for ``/status``."""
