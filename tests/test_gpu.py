@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edgevlm.backend import logs
 from edgevlm.backend.system import ggml_devices
 from edgevlm.plan.devices import probe
 from edgevlm.plan.planner import make_plan
+from edgevlm_testkit.child import measured_in_child
 
 from .conftest import run_cli
 
@@ -57,13 +57,25 @@ PARTIAL = [  # part of the layers on the device: the laptop case, with the CPU's
     ],
 )
 def test_plan_matches_llama_cpp_buffers_on_the_device(model_pair, family, n_ctx, kv, ub, img, ngl, extra):
-    from edgevlm_testkit.gpu_measure import measure_on_device
+    from edgevlm_testkit.gpu_measure import DeviceRow
 
     pair = model_pair(family)
-    rows = measure_on_device(
-        str(pair.model), str(pair.mmproj), family, n_ctx, kv, ub, img, n_threads=2, n_gpu_layers=ngl,
-        extra_buffers=extra,
-    )  # fmt: skip
+    rows = [
+        DeviceRow(**r)
+        for r in measured_in_child(
+            "edgevlm_testkit.gpu_measure:measure_on_device",
+            model=str(pair.model),
+            mmproj=str(pair.mmproj),
+            label=family,
+            n_ctx=n_ctx,
+            type_kv=kv,
+            n_ubatch=ub,
+            image_max_tokens=img,
+            n_threads=2,
+            n_gpu_layers=ngl,
+            extra_buffers=extra,
+        )  # fmt: skip
+    ]
     on_device = [r for r in rows if r.component.endswith(GPUS[0].name)]
     which = "encoder compute" if ngl == 0 else "compute"
     assert on_device and any(r.logged for r in on_device if r.component.startswith(which))
@@ -77,30 +89,20 @@ def test_guard_keeps_the_device_inside_a_what_if_budget(model_pair, images, fami
     """``--free-memory GPU=SIZE --ngl auto``: the plan chooses layers, context, KV and
     micro-batch, and what llama.cpp then allocates on the device (after a picture, or after the
     guard refused one it had no room for: on these tiny sizes its 64 MiB slack) fits in SIZE."""
-    import edgevlm
-    from edgevlm.errors import ContextExceeded, MemoryBusy
-    from edgevlm_testkit.gpu_measure import logged_on_device
-
     pair = model_pair(family)
     name = GPUS[0].name
-    free = [f"{name}={free_mib}MiB"]
-    plan = make_plan(str(pair.model), str(pair.mmproj), probe(free_memory=free, gpu_overhead=0))
+    free = f"{name}={free_mib}MiB"
+    plan = make_plan(str(pair.model), str(pair.mmproj), probe(free_memory=[free], gpu_overhead=0))
     assert plan.fits
     dev = next(d for d in plan.devices if d.name == name)
     assert dev.predicted.total <= dev.budget_bytes <= free_mib * MIB
-    answered = True
-    with logs.capture() as lines:
-        vlm = edgevlm.load(pair.model, pair.mmproj, free_memory=free, gpu_overhead=0, n_threads=2)
-        try:
-            vlm.chat("What is this?", images=[str(images["gradient"])], max_tokens=2)
-        except (MemoryBusy, ContextExceeded):  # the picture and the guard's slack did not fit: refused
-            answered = False
-        finally:
-            vlm.close()
-    logged = logged_on_device(lines, name)
-    assert logged <= free_mib * MIB, (plan.n_gpu_layers, plan.n_ctx, plan.n_ubatch, logged / MIB)
+    row = measured_in_child(
+        "edgevlm_testkit.gpu_measure:guard_on_device", model=str(pair.model), mmproj=str(pair.mmproj),
+        label=family, free=free, picture=str(images["gradient"]), n_threads=2, gpu_overhead=0,
+    )  # fmt: skip
+    assert row["logged"] <= free_mib * MIB, (plan.n_gpu_layers, plan.n_ctx, plan.n_ubatch, row["logged"] / MIB)
     if free_mib >= 96:  # everything fits: every layer and the encoder on the device, and it answers
-        assert answered and plan.n_gpu_layers > 0 and plan.mmproj_on_gpu and logged > 0
+        assert row["answered"] and plan.n_gpu_layers > 0 and plan.mmproj_on_gpu and row["logged"] > 0
     else:
         assert plan.levers, "a small device should pull levers"
 

@@ -268,17 +268,19 @@ def guard_on_device(
     picture: str,
     n_threads: int = 4,
     emit: Callable[[GuardRow], None] | None = None,
+    gpu_overhead: int | None = None,
 ) -> GuardRow:
     """``--free-memory DEV=SIZE --ngl auto`` as a user runs it: plan, load, one picture; what
-    llama.cpp then holds on the device against SIZE less the GPU overhead (``emit`` gets the
-    row before the model is freed)."""
+    llama.cpp then holds on the device against SIZE less the GPU overhead (``--gpu-overhead``,
+    bytes; None: the device's default). ``emit`` gets the row before the model is freed."""
     import edgevlm
     from edgevlm.errors import ContextExceeded, MemoryBusy
     from edgevlm.plan.devices import gpu_overhead_for, parse_size
     from edgevlm.plan.planner import make_plan
 
     name, _, size = free.rpartition("=")
-    plan = make_plan(model, mmproj, probe(free_memory=[free]))
+    over = gpu_overhead_for(name) if gpu_overhead is None else gpu_overhead
+    plan = make_plan(model, mmproj, probe(free_memory=[free], gpu_overhead=over))
     dev = next(d for d in plan.devices if d.name == name)
     chose = (
         f"ngl {plan.n_gpu_layers}, ctx {plan.n_ctx}, KV {plan.type_k}, ub {plan.n_ubatch}, "
@@ -286,14 +288,13 @@ def guard_on_device(
     )
     answered = True
     with logs.capture() as lines:
-        vlm = edgevlm.load(model, mmproj, free_memory=[free], n_threads=n_threads)
+        vlm = edgevlm.load(model, mmproj, free_memory=[free], gpu_overhead=over, n_threads=n_threads)
         try:
             try:
                 vlm.chat("What is this?", images=[picture], max_tokens=2)
             except (MemoryBusy, ContextExceeded):
                 answered = False
             logged = logged_on_device(lines, name)
-            over = gpu_overhead_for(name)
             row = GuardRow(label, parse_size(size), over, chose, dev.predicted.total, logged, answered)
             if emit is not None:
                 emit(row)
