@@ -1,8 +1,11 @@
 """One device measurement in a process of its own.
 
-Mesa 22.3's lavapipe sometimes crashes in a worker thread of its own while a q8_0 model is
-freed — after everything was measured (seen in ``gpu_check.py --vulkan`` runs and once in CI,
-SIGABRT under ``llama_free``). In the test process that crash would end the whole device suite.
+On Mesa 22.3's lavapipe, a q8_0 KV cache with flash attention and a 64-row micro-batch corrupts
+the heap once several hundred cells are filled (plain llama-cpp-python 0.3.36 does it too, no
+edgevlm code involved: docs/gpu.md, Limits); the process dies later, mostly while the model is
+freed — after everything was measured (SIGABRT under ``llama_free`` in CI, SIGSEGV or
+``corrupted double-linked list`` in ``llama_batch_free`` here). In the test process that crash
+would end the whole device suite.
 So a measurement runs here, in a child: it hands its result to ``emit`` before the model is
 freed, the child writes it out at once, and the parent reads it whatever happened next.
 
