@@ -119,115 +119,80 @@ def _vulkan_build():
     return mod
 
 
-def measure_one(index: int, gpu: bool, rows_file: Path) -> int:
-    """One configuration, its rows written to ``rows_file`` before the model is freed."""
-    sys.path.insert(0, str(ROOT))
-    from edgevlm_testkit import cached_model_pair
-    from edgevlm_testkit.gpu_measure import measure_on_device
-
-    family, n_ctx, kv, ub, img, ngl, extra = CONFIGS[index]
-    pair = cached_model_pair(family, "real")
-    label = (
+def _label(family, n_ctx, kv, ub, img, ngl, extra) -> str:
+    return (
         f"{family} ctx{n_ctx} {kv} ub{ub}"
         + (f" img{img}" if img else "")
         + (f" ngl{ngl}" if ngl is not None else "")
         + ("" if extra is None else f" extra {'on' if extra else 'off'}")
     )
 
-    def emit(rows) -> None:
-        rows_file.write_text(json.dumps([vars(r) for r in rows]))
 
-    measure_on_device(
-        str(pair.model),
-        str(pair.mmproj),
-        label,
-        n_ctx,
-        kv,
-        ub,
-        img,
-        gpu=gpu,
-        n_gpu_layers=ngl if gpu else None,
-        emit=emit,
-        extra_buffers=extra,
-    )
-    return 0
+def _in_child(what, target: str, notes: list[str], **kwargs):
+    """``target``'s result from a process of its own (``edgevlm_testkit.child``): a driver that
+    crashes while a model is freed — Mesa 22.3's lavapipe does after some q8_0 runs — loses
+    nothing measured, and is noted."""
+    from edgevlm_testkit.child import run_in_child
+
+    got = run_in_child(target, timeout=1800, **kwargs)
+    if got.result is None:
+        if got.stderr.strip():
+            print(got.tail(), file=sys.stderr)
+        notes.append(f"{what}: failed before measuring ({got.died_after})")
+    elif got.died_after is not None:
+        notes.append(f"{what}: measured; the process then died freeing the model ({got.died_after}: the driver)")
+    return got.result
 
 
-def guard_one(index: int, rows_file: Path) -> int:
-    """One what-if size: plan, load, a 640×480 picture; the logged device bytes."""
+def guards(notes: list[str]) -> list:
+    """The guard under what-if sizes, each in a process of its own."""
     import tempfile
 
     import numpy as np
     from PIL import Image
 
-    sys.path.insert(0, str(ROOT))
     from edgevlm.plan.devices import probe
     from edgevlm_testkit import cached_model_pair
-    from edgevlm_testkit.gpu_measure import guard_on_device
+    from edgevlm_testkit.gpu_measure import GuardRow
 
-    family, size = GUARDS[index]
-    pair = cached_model_pair(family, "real")
+    rows, name = [], probe().gpus[0].name
     with tempfile.TemporaryDirectory() as tmp:
         pic = Path(tmp) / "photo.png"
         Image.fromarray((np.random.default_rng(7).random((480, 640, 3)) * 255).astype(np.uint8)).save(pic)
-        guard_on_device(
-            str(pair.model),
-            str(pair.mmproj),
-            family,
-            f"{probe().gpus[0].name}={size}",
-            str(pic),
-            emit=lambda row: rows_file.write_text(json.dumps(vars(row))),
-        )
-    return 0
-
-
-def guards() -> tuple[list, list[str]]:
-    """The guard under what-if sizes, each in a process of its own."""
-    import tempfile
-
-    from edgevlm_testkit.gpu_measure import GuardRow
-
-    rows, notes = [], []
-    for i, g in enumerate(GUARDS):
-        print(f"guarding {g} ...", file=sys.stderr, flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            f = Path(tmp) / "row.json"
-            rc = subprocess.run([sys.executable, __file__, "--guard", str(i), "--rows", str(f)]).returncode
-            if f.exists():
-                rows.append(GuardRow(**json.loads(f.read_text())))
-                if rc != 0:
-                    notes.append(
-                        f"guard {g}: measured; the process then died freeing the model (exit {rc}: the driver)"
-                    )
-            else:
-                notes.append(f"guard {g}: failed (exit {rc})")
-    return rows, notes
+        for family, size in GUARDS:
+            print(f"guarding {(family, size)} ...", file=sys.stderr, flush=True)
+            pair = cached_model_pair(family, "real")
+            got = _in_child(
+                f"guard {(family, size)}", "edgevlm_testkit.gpu_measure:guard_on_device", notes,
+                model=str(pair.model), mmproj=str(pair.mmproj), label=family, free=f"{name}={size}", picture=str(pic),
+            )  # fmt: skip
+            if got is not None:
+                rows.append(GuardRow(**got))
+    return rows
 
 
 def measure(gpu: bool, out: Path, only: str | None = None) -> int:
-    """Every configuration, each in a process of its own (a driver that crashes while a model
-    is freed — Mesa 22.3's lavapipe does after some q8_0 runs — loses nothing measured)."""
-    import tempfile
-
+    """Every configuration, each in a process of its own (``_in_child``)."""
     sys.path.insert(0, str(ROOT))
     from edgevlm.plan.devices import probe
+    from edgevlm_testkit import cached_model_pair
     from edgevlm_testkit.gpu_measure import TARGET, DeviceRow
 
-    rows, notes, t0 = [], [], time.perf_counter()
+    rows: list = []
+    notes: list[str] = []
+    t0 = time.perf_counter()
     gpus = probe().gpus if gpu else []
     dev = gpus[0] if gpus else None
-    for i, cfg in enumerate(CONFIGS if only != "guard" else []):
+    for cfg in CONFIGS if only != "guard" else []:
         print(f"measuring {cfg} ...", file=sys.stderr, flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            f = Path(tmp) / "rows.json"
-            cmd = [sys.executable, __file__, "--one", str(i), "--rows", str(f)] + (["--cpu"] if not gpu else [])
-            rc = subprocess.run(cmd).returncode
-            if not f.exists():
-                notes.append(f"{cfg}: failed before measuring (exit {rc})")
-                continue
-            rows += [DeviceRow(**r) for r in json.loads(f.read_text())]
-            if rc != 0:
-                notes.append(f"{cfg}: measured; the process then died freeing the model (exit {rc}: the driver)")
+        family, n_ctx, kv, ub, img, ngl, extra = cfg
+        pair = cached_model_pair(family, "real")
+        got = _in_child(
+            cfg, "edgevlm_testkit.gpu_measure:measure_on_device", notes,
+            model=str(pair.model), mmproj=str(pair.mmproj), label=_label(*cfg), n_ctx=n_ctx, type_kv=kv,
+            n_ubatch=ub, image_max_tokens=img, gpu=gpu, n_gpu_layers=ngl if gpu else None, extra_buffers=extra,
+        )  # fmt: skip
+        rows += [DeviceRow(**r) for r in got or []]
     from rich.console import Console
     from rich.table import Table
 
@@ -259,8 +224,7 @@ def measure(gpu: bool, out: Path, only: str | None = None) -> int:
         )
     grows: list = []
     if gpu and only != "buffers":
-        grows, gnotes = guards()
-        notes += gnotes
+        grows = guards(notes)
         g = Table(title="the guard: --free-memory SIZE --ngl auto, one picture", title_justify="left")
         for col in ("model", "free", "plan chose", "predicted MiB", "logged MiB", "free − overhead", "picture"):
             g.add_column(col, justify="left" if col in ("model", "plan chose", "picture") else "right")
@@ -445,9 +409,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load-variant", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--cpu", action="store_true", help="measure the CPU instead (no build): checks the script")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--guard", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--rows", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--only", choices=("buffers", "guard"), help="one of the two tables")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("pytest_args", nargs="*", help="with --tests: extra pytest arguments")
@@ -456,10 +417,6 @@ def main(argv: list[str] | None = None) -> int:
         return load_variant(args.load_variant)
     if args.loads and (args.inner or args.cpu):
         return loads()
-    if args.guard is not None:
-        return guard_one(args.guard, args.rows)
-    if args.one is not None:
-        return measure_one(args.one, not args.cpu, args.rows)
     if args.cpu or args.inner:
         return measure(gpu=not args.cpu, out=args.out, only=args.only)
     if args.vulkan:
