@@ -21,6 +21,7 @@ __all__ = [
     "ModelFileError",
     "ModelPairError",
     "OutputError",
+    "SchemaError",
     "UnsupportedModel",
 ]
 
@@ -48,6 +49,18 @@ class ContextExceeded(InputError):
     """A request that does not fit the context (its prompt, pictures and reply)."""
 
     code = "context_length_exceeded"
+
+
+class SchemaError(InputError):
+    """A JSON Schema (or its ``pattern``) that cannot become a grammar, or whose grammar would
+    be over edgevlm's limits (``runtime.gbnf.GrammarLimits``). ``path`` names the field that
+    says so (``response_format.json_schema.schema.properties.a.maxLength``; "" for the whole)."""
+
+    code = "invalid_json_schema"
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"{path}: {problem}" if path else problem)
+        self.path = path
 
 
 class ModelFileError(InputError):
