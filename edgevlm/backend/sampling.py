@@ -13,7 +13,7 @@ __all__ = ["CHAT_REPLY", "LIBRARY_REPLY", "ReplyDefaults", "SERVE_REPLY", "Sampl
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature <= 0 means greedy; otherwise top-k → top-p → min-p → temperature → seeded draw.
-    ``grammar`` (GBNF, root rule ``root``) constrains every token first (``json_grammar``)."""
+    ``grammar`` (GBNF, root rule ``root``) constrains every token first (``runtime.jsongrammar.json_grammar``)."""
 
     temperature: float = 0.0
     top_k: int = 40

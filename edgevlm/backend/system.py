@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +13,6 @@ from typing import Any
 
 import psutil
 
-from ..errors import InputError
 from . import logs
 
 __all__ = [
@@ -29,7 +26,6 @@ __all__ = [
     "default_threads",
     "ggml_devices",
     "install_log_sink",
-    "json_grammar",
     "template_renderer",
 ]
 
@@ -247,42 +243,3 @@ def template_renderer(template: str, bos_token: str, eos_token: str) -> Callable
     # plain dicts: the templates read keys beyond llama-cpp-python's ChatCompletionRequest*Message TypedDicts;
     # keywords (tools, enable_thinking) reach the template as variables
     return lambda messages, **kw: fmt(messages=messages, **kw).prompt
-
-
-def json_grammar(schema: dict | None = None) -> str:
-    """GBNF for any JSON object (``schema`` None: OpenAI's ``json_object``), or for values of a
-    JSON Schema (llama-cpp-python's port of llama.cpp's json-schema-to-grammar). That converter
-    ignores numeric bounds; an integer with both bounds and at most ``INT_ENUM_MAX`` values is
-    turned into the enum of its values first, so ``{"minimum": 0, "maximum": 9}`` holds. A
-    schema it cannot convert is an ``InputError``."""
-    from llama_cpp import llama_grammar
-
-    if schema is None:
-        return llama_grammar.JSON_GBNF  # root ::= object
-    try:
-        return llama_grammar.json_schema_to_gbnf(json.dumps(_bounded_integers(schema)))
-    except Exception as exc:  # the converter raises plain exceptions for what it does not know
-        raise InputError(f"JSON schema not supported: {type(exc).__name__}: {exc}") from None
-
-
-INT_ENUM_MAX = 1000
-
-
-def _bounded_integers(node):
-    """``schema`` with every small bounded integer range spelled out as an enum."""
-    if isinstance(node, list):
-        return [_bounded_integers(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _bounded_integers(v) for k, v in node.items()}
-    if out.get("type") == "integer" and "enum" not in out:
-        lo = out.get("minimum", out["exclusiveMinimum"] + 1 if "exclusiveMinimum" in out else None)
-        hi = out.get("maximum", out["exclusiveMaximum"] - 1 if "exclusiveMaximum" in out else None)
-        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and 0 <= hi - lo < INT_ENUM_MAX:
-            out = {
-                k: v
-                for k, v in out.items()
-                if k not in ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-            }
-            out["enum"] = list(range(math.ceil(lo), math.floor(hi) + 1))
-    return out

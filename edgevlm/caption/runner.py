@@ -26,10 +26,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..backend.system import json_grammar
 from ..errors import BackendError, ContextExceeded, EdgeVLMError, ImageError, InputError, MemoryBusy
 from ..jobs.stop import StopToken
 from ..runtime.conversation import Message
+from ..runtime.jsongrammar import json_grammar
 from ..runtime.scheduler import WAIT, Client, Request, Sequence
 from ..runtime.turn import ReplySpec
 from ..vision.merge import MergeSpec
@@ -109,7 +109,7 @@ class Captioner:
         self.llama_ms: float | None = None  # time inside llama.cpp, measured
         self.peak_in_flight = 0  # most images captioned at once
         self.merge = MergeSpec.parse(settings.merge)
-        self.grammar = json_grammar(json.loads(settings.json_schema)) if settings.json_schema else None
+        self.grammar = json_grammar(json.loads(settings.json_schema), "--json-schema") if settings.json_schema else None
         self.slots = 1
         self.intake, room = None, None
         if model is not None:

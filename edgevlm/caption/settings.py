@@ -12,6 +12,7 @@ from ..backend.sampling import SamplingParams
 from ..errors import InputError
 from ..plan.context import IN_FLIGHT_MAX, ContextBudget
 from ..plan.footprint import DEFAULT_DYNAMIC_IMAGE_TOKENS
+from ..runtime.jsongrammar import json_grammar
 from ..vision.images import DEFAULT_MAX_PIXELS
 from ..vision.merge import MergeSpec
 from ..vision.video import VideoBudget
@@ -57,6 +58,7 @@ class CaptionSettings:
                 raise InputError(f"--json-schema: not JSON ({exc})") from None
             if not isinstance(schema, dict):
                 raise InputError("--json-schema: a JSON Schema is an object")
+            json_grammar(schema, "--json-schema")  # (a schema no grammar holds: said before the run)
 
     def sampling(self, grammar: str | None = None) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.seed, grammar)

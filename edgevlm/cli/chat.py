@@ -108,14 +108,15 @@ def chat(
     Structured:   edgevlm chat -m ... -i photo.jpg --json-schema tags.json "Tag this picture"
     Video:        edgevlm chat -m ... --video clip.mp4 --video-tokens 2048 "What happens, and when?"
     """
-    from ..backend.system import json_grammar
     from ..runtime.engine import Clip, EngineOptions
     from ..runtime.intake import load_media
+    from ..runtime.jsongrammar import json_grammar
     from ..runtime.session import SessionOptions
     from .loading import load_model, model_paths
     from .repl import ChatLoop
 
-    # the pictures first: a missing or broken one is said before anything is downloaded or loaded
+    # the schema and the pictures first: what cannot be used is said before anything is downloaded or loaded
+    grammar = json_grammar(json_schema, "--json-schema") if json_schema else None
     pictures = load_media(images, max_pixels)
     model, mmproj = model_paths(
         model, mmproj, quiet=as_json, probe_args=planning.probe_args, wishes=planning.wishes, yes=yes
@@ -141,7 +142,7 @@ def chat(
         min_p=s.min_p,
         seed=s.seed,
         stop=list(reply.stop),
-        grammar=json_grammar(json_schema) if json_schema else None,
+        grammar=grammar,
     )
     vlm = load_model(
         model, mmproj, verbose, options=options, wishes=planning.wishes, n_threads=threads, **planning.probe_args

@@ -499,8 +499,16 @@ class JsonSchemaFile(click.ParamType):
             self.fail(f"{value}: cannot read ({exc.strerror or exc})", param, ctx)
         except ValueError as exc:
             self.fail(f"{value}: not JSON ({exc})", param, ctx)
+        except RecursionError:
+            self.fail(f"{value}: nests too deeply to be a JSON Schema", param, ctx)
         if not isinstance(schema, dict):
             self.fail(f"{value}: a JSON Schema is an object, not {type(schema).__name__}", param, ctx)
+        from ..runtime.gbnf import LIMITS
+        from ..runtime.jsonrules import nests_deeper
+
+        most = 2 * LIMITS.schema_depth  # (JSON levels: a schema in "properties" is two deeper)
+        if nests_deeper(schema, most):
+            self.fail(f"{value}: nests deeper than {most} levels", param, ctx)
         return schema
 
 

@@ -240,7 +240,7 @@ class Engine:
         grammar: str | None = None,
     ) -> Generator[GenerationResponse, None, None]:
         """Add a user turn and stream the reply. The last response carries stats. ``grammar``
-        (GBNF, e.g. ``backend.system.json_grammar(schema)``) constrains the reply."""
+        (GBNF, e.g. ``runtime.jsongrammar.json_grammar(schema)``) constrains the reply."""
         t_start = time.perf_counter()  # TTFT counts image decoding, budgeting and the guard too
         if max_tokens < 1:
             raise InputError(f"max_tokens {max_tokens}: a reply needs at least 1 token")

@@ -349,6 +349,7 @@ def parse_messages_request(body: Any, defaults: SamplingParams = DEFAULT_SAMPLIN
         stream,
         response_format=kind,
         json_schema=schema,
+        schema_at="output_config.format.schema",
         tools=tools,
         tool_choice=choice,
         tool_name=tool_name,

@@ -82,6 +82,8 @@ def _line(number: int, raw: str) -> BatchLine:
         obj = json.loads(raw)
     except ValueError as exc:
         return BatchLine(number, None, code="invalid_json_line", message=f"line {number}: not JSON ({exc})")
+    except RecursionError:  # (a poison line: every resume would die on it)
+        return BatchLine(number, None, code="invalid_json_line", message=f"line {number}: nests too deeply")
     if not isinstance(obj, dict):
         return BatchLine(
             number,

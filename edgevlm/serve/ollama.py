@@ -267,6 +267,7 @@ def _request(
         _stream(body),
         response_format=kind,
         json_schema=schema,
+        schema_at="format",
         tools=parsed,
         think=_think(body.get("think")),
     )

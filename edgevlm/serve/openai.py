@@ -175,7 +175,7 @@ def tool_of(fn: dict[str, Any], at: str) -> Tool:
     desc = fn.get("description") or ""
     if not isinstance(desc, str):
         raise bad(f"{at}.description must be a string", f"{at}.description")
-    return Tool(name, desc, params)
+    return Tool(name, desc, params, f"{at}.{key}")
 
 
 def tool_calls_of(raw: Any, where: str, i: int = 0) -> tuple[ToolCall, ...]:

@@ -87,6 +87,7 @@ class Tool:
     name: str
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    schema_at: str = field(default="parameters", compare=False)  # where the body said it (errors name it)
 
     def to_template(self) -> dict[str, Any]:
         """As chat templates read ``tools`` (OpenAI's shape, which HF templates expect)."""
@@ -150,6 +151,7 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     think: bool | None = None  # reasoning on/off where the template has a switch (None: its default)
     think_budget: int | None = None  # most reasoning tokens (None: the server's --reasoning-budget)
+    schema_at: str = "response_format.json_schema.schema"  # where the body gave json_schema (errors name it)
 
     @property
     def images(self) -> list[ImageRef]:

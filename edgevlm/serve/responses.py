@@ -112,6 +112,7 @@ def parse_responses_request(
             "unsupported_parameter",
         )
     tool_list, choice, tool_name = parse_tools(tools, choice_raw)
+    tool_list = tuple(replace(t, schema_at=f"tools[{i}].parameters") for i, t in enumerate(tool_list))  # (flat)
     parallel = body.get("parallel_tool_calls", True)
     if parallel is None:
         parallel = True
@@ -148,6 +149,7 @@ def parse_responses_request(
         include_usage=True,
         response_format=kind,
         json_schema=schema,
+        schema_at="text.format.schema",
         evict=truncation == "auto",
         tools=tool_list,
         tool_choice=choice,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import functools
 import re
 
-from ..backend.system import json_grammar
-from ..errors import InputError
+from ..errors import InputError, SchemaError
+from ..runtime.jsongrammar import json_grammar
 from ..runtime.model import LoadedModel
 from ..runtime.requests import ThinkCap
 from ..runtime.toolformat import call_grammar, markers
@@ -59,8 +59,12 @@ class ReplyRules:
         """The grammar sampling follows: a forced tool call (tool_choice required or a named
         function), else the JSON of response_format, else none. A reply that starts inside
         <think> (a template without a switch) is made to close it first: the grammar has no
-        room for reasoning, and tokens put in past a grammar would break it."""
-        g = self._grammar(req)
+        room for reasoning, and tokens put in past a grammar would break it. A schema that
+        cannot be held is a 400 naming its field (``SchemaError``'s path) and the limit."""
+        try:
+            g = self._grammar(req)
+        except SchemaError as exc:
+            raise APIError(str(exc), exc.path or None, exc.code) from None
         if g is not None and self.model.scheduler.formatter.starts_thinking(self.think_switch(req)):
             g = _ROOT.sub("edgevlm-answer ::=", g, count=1)
             g = 'root ::= "\\n' + THINK_CLOSE + '\\n\\n" edgevlm-answer\n' + g
@@ -73,16 +77,19 @@ class ReplyRules:
                 raise APIError(
                     f"tool_choice names the function {req.tool_name!r}, which is not in 'tools'", "tool_choice"
                 )
-            tools = [t.to_template() for t in req.offered_tools]
+            name = req.tool_name if req.tool_choice == "function" else None
+            for t in req.offered_tools:  # each schema alone first: an error names its own field
+                if name is None or t.name == name:
+                    json_grammar(t.parameters, t.schema_at)
             return call_grammar(
-                tools,
+                [t.to_template() for t in req.offered_tools],
                 self.tool_format,
-                json_grammar,
-                req.tool_name if req.tool_choice == "function" else None,
+                lambda schema: json_grammar(schema, "tools"),
+                name,
                 req.parallel_tool_calls,
             )
         if req.response_format != "text":
-            return json_grammar(req.json_schema)
+            return json_grammar(req.json_schema, req.schema_at if req.json_schema is not None else "")
         return None
 
     @functools.cached_property
