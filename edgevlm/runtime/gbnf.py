@@ -69,6 +69,7 @@ GROUP_DEPTH = 4  # parenthesised groups nested in one rule's text before a rule 
 RULE_COST = 8  # what a rule costs llama.cpp besides its elements (its vector, its name), in elements
 
 _MAX_CHAR = 0x10FFFF
+_BEYOND = 0xFFFFFFFF  # (llama.cpp's code points are 32 bits)
 
 
 # --- expressions ---------------------------------------------------------------------------------
@@ -266,8 +267,10 @@ def _class_char(c: int) -> str:
 
 
 def gbnf_class(ranges: tuple[tuple[int, int], ...]) -> str:
-    """``[...]``, or ``[^...]`` of the complement when that is shorter."""
-    other = complement(ranges)
+    """``[...]``, or ``[^...]`` of the complement when that is shorter. A negated class also
+    names the values past U+10FFFF: llama.cpp decodes some invalid UTF-8 (a lead byte F4-F7)
+    to them, and ``[^...]`` would take them."""
+    other = complement(ranges) + ((_MAX_CHAR + 1, _BEYOND),)
     neg = len(other) < len(ranges)
     body = "".join(
         _class_char(a) if a == b else _class_char(a) + "-" + _class_char(b) for a, b in (other if neg else ranges)
