@@ -188,6 +188,23 @@ AGREES = [
         },
         [{"v": 1, "next": None}, {"v": 1, "next": {"v": 2, "next": None}}, {"v": 1}, {"v": 1, "next": {"v": 2}}],
     ),
+    (  # pydantic v1's recursive model: a lone allOf member stays a reference
+        {
+            "definitions": {
+                "Node": {
+                    "type": "object",
+                    "properties": {
+                        "v": {"type": "integer"},
+                        "kids": {"type": "array", "items": {"allOf": [{"$ref": "#/definitions/Node"}], "title": "K"}},
+                    },
+                    "required": ["v"],
+                }
+            },
+            "allOf": [{"$ref": "#/definitions/Node"}],
+            "description": "a tree",
+        },
+        [{"v": 1}, {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}, {"v": 1, "kids": [{"w": 2}]}],
+    ),
     (
         {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
         [{"a": 1, "x": "y"}, {"x": 1}, {}, {"a": 1}],

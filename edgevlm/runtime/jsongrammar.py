@@ -121,6 +121,9 @@ class _Converter:
         if "$ref" in s:
             return Ref(self.ref(s["$ref"], at + ("$ref",)))
         if "allOf" in s:
+            one = s["allOf"]
+            if isinstance(one, list) and len(one) == 1 and not set(s) - META - {"allOf"}:
+                return self.visit(one[0], at + ("allOf", 0), name, depth + 1)  # (pydantic v1's {"allOf": [{"$ref"}]})
             s = self.all_of(s, at, depth, ())
         for key in ("anyOf", "oneOf"):
             if key in s:
