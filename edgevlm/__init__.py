@@ -28,6 +28,7 @@ from .errors import (  # noqa: E402
     ModelFileError,
     ModelPairError,
     OutputError,
+    SchemaError,
     UnsupportedModel,
 )
 from .model.gguf_info import ProjectorInfo, TextModelInfo, check_pair, load_projector, load_text_model  # noqa: E402
@@ -65,6 +66,7 @@ __all__ = [
     "OutputError",
     "ProjectorInfo",
     "SamplingParams",
+    "SchemaError",
     "SessionOptions",
     "TextModelInfo",
     "TurnStats",
