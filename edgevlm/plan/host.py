@@ -20,10 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import InputError, MemoryBusy
+from ..errors import EdgeVLMError, InputError, MemoryBusy
 from .devices import format_size
 
-__all__ = ["HostAllowance", "Lease", "return_freed_memory"]
+__all__ = ["HostAllowance", "Lease", "LeaseReleased", "return_freed_memory"]
 
 MMAP_THRESHOLD = 256 * 1024  # buffers at least this large are their own mappings (glibc)
 
@@ -45,6 +45,12 @@ def return_freed_memory() -> bool:
         return False
     m_mmap_threshold = -3
     return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD))
+
+
+class LeaseReleased(EdgeVLMError):
+    """A released lease was asked for more: the request it belonged to has ended."""
+
+    code = "request_ended"
 
 
 class HostAllowance:
@@ -90,6 +96,11 @@ class HostAllowance:
             self.in_use += n
             self.peak = max(self.peak, self.in_use)
 
+    def count_wait(self) -> None:
+        """An acquisition that waited outside ``_take`` (an event loop's polling) got its bytes."""
+        with self._cond:
+            self.waits += 1
+
     def _try_take(self, n: int) -> bool:
         with self._cond:
             if n > 0 and self.in_use + n > self.total:
@@ -116,45 +127,79 @@ class HostAllowance:
 
 
 class Lease:
-    """What one request holds of the allowance; ``release()`` gives all of it back (and, the
-    first time, calls ``on_release``: a server gives the request's place back with it)."""
+    """What one request holds of the allowance; ``release()`` gives all of it back (and calls
+    ``on_release``: a server gives the request's place back with it). Safe from any thread: a
+    request's lease is released by whichever of the worker and the event loop ends it first, and
+    only that first release gives anything back; a released lease takes nothing more (``grow``
+    raises ``LeaseReleased``, ``try_grow`` is False), so a step still running for a request that
+    ended cannot take bytes nobody will return."""
 
     def __init__(self, allowance: HostAllowance, what: str, on_release: Callable[[], None] | None = None):
         self.allowance = allowance
         self.what = what
         self.held = 0
-        self._on_release = on_release
+        self.released = False
+        self._on_release = [on_release] if on_release is not None else []
+        self._lock = threading.Lock()
 
     def grow(self, n: int, deadline: float | None = None) -> None:
         """Take ``n`` more bytes (waiting until ``deadline``, a ``time.monotonic()`` value)."""
-        self.allowance._take(int(n), deadline, self.what)
-        self.held += max(0, int(n))
+        n = max(0, int(n))
+        if self.released:
+            raise LeaseReleased(f"{self.what} has ended; its memory is given back")
+        self.allowance._take(n, deadline, self.what)  # (may wait: outside the lock)
+        with self._lock:
+            if not self.released:
+                self.held += n
+                return
+        self.allowance._give(n)  # released while it waited: nothing is kept
+        raise LeaseReleased(f"{self.what} has ended; its memory is given back")
 
     def try_grow(self, n: int) -> bool:
         """Take ``n`` more bytes if they are free now (never waits)."""
-        if not self.allowance._try_take(int(n)):
-            return False
-        self.held += max(0, int(n))
-        return True
+        n = max(0, int(n))
+        with self._lock:
+            if self.released or not self.allowance._try_take(n):
+                return False
+            self.held += n
+            return True
 
     def shrink(self, n: int) -> None:
         """Give back ``n`` bytes (at most what is held)."""
-        n = min(int(n), self.held)
+        with self._lock:
+            n = max(0, min(int(n), self.held))
+            self.held -= n
         self.allowance._give(n)
-        self.held -= max(0, n)
 
     def resize(self, n: int, deadline: float | None = None) -> None:
         """Hold exactly ``n`` bytes from now on."""
-        if n > self.held:
-            self.grow(n - self.held, deadline)
+        with self._lock:
+            more = int(n) - self.held
+        if more > 0:
+            self.grow(more, deadline)
         else:
-            self.shrink(self.held - n)
+            self.shrink(-more)
+
+    def on_release(self, done: Callable[[], None]) -> None:
+        """Call ``done`` when the lease is released (at once if it is already): what a place
+        taken after the lease (a server's, once the body is in) gives back with it."""
+        with self._lock:
+            if not self.released:
+                self._on_release.append(done)
+                return
+        done()
 
     def release(self) -> None:
-        self.shrink(self.held)
-        done, self._on_release = self._on_release, None
-        if done is not None:
-            done()
+        """Give everything back, once: later calls (from any thread) do nothing."""
+        with self._lock:
+            if self.released:
+                return
+            self.released = True
+            n, self.held = self.held, 0
+            done, self._on_release = self._on_release, []
+        self.allowance._give(n)
+        for call in done:
+            call()
 
     def __enter__(self) -> Lease:
         return self

@@ -24,6 +24,7 @@ from ..errors import (
     InputError,
     MemoryBusy,
 )
+from ..plan.host import LeaseReleased
 from .options import ServeOptions
 
 __all__ = [
@@ -149,6 +150,7 @@ TABLE: dict[type[BaseException], Kind] = {
     RequestTooLarge: Kind(413, _CLIENT, "request_too_large", False),
     BodyTooSlow: Kind(408, _CLIENT, "timeout_error", None),  # (a slow link may do better next time)
     ClientGone: Kind(499, _CLIENT, _CLIENT, False),
+    LeaseReleased: Kind(499, _CLIENT, _CLIENT, False),  # (the request ended: its client is gone)
     ServerBusy: _BUSY,
     ServerStopping: _BUSY,
     ModelLoading: _BUSY,

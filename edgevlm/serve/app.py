@@ -52,7 +52,7 @@ from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
 from . import anthropic, anthropic_reply, ollama, ollama_models
 from .api_errors import APIError, ClientGone, InvalidAPIKey, ModelLoading, NotFound, ServerStopping
-from .http import BODY_COPIES, BodyPace, Dialect, bearer, error_response, event_stream, parse_json, parsed, read_body
+from .http import BodyPace, Dialect, bearer, error_response, event_stream, parse_json, parsed, read_body
 from .job import Job
 from .ollama_routes import ollama_routes
 from .openai import parse_chat_request
@@ -70,6 +70,7 @@ __all__ = ["Server", "create_app"]
 
 Handler = Callable[[HTTPRequest], Awaitable[Response]]
 STATIC = Path(__file__).resolve().parent / "static"  # the web page: plain HTML, CSS, JS
+SMALL_BODY_BYTES = 64 * 1024  # the body of a route that runs no model work (/api/show): a name
 
 
 class Server:
@@ -135,14 +136,16 @@ class Server:
     async def accept(
         self, request: HTTPRequest, parse: Callable[[Any], ChatRequest], count_only: bool = False
     ) -> tuple[Job, ChatRequest]:
-        """Read a request's body (under a lease on the host allowance, taken before it is read),
-        parse it with its API's ``parse`` (body → ``ChatRequest``), and queue it: the one
-        admission path of every route. Returns once the worker accepted it."""
+        """Read a request's body (under a lease on the host allowance, its whole size taken
+        before it is read), parse it with its API's ``parse`` (body → ``ChatRequest``), take its
+        place (``ChatService.admit``: only once the body is in) and queue it: the one admission
+        path of every route. Returns once the worker accepted it."""
         service = self.service
         assert service is not None
-        lease = service.admit("this request")  # before reading the body
+        lease = service.lease("this request")
         try:
             req = parsed(parse, await self.read_json(request, lease))
+            service.admit(lease)
             job = await service.submit(req, request.is_disconnected, lease, count_only)
         except BaseException:
             lease.release()
@@ -150,22 +153,44 @@ class Server:
         return job, req
 
     async def read_json(self, request: HTTPRequest, lease: Lease) -> Any:
-        """A request's body as JSON, read under ``lease`` (growing as the bytes arrive) at the
-        server's pace (``http.BodyPace``: else 408); the bytes are dropped once parsed, and the
-        lease keeps what the parsed body holds. A client that leaves meanwhile is counted as
+        """A request's body as JSON (``read``); the bytes are dropped once parsed, and the lease
+        keeps what the parsed body holds (about as much)."""
+        body = await self.read(request, lease, self.options.max_body_bytes)
+        data = parse_json(body)
+        lease.resize(len(body))
+        del body
+        return data
+
+    async def small_json(self, request: HTTPRequest) -> Any:
+        """The body of a route that runs no model work (Ollama's ``/api/show``), read as any
+        other (``read``) but at most ``SMALL_BODY_BYTES``; nothing is held once it is parsed.
+        An empty body is ``{}``."""
+        service = self.service
+        assert service is not None
+        with service.lease("this request") as lease:
+            body = await self.read(request, lease, SMALL_BODY_BYTES, "this route's bodies only name a model")
+            return parse_json(body or b"{}")
+
+    async def read(
+        self, request: HTTPRequest, lease: Lease, limit: int, limit_is: str = "the server's --max-body"
+    ) -> bytes:
+        """A request's body, at most ``limit`` bytes, read under ``lease`` (its whole size held
+        before the first byte: ``http.read_body``) at the server's pace (``http.BodyPace``: else
+        408), counted on /status while it arrives. A client that leaves meanwhile is counted as
         cancelled."""
         service, o = self.service, self.options
         assert service is not None
         pace = BodyPace(o.body_timeout_s, o.body_min_rate, o.timeout_s)
+        service.reading += 1
         try:
-            body = await read_body(request, o.max_body_bytes, lease, o.host_wait_s, pace)
+            return await read_body(
+                request, limit, lease, o.host_wait_s, pace, min(limit, o.chunked_body_bytes), limit_is
+            )
         except ClientGone:
             service.worker.count_cancelled()
             raise
-        data = parse_json(body)
-        del body
-        lease.resize(lease.held // BODY_COPIES)  # the bytes are dropped; the parsed body stays
-        return data
+        finally:
+            service.reading -= 1
 
     async def chat(self, request: HTTPRequest) -> Response:
         service = self.service
@@ -268,9 +293,10 @@ class Server:
         request: under the queue limit and the host allowance."""
         service = self.service
         assert service is not None
-        lease = service.admit("this picture")
+        lease = service.lease("this picture")
         try:
             body = await self.read_json(request, lease)
+            service.admit(lease)
             return JSONResponse(await run_in_threadpool(self._budget, body, lease))
         finally:
             lease.release()

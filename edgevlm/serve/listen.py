@@ -27,11 +27,29 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import HANDLED_SIGNALS
 
 from ..errors import InputError
 
-__all__ = ["Beside", "Listener", "bind"]
+__all__ = ["Beside", "Listener", "bind", "header_deadline"]
+
+
+def header_deadline(seconds: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP/1.1 protocol (h11) with a deadline on a request's head: a connection must
+    send its request line and headers within ``seconds`` of opening, else it is closed. uvicorn
+    already closes a kept-alive connection whose next request does not come in time (its
+    keep-alive timer, cancelled once a request's headers are in); this arms the same timer when
+    a connection opens, which uvicorn leaves unbounded — a socket trickling its headers held its
+    connection for as long as it liked. (Bodies have their own pace: ``http.BodyPace``.)"""
+
+    class HeadInTime(H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if self.timeout_keep_alive_task is None:
+                self.timeout_keep_alive_task = self.loop.call_later(seconds, self.timeout_keep_alive_handler)
+
+    return HeadInTime
 
 
 def bind(host: str, port: int, what: str = "--port") -> list[socket.socket]:

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
+from ..plan.host import Lease
 from ..vision.images import LoadedImage, load_image
 from .api_errors import APIError, RequestTimedOut
 from .options import ServeOptions
@@ -112,11 +113,13 @@ class _Cut(Exception):
         self.slow, self.got = slow, got
 
 
-def _fetch_url(url: str, opts: ServeOptions, label: str, deadline: float | None = None) -> bytes:
+def _fetch_url(
+    url: str, opts: ServeOptions, label: str, deadline: float | None = None, lease: Lease | None = None
+) -> bytes:
     start = time.monotonic()
     end = start + opts.url_deadline_s if deadline is None else min(deadline, start + opts.url_deadline_s)
     try:
-        return asyncio.run(_fetch_async(url, opts, end))
+        return asyncio.run(_fetch_async(url, opts, end, lease))
     except _Cut as cut:
         shown = url if len(url) <= 120 else url[:117] + "..."
         took = time.monotonic() - start
@@ -135,7 +138,7 @@ def _fetch_url(url: str, opts: ServeOptions, label: str, deadline: float | None 
         ) from None
 
 
-async def _fetch_async(url: str, opts: ServeOptions, end: float) -> bytes:
+async def _fetch_async(url: str, opts: ServeOptions, end: float, lease: Lease | None = None) -> bytes:
     import httpx
 
     for _ in range(opts.url_max_redirects + 1):
@@ -167,7 +170,7 @@ async def _fetch_async(url: str, opts: ServeOptions, end: float) -> bytes:
                     size = int(resp.headers.get("content-length") or 0)
                     if size > opts.url_max_bytes:
                         raise _refuse(f"the image URL holds {size:,} bytes, over the limit of {opts.url_max_bytes:,}")
-                    return await _body(resp, opts, end)
+                    return await _body(resp, opts, end, size, lease)
                 finally:
                     await resp.aclose()
         except httpx.HTTPError as exc:
@@ -183,20 +186,46 @@ async def _by(step: Any, end: float, got: int, slow_at: float = math.inf) -> Any
         raise _Cut(slow_at < end, got) from None
 
 
-async def _body(resp: Any, opts: ServeOptions, end: float) -> bytes:
-    """The response's body, at most ``url_max_bytes``, by ``end`` and at ``url_min_rate``."""
+FETCH_COPIES = 2  # a URL's body while fetched: what came so far, and its copy when it is done
+
+
+async def _body(resp: Any, opts: ServeOptions, end: float, size: int = 0, lease: Lease | None = None) -> bytes:
+    """The response's body, at most ``url_max_bytes``, by ``end`` and at ``url_min_rate``. With
+    ``lease``, its memory is held before it arrives — ``FETCH_COPIES`` × its ``Content-Length``
+    up front, else × each chunk as it comes — and the one copy that is returned stays held (the
+    caller gives it back once the picture is decoded)."""
     begun = time.monotonic()
-    data = bytearray()
-    chunks = resp.aiter_bytes()
-    while True:
-        slow_at = begun + RATE_GRACE_S + len(data) / opts.url_min_rate if opts.url_min_rate > 0 else math.inf
-        try:
-            chunk = await _by(chunks.__anext__(), end, len(data), slow_at)
-        except StopAsyncIteration:
-            return bytes(data)
-        data += chunk
-        if len(data) > opts.url_max_bytes:
-            raise _refuse(f"the image URL holds more than {opts.url_max_bytes:,} bytes")
+    held = 0
+
+    def take(n: int) -> None:
+        nonlocal held
+        if lease is not None and n > 0:
+            lease.grow(n, time.monotonic() + opts.host_wait_s)  # (a fetch thread of its own: it may wait)
+            held += n
+
+    try:
+        take(size * FETCH_COPIES)
+        data = bytearray()
+        chunks = resp.aiter_bytes()
+        while True:
+            slow_at = begun + RATE_GRACE_S + len(data) / opts.url_min_rate if opts.url_min_rate > 0 else math.inf
+            try:
+                chunk = await _by(chunks.__anext__(), end, len(data), slow_at)
+            except StopAsyncIteration:
+                break
+            if len(data) + len(chunk) > opts.url_max_bytes:
+                raise _refuse(f"the image URL holds more than {opts.url_max_bytes:,} bytes")
+            take((len(data) + len(chunk)) * FETCH_COPIES - held)  # (nothing while a Content-Length covers it)
+            data += chunk
+        out = bytes(data)
+        del data
+    except BaseException:
+        if lease is not None:
+            lease.shrink(held)
+        raise
+    if lease is not None:
+        lease.shrink(held - len(out))  # the copy that is returned stays held
+    return out
 
 
 def _read_path(path: str, opts: ServeOptions) -> bytes:
@@ -220,16 +249,20 @@ def _under(path: str, root: str) -> bool:
         return False
 
 
-def fetch_bytes(ref: ImageRef, opts: ServeOptions, label: str, deadline: float | None = None) -> bytes:
+def fetch_bytes(
+    ref: ImageRef, opts: ServeOptions, label: str, deadline: float | None = None, lease: Lease | None = None
+) -> bytes:
     """A request's picture as the bytes it was sent as (``label`` names it in errors:
     ``messages[1] image 1``); a URL's fetch ends by ``deadline`` (a ``time.monotonic()`` value)
-    too, when that comes before its own."""
+    too, when that comes before its own. With ``lease``, a URL's body is held on it as it is
+    fetched (``_body``), and what is returned stays held: the caller shrinks the lease by its
+    length once it is done with it."""
     url = ref.url.strip()
     scheme = url_scheme(url)
     if scheme == "data":
         data = read_data_uri(url, opts.url_max_bytes)
     elif scheme in ("http", "https"):
-        data = _fetch_url(url, opts, label, deadline)
+        data = _fetch_url(url, opts, label, deadline, lease)
     elif scheme == "file":
         raise _refuse("file: URLs are not allowed (name a path under --allow-path)")
     elif scheme == "" or len(scheme) == 1:  # a path (C:\\ on Windows)

@@ -67,7 +67,8 @@ class ChatService:
         self.intake = model.intake(fetch=self.fetch, host_wait_s=options.host_wait_s)  # (never keeps a full decode)
         planned = model.plan.host_allowance if model.plan is not None else 0
         self.host = HostAllowance(planned or options.host_allowance)
-        self.admitted = 0  # requests in, from the door to their last event (``admit``)
+        self.admitted = 0  # requests in, from their body's last byte to their last event (``admit``)
+        self.reading = 0  # bodies arriving (counted by the HTTP edge, in the event loop)
         self.stopping = False  # the server is stopping (``drain``): every request gets 503
         self._places = threading.Lock()
 
@@ -88,13 +89,22 @@ class ChatService:
 
     @property
     def capacity(self) -> int:
-        """Requests taken at once (read, prepared, queued and running) before a 503."""
+        """Requests taken at once (prepared, queued and running) before a 503."""
         return self.model.scheduler.max_running + self.options.queue
 
-    def admit(self, what: str = "this request") -> Lease:
+    def lease(self, what: str = "this request") -> Lease:
+        """A lease on the host allowance and no place yet: what a request's body is read under
+        (``admit`` gives it a place once the body is in)."""
+        if self.stopping:
+            raise ServerStopping("the server is stopping; retry on another instance, or once it is back")
+        return self.host.lease(what)
+
+    def admit(self, lease: Lease | None = None, what: str = "this request") -> Lease:
         """The one capacity check: a request's place (refused with 503 + Retry-After when
-        ``capacity`` requests are in, from their body's first byte to their last event) and its
-        lease on the host allowance; releasing the lease gives the place back."""
+        ``capacity`` requests are in, from their body's last byte to their last event), given
+        to ``lease`` (or a new lease on the host allowance); releasing the lease gives the place
+        back. A request takes its place only once its body is in: a client that sends its body
+        slowly (or never) holds no place meanwhile."""
         with self._places:
             if self.stopping:
                 raise ServerStopping("the server is stopping; retry on another instance, or once it is back")
@@ -106,7 +116,9 @@ class ChatService:
                     f"waiting (the queue holds {self.options.queue}); retry shortly"
                 )
             self.admitted += 1
-        return self.host.lease(what, self._leave)
+        lease = lease or self.host.lease(what)
+        lease.on_release(self._leave)
+        return lease
 
     def _leave(self) -> None:
         with self._places:
@@ -120,13 +132,12 @@ class ChatService:
         self, req: ChatRequest, lease: Lease, fetched: dict[str, bytes]
     ) -> tuple[Conversation, list[int], list[str]]:
         """``prepare`` with the request's image URLs fetched already (``fetched``: their bytes,
-        held on ``lease`` until the intake is done with them)."""
-        held = sum(map(len, fetched.values()))
-        lease.grow(held, time.monotonic() + self.options.host_wait_s)
+        held on ``lease`` since they arrived — ``media.fetch_bytes`` — and given back once the
+        intake is done with them)."""
         try:
             return self.prepare(req, lease, fetched)
         finally:
-            lease.shrink(held)
+            lease.shrink(sum(map(len, fetched.values())))
 
     # --- pictures ----------------------------------------------------------------------------
     def prepare(
@@ -192,8 +203,10 @@ class ChatService:
             if grammar is not None:
                 await prep.run(None, self.model.backend.check_grammar, grammar)
             urls = {r.url: f"messages[{m.index}]" for m in req.messages for r in m.images if Fetcher.remote(r.url)}
-            calls = [(fetch_bytes, ImageRef(url), self.options, label, deadline) for url, label in urls.items()]
-            fetched = dict(zip(urls, await prep.run_all(self.fetcher.pool, calls), strict=True))  # (own threads)
+            calls = [(fetch_bytes, ImageRef(url), self.options, label, deadline, lease) for url, label in urls.items()]
+            # on the fetch threads, a few of this request's at a time: its slow URLs leave the rest to others
+            at_once = self.options.url_fetches_per_request
+            fetched = dict(zip(urls, await prep.run_all(self.fetcher.pool, calls, at_once), strict=True))
             conv, places, notices = await prep.run(None, self.prepare_fetched, req, lease, fetched)
             tools = tuple(t.to_template() for t in req.offered_tools)
             length, reserve = self.rules.reply_length(req)
