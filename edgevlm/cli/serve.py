@@ -103,6 +103,13 @@ __all__ = ["serve"]
     "a slower body gets 408 and gives its memory back (a request takes its place once its body is in).",
 )
 @click.option(
+    "--host-wait",
+    default=ServeOptions.host_wait_s,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds a request may wait for host memory (--host-allowance) that others hold; then 503.",
+)
+@click.option(
     "--header-timeout",
     default=ServeOptions.header_timeout_s,
     show_default=True,
@@ -167,6 +174,7 @@ def serve(
     max_body,
     body_timeout,
     body_min_rate,
+    host_wait,
     header_timeout,
     max_tokens,
     sampling,
@@ -241,6 +249,7 @@ def serve(
         max_body_bytes=max_body,
         body_timeout_s=body_timeout,
         body_min_rate=body_min_rate,
+        host_wait_s=host_wait,
         header_timeout_s=header_timeout,
         max_tokens=max_tokens,
         sampling=sampling,

@@ -150,7 +150,7 @@ async def hold(lease: Lease, n: int, wait_s: float | None) -> None:
     than the whole allowance is refused at once (``InputError``)."""
     if lease.try_grow(n):
         return
-    if n > lease.allowance.total:
+    if lease.held + n > lease.allowance.total:
         lease.grow(n)  # (raises: more than the whole allowance)
     end = None if wait_s is None else time.monotonic() + wait_s
     while True:

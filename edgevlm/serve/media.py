@@ -203,9 +203,9 @@ async def _body(resp: Any, opts: ServeOptions, end: float, size: int = 0, lease:
             lease.grow(n, time.monotonic() + opts.host_wait_s)  # (a fetch thread of its own: it may wait)
             held += n
 
+    data = bytearray()
     try:
         take(size * FETCH_COPIES)
-        data = bytearray()
         chunks = resp.aiter_bytes()
         while True:
             slow_at = begun + RATE_GRACE_S + len(data) / opts.url_min_rate if opts.url_min_rate > 0 else math.inf
@@ -217,12 +217,13 @@ async def _body(resp: Any, opts: ServeOptions, end: float, size: int = 0, lease:
                 raise _refuse(f"the image URL holds more than {opts.url_max_bytes:,} bytes")
             take((len(data) + len(chunk)) * FETCH_COPIES - held)  # (nothing while a Content-Length covers it)
             data += chunk
-        out = bytes(data)
-        del data
     except BaseException:
+        data.clear()  # (the error's traceback keeps this frame: not the bytes that came)
         if lease is not None:
             lease.shrink(held)
         raise
+    out = bytes(data)
+    data.clear()
     if lease is not None:
         lease.shrink(held - len(out))  # the copy that is returned stays held
     return out

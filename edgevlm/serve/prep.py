@@ -67,7 +67,12 @@ class Preparation:
             task.cancel()  # (those waiting for the gate never start)
         errors = [e for e in (task.exception() for task in done) if e is not None]  # (each one retrieved)
         if errors:
-            raise errors[0]
+            # the error's traceback runs through this frame: it must not keep the other steps'
+            # results (a request's fetched pictures) alive until the cyclic GC comes by
+            try:
+                raise errors[0]
+            finally:
+                del errors, tasks, done, pending
         if pending:
             raise RequestTimedOut(
                 f"the request was not prepared within its {self.timeout_s:g} s (the server's --timeout)"

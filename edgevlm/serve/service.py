@@ -155,7 +155,8 @@ class ChatService:
             # the last message's pictures (all of them, without evict) must fit the room left;
             # an earlier one's, with evict, may give way later: planned as if it were the last
             bound = i == len(req.messages) - 1 or not req.evict
-            refs = [MediaRef((fetched or {}).get(r.url, r.url), r.kind, r.detail, r.name) for r in m.images]
+            got = fetched or {}  # (URLs fetched already: their bytes are on the lease)
+            refs = [MediaRef(got.get(r.url, r.url), r.kind, r.detail, r.name, r.url in got) for r in m.images]
             made, used = self.intake.message(
                 refs, room if bound else full_room, first=len(conv.pictures) + 1, lease=lease
             )
