@@ -244,9 +244,11 @@ def test_doctor_says_what_it_finds_without_the_library(broken, case, gpu_tools):
     assert f"library:  {library}" in out
     assert f"reason:   {loader_says(library)}" in out
     assert "NVIDIA GeForce RTX 4060 Laptop GPU" in out
-    assert "7.72 GiB free of 8.00 GiB · nvidia-smi" in out
-    assert "llvmpipe (LLVM 15.0.6, 256 bits)" in out
-    assert "vulkaninfo" in out
+    assert "NVIDIA GeForce RTX 4060 Laptop GPU · gpu · 7.72 GiB free of 8.00 GiB (nvidia-smi, driver 550.54.14)" in out
+    assert (
+        "llvmpipe (LLVM 15.0.6, 256 bits) · cpu · memory not reported (vulkaninfo, driver Mesa 22.3.6 (LLVM 15.0.6))"
+        in out
+    )
     fix = out.splitlines()[-1]
     assert fix.startswith("fix: ")
     assert fix[5:] in line
@@ -270,3 +272,23 @@ def test_doctor_says_what_it_finds_without_the_library(broken, case, gpu_tools):
 def test_the_pinned_version_is_the_one_pyproject_pins():
     text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     assert re.search(r'"llama-cpp-python==([0-9.]+)"', text).group(1) == native.PINNED
+
+
+def test_what_the_loader_says_of_a_missing_driver_or_package_is_read_too():
+    """The two failures this machine cannot produce for real, in the loader's and Python's own
+    words: a CUDA build on a machine without NVIDIA's driver, and no llama-cpp-python at all."""
+    driver = native.failure_of(
+        RuntimeError(
+            "Failed to load shared library '/venv/llama_cpp/lib/libllama.so': "
+            "libcuda.so.1: cannot open shared object file: No such file or directory"
+        )
+    )
+    assert driver.library == "/venv/llama_cpp/lib/libllama.so"
+    assert driver.missing == "libcuda.so.1"
+    assert "no NVIDIA driver" in driver.line()
+    assert native.install_line() in driver.line()
+    absent = native.failure_of(ModuleNotFoundError("No module named 'llama_cpp'", name="llama_cpp"))
+    assert absent.line() == (
+        f"llama-cpp-python is not installed (No module named 'llama_cpp'); "
+        f"install it: pip install llama-cpp-python=={native.PINNED}"
+    )

@@ -53,7 +53,8 @@ _RISKY = ("numpy",)  # imported before llama_cpp, it crashed a CUDA build's mode
 # llama-cpp-python's modules that load a shared library, and the variable that moves each one's folder
 _MODULES = ("llama_cpp", "llama_cpp.mtmd_cpp", "llama_cpp._ggml")
 _OVERRIDES = {"llama": "LLAMA_CPP_LIB_PATH", "mtmd": "MTMD_CPP_LIB"}
-_CUDA_LIBS = ("libcudart", "libcublas", "libcublasLt", "libcuda.", "libnvrtc", "cudart64", "cublas64", "nvcuda")
+_DRIVER_LIBS = ("libcuda.so", "nvcuda")  # NVIDIA's driver (what a machine without an NVIDIA GPU lacks)
+_CUDA_LIBS = ("libcudart", "libcublas", "libnvrtc", "cudart64", "cublas64")  # the CUDA runtime a build links
 
 
 def lib_dir() -> Path | None:
@@ -134,7 +135,7 @@ class LoadFailure:
                 "or point it at a folder holding a complete llama.cpp build"
             )
         build = "CUDA" if "CUDA" in self.backends else next(iter(self.backends), None)
-        if self.missing.startswith(("libcuda.so", "nvcuda")):
+        if self.missing.startswith(_DRIVER_LIBS):
             return f"no NVIDIA driver is installed ({self.missing}): install one, or the CPU build: {install_line()}"
         if self.missing.startswith(_CUDA_LIBS):
             return (

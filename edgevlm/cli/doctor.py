@@ -222,10 +222,8 @@ def _without_llama(f: dict) -> str:
     for d in f["devices"]:
         mem = f"{format_size(d['free'])} free of " if d["free"] is not None else ""
         mem += format_size(d["total"]) if d["total"] is not None else "memory not reported"
-        lines.append(
-            f"  {d['name']:<9} {d['kind']:<5} {mem} · {d['source']}"
-            + (f" {d['description']}" if d["description"] and d["source"] != "psutil" else "")
-        )
+        by = d["source"] + (f", driver {d['description']}" if d["description"] and d["source"] != "psutil" else "")
+        lines.append(f"  {d['name']} · {d['kind']} · {mem} ({by})")
     if f["tools_absent"]:
         lines.append(f"  ({' and '.join(f['tools_absent'])} not on PATH)")
     lines.append(f"fix: {lib['fix']}")
