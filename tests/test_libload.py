@@ -172,7 +172,7 @@ def test_each_way_a_library_fails_is_one_line_with_its_fix(broken, case):
         assert "LLAMA_CPP_LIB_PATH" in line
 
 
-def test_the_commands_that_need_no_llama_cpp_keep_working(broken, tmp_path):
+def test_inspect_and_budget_without_a_text_model_keep_working(broken):
     env, _ = broken["no_deps"]
     r = run(env, "inspect", DEMO[0], "--mmproj", DEMO[1], "--json")
     assert r.returncode == 0, r.stderr
@@ -180,6 +180,10 @@ def test_the_commands_that_need_no_llama_cpp_keep_working(broken, tmp_path):
     r = run(env, "budget", PICTURE, "--mmproj", DEMO[1], "--json")  # the projector's own arithmetic
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["total_tokens"] > 0
+
+
+def test_the_models_listing_and_a_dry_run_keep_working(broken, tmp_path):
+    env, _ = broken["no_deps"]
     r = run(dict(env, HF_HUB_CACHE=str(tmp_path)), "models", "--json")  # the listing, without a verdict
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
@@ -258,12 +262,20 @@ def test_doctor_says_what_it_finds_without_the_library(broken, case, gpu_tools):
         assert f"build:    CUDA build, by the files in {library.parent}" in out
         assert "lacks:    libcudart.so.12" in out
         assert native.install_line("CUDA") in fix
+
+
+def test_doctor_json_without_the_library(broken, gpu_tools):
+    env, library = broken["cuda_runtime"]
+    line = one_line(run(env, "chat", "-m", DEMO[0], "--mmproj", DEMO[1], "-i", PICTURE, "hi"), library)
     r = run(env, "doctor", "--json", path_dirs=gpu_tools)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     f = json.loads(r.stdout)
     assert f["library_error"]["library"] == str(library)
-    assert f["library_error"]["line"] == line.removeprefix("Error: ")
+    assert f["library_error"]["line"] == line.removeprefix("Error: ")  # the one line every command says
+    if shutil.which("ldd"):
+        assert f["library_error"]["missing"] == ["libcudart.so.12"]
+    assert f["build"] == "CUDA build"
     by_tool = [(d["source"], d["name"], d["kind"], d["total"], d["free"]) for d in f["devices"]]
     assert ("nvidia-smi", "NVIDIA GeForce RTX 4060 Laptop GPU", "gpu", 8188 * 2**20, 7901 * 2**20) in by_tool
     assert ("vulkaninfo", "llvmpipe (LLVM 15.0.6, 256 bits)", "cpu", None, None) in by_tool
