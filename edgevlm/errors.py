@@ -17,6 +17,7 @@ __all__ = [
     "ImageError",
     "InputError",
     "IntegrityError",
+    "LibraryError",
     "MemoryBusy",
     "ModelFileError",
     "ModelPairError",
@@ -77,6 +78,14 @@ class MemoryBusy(InputError):
 
 class BackendError(EdgeVLMError):
     """llama.cpp / mtmd refused or failed at run time."""
+
+
+class LibraryError(BackendError):
+    """llama.cpp's shared libraries did not load (a CUDA wheel without its runtime, a wrong
+    architecture, a broken build): nothing that needs llama.cpp can run until the installation
+    is fixed, so it exits 2 like bad input; the message names the library, the reason and the fix."""
+
+    exit_code = 2
 
 
 class DoesNotFit(EdgeVLMError):

@@ -17,6 +17,7 @@ import psutil
 
 from ..errors import InputError
 from . import logs
+from .native import require
 
 __all__ = [
     "EXTRA_BUFFERS_ENV",
@@ -122,6 +123,7 @@ def install_log_sink() -> None:
     """Route llama.cpp's loggers (llama/ggml and clip/mtmd) into ``logs`` (idempotent)."""
     if _callbacks:
         return
+    require()
     import llama_cpp
     from llama_cpp import mtmd_cpp
 
@@ -133,11 +135,10 @@ def install_log_sink() -> None:
 
 def ggml_devices() -> list[GGMLDevice]:
     """Every device ggml has registered, with the free and total memory it reports."""
-    try:
-        import llama_cpp
-        from llama_cpp import _ggml
-    except Exception:  # pragma: no cover - no llama_cpp: host only
-        return []
+    require()
+    import llama_cpp
+    from llama_cpp import _ggml
+
     install_log_sink()
     llama_cpp.llama_backend_init()
     lib = _ggml.libggml
@@ -175,6 +176,7 @@ def ggml_devices() -> list[GGMLDevice]:
 @functools.lru_cache(maxsize=1)
 def _system_info() -> str | None:
     """llama.cpp's build features (fixed for the process: read once)."""
+    require()
     try:
         import llama_cpp
 
@@ -187,12 +189,11 @@ EXTRA_BUFFERS_ENV = "EDGEVLM_CPU_EXTRA_BUFFERS"  # "1" / "0": edgevlm's switch, 
 
 
 def build_info() -> tuple[str | None, str, bool]:
-    """(llama-cpp-python's version or None when it is not installed, llama.cpp's feature line,
-    whether the build can offload to a GPU)."""
-    try:
-        import llama_cpp
-    except ImportError:
-        return None, "", False
+    """(llama-cpp-python's version, llama.cpp's feature line, whether the build can offload to
+    a GPU)."""
+    require()
+    import llama_cpp
+
     return llama_cpp.__version__, (_system_info() or "").strip(), bool(llama_cpp.llama_supports_gpu_offload())
 
 
@@ -202,6 +203,7 @@ def placement(n_gpu_layers: int, extra_buffers: bool | None = None) -> dict[str,
     default), and with no layer on a GPU no GPU in the model at all (``split_mode`` none,
     ``main_gpu`` -1), so its host weights get the CPU's repacked kernels, not a GPU's pinned
     host type, and no GPU context buffers."""
+    require()
     import llama_cpp
 
     out: dict[str, Any] = {"use_extra_bufts": cpu_extra_buffers() if extra_buffers is None else extra_buffers}
@@ -241,6 +243,7 @@ def template_renderer(template: str, bos_token: str, eos_token: str) -> Callable
     """A function rendering ``messages`` with a Jinja chat template exactly as llama-cpp-python
     renders it (its ``Jinja2ChatFormatter``: sandboxed Jinja, ``trim_blocks``/``lstrip_blocks``,
     HF's ``tojson``), with the generation prompt added."""
+    require()
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     fmt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)
@@ -255,6 +258,7 @@ def json_grammar(schema: dict | None = None) -> str:
     ignores numeric bounds; an integer with both bounds and at most ``INT_ENUM_MAX`` values is
     turned into the enum of its values first, so ``{"minimum": 0, "maximum": 9}`` holds. A
     schema it cannot convert is an ``InputError``."""
+    require()
     from llama_cpp import llama_grammar
 
     if schema is None:
