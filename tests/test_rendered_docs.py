@@ -332,3 +332,13 @@ def test_a_pending_block_says_which_script_makes_its_run_and_nothing_else(tmp_pa
     assert [p for p in render.check() if "differs" in p]
     page.write_text("<!-- results:bench_nothing-pending:readme -->\n<!-- /results:bench_nothing-pending:readme -->\n")
     assert [p for p in render.check() if "no scripts/bench_nothing.py" in p]
+
+
+def test_no_table_in_readme_holds_a_typed_number():
+    """README's tables hold numbers only inside rendered blocks: a table typed by hand (as the
+    video table was, with peak RSS its run never measured) fails here."""
+    render = _module("render_docs")
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    outside = re.sub(r"```.*?```", "", render.BLOCK.sub("", text), flags=re.S)
+    typed = [ln for ln in outside.splitlines() if ln.startswith("|") and re.search(r"(?<!\w)\d[\d,.]*(?!\w)", ln)]
+    assert not typed, typed
