@@ -371,15 +371,19 @@ def run_page(page: Path, tmp: Path) -> tuple[list[str], int, float]:
 
 
 def check_export(c: Shown, env: dict[str, str]) -> list[str]:
-    """The page's ``export`` line is the one the stand-in hub printed (its port and folder aside)."""
+    """The page's ``export`` line is the one the stand-in hub printed, but for its port and the
+    folder its caches are in (the test gives it ``--port 0 --home TMP``)."""
     printed = env.get("HUB_PRINTED")
     if printed is None:
         return [f"{c.id}: {c.command}: no stand-in hub started before it"]
-    from edgevlm_testkit.hub_server import DEFAULT_HOME, DEFAULT_PORT
 
-    want = printed.replace(env["HUB_HOME"], str(DEFAULT_HOME))
-    want = re.sub(r"127\.0\.0\.1:\d+", f"127.0.0.1:{DEFAULT_PORT}", want)
-    return [] if bare(c.command) == want else [f"{c.id}: shows {c.command!r}, it prints {want!r}"]
+    def shape(line: str, home: str) -> str:
+        return re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", line.replace(home, "HOME"))
+
+    shown = bare(c.command)
+    m = re.search(r"HF_HOME=(\S+)/hf\b", shown)
+    same = m is not None and shape(shown, m.group(1)) == shape(printed, env["HUB_HOME"])
+    return [] if same else [f"{c.id}: shows {shown!r}, the hub printed {printed!r}"]
 
 
 # --- the tests ----------------------------------------------------------------------------------
@@ -418,6 +422,11 @@ def test_a_shown_line_matches_what_is_printed_not_something_else():
     assert missing_lines(["square"], "circle")
     assert missing_replies(['{"content":"green"}'], '{"content": "red"}')
     assert not missing_replies(['{"content": "green", …}'], '{"x": 1, "content":"green"}')
+    hub = {"HUB_PRINTED": "export HF_ENDPOINT=http://127.0.0.1:41234 HF_HOME=/t/x/hf EDGEVLM_CACHE=/t/x/edgevlm",
+           "HUB_HOME": "/t/x"}  # fmt: skip
+    shown = "export HF_ENDPOINT=http://127.0.0.1:8765 HF_HOME=/tmp/h/hf EDGEVLM_CACHE=/tmp/h/edgevlm"
+    assert check_export(Shown("p", 1, shown), hub) == []
+    assert check_export(Shown("p", 1, "export HF_ENDPOINT=http://127.0.0.1:8765 HF_HOME=/tmp/h/hf"), hub)
 
 
 @pytest.mark.slow
