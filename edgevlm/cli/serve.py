@@ -283,13 +283,15 @@ def serve(
             scheduler_options=SchedulerOptions(profile=profile),
             verbose=verbose,
         )
-        where = ", ".join(f"http://{h}:{p}" for h, p in bound(server)) or f"http://{host}:{port}"
+        where = [f"http://{h}:{p}" for h, p in bound(server)] or [f"http://{host}:{port}"]
         beside = server.beside
         ollama = ", ".join(f"http://{h}:{p}" for h, p in bound(beside)) if beside is not None else ""
         if server.should_exit:  # (stopping already: a port it could not listen on, Ctrl-C)
             return vlm
+        # the page first: the address a person opens; the API's base URL is what clients are given
+        page, api = ", ".join(f"{w}/" for w in where), ", ".join(f"{w}/v1" for w in where)
         echo_err(
-            f"ready: {where}/v1 · model {options.model_id} · {vlm.scheduler.max_running} request(s) "
+            f"ready: the page {page} · API {api} · model {options.model_id} · {vlm.scheduler.max_running} request(s) "
             f"at once · {vlm.scheduler.n_slots} conversations kept · context {vlm.n_ctx} · queue {queue}"
             + (f" · Ollama's API: {ollama or f'http://{host}:{ollama_port}'}" if beside is not None else "")
         )
