@@ -23,7 +23,28 @@ __all__ = [
     "ModelPairError",
     "OutputError",
     "UnsupportedModel",
+    "clipped",
+    "shown",
 ]
+
+SHOWN_MAX = 60  # characters of a caller's value an error message repeats (``shown``)
+MESSAGE_MAX = 600  # characters of an error message a server answers or logs (``clipped``)
+
+
+def shown(value: object, most: int = SHOWN_MAX) -> str:
+    """A caller's value as an error message quotes it: its ``repr``, or its first ``most``
+    characters and how long it was — a 30 MB field is never repeated whole in an error body, a
+    log line or a stream."""
+    if isinstance(value, str) and len(value) > most:
+        return f"{value[:most]!r}… ({len(value):,} characters)"
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most]}… ({len(text):,} characters)"
+
+
+def clipped(message: str, most: int = MESSAGE_MAX) -> str:
+    """``message`` cut to ``most`` characters (saying so): the last guard before an error body or
+    a log line, whatever a message was built from."""
+    return message if len(message) <= most else f"{message[:most]}… ({len(message):,} characters in all)"
 
 
 class EdgeVLMError(Exception):

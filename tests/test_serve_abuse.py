@@ -329,3 +329,75 @@ def test_a_request_with_sixteen_slow_urls_leaves_fetch_threads_to_others(model_p
         pics.close()
         err = s.stop()
     assert "Traceback" not in err, err
+
+
+BIG = "x" * 1_000_000  # a caller's value no error, log line or stream chunk may repeat whole
+
+
+def echo_cases() -> list[tuple[str, dict]]:
+    """(route, body) pairs whose one bad field holds ``BIG``: each a 4xx that names the field."""
+    hi = [{"role": "user", "content": "hi"}]
+    fn = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    return [
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": BIG, "content": "hi"}]}),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": [{"type": BIG}]}]}),
+        ("/v1/chat/completions", {"model": "m", "messages": hi, "response_format": {"type": BIG}}),
+        ("/v1/chat/completions", {"model": "m", "messages": hi, "temperature": BIG}),
+        ("/v1/chat/completions", {"model": "m", "messages": hi, "max_tokens": BIG}),
+        ("/v1/chat/completions", {"model": "m", "messages": hi, "tools": [fn], "tool_choice": BIG}),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "m",
+                "messages": hi,
+                "tools": [fn],
+                "tool_choice": {"type": "function", "function": {"name": BIG}},
+            },
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": hi, "tools": [{"type": "function", "function": {"name": BIG}}]},
+        ),
+        ("/v1/responses", {"model": "m", "input": [{"role": BIG, "content": "hi"}]}),
+        ("/v1/responses", {"model": "m", "input": [{"type": BIG}]}),
+        ("/v1/responses", {"model": "m", "input": "hi", "truncation": BIG}),
+        ("/v1/responses", {"model": "m", "input": "hi", "reasoning": {"effort": BIG}}),
+        ("/v1/responses", {"model": "m", "input": "hi", "text": {"verbosity": BIG}}),
+        ("/v1/responses", {"model": "m", "input": "hi", "previous_response_id": BIG}),
+        ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": BIG, "content": "hi"}]}),
+        ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": BIG}]}]}),
+        ("/api/chat", {"model": "m", "messages": [{"role": BIG, "content": "hi"}]}),
+        ("/api/chat", {"model": "m", "messages": hi, "format": BIG}),
+        ("/api/chat", {"model": "m", "messages": hi, "think": BIG}),
+        ("/api/chat", {"model": "m", "messages": hi, "options": {"num_predict": BIG}}),
+        ("/v1/edgevlm/budget", {"image_url": {"url": data_uri(noisy_png(32, 24, 1))}, "name": BIG}),
+    ]
+
+
+@pytest.mark.slow
+def test_no_error_log_line_or_stream_chunk_repeats_a_large_value_whole(model_pair):
+    """Case 8: a megabyte in each field an error names — roles, part and tool types, tool names,
+    numbers, formats, ids, the budget route's ``name`` — gets a 4xx of a few hundred bytes in
+    the API's own shape (the value's first characters and its length), one log line of at most
+    that; a streamed reply whose request names a 10 MB ``model`` repeats the server's model name
+    in its chunks, not that. Before: a 30 MB ``$ref`` gave a 60 MB error body and log line, and
+    a 10 MB model name came back in every chunk."""
+    s = Served(model_pair("llava15"), "--parallel", "2", "--ctx", "4096", "--max-tokens", "4")
+    try:
+        with Innocents(s.url) as inn:
+            for route, body in echo_cases():
+                r = httpx.post(s.url + route, json=body, timeout=60)
+                assert 400 <= r.status_code < 500, (route, r.status_code, r.text[:300])
+                assert len(r.content) < 2000, (route, len(r.content), r.text[:300])
+                assert BIG[:100] not in r.text, (route, r.text[:300])
+            huge = {"model": "m" * 10_000_000, "messages": [user("hi")], "max_tokens": 8, "stream": True}
+            with httpx.stream("POST", s.url + "/v1/chat/completions", json=huge, timeout=120) as r:
+                lines = [ln for ln in r.iter_lines() if ln]
+            assert r.status_code == 200
+            assert lines[-1] == "data: [DONE]"
+            assert all(len(ln) < 2000 for ln in lines), max(map(len, lines))
+            inn.served(1)
+    finally:
+        err = s.stop()
+    assert "Traceback" not in err, err
+    assert max(map(len, err.splitlines())) < 2000, max(map(len, err.splitlines()))

@@ -23,6 +23,7 @@ from ..errors import (
     ImageError,
     InputError,
     MemoryBusy,
+    clipped,
 )
 from ..plan.host import LeaseReleased
 from .options import ServeOptions
@@ -202,7 +203,7 @@ def failure_of(exc: BaseException, retry_after_s: int = RETRY_AFTER_S) -> Failur
     )
     return Failure(
         kind.status,
-        str(exc) if ours else f"internal error ({type(exc).__name__})",
+        clipped(str(exc)) if ours else f"internal error ({type(exc).__name__})",
         kind.openai,
         kind.anthropic,
         exc.code if isinstance(exc, EdgeVLMError) else None,

@@ -47,6 +47,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..errors import shown
 from ..plan.host import Lease
 from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
@@ -62,7 +63,7 @@ from .request import ChatRequest
 from .responses import ResponsesCall, parse_responses_request
 from .responses_reply import reply_body, stream_response
 from .responses_store import ResponseStore
-from .service import ChatService
+from .service import ChatService, model_name
 from .status import metrics as metrics_text
 from .status import status as status_of
 
@@ -70,6 +71,7 @@ __all__ = ["Server", "create_app"]
 
 Handler = Callable[[HTTPRequest], Awaitable[Response]]
 STATIC = Path(__file__).resolve().parent / "static"  # the web page: plain HTML, CSS, JS
+NAME_MAX = 256  # characters of the budget route's 'name' (a label its answer repeats)
 SMALL_BODY_BYTES = 64 * 1024  # the body of a route that runs no model work (/api/show): a name
 
 
@@ -259,7 +261,7 @@ class Server:
             return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
         stored = self.responses.get(rid) if request.method == "GET" else None
         if stored is None:
-            raise NotFound(f"no response {rid!r} is stored here", "response_id")
+            raise NotFound(f"no response {shown(rid)} is stored here", "response_id")
         return JSONResponse(stored.body)
 
     async def ollama_reply(self, request: HTTPRequest, generate: bool = False) -> Response:
@@ -271,7 +273,7 @@ class Server:
         try:
             job, req = await self.accept(request, lambda d: parse(d, self.options.sampling))
         except ollama.LoadOnly as load:  # (no messages: "load the model", which is loaded)
-            return JSONResponse(ollama.load_body(load.model or self.options.model_id, generate))
+            return JSONResponse(ollama.load_body(model_name(load.model, self.options.model_id), generate))
         model = service.model_name(req)
         if req.stream:
             events = ollama.stream_events(service.deltas(job, req), model, generate, started)
@@ -312,6 +314,8 @@ class Server:
             raise APIError(f'give {{"{kind}_url": {{"url": ...}}}}', f"{kind}_url")
         detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
         name = body.get("name") if isinstance(body.get("name"), str) else ""
+        if len(name) > NAME_MAX:
+            raise APIError(f"'name' is a label of at most {NAME_MAX} characters, not {len(name):,}", "name")
         max_tokens = body.get("max_tokens")  # (the reply the request will ask for: its room)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             max_tokens = self.options.max_tokens
@@ -388,7 +392,7 @@ def create_app(
     async def model_card(request: HTTPRequest) -> Response:
         if request.path_params["model"] != options.model_id:
             raise NotFound(
-                f"no model {request.path_params['model']!r} (this server has {options.model_id!r})",
+                f"no model {shown(request.path_params['model'])} (this server has {shown(options.model_id)})",
                 "model",
                 "model_not_found",
             )

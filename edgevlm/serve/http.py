@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, StreamingResponse
 
-from ..errors import EdgeVLMError
+from ..errors import EdgeVLMError, clipped
 from ..plan.host import Lease
 from .api_errors import TABLE, APIError, BodyTooSlow, ClientGone, RequestTooLarge, kind_of
 from .request import ChatRequest
@@ -234,7 +234,7 @@ def error_response(
         log.error("%s failed", where, exc_info=exc)
     else:
         code = getattr(exc, "code", None) or type(exc).__name__
-        log.warning("%s: %d %s: %s", where, status, code, str(exc).splitlines()[0] if str(exc) else "")
+        log.warning("%s: %d %s: %s", where, status, code, clipped(str(exc).splitlines()[0]) if str(exc) else "")
     if isinstance(exc, BodyTooSlow):  # (the rest of the body is not read: the connection ends)
         headers["connection"] = "close"
     return JSONResponse(body, status, headers=headers)

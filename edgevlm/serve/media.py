@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
+from ..errors import shown
 from ..plan.host import Lease
 from ..vision.images import LoadedImage, load_image
 from .api_errors import APIError, RequestTimedOut
@@ -146,7 +147,7 @@ async def _fetch_async(url: str, opts: ServeOptions, end: float, lease: Lease | 
             raise _refuse(f"the image URL is longer than {URL_MAX_CHARS:,} characters")
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _refuse(f"image URL scheme {parts.scheme or '(none)'!r} is not allowed (data:, http, https)")
+            raise _refuse(f"image URL scheme {shown(parts.scheme or '(none)')} is not allowed (data:, http, https)")
         address = _resolve(
             parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), opts.allow_private_urls
         )
@@ -269,7 +270,7 @@ def fetch_bytes(
     elif scheme == "" or len(scheme) == 1:  # a path (C:\\ on Windows)
         data = _read_path(url, opts)
     else:
-        raise _refuse(f"image URL scheme {scheme!r} is not allowed (data:, http, https)")
+        raise _refuse(f"image URL scheme {shown(scheme)} is not allowed (data:, http, https)")
     if len(data) > opts.url_max_bytes:
         raise _refuse(f"{label}: more than {opts.url_max_bytes:,} bytes")
     return data

@@ -9,7 +9,7 @@ import functools
 import re
 
 from ..backend.system import json_grammar
-from ..errors import InputError
+from ..errors import InputError, shown
 from ..runtime.model import LoadedModel
 from ..runtime.requests import ThinkCap
 from ..runtime.toolformat import call_grammar, markers
@@ -71,7 +71,7 @@ class ReplyRules:
             names = [t.name for t in req.offered_tools]
             if req.tool_choice == "function" and req.tool_name not in names:
                 raise APIError(
-                    f"tool_choice names the function {req.tool_name!r}, which is not in 'tools'", "tool_choice"
+                    f"tool_choice names the function {shown(req.tool_name)}, which is not in 'tools'", "tool_choice"
                 )
             tools = [t.to_template() for t in req.offered_tools]
             return call_grammar(

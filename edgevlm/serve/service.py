@@ -49,7 +49,7 @@ from .request import ChatRequest, Delta, ImageRef, Reply
 from .rules import ReplyRules
 from .worker import Worker
 
-__all__ = ["ChatService", "next_event"]
+__all__ = ["MODEL_NAME_MAX", "ChatService", "model_name", "next_event"]
 
 EVENT_GRACE_S = 30.0  # past its deadline, a request waits this much longer for its last event
 Gone = Callable[[], Awaitable[bool]]  # whether the client went away (HTTP disconnect)
@@ -318,7 +318,18 @@ class ChatService:
         return await self.whole(await self.submit(req), req)
 
     def model_name(self, req: ChatRequest) -> str:
-        return req.model or self.options.model_id
+        """The model a reply names: the request's, as the APIs echo it, unless it names none or
+        is longer than ``MODEL_NAME_MAX`` (then the server's own: a 10 MB name is not repeated in
+        every chunk of a stream)."""
+        return model_name(req.model, self.options.model_id)
+
+
+MODEL_NAME_MAX = 256  # characters of a request's model name a reply repeats
+
+
+def model_name(asked: str | None, own: str) -> str:
+    """``asked`` when it is a name a reply may repeat (``ChatService.model_name``), else ``own``."""
+    return asked if asked and len(asked) <= MODEL_NAME_MAX else own
 
 
 def _joined(deltas: list[Delta]) -> list[Delta]:
