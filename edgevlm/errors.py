@@ -23,9 +23,7 @@ __all__ = [
     "ModelPairError",
     "OutputError",
     "UnsupportedModel",
-    "clipped",
-    "shown",
-]
+]  # (the error classes; ``shown`` and ``clipped`` below are what their messages quote through)
 
 SHOWN_MAX = 60  # characters of a caller's value an error message repeats (``shown``)
 MESSAGE_MAX = 600  # characters of an error message a server answers or logs (``clipped``)

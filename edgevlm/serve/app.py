@@ -49,15 +49,14 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import shown
 from ..plan.host import Lease
-from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
 from . import anthropic, anthropic_reply, ollama, ollama_models
-from .api_errors import APIError, ClientGone, InvalidAPIKey, ModelLoading, NotFound, ServerStopping
+from .api_errors import ClientGone, InvalidAPIKey, ModelLoading, NotFound, ServerStopping
 from .http import BodyPace, Dialect, bearer, error_response, event_stream, parse_json, parsed, read_body
 from .job import Job
 from .ollama_routes import ollama_routes
 from .openai import parse_chat_request
-from .openai_reply import completion_body, error_body, error_for, stream_events
+from .openai_reply import completion_body, error_body, error_for, model_object, stream_events
 from .options import ServeOptions
 from .request import ChatRequest
 from .responses import ResponsesCall, parse_responses_request
@@ -71,7 +70,6 @@ __all__ = ["Server", "create_app"]
 
 Handler = Callable[[HTTPRequest], Awaitable[Response]]
 STATIC = Path(__file__).resolve().parent / "static"  # the web page: plain HTML, CSS, JS
-NAME_MAX = 256  # characters of the budget route's 'name' (a label its answer repeats)
 SMALL_BODY_BYTES = 64 * 1024  # the body of a route that runs no model work (/api/show): a name
 
 
@@ -299,29 +297,9 @@ class Server:
         try:
             body = await self.read_json(request, lease)
             service.admit(lease)
-            return JSONResponse(await run_in_threadpool(self._budget, body, lease))
+            return JSONResponse(await run_in_threadpool(service.budget, body, lease))
         finally:
             lease.release()
-
-    def _budget(self, body: Any, lease: Lease) -> dict[str, Any]:
-        model, service = self.model, self.service
-        assert model is not None
-        assert service is not None
-        kind = "video" if isinstance(body, dict) and "video_url" in body else "image"
-        ref = body.get(f"{kind}_url") if isinstance(body, dict) else None
-        url = ref.get("url") if isinstance(ref, dict) else ref
-        if not isinstance(url, str) or not url:
-            raise APIError(f'give {{"{kind}_url": {{"url": ...}}}}', f"{kind}_url")
-        detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
-        name = body.get("name") if isinstance(body.get("name"), str) else ""
-        if len(name) > NAME_MAX:
-            raise APIError(f"'name' is a label of at most {NAME_MAX} characters, not {len(name):,}", "name")
-        max_tokens = body.get("max_tokens")  # (the reply the request will ask for: its room)
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            max_tokens = self.options.max_tokens
-        room = model.scheduler.budget.image_room(max_tokens)
-        made = service.intake.views(MediaRef(url, kind, detail, name), room, lease)
-        return {**made.to_dict(), "n_ctx": model.n_ctx, "image_room": room}
 
     # --- the rest --------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -386,8 +364,11 @@ def create_app(
     async def page(request: HTTPRequest) -> Response:
         return FileResponse(STATIC / "index.html", headers={"cache-control": "no-cache"})
 
+    def card() -> dict[str, Any]:
+        return model_object(options.model_id, server.started, server.model)
+
     async def models(request: HTTPRequest) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card(server)]})
+        return JSONResponse({"object": "list", "data": [card()]})
 
     async def model_card(request: HTTPRequest) -> Response:
         if request.path_params["model"] != options.model_id:
@@ -396,7 +377,7 @@ def create_app(
                 "model",
                 "model_not_found",
             )
-        return JSONResponse(_model_card(server))
+        return JSONResponse(card())
 
     async def health(request: HTTPRequest) -> Response:
         st = server.state
@@ -451,22 +432,3 @@ def create_app(
     )
     app.state.server = server
     return app
-
-
-def _model_card(server: Server) -> dict[str, Any]:
-    card: dict[str, Any] = {
-        "id": server.options.model_id,
-        "object": "model",
-        "created": int(server.started),
-        "owned_by": "edgevlm",
-        "input_modalities": ["text", "image"],
-        "output_modalities": ["text"],
-    }
-    model = server.model
-    if model is not None:
-        card["meta"] = {
-            "n_ctx": model.n_ctx,
-            "projector_type": model.backend.proj_info.projector_type,
-            "image_max_tokens": model.plan.image_max_tokens if model.plan else None,
-        }
-    return card

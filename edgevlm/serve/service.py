@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
 from ..plan.host import HostAllowance, Lease, return_freed_memory
 from ..runtime.conversation import Conversation, Message
@@ -39,7 +40,7 @@ from ..runtime.model import LoadedModel
 from ..runtime.requests import Sequence
 from ..runtime.turn import ReplySpec, Turn
 from ..vision.images import LoadedImage
-from .api_errors import ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
+from .api_errors import APIError, ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
 from .job import Event, Job
 from .media import Fetcher, fetch_bytes
 from .options import ServeOptions
@@ -51,6 +52,7 @@ from .worker import Worker
 
 __all__ = ["MODEL_NAME_MAX", "ChatService", "model_name", "next_event"]
 
+NAME_MAX = 256  # characters of the budget route's 'name' (a label its answer repeats)
 EVENT_GRACE_S = 30.0  # past its deadline, a request waits this much longer for its last event
 Gone = Callable[[], Awaitable[bool]]  # whether the client went away (HTTP disconnect)
 
@@ -186,6 +188,25 @@ class ChatService:
             )
             places.append(m.index)
         return conv, places, notices
+
+    def budget(self, body: Any, lease: Lease) -> dict[str, Any]:
+        """``POST /v1/edgevlm/budget``'s answer (blocking): what a picture or clip in ``body``
+        will cost, from the one intake, holding ``lease`` for what it decodes."""
+        kind = "video" if isinstance(body, dict) and "video_url" in body else "image"
+        ref = body.get(f"{kind}_url") if isinstance(body, dict) else None
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str) or not url:
+            raise APIError(f'give {{"{kind}_url": {{"url": ...}}}}', f"{kind}_url")
+        detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
+        name = body.get("name") if isinstance(body.get("name"), str) else ""
+        if len(name) > NAME_MAX:
+            raise APIError(f"'name' is a label of at most {NAME_MAX} characters, not {len(name):,}", "name")
+        max_tokens = body.get("max_tokens")  # (the reply the request will ask for: its room)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            max_tokens = self.options.max_tokens
+        room = self.model.scheduler.budget.image_room(max_tokens)
+        made = self.intake.views(MediaRef(url, kind, detail, name), room, lease)
+        return {**made.to_dict(), "n_ctx": self.model.n_ctx, "image_room": room}
 
     # --- requests ----------------------------------------------------------------------------
     async def submit(
