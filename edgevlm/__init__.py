@@ -7,7 +7,8 @@ admission, the context budget) → ``runtime`` (the scheduler, the engine, the s
 """
 
 # llama.cpp's libraries first of all, before any module of ours imports numpy: a CUDA build
-# crashed loading models in processes that imported numpy first (``backend.native``)
+# crashed loading models in processes that imported numpy first (``backend.native``). Libraries
+# that do not load raise nothing here: what needs them raises ``LibraryError`` (``native.require``)
 from .backend import native
 
 native.preload()
@@ -24,6 +25,7 @@ from .errors import (  # noqa: E402
     ImageError,
     InputError,
     IntegrityError,
+    LibraryError,
     MemoryBusy,
     ModelFileError,
     ModelPairError,
@@ -57,6 +59,7 @@ __all__ = [
     "ImageTokens",
     "InputError",
     "IntegrityError",
+    "LibraryError",
     "LoadedImage",
     "LoadedModel",
     "MemoryBusy",

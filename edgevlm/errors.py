@@ -17,13 +17,33 @@ __all__ = [
     "ImageError",
     "InputError",
     "IntegrityError",
+    "LibraryError",
     "MemoryBusy",
     "ModelFileError",
     "ModelPairError",
     "OutputError",
     "SchemaError",
     "UnsupportedModel",
-]
+]  # (the error classes; ``shown`` and ``clipped`` below are what their messages quote through)
+
+SHOWN_MAX = 60  # characters of a caller's value an error message repeats (``shown``)
+MESSAGE_MAX = 600  # characters of an error message a server answers or logs (``clipped``)
+
+
+def shown(value: object, most: int = SHOWN_MAX) -> str:
+    """A caller's value as an error message quotes it: its ``repr``, or its first ``most``
+    characters and how long it was — a 30 MB field is never repeated whole in an error body, a
+    log line or a stream."""
+    if isinstance(value, str) and len(value) > most:
+        return f"{value[:most]!r}… ({len(value):,} characters)"
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most]}… ({len(text):,} characters)"
+
+
+def clipped(message: str, most: int = MESSAGE_MAX) -> str:
+    """``message`` cut to ``most`` characters (saying so): the last guard before an error body or
+    a log line, whatever a message was built from."""
+    return message if len(message) <= most else f"{message[:most]}… ({len(message):,} characters in all)"
 
 
 class EdgeVLMError(Exception):
@@ -90,6 +110,14 @@ class MemoryBusy(InputError):
 
 class BackendError(EdgeVLMError):
     """llama.cpp / mtmd refused or failed at run time."""
+
+
+class LibraryError(BackendError):
+    """llama.cpp's shared libraries did not load (a CUDA wheel without its runtime, a wrong
+    architecture, a broken build): nothing that needs llama.cpp can run until the installation
+    is fixed, so it exits 2 like bad input; the message names the library, the reason and the fix."""
+
+    exit_code = 2
 
 
 class DoesNotFit(EdgeVLMError):

@@ -11,6 +11,10 @@ Which PARTs a file has depends on its benchmark (its ``"benchmark"`` field, or `
 for ``gpu-check-*.json``): ``scripts/render_gpu.py``, ``render_serve.py``, ``render_caption.py``
 and ``render_tables.py`` hold them.
 Everything between the markers is replaced; what is outside them is the docs' own text.
+
+A STEM ending in ``-pending`` (``bench_suite-pending``) names a run nobody has made yet: its
+block holds ``PENDING``, the line that says which script makes the run; that script points the
+block at its file when it writes one (``scripts/bench_suite.py``).
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ import render_gpu
 import render_serve
 import render_tables
 
-__all__ = ["BLOCK", "RESULTS", "blocks_in", "check", "docs", "load", "part", "render"]
+__all__ = ["BLOCK", "PENDING", "RESULTS", "blocks_in", "check", "docs", "is_pending", "load", "part", "render"]
 
 ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent
 RESULTS = ROOT / "docs" / "results"
 BLOCK = re.compile(r"<!-- results:([\w.-]+):([\w-]+) -->\n(.*?)<!-- /results:\1:\2 -->\n?", re.S)
 Part = Callable[[dict[str, Any], str], str]
@@ -42,6 +47,13 @@ PARTS: dict[str, dict[str, Part]] = {
     "bench_caption": render_caption.PARTS,
     **render_tables.PARTS,
 }
+
+
+PENDING = "*Not measured yet*: `python {script}` makes the run this line is rendered from."
+
+
+def is_pending(stem: str) -> bool:
+    return stem.endswith("-pending")
 
 
 def docs() -> list[Path]:
@@ -62,6 +74,11 @@ def kind(stem: str, d: dict[str, Any]) -> str:
 
 def part(stem: str, name: str, results: Path | None = None) -> str:
     """What the block ``STEM:NAME`` shows, rendered from its file."""
+    if is_pending(stem):
+        script = f"scripts/{stem.removesuffix('-pending')}.py"
+        if not (SCRIPTS / Path(script).name).is_file():
+            raise LookupError(f"{stem}: no {script} makes that run")
+        return PENDING.format(script=script)
     d = load(stem, results)
     k = kind(stem, d)
     if name not in PARTS.get(k, {}):

@@ -6,6 +6,7 @@ run a table is."""
 
 from __future__ import annotations
 
+import shlex
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -502,6 +503,92 @@ def video_readme(d: D, stem: str) -> str:
     )
 
 
+def _video_rows(r: D) -> tuple[D, list[D]]:
+    """The Qwen2-VL-shaped rows: llama.cpp's (no budget), then edgevlm's by budget."""
+    q = [x for x in r["rows"] if x["model"].startswith("qwen2vl")]
+    ours = sorted((x for x in q if x["budget"] is not None), key=lambda x: x["budget"])
+    return next(x for x in q if x["budget"] is None), ours
+
+
+def _peer(r: D) -> str:
+    return "llama.cpp's video helper" + ("" if r["peer"] == "helper" else " (frames laid out with PyAV)")
+
+
+def video_readme_table(d: D, stem: str) -> str:
+    """README's "Video under a budget": the clip, then llama.cpp's 4 fps against each budget."""
+    r = d["result"]
+    c = r["clip"]
+    base, ours = _video_rows(r)
+
+    def row(x: D, name: str) -> list[str]:
+        fits = "refused" if x.get("refused") else ("yes" if x["fits_ctx"] else "no")
+        kept = "–" if x.get("event_kept") is None else ("yes" if x["event_kept"] else "no")
+        tokens = f"{x['tokens']:,}" + (" (+ labels)" if x["budget"] is not None else "")
+        return [name, str(x["frames"]), tokens, fits, f"{x['peak_rss_bytes'] / MIB:,.0f} MiB", kept]
+
+    rows = [row(base, f"{_peer(r)}, 4 fps")]
+    rows += [row(x, f"edgevlm, `--video-tokens {x['budget']}`") for x in ours]
+    head = ["approach", "frames", "tokens", f"fits {base['n_ctx']:,} ctx?", "peak RSS", "event frame kept?"]
+    return (
+        f"A {c['seconds']:g} s {c['size'][1]}p clip ({c['fps']} fps; an event from {c['event_s'][0]:.0f} s to "
+        f"{c['event_s'][1]:.0f} s) on the Qwen2-VL-2B shape, each row in a fresh process "
+        f"(`scripts/bench_video.py`, [run](docs/results/{stem}.json)):\n\n" + _table(head, rows, {1, 2, 4})
+    )
+
+
+def video_summary(d: D, stem: str) -> str:
+    """docs/video.md's paragraph on the same run."""
+    r = d["result"]
+    c = r["clip"]
+    base, ours = _video_rows(r)
+    rss = [x["peak_rss_bytes"] / MIB for x in ours]
+    toks = " / ".join(f"{x['tokens']:,}" for x in ours)
+    kept = (
+        "a frame of the event is kept at every budget"
+        if all(x.get("event_kept") for x in ours)
+        else "the event is missed at some budget"
+    )
+    refused = (
+        f"before the prompt is refused for exceeding the {base['n_ctx']:,}-token context"
+        if base.get("refused")
+        else "(the prompt fits)"
+    )
+    return (
+        f"`python scripts/bench_video.py` uses a {c['seconds']:g}-second {c['size'][0]}×{c['size'][1]} clip with a red "
+        f"square that shows for {c['event_s'][1] - c['event_s'][0]:.0f} seconds, and the Qwen2-VL-2B-shaped pair. "
+        f"{_peer(r)} samples {base['frames']:,} frames, {base['tokens']:,} tokens, and peaks at "
+        f"{base['peak_rss_bytes'] / 2**30:.1f} GiB of RSS {refused}. edgevlm at `--video-tokens` "
+        f"{' / '.join(str(x['budget']) for x in ours)} sends {' / '.join(str(x['frames']) for x in ours)} frames "
+        f"({toks} image tokens, their labels within the budget "
+        f"too) in {min(rss):,.0f}–{max(rss):,.0f} MiB, and {kept} ([run](results/{stem}.json))."
+    )
+
+
+# --- bench_suite --------------------------------------------------------------------------------
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
+
+
+def suite_readme(d: D, stem: str) -> str:
+    """README's "Test": how long README's test command and the quick loop took, on what machine."""
+    m, load = d["machine"], d["load"]
+
+    def one(x: D) -> str:
+        c = x["counts"]
+        what = ", ".join(f"{c[k]:,} {k}" for k in ("passed", "failed", "error", "skipped", "deselected") if c.get(k))
+        bad = "" if x["returncode"] == 0 else f", exit code {x['returncode']}"
+        return f"`{shlex.join(x['command'])}` **{_duration(x['wall_s'])}** ({what or 'no tests'}{bad})"
+
+    busy = load.get("others_cpu_share")
+    runs = d["result"]["runs"]
+    return (
+        f"Measured: {'; '.join(one(x) for x in runs)}, one after the other on {m['cpu']}, {m['cores']} cores, "
+        + (f"other processes using {_pct(busy)} of the CPUs meanwhile " if busy is not None else "")
+        + f"({d['date'][:10]}, commit `{d['commit'][:7]}`, [run](docs/results/{stem}.json); "
+        f"`python scripts/bench_suite.py` measures it again)."
+    )
+
+
 def _median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
@@ -515,5 +602,11 @@ PARTS: dict[str, dict[str, Callable[[D, str], str]]] = {
     "bench_ubatch": {"table": ubatch_table},
     "bench_planner": {"table": planner_table, "readme": planner_readme},
     "soak_serve": {"table": soak_table, "readme": soak_readme},
-    "bench_video": {"table": video_table, "readme": video_readme},
+    "bench_video": {
+        "table": video_table,
+        "readme": video_readme,
+        "readme-table": video_readme_table,
+        "summary": video_summary,
+    },
+    "bench_suite": {"readme": suite_readme},
 }

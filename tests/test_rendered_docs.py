@@ -35,7 +35,12 @@ def _module(name: str):
 
 def _referenced() -> set[tuple[str, str]]:
     render = _module("render_docs")
-    return {(stem, part) for doc in render.docs() for stem, part, _ in render.blocks_in(doc.read_text())}
+    return {
+        (stem, part)
+        for doc in render.docs()
+        for stem, part, _ in render.blocks_in(doc.read_text())
+        if not render.is_pending(stem)
+    }
 
 
 def test_docs_and_readme_show_what_the_committed_results_hold():
@@ -309,3 +314,31 @@ def test_bench_caption_runs_made_before_the_four_sides_still_render(tmp_path):
     stem = "bench_caption-20000101-abcdef0"
     assert "| 16 | 0.400 | 0.333 | **1.20×** (1.20) | 618 vs 699 | 99.2 % |" in render.part(stem, "table", tmp_path)
     assert "1.20× the images/s" in render.part(stem, "readme", tmp_path)
+
+
+def test_a_pending_block_says_which_script_makes_its_run_and_nothing_else(tmp_path, monkeypatch):
+    """A block for a run nobody has made yet (``STEM-pending``) holds the one line naming its
+    script: any other text in it, or a script that does not exist, fails the check."""
+    render = _module("render_docs")
+    page = tmp_path / "page.md"
+    monkeypatch.setattr(render, "docs", lambda: [page])
+    monkeypatch.setattr(render, "ROOT", tmp_path)
+    line = render.part("bench_suite-pending", "readme")
+    assert "`python scripts/bench_suite.py`" in line
+    block = "<!-- results:bench_suite-pending:readme -->\n{}\n<!-- /results:bench_suite-pending:readme -->\n"
+    page.write_text(block.format(line))
+    assert render.check() == []
+    page.write_text(block.format("| 39 min |"))
+    assert [p for p in render.check() if "differs" in p]
+    page.write_text("<!-- results:bench_nothing-pending:readme -->\n<!-- /results:bench_nothing-pending:readme -->\n")
+    assert [p for p in render.check() if "no scripts/bench_nothing.py" in p]
+
+
+def test_no_table_in_readme_holds_a_typed_number():
+    """README's tables hold numbers only inside rendered blocks: a table typed by hand (as the
+    video table was, with peak RSS its run never measured) fails here."""
+    render = _module("render_docs")
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    outside = re.sub(r"```.*?```", "", render.BLOCK.sub("", text), flags=re.S)
+    typed = [ln for ln in outside.splitlines() if ln.startswith("|") and re.search(r"(?<!\w)\d[\d,.]*(?!\w)", ln)]
+    assert not typed, typed

@@ -437,19 +437,21 @@ def test_queued_requests_keep_their_pictures_when_the_image_cache_is_small(model
         vlm.close()
 
 
-def test_the_budget_route_takes_its_place_and_lease_at_the_door_like_any_request(model_pair):
-    """Bodies sent to ``/v1/edgevlm/budget`` take a place (the queue limit) and a lease on the host
-    allowance before they are read: with every place held by bodies still arriving, the next
-    budget request and a chat request get 503 ``server_busy``, and the bodies show in the
-    allowance (the bytes that came, as they came); once they arrive each is answered, and every
-    place and byte is given back."""
+def test_the_budget_route_takes_its_lease_before_its_body_and_its_place_after_like_any_request(model_pair):
+    """Bodies sent to ``/v1/edgevlm/budget`` are admitted as every request is: a lease on the host
+    allowance for their whole length before their first byte is read, and a place (the queue
+    limit) only once they are in. With more bodies still arriving than there are places, none
+    holds a place: a chat request meanwhile gets its 200, and the allowance holds each body's
+    whole length from the start; once they arrive each is answered, and every place and byte is
+    given back. With every place held by requests in the worker, a budget request whose body is
+    in gets 503 ``server_busy``."""
     pair = model_pair("qwen2vl")
     vlm = edgevlm.load(pair.model, pair.mmproj, n_ctx=2048, n_threads=2, n_seq_max=1)
     srv = InProcess(vlm, ServeOptions(max_tokens=8, queue=2, host_allowance=64 * 2**20))
     socks = []
     try:
         capacity = 1 + 2  # one sequence and a queue of two
-        for i in range(capacity):
+        for i in range(capacity + 1):
             body = json.dumps({"image_url": {"url": data_uri(png(64, 48, seed=i))}}).encode()
             s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
             head = (
@@ -458,24 +460,31 @@ def test_the_budget_route_takes_its_place_and_lease_at_the_door_like_any_request
             )
             s.sendall(head.encode() + body[:16])  # the rest later: the body is still arriving
             socks.append((s, body))
-        until(lambda: srv.status()["queue"]["admitted"] == capacity, "every place taken")
-        held = capacity * 16 * BODY_COPIES  # what arrived, as it arrived: never the length they declare
-        until(lambda: srv.status()["memory"]["host"]["in_use_bytes"] == held, "the bytes that arrived held")
-        late = httpx.post(srv.url + "/v1/edgevlm/budget", json={"image_url": {"url": data_uri(png())}}, timeout=30)
-        assert late.status_code == 503 and late.json()["error"]["code"] == "server_busy"
-        assert late.headers["retry-after"]
-        with pytest.raises(APIStatusError) as err:
-            srv.client().chat.completions.create(model="m", messages=[user("Hi?")], max_tokens=2)
-        assert err.value.status_code == 503 and err.value.body["code"] == "server_busy"
-        for s, body in socks:
+        until(lambda: srv.status()["queue"]["reading"] == capacity + 1, "every body arriving")
+        assert srv.status()["queue"]["admitted"] == 0  # no place while a body arrives
+        held = sum(len(body) for _, body in socks) * BODY_COPIES  # the whole of each, never a part
+        assert srv.status()["memory"]["host"]["in_use_bytes"] == held
+        ok = srv.client().chat.completions.create(model="m", messages=[user("Hi?")], max_tokens=2)
+        assert ok.choices[0].finish_reason in ("stop", "length")
+        for s, body in socks:  # (one by one: each is answered and its place given back)
             s.sendall(body[16:])
-        for s, _ in socks:
             status = s.makefile("rb").readline()
             assert status.startswith(b"HTTP/1.1 200"), status
         until(lambda: srv.status()["queue"]["admitted"] == 0, "every place given back")
         assert srv.status()["memory"]["host"]["in_use_bytes"] == 0
         ok = httpx.post(srv.url + "/v1/edgevlm/budget", json={"image_url": {"url": data_uri(png())}}, timeout=30)
         assert ok.status_code == 200 and ok.json()["width"] == 320 and ok.json()["total_tokens"] > 0
+        # every place taken by requests that are in: a budget request whose body is in gets 503
+        service = srv.app.state.server.service
+        taken = [service.admit() for _ in range(capacity)]
+        try:
+            late = httpx.post(srv.url + "/v1/edgevlm/budget", json={"image_url": {"url": data_uri(png())}}, timeout=30)
+            assert late.status_code == 503 and late.json()["error"]["code"] == "server_busy"
+            assert late.headers["retry-after"]
+        finally:
+            for lease in taken:
+                lease.release()
+        assert srv.status()["queue"]["admitted"] == 0
     finally:
         for s, _ in socks:
             s.close()

@@ -17,6 +17,7 @@ from ..errors import BackendError, ImageError, ModelFileError, ModelPairError
 from ..model.gguf_info import load_projector
 from ..model.tokens import ImageTokens, View
 from . import logs
+from .native import require
 from .system import install_log_sink
 
 __all__ = ["CHUNK_AUDIO", "CHUNK_IMAGE", "CHUNK_TEXT", "Chunk", "Chunks", "ImageCounter", "MtmdTokenizer"]
@@ -179,6 +180,7 @@ class ImageCounter(MtmdTokenizer):
         image_min_tokens: int | None = None,
         image_max_tokens: int | None = None,
     ):
+        require()
         import llama_cpp
         from llama_cpp import mtmd_cpp
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..errors import ModelFileError
 from ..model.kv_types import KV_TYPES
 from . import logs
+from .native import require
 from .system import install_log_sink, placement
 
 __all__ = ["DryRun", "dry_run"]
@@ -52,6 +53,7 @@ def dry_run(
     (the same placement rules: ``--ngl 0`` keeps no GPU in the text model, the CPU's extra
     buffer types as edgevlm sets them). Other ``Backend`` arguments are accepted and ignored, so
     ``plan.backend_options()`` can be passed as it is."""
+    require()
     import llama_cpp
 
     install_log_sink()

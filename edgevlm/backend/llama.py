@@ -26,6 +26,7 @@ from ..model.kv_types import KV_DEFAULT, KV_TYPES, is_quantized
 from ..model.tokens import ImageTokens
 from . import logs
 from .counting import CHUNK_AUDIO, CHUNK_IMAGE, CHUNK_TEXT, Chunk, Chunks, MtmdTokenizer  # noqa: F401
+from .native import require
 from .sampling import SamplingParams
 from .system import default_threads, install_log_sink, placement
 from .threads import EncoderThreads
@@ -125,6 +126,7 @@ class Backend(MtmdTokenizer):
         n_seq_max: int = 1,
         extra_buffers: bool | None = None,
     ) -> None:
+        require()
         import llama_cpp
         from llama_cpp import mtmd_cpp
 

@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 
 from . import logs
+from .native import require
 
 __all__ = [
     "EXTRA_BUFFERS_ENV",
@@ -118,6 +119,7 @@ def install_log_sink() -> None:
     """Route llama.cpp's loggers (llama/ggml and clip/mtmd) into ``logs`` (idempotent)."""
     if _callbacks:
         return
+    require()
     import llama_cpp
     from llama_cpp import mtmd_cpp
 
@@ -129,11 +131,10 @@ def install_log_sink() -> None:
 
 def ggml_devices() -> list[GGMLDevice]:
     """Every device ggml has registered, with the free and total memory it reports."""
-    try:
-        import llama_cpp
-        from llama_cpp import _ggml
-    except Exception:  # pragma: no cover - no llama_cpp: host only
-        return []
+    require()
+    import llama_cpp
+    from llama_cpp import _ggml
+
     install_log_sink()
     llama_cpp.llama_backend_init()
     lib = _ggml.libggml
@@ -171,6 +172,7 @@ def ggml_devices() -> list[GGMLDevice]:
 @functools.lru_cache(maxsize=1)
 def _system_info() -> str | None:
     """llama.cpp's build features (fixed for the process: read once)."""
+    require()
     try:
         import llama_cpp
 
@@ -183,12 +185,11 @@ EXTRA_BUFFERS_ENV = "EDGEVLM_CPU_EXTRA_BUFFERS"  # "1" / "0": edgevlm's switch, 
 
 
 def build_info() -> tuple[str | None, str, bool]:
-    """(llama-cpp-python's version or None when it is not installed, llama.cpp's feature line,
-    whether the build can offload to a GPU)."""
-    try:
-        import llama_cpp
-    except ImportError:
-        return None, "", False
+    """(llama-cpp-python's version, llama.cpp's feature line, whether the build can offload to
+    a GPU)."""
+    require()
+    import llama_cpp
+
     return llama_cpp.__version__, (_system_info() or "").strip(), bool(llama_cpp.llama_supports_gpu_offload())
 
 
@@ -198,6 +199,7 @@ def placement(n_gpu_layers: int, extra_buffers: bool | None = None) -> dict[str,
     default), and with no layer on a GPU no GPU in the model at all (``split_mode`` none,
     ``main_gpu`` -1), so its host weights get the CPU's repacked kernels, not a GPU's pinned
     host type, and no GPU context buffers."""
+    require()
     import llama_cpp
 
     out: dict[str, Any] = {"use_extra_bufts": cpu_extra_buffers() if extra_buffers is None else extra_buffers}
@@ -237,6 +239,7 @@ def template_renderer(template: str, bos_token: str, eos_token: str) -> Callable
     """A function rendering ``messages`` with a Jinja chat template exactly as llama-cpp-python
     renders it (its ``Jinja2ChatFormatter``: sandboxed Jinja, ``trim_blocks``/``lstrip_blocks``,
     HF's ``tojson``), with the generation prompt added."""
+    require()
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     fmt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)

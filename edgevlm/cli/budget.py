@@ -68,6 +68,7 @@ def budget(
     """
     import os
 
+    from ..backend import native
     from ..errors import UnsupportedModel
     from ..hub.registry import resolve
     from ..model.gguf_info import load_projector
@@ -78,6 +79,8 @@ def budget(
     from ..vision.images import load_image
     from .common import CLIError, echo_err
 
+    if model is not None:
+        native.require()  # mtmd counts with the text model: one line before any note if llama.cpp did not load
     if model is not None and not (mmproj is not None and os.path.isfile(model)):
         r = resolve(model, mmproj)  # a name: its files, when they are here (budget downloads nothing)
         for n in r.notes:

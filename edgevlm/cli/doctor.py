@@ -1,7 +1,11 @@
 """``edgevlm doctor``: what this installation can run on — the llama.cpp build and its features,
 the devices it registered with their free memory, the CPU's kernels, and what is wrong with the
 setup when something is (a CPU-only wheel on a machine with an NVIDIA GPU, numpy loaded before a
-CUDA build's libraries). Nothing is loaded or downloaded."""
+CUDA build's libraries). Nothing is loaded or downloaded.
+
+When llama.cpp's libraries did not load, it says what it can find without them — the package's
+version, which shared library failed and which dependencies it lacks, the GPUs ``nvidia-smi`` and
+``vulkaninfo`` see — and the line that fixes it, and exits 2."""
 
 from __future__ import annotations
 
@@ -12,13 +16,100 @@ import sys
 
 import click
 
-from .common import handle_errors
+from .common import CLIError, handle_errors
 
 __all__ = ["doctor"]
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return set(next((ln.split(":", 1)[1].split() for ln in fh if ln.startswith("flags")), []))
+    except OSError:
+        return set()
+
+
 def facts() -> dict:
     """The report as data (``--json``)."""
+    from ..backend import native
+
+    lib = native.failure()
+    return _facts() if lib is None else _facts_without_llama(lib)
+
+
+def _facts_without_llama(lib) -> dict:
+    """What can be found when llama.cpp's libraries did not load: the package on disk, the
+    failed library and what it lacks, the host, and the GPUs the drivers' tools report."""
+    import importlib.metadata
+
+    import psutil
+
+    from .. import __version__
+    from ..backend import native
+    from ..backend.system import default_threads
+    from ..plan.gputools import tool_gpus
+
+    try:
+        version: str | None = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    flags = _cpu_flags()
+    gpus, absent = tool_gpus()
+    vm = psutil.virtual_memory()
+    backends = lib.backends
+    return {
+        "edgevlm": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "llama_cpp_python": version,
+        "build": ", ".join(backends) + " build" if backends else "CPU build (no GPU backend)",
+        "library_error": {
+            "library": lib.library,
+            "reason": lib.reason,
+            "missing": lib.unresolved(),
+            "folder": lib.folder,
+            "chosen_by": lib.chosen_by,
+            "package_libs": str(native.lib_dir() or ""),
+            "fix": lib.fix(),
+            "line": lib.line(),
+        },
+        "gpu_offload": None,
+        "features": "",
+        "cpu": {
+            "threads": default_threads(),
+            "avx2": "avx2" in flags,
+            "avx512": "avx512f" in flags,
+            "amx": "amx_int8" in flags,
+        },
+        "devices": [
+            {
+                "name": "CPU",
+                "kind": "cpu",
+                "description": "host memory",
+                "free": int(vm.available),
+                "total": int(vm.total),
+                "free_known": True,
+                "source": "psutil",
+            },
+            *(
+                {
+                    "name": g.name,
+                    "kind": g.kind,
+                    "description": g.driver,
+                    "free": g.free_bytes,
+                    "total": g.total_bytes,
+                    "free_known": g.free_bytes is not None,
+                    "source": g.source,
+                }
+                for g in gpus
+            ),
+        ],  # fmt: skip
+        "tools_absent": absent,
+        "notes": [],
+    }
+
+
+def _facts() -> dict:
     from .. import __version__
     from ..backend import native
     from ..backend.system import (
@@ -33,12 +124,7 @@ def facts() -> dict:
     version, features, offload = build_info()
     p = probe()
     backends = sorted({d.name.rstrip("0123456789") for d in p.gpus})
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            flags = set(next((ln.split(":", 1)[1].split() for ln in fh if ln.startswith("flags")), []))
-    except OSError:
-        pass
+    flags = _cpu_flags()
     return {
         "edgevlm": __version__,
         "python": platform.python_version(),
@@ -85,8 +171,14 @@ def doctor(as_json) -> None:
     from ..plan.devices import format_size
 
     f = facts()
+    lib = f.get("library_error")
     if as_json:
         click.echo(json.dumps(f, indent=2))
+    elif lib:
+        click.echo(_without_llama(f))
+    if lib:  # the report said it all; the line and the exit status tell a script
+        raise CLIError(lib["line"], 2)
+    if as_json:
         return
     c = f["cpu"]
     kernels = " ".join(k for k in ("avx2", "avx512", "amx") if c[k]).upper().replace("AVX512", "AVX-512") or "none"
@@ -107,3 +199,32 @@ def doctor(as_json) -> None:
         lines.append(f"note: {n}")
     click.echo("\n".join(lines))
     sys.stdout.flush()
+
+
+def _without_llama(f: dict) -> str:
+    """The report when llama.cpp's libraries did not load."""
+    from ..plan.devices import format_size
+
+    lib, c = f["library_error"], f["cpu"]
+    kernels = " ".join(k for k in ("avx2", "avx512", "amx") if c[k]).upper().replace("AVX512", "AVX-512") or "none"
+    chosen = f" (that folder chosen by {lib['chosen_by']}; the wheel's own: {lib['package_libs']})"
+    lines = [
+        f"edgevlm {f['edgevlm']} · Python {f['python']} · {f['platform']}",
+        f"llama-cpp-python {f['llama_cpp_python'] or 'not installed'}: its libraries did not load",
+        f"  library:  {lib['library']}" + (chosen if lib["chosen_by"] else ""),
+    ]
+    if lib["folder"]:
+        lines.append(f"  build:    {f['build']}, by the files in {lib['folder']}")
+    lines.append(f"  reason:   {lib['reason']}")
+    if lib["missing"]:
+        lines.append(f"  lacks:    {', '.join(lib['missing'])} (not found by the system's loader)")
+    lines += [f"CPU: {kernels}; {c['threads']} threads", "devices (without llama.cpp):"]
+    for d in f["devices"]:
+        mem = f"{format_size(d['free'])} free of " if d["free"] is not None else ""
+        mem += format_size(d["total"]) if d["total"] is not None else "memory not reported"
+        by = d["source"] + (f", driver {d['description']}" if d["description"] and d["source"] != "psutil" else "")
+        lines.append(f"  {d['name']} · {d['kind']} · {mem} ({by})")
+    if f["tools_absent"]:
+        lines.append(f"  ({' and '.join(f['tools_absent'])} not on PATH)")
+    lines.append(f"fix: {lib['fix']}")
+    return "\n".join(lines)

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ..api import load
+from ..backend import native
 from ..hub.download import ensure_local
 from ..hub.listing import choose_model
 from ..hub.registry import RemoteFile, resolve
@@ -84,7 +85,10 @@ def model_paths(
     default, the first of its small models that fits (``$EDGEVLM_MODEL`` overrides). Remote files not in the cache are
     pulled first (progress on a terminal, sha256 verified; a large download asks first:
     ``confirm_download``); cached ones need no network. Callers check their own inputs first.
+    Every caller then loads the model: without llama.cpp's libraries that is one line
+    (``LibraryError``) before anything is resolved or downloaded.
     """
+    native.require()
     if model is not None and mmproj is not None and os.path.isfile(model):
         return model, mmproj  # two local files: exactly what the command did before
     explicit = model is not None

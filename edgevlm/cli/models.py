@@ -102,12 +102,16 @@ def models(check, planning, as_json) -> None:
     edgevlm models
     edgevlm models --check --free-memory 8GiB
     """
+    from ..backend import native
     from ..hub.listing import list_models
     from ..hub.registry import registry_path
     from ..hub.store import settings
 
-    pr = planning.probe()
-    rows = list_models(pr, planning.wishes, check=check)
+    lib = native.failure()  # the listing needs no llama.cpp, the verdicts do
+    if lib is not None:
+        _err(f"note: no model is planned: {lib.line()}")
+    pr = None if lib else planning.probe()
+    rows = list_models(pr, planning.wishes, check=check, no_plan="no llama.cpp" if lib else "")
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
@@ -131,8 +135,9 @@ def models(check, planning, as_json) -> None:
         fit_style = {True: "green", False: "red", None: "dim"}[r.fits]
         t.add_row(r.name, r.params, _size(r.size, r.size_exact), r.local, Text(r.fit, style=fit_style), r.license)
     console.print(t)
-    devs = " + ".join(f"{d.name} {_size(d.free_bytes)} free" for d in pr.devices)
-    console.print(f"planned for {devs}; ~ = approximate size from the registry", style="dim", markup=False)
+    devs = " + ".join(f"{d.name} {_size(d.free_bytes)} free" for d in pr.devices) if pr else ""
+    planned = f"planned for {devs}" if pr else "not planned (llama.cpp did not load: edgevlm doctor)"
+    console.print(f"{planned}; ~ = approximate size from the registry", style="dim", markup=False)
     if any(r.fits is None and r.fit == "? not planned yet" for r in rows):
         console.print(
             "? = GGUF header not read yet: 'edgevlm models --check' reads them (a few MB "

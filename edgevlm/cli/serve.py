@@ -100,7 +100,21 @@ __all__ = ["serve"]
     show_default=True,
     type=click.FloatRange(0, min_open=True),
     help="Seconds a request body may take to arrive, plus 1 s per --body-min-rate bytes that came; "
-    "a slower body gets 408 and gives its place and memory back.",
+    "a slower body gets 408 and gives its memory back (a request takes its place once its body is in).",
+)
+@click.option(
+    "--host-wait",
+    default=ServeOptions.host_wait_s,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds a request may wait for host memory (--host-allowance) that others hold; then 503.",
+)
+@click.option(
+    "--header-timeout",
+    default=ServeOptions.header_timeout_s,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds a new connection may take to send its request line and headers; then it is closed.",
 )
 @click.option(
     "--body-min-rate",
@@ -160,6 +174,8 @@ def serve(
     max_body,
     body_timeout,
     body_min_rate,
+    host_wait,
+    header_timeout,
     max_tokens,
     sampling,
     reasoning_budget,
@@ -202,7 +218,7 @@ def serve(
     from ..plan.planner import make_plan
     from ..runtime.engine import EngineOptions
     from ..serve.app import create_app
-    from ..serve.listen import Listener, bind
+    from ..serve.listen import Listener, bind, header_deadline
     from ..serve.ollama_routes import ollama_app
     from ..serve.options import serve_layout
     from .common import CLIError
@@ -233,6 +249,8 @@ def serve(
         max_body_bytes=max_body,
         body_timeout_s=body_timeout,
         body_min_rate=body_min_rate,
+        host_wait_s=host_wait,
+        header_timeout_s=header_timeout,
         max_tokens=max_tokens,
         sampling=sampling,
         reasoning_budget=reasoning_budget,
@@ -265,13 +283,15 @@ def serve(
             scheduler_options=SchedulerOptions(profile=profile),
             verbose=verbose,
         )
-        where = ", ".join(f"http://{h}:{p}" for h, p in bound(server)) or f"http://{host}:{port}"
+        where = [f"http://{h}:{p}" for h, p in bound(server)] or [f"http://{host}:{port}"]
         beside = server.beside
         ollama = ", ".join(f"http://{h}:{p}" for h, p in bound(beside)) if beside is not None else ""
         if server.should_exit:  # (stopping already: a port it could not listen on, Ctrl-C)
             return vlm
+        # the page first: the address a person opens; the API's base URL is what clients are given
+        page, api = ", ".join(f"{w}/" for w in where), ", ".join(f"{w}/v1" for w in where)
         echo_err(
-            f"ready: {where}/v1 · model {options.model_id} · {vlm.scheduler.max_running} request(s) "
+            f"ready: the page {page} · API {api} · model {options.model_id} · {vlm.scheduler.max_running} request(s) "
             f"at once · {vlm.scheduler.n_slots} conversations kept · context {vlm.n_ctx} · queue {queue}"
             + (f" · Ollama's API: {ollama or f'http://{host}:{ollama_port}'}" if beside is not None else "")
         )
@@ -290,7 +310,12 @@ def serve(
     app = create_app(load_model, options, on_error=failed)
     level = "info" if verbose else "warning"
     # uvicorn's own bound on the connections left once the grace is over (their last events sent)
-    common = dict(log_level=level, access_log=verbose, timeout_graceful_shutdown=math.ceil(shutdown_grace) + 1)
+    common = dict(
+        log_level=level,
+        access_log=verbose,
+        timeout_graceful_shutdown=math.ceil(shutdown_grace) + 1,
+        http=header_deadline(options.header_timeout_s),  # (a socket trickling its headers is closed)
+    )
     server = Listener(
         uvicorn.Config(app, host=host, port=port, lifespan="on", **common),
         None

@@ -52,7 +52,9 @@ def _fit_verdict(plan) -> tuple[bool, str]:
     return True, f"yes · {where} · ctx {plan.n_ctx}"
 
 
-def _row_for(r: ResolvedModel, title: str, license: str, params: str, probe, wishes, check: bool) -> ModelRow:
+def _row_for(
+    r: ResolvedModel, title: str, license: str, params: str, probe, wishes, check: bool, no_plan: str = ""
+) -> ModelRow:
     refs = [f for f in (r.model, r.mmproj) if f is not None]
     local = sum(f.local is not None for f in refs)
     size, exact = 0, True
@@ -66,10 +68,10 @@ def _row_for(r: ResolvedModel, title: str, license: str, params: str, probe, wis
             else:
                 size += (f.remote.size or 0) if f.remote else 0
                 exact = False
-    fits, verdict = None, "? not planned yet"
+    fits, verdict = None, f"? {no_plan}" if no_plan else "? not planned yet"
     try:
-        plan = plan_resolved(r, probe, wishes, fetch=check)
-        fits, verdict = _fit_verdict(plan)
+        if not no_plan:
+            fits, verdict = _fit_verdict(plan_resolved(r, probe, wishes, fetch=check))
     except DownloadError as exc:
         if check:
             verdict = f"? {short_error(exc)}"
@@ -91,10 +93,11 @@ def _row_for(r: ResolvedModel, title: str, license: str, params: str, probe, wis
     )
 
 
-def list_models(probe=None, wishes=None, *, check: bool = False) -> list[ModelRow]:
+def list_models(probe=None, wishes=None, *, check: bool = False, no_plan: str = "") -> list[ModelRow]:
     """Registry models (default quantisation, plus any other one in the cache) and other GGUF
-    repos found in the hub cache, with sizes and the planner's verdict for this machine."""
-    if probe is None:
+    repos found in the hub cache, with sizes and the planner's verdict for this machine
+    (``no_plan``: why there is none, the verdict of every row instead)."""
+    if probe is None and not no_plan:
         probe = measure_devices()
     reg = load_registry()
     rows: list[ModelRow] = []
@@ -105,17 +108,17 @@ def list_models(probe=None, wishes=None, *, check: bool = False) -> list[ModelRo
             is_default = q == e.default_quant
             if not is_default and r.model.local is None:
                 continue
-            row = _row_for(r, e.title, e.license, e.params, probe, wishes, check)
+            row = _row_for(r, e.title, e.license, e.params, probe, wishes, check, no_plan)
             row.name = e.name if is_default else f"{e.name}:{q}"
             rows.append(row)
             for f in (r.model, r.mmproj):
                 if f is not None and f.remote is not None:
                     seen.add((f.remote.repo, f.remote.file))
-    rows.extend(_unregistered_rows(seen, probe, wishes))
+    rows.extend(_unregistered_rows(seen, probe, wishes, no_plan))
     return rows
 
 
-def _unregistered_rows(seen: set[tuple[str, str]], probe, wishes) -> list[ModelRow]:
+def _unregistered_rows(seen: set[tuple[str, str]], probe, wishes, no_plan: str = "") -> list[ModelRow]:
     root = Path(settings().cache_dir)
     if not root.is_dir():
         return []
@@ -140,7 +143,7 @@ def _unregistered_rows(seen: set[tuple[str, str]], probe, wishes) -> list[ModelR
                     else None
                 )
                 r = ResolvedModel(model.label, "hf", model.label, model, proj)
-                out.append(_row_for(r, "(not in the registry)", "", "", probe, wishes, False))
+                out.append(_row_for(r, "(not in the registry)", "", "", probe, wishes, False, no_plan))
     return out
 
 

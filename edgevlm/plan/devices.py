@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 
+from ..backend.native import install_line
 from ..backend.system import ggml_devices
 from ..errors import InputError
 
@@ -132,29 +133,20 @@ def gpu_overhead_for(name: str) -> int:
 
 
 def gpu_without_build() -> str | None:
-    """An NVIDIA GPU's name when the machine has one (``nvidia-smi`` answers) — asked only when
-    llama.cpp registered no GPU, so that ``plan`` can say the build is a CPU-only one."""
-    import shutil
-    import subprocess
+    """An NVIDIA GPU's name and memory when the machine has one (``nvidia-smi`` answers) — asked
+    only when llama.cpp registered no GPU, so that ``plan`` can say the build is a CPU-only one."""
+    from .gputools import nvidia_gpus
 
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    first = nvidia_gpus()[:1]
+    if not first:
         return None
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=name,memory.total", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    first = out.stdout.strip().splitlines()[:1]
-    return first[0].strip() if out.returncode == 0 and first and first[0].strip() else None
+    total = first[0].total_bytes
+    return first[0].name + (f", {total // 2**20} MiB" if total else "")
 
 
 CPU_BUILD_NOTE = (
     "this llama-cpp-python build has no GPU support (a CPU wheel), but the machine has an NVIDIA GPU ({gpu}): "
-    'everything runs on the CPU. Rebuild it for the GPU: CMAKE_ARGS="-DGGML_CUDA=on '
-    '-DCMAKE_CUDA_ARCHITECTURES=native" pip install --force-reinstall --no-cache-dir --no-deps '
-    "llama-cpp-python==0.3.36 (docs/install.md)"
+    f"everything runs on the CPU. Rebuild it for the GPU: {install_line('CUDA')} (docs/install.md)"
 )
 
 

@@ -20,10 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import InputError, MemoryBusy
+from ..errors import EdgeVLMError, InputError, MemoryBusy
 from .devices import format_size
 
-__all__ = ["HostAllowance", "Lease", "return_freed_memory"]
+__all__ = ["HostAllowance", "Lease", "LeaseReleased", "return_freed_memory"]
 
 MMAP_THRESHOLD = 256 * 1024  # buffers at least this large are their own mappings (glibc)
 
@@ -47,62 +47,159 @@ def return_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD))
 
 
+class LeaseReleased(EdgeVLMError):
+    """A released lease was asked for more: the request it belonged to has ended."""
+
+    code = "request_ended"
+
+
+SMALL_LANE = 8  # the last 1/SMALL_LANE of an allowance is kept for small takes ...
+SMALL_TAKE = 4  # ... those of at most 1/SMALL_TAKE of that part
+STUCK_S = 0.5  # every request holding memory has waited this long for more, nothing moving: one gives way
+LOOK_S = 0.1  # a waiting take looks again this often (for its deadline, and for a standstill)
+
+
 class HostAllowance:
-    """``total`` bytes, handed out in leases (thread-safe)."""
+    """``total`` bytes, handed out in leases (thread-safe).
+
+    - Its last ``small_lane`` bytes go only to takes of at most ``small_take`` bytes: large
+      pictures and bodies filling the allowance never make a text request or a small picture
+      wait for them (as the scheduler's short lane lets follow-ups past long pictures).
+    - While a request that holds memory waits for more, a request that holds none takes
+      nothing large: what is given back goes to the requests already under way first.
+    - A request waits at most to its deadline (``MemoryBusy``: a 503). But when every request
+      holding memory waits for more and nothing has moved for ``STUCK_S`` — they would wait on
+      each other until their deadlines — the youngest of them gives way at once (``MemoryBusy``,
+      counted in ``gave_way``), and the others go on with what it gave back."""
 
     def __init__(self, total: int):
         self.total = int(total)
+        self.small_lane = self.total // SMALL_LANE
+        self.small_take = self.small_lane // SMALL_TAKE
         self.in_use = 0
         self.peak = 0
         self.waits = 0  # acquisitions that had to wait
-        self.refused = 0  # ... that gave up at their deadline
+        self.refused = 0  # ... that gave up at their deadline, or gave way
+        self.gave_way = 0  # ... that gave way: every holder was waiting
         self._cond = threading.Condition()
+        self._next = 0  # the next lease's number (its age: a larger one is younger)
+        self._holding: dict[int, int] = {}  # lease number -> bytes it holds (> 0)
+        self._waiting: dict[int, int] = {}  # lease number -> its takes waiting now
+        self._moved = 0  # takes and gives so far: a standstill is when this stays put
+        self._still: tuple[int, float] | None = None  # (moves, since when) all holders have waited
 
     def lease(self, what: str = "this request", on_release: Callable[[], None] | None = None) -> Lease:
-        return Lease(self, what, on_release)
+        with self._cond:
+            self._next += 1
+            number = self._next
+        return Lease(self, what, on_release, number)
 
     @property
     def free(self) -> int:
         return self.total - self.in_use
 
-    def _take(self, n: int, deadline: float | None, what: str) -> None:
+    @property
+    def waiting(self) -> int:
+        """Takes waiting for memory now."""
+        with self._cond:
+            return sum(self._waiting.values())
+
+    def _room(self, n: int, number: int) -> int:
+        """What a take of ``n`` bytes by lease ``number`` may fill: all of it when small; else
+        all but the small lane — and nothing while holders wait, when it holds nothing itself."""
+        if n <= self.small_take:
+            return self.total
+        if number not in self._holding and any(w in self._holding for w in self._waiting):
+            return 0  # (what comes back goes to the requests under way)
+        return self.total - self.small_lane
+
+    def _take(self, n: int, deadline: float | None, what: str, number: int = 0) -> None:
+        """Take ``n`` bytes for lease ``number`` (``what``): at once when they are free, else
+        waiting until ``deadline`` (then ``MemoryBusy``) or until it gives way (class doc). What
+        could never fit — more than the whole allowance, with what it holds — is refused at once
+        (``InputError``): waiting would only wait for itself."""
         if n <= 0:
             return
-        if n > self.total:
-            raise InputError(
-                f"{what} needs {format_size(n)} of host memory, more than the whole "
-                f"allowance for requests ({format_size(self.total)}; --host-allowance)"
-            )
         with self._cond:
+            held = self._holding.get(number, 0)
+            if held + n > self.total:
+                raise InputError(
+                    f"{what} needs {format_size(held + n)} of host memory, more than the whole "
+                    f"allowance for requests ({format_size(self.total)}; --host-allowance)"
+                )
             waited = False
-            while self.in_use + n > self.total:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    self.refused += 1
-                    raise MemoryBusy(
-                        f"{what} needs {format_size(n)} of host memory and the allowance for "
-                        f"requests is taken ({format_size(self.in_use)} of "
-                        f"{format_size(self.total)} in use); retry shortly"
-                    )
-                waited = True
-                self._cond.wait(left if left is not None else 1.0)
+            self._waiting[number] = self._waiting.get(number, 0) + 1
+            try:
+                while self.in_use + n > self._room(n, number):
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        self.refused += 1
+                        raise MemoryBusy(
+                            f"{what} needs {format_size(n)} of host memory and the allowance for "
+                            f"requests is taken ({format_size(self.in_use)} of "
+                            f"{format_size(self.total)} in use); retry shortly"
+                        )
+                    if self._gives_way(number):
+                        self.refused += 1
+                        self.gave_way += 1
+                        raise MemoryBusy(
+                            f"{what} needs {format_size(n)} of host memory while every request "
+                            f"holding the allowance for requests ({format_size(self.in_use)} of "
+                            f"{format_size(self.total)}) waits for more; the youngest gives way: "
+                            "retry shortly"
+                        )
+                    waited = True
+                    self._cond.wait(LOOK_S if left is None else min(left, LOOK_S))
+            finally:
+                self._waiting[number] -= 1
+                if not self._waiting[number]:
+                    del self._waiting[number]
             self.waits += waited
-            self.in_use += n
-            self.peak = max(self.peak, self.in_use)
+            self._add(number, n)
 
-    def _try_take(self, n: int) -> bool:
+    def _gives_way(self, number: int) -> bool:
+        """Whether lease ``number``, waiting, gives way now: it holds memory, every lease that
+        holds any waits too, nothing has moved for ``STUCK_S``, and it is the youngest of them."""
+        if number not in self._holding or any(h not in self._waiting for h in self._holding):
+            self._still = None
+            return False
+        now = time.monotonic()
+        if self._still is None or self._still[0] != self._moved:
+            self._still = (self._moved, now)
+            return False
+        return now - self._still[1] >= STUCK_S and number == max(self._holding)
+
+    def _add(self, number: int, n: int) -> None:
+        self.in_use += n
+        self.peak = max(self.peak, self.in_use)
+        self._holding[number] = self._holding.get(number, 0) + n
+        self._moved += 1
+
+    def count_wait(self) -> None:
+        """An acquisition that waited outside ``_take`` (an event loop's polling) got its bytes."""
         with self._cond:
-            if n > 0 and self.in_use + n > self.total:
+            self.waits += 1
+
+    def _try_take(self, n: int, number: int = 0) -> bool:
+        if n <= 0:
+            return True
+        with self._cond:
+            if self.in_use + n > self._room(n, number):
                 return False
-            self.in_use += max(0, n)
-            self.peak = max(self.peak, self.in_use)
+            self._add(number, n)
             return True
 
-    def _give(self, n: int) -> None:
+    def _give(self, n: int, number: int = 0) -> None:
         if n <= 0:
             return
         with self._cond:
             self.in_use -= n
+            left = self._holding.get(number, 0) - n
+            if left > 0:
+                self._holding[number] = left
+            else:
+                self._holding.pop(number, None)
+            self._moved += 1
             self._cond.notify_all()
 
     def to_dict(self) -> dict[str, int]:
@@ -112,49 +209,88 @@ class HostAllowance:
             "peak_in_use_bytes": self.peak,
             "waits": self.waits,
             "refused": self.refused,
+            "gave_way": self.gave_way,
+            "waiting": self.waiting,
         }
 
 
 class Lease:
-    """What one request holds of the allowance; ``release()`` gives all of it back (and, the
-    first time, calls ``on_release``: a server gives the request's place back with it)."""
+    """What one request holds of the allowance; ``release()`` gives all of it back (and calls
+    ``on_release``: a server gives the request's place back with it). Safe from any thread: a
+    request's lease is released by whichever of the worker and the event loop ends it first, and
+    only that first release gives anything back; a released lease takes nothing more (``grow``
+    raises ``LeaseReleased``, ``try_grow`` is False), so a step still running for a request that
+    ended cannot take bytes nobody will return."""
 
-    def __init__(self, allowance: HostAllowance, what: str, on_release: Callable[[], None] | None = None):
+    def __init__(
+        self, allowance: HostAllowance, what: str, on_release: Callable[[], None] | None = None, number: int = 0
+    ):
         self.allowance = allowance
         self.what = what
+        self.number = number  # its age among the allowance's leases (HostAllowance.lease)
         self.held = 0
-        self._on_release = on_release
+        self.released = False
+        self._on_release = [on_release] if on_release is not None else []
+        self._lock = threading.Lock()
 
     def grow(self, n: int, deadline: float | None = None) -> None:
         """Take ``n`` more bytes (waiting until ``deadline``, a ``time.monotonic()`` value)."""
-        self.allowance._take(int(n), deadline, self.what)
-        self.held += max(0, int(n))
+        n = max(0, int(n))
+        if self.released:
+            raise LeaseReleased(f"{self.what} has ended; its memory is given back")
+        self.allowance._take(n, deadline, self.what, self.number)  # (may wait: outside the lock)
+        with self._lock:
+            if not self.released:
+                self.held += n
+                return
+        self.allowance._give(n, self.number)  # released while it waited: nothing is kept
+        raise LeaseReleased(f"{self.what} has ended; its memory is given back")
 
     def try_grow(self, n: int) -> bool:
         """Take ``n`` more bytes if they are free now (never waits)."""
-        if not self.allowance._try_take(int(n)):
-            return False
-        self.held += max(0, int(n))
-        return True
+        n = max(0, int(n))
+        with self._lock:
+            if self.released or not self.allowance._try_take(n, self.number):
+                return False
+            self.held += n
+            return True
 
     def shrink(self, n: int) -> None:
         """Give back ``n`` bytes (at most what is held)."""
-        n = min(int(n), self.held)
-        self.allowance._give(n)
-        self.held -= max(0, n)
+        with self._lock:
+            n = max(0, min(int(n), self.held))
+            self.held -= n
+        self.allowance._give(n, self.number)
 
     def resize(self, n: int, deadline: float | None = None) -> None:
         """Hold exactly ``n`` bytes from now on."""
-        if n > self.held:
-            self.grow(n - self.held, deadline)
+        with self._lock:
+            more = int(n) - self.held
+        if more > 0:
+            self.grow(more, deadline)
         else:
-            self.shrink(self.held - n)
+            self.shrink(-more)
+
+    def on_release(self, done: Callable[[], None]) -> None:
+        """Call ``done`` when the lease is released (at once if it is already): what a place
+        taken after the lease (a server's, once the body is in) gives back with it."""
+        with self._lock:
+            if not self.released:
+                self._on_release.append(done)
+                return
+        done()
 
     def release(self) -> None:
-        self.shrink(self.held)
-        done, self._on_release = self._on_release, None
-        if done is not None:
-            done()
+        """Give everything back, once: later calls (from any thread) do nothing."""
+        with self._lock:
+            if self.released:
+                return
+            self.released = True
+            n, self.held = self.held, 0
+            done, self._on_release = self._on_release, []
+        self.allowance._give(n, self.number)
+        for call in done:
+            call()
 
     def __enter__(self) -> Lease:
         return self

@@ -71,6 +71,9 @@ class MediaRef:
     kind: str = "auto"  # image | video | auto (``media_kind``)
     detail: str = "auto"  # auto | high | low (``LOW_DETAIL_TOKENS``, no tiles)
     name: str = ""  # what notices and summaries call it (default: "image 2", "video 1")
+    # its bytes (``source``) are held on the caller's lease already (a server's fetched URL): the
+    # intake takes nothing more for them, and the caller gives them back
+    leased: bool = False
 
 
 @dataclass(frozen=True)
@@ -242,7 +245,7 @@ class Intake:
             made.given = ref.name
             return made
         data = None if isinstance(src, LoadedImage) else self.read(ref, label)
-        held = len(data) if data is not None else 0
+        held = len(data) if data is not None and not ref.leased else 0
         if lease is not None:
             lease.grow(held, deadline)
         try:

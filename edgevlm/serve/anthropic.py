@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..backend.sampling import SamplingParams
+from ..errors import shown
 from . import openai
 from .request import (
     DEFAULT_SAMPLING,
@@ -89,7 +90,7 @@ def _image(block: dict[str, Any], at: str) -> ImageRef:
         assert isinstance(src, dict)
         mime, data = src.get("media_type"), src.get("data")
         if mime not in IMAGE_TYPES:
-            raise bad(f"{at}.source.media_type must be one of {', '.join(IMAGE_TYPES)}, not {mime!r}", at)
+            raise bad(f"{at}.source.media_type must be one of {', '.join(IMAGE_TYPES)}, not {shown(mime)}", at)
         if not isinstance(data, str) or not data:
             raise bad(f"{at}.source.data must be the picture's bytes in base64", f"{at}.source.data")
         return ImageRef(f"data:{mime};base64,{data}")
@@ -101,7 +102,7 @@ def _image(block: dict[str, Any], at: str) -> ImageRef:
         return ImageRef(url)
     raise bad(
         f'{at}.source must be {{"type": "base64", "media_type", "data"}} or {{"type": "url", "url"}}'
-        f" (a file id is not supported), not type {kind!r}",
+        f" (a file id is not supported), not type {shown(kind)}",
         f"{at}.source",
     )
 
@@ -120,7 +121,7 @@ def _result_content(raw: Any, at: str) -> tuple[str, tuple[ImageRef, ...]]:
         elif kind == "image":
             images.append(_image(block, where))
         else:
-            raise bad(f"{where}: a tool result holds text and image blocks, not {kind!r}", where)
+            raise bad(f"{where}: a tool result holds text and image blocks, not {shown(kind)}", where)
     return "\n".join(texts), tuple(images)
 
 
@@ -176,7 +177,7 @@ def _user(blocks: list[Any], where: str, i: int, out: list[ChatMessage]) -> None
             cid = from_tool_use_id(cid)
             out.append(ChatMessage("tool", text, pics, i, tool_call_id=cid, name=_called(out, cid)))
         else:
-            raise bad(f"{at}: a user message holds text, image and tool_result blocks, not {kind!r}", at)
+            raise bad(f"{at}: a user message holds text, image and tool_result blocks, not {shown(kind)}", at)
     flush()
 
 
@@ -200,7 +201,7 @@ def _assistant(blocks: list[Any], where: str, i: int) -> ChatMessage:
         elif kind in ("thinking", "redacted_thinking"):
             continue  # earlier turns' reasoning does not enter the prompt
         else:
-            raise bad(f"{at}: an assistant message holds text, tool_use and thinking blocks, not {kind!r}", at)
+            raise bad(f"{at}: an assistant message holds text, tool_use and thinking blocks, not {shown(kind)}", at)
     return ChatMessage("assistant", "".join(texts), (), i, tuple(calls))
 
 
@@ -211,7 +212,7 @@ def _system(raw: Any) -> str | None:
     for j, block in enumerate(_blocks(raw, "system")):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind != "text":
-            raise bad(f"system[{j}] must be a text block, not {kind!r}", f"system[{j}]")
+            raise bad(f"system[{j}] must be a text block, not {shown(kind)}", f"system[{j}]")
         texts.append(_text(block, f"system[{j}]"))
     return "\n".join(texts) or None
 
@@ -227,7 +228,7 @@ def _tools(raw: Any) -> tuple[Tool, ...]:
         if not isinstance(t, dict):
             raise bad(f'{at} must be {{"name", "description", "input_schema"}}', at)
         if t.get("type", "custom") != "custom":
-            raise bad(f"{at}: server tools ({t.get('type')!r}) are not supported; give name and input_schema", at)
+            raise bad(f"{at}: server tools ({shown(t.get('type'))}) are not supported; give name and input_schema", at)
         tools.append(openai.tool_of(t, at))
     if len({t.name for t in tools}) < len(tools):
         raise bad("'tools' names a tool twice", "tools")
@@ -249,9 +250,9 @@ def _tool_choice(raw: Any, tools: tuple[Tool, ...]) -> tuple[str, str, bool]:
     choice = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}[kind]
     name = raw.get("name") if kind == "tool" else ""
     if choice in ("required", "function") and not tools:
-        raise bad(f"tool_choice {kind!r} needs 'tools'", "tool_choice")
+        raise bad(f"tool_choice {shown(kind)} needs 'tools'", "tool_choice")
     if kind == "tool" and name not in {t.name for t in tools}:
-        raise bad(f"tool_choice names the tool {name!r}, which is not in 'tools'", "tool_choice.name")
+        raise bad(f"tool_choice names the tool {shown(name)}, which is not in 'tools'", "tool_choice.name")
     return choice, name or "", not serial
 
 
@@ -306,7 +307,7 @@ def parse_messages_request(body: Any, defaults: SamplingParams = DEFAULT_SAMPLIN
             raise bad(f"{where} must be an object", where)
         role = m.get("role")
         if role not in ("user", "assistant"):
-            raise bad(f"{where}.role must be user or assistant, not {role!r}", f"{where}.role")
+            raise bad(f"{where}.role must be user or assistant, not {shown(role)}", f"{where}.role")
         blocks = _blocks(m.get("content"), f"{where}.content")
         if role == "user":
             _user(blocks, where, i, out)

@@ -23,7 +23,9 @@ from ..errors import (
     ImageError,
     InputError,
     MemoryBusy,
+    clipped,
 )
+from ..plan.host import LeaseReleased
 from .options import ServeOptions
 
 __all__ = [
@@ -149,6 +151,7 @@ TABLE: dict[type[BaseException], Kind] = {
     RequestTooLarge: Kind(413, _CLIENT, "request_too_large", False),
     BodyTooSlow: Kind(408, _CLIENT, "timeout_error", None),  # (a slow link may do better next time)
     ClientGone: Kind(499, _CLIENT, _CLIENT, False),
+    LeaseReleased: Kind(499, _CLIENT, _CLIENT, False),  # (the request ended: its client is gone)
     ServerBusy: _BUSY,
     ServerStopping: _BUSY,
     ModelLoading: _BUSY,
@@ -200,7 +203,7 @@ def failure_of(exc: BaseException, retry_after_s: int = RETRY_AFTER_S) -> Failur
     )
     return Failure(
         kind.status,
-        str(exc) if ours else f"internal error ({type(exc).__name__})",
+        clipped(str(exc)) if ours else f"internal error ({type(exc).__name__})",
         kind.openai,
         kind.anthropic,
         exc.code if isinstance(exc, EdgeVLMError) else None,

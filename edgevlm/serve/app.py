@@ -47,22 +47,22 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..errors import shown
 from ..plan.host import Lease
-from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
 from . import anthropic, anthropic_reply, ollama, ollama_models
-from .api_errors import APIError, ClientGone, InvalidAPIKey, ModelLoading, NotFound, ServerStopping
-from .http import BODY_COPIES, BodyPace, Dialect, bearer, error_response, event_stream, parse_json, parsed, read_body
+from .api_errors import ClientGone, InvalidAPIKey, ModelLoading, NotFound, ServerStopping
+from .http import BodyPace, Dialect, bearer, error_response, event_stream, parse_json, parsed, read_body
 from .job import Job
 from .ollama_routes import ollama_routes
 from .openai import parse_chat_request
-from .openai_reply import completion_body, error_body, error_for, stream_events
+from .openai_reply import completion_body, error_body, error_for, model_object, stream_events
 from .options import ServeOptions
 from .request import ChatRequest
 from .responses import ResponsesCall, parse_responses_request
 from .responses_reply import reply_body, stream_response
 from .responses_store import ResponseStore
-from .service import ChatService
+from .service import ChatService, model_name
 from .status import metrics as metrics_text
 from .status import status as status_of
 
@@ -70,6 +70,7 @@ __all__ = ["Server", "create_app"]
 
 Handler = Callable[[HTTPRequest], Awaitable[Response]]
 STATIC = Path(__file__).resolve().parent / "static"  # the web page: plain HTML, CSS, JS
+SMALL_BODY_BYTES = 64 * 1024  # the body of a route that runs no model work (/api/show): a name
 
 
 class Server:
@@ -135,14 +136,16 @@ class Server:
     async def accept(
         self, request: HTTPRequest, parse: Callable[[Any], ChatRequest], count_only: bool = False
     ) -> tuple[Job, ChatRequest]:
-        """Read a request's body (under a lease on the host allowance, taken before it is read),
-        parse it with its API's ``parse`` (body → ``ChatRequest``), and queue it: the one
-        admission path of every route. Returns once the worker accepted it."""
+        """Read a request's body (under a lease on the host allowance, its whole size taken
+        before it is read), parse it with its API's ``parse`` (body → ``ChatRequest``), take its
+        place (``ChatService.admit``: only once the body is in) and queue it: the one admission
+        path of every route. Returns once the worker accepted it."""
         service = self.service
         assert service is not None
-        lease = service.admit("this request")  # before reading the body
+        lease = service.lease("this request")
         try:
             req = parsed(parse, await self.read_json(request, lease))
+            service.admit(lease)
             job = await service.submit(req, request.is_disconnected, lease, count_only)
         except BaseException:
             lease.release()
@@ -150,22 +153,44 @@ class Server:
         return job, req
 
     async def read_json(self, request: HTTPRequest, lease: Lease) -> Any:
-        """A request's body as JSON, read under ``lease`` (growing as the bytes arrive) at the
-        server's pace (``http.BodyPace``: else 408); the bytes are dropped once parsed, and the
-        lease keeps what the parsed body holds. A client that leaves meanwhile is counted as
+        """A request's body as JSON (``read``); the bytes are dropped once parsed, and the lease
+        keeps what the parsed body holds (about as much)."""
+        body = await self.read(request, lease, self.options.max_body_bytes)
+        data = parse_json(body)
+        lease.resize(len(body))
+        del body
+        return data
+
+    async def small_json(self, request: HTTPRequest) -> Any:
+        """The body of a route that runs no model work (Ollama's ``/api/show``), read as any
+        other (``read``) but at most ``SMALL_BODY_BYTES``; nothing is held once it is parsed.
+        An empty body is ``{}``."""
+        service = self.service
+        assert service is not None
+        with service.lease("this request") as lease:
+            body = await self.read(request, lease, SMALL_BODY_BYTES, "this route's bodies only name a model")
+            return parse_json(body or b"{}")
+
+    async def read(
+        self, request: HTTPRequest, lease: Lease, limit: int, limit_is: str = "the server's --max-body"
+    ) -> bytes:
+        """A request's body, at most ``limit`` bytes, read under ``lease`` (its whole size held
+        before the first byte: ``http.read_body``) at the server's pace (``http.BodyPace``: else
+        408), counted on /status while it arrives. A client that leaves meanwhile is counted as
         cancelled."""
         service, o = self.service, self.options
         assert service is not None
         pace = BodyPace(o.body_timeout_s, o.body_min_rate, o.timeout_s)
+        service.reading += 1
         try:
-            body = await read_body(request, o.max_body_bytes, lease, o.host_wait_s, pace)
+            return await read_body(
+                request, limit, lease, o.host_wait_s, pace, min(limit, o.chunked_body_bytes), limit_is
+            )
         except ClientGone:
             service.worker.count_cancelled()
             raise
-        data = parse_json(body)
-        del body
-        lease.resize(lease.held // BODY_COPIES)  # the bytes are dropped; the parsed body stays
-        return data
+        finally:
+            service.reading -= 1
 
     async def chat(self, request: HTTPRequest) -> Response:
         service = self.service
@@ -234,7 +259,7 @@ class Server:
             return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
         stored = self.responses.get(rid) if request.method == "GET" else None
         if stored is None:
-            raise NotFound(f"no response {rid!r} is stored here", "response_id")
+            raise NotFound(f"no response {shown(rid)} is stored here", "response_id")
         return JSONResponse(stored.body)
 
     async def ollama_reply(self, request: HTTPRequest, generate: bool = False) -> Response:
@@ -246,7 +271,7 @@ class Server:
         try:
             job, req = await self.accept(request, lambda d: parse(d, self.options.sampling))
         except ollama.LoadOnly as load:  # (no messages: "load the model", which is loaded)
-            return JSONResponse(ollama.load_body(load.model or self.options.model_id, generate))
+            return JSONResponse(ollama.load_body(model_name(load.model, self.options.model_id), generate))
         model = service.model_name(req)
         if req.stream:
             events = ollama.stream_events(service.deltas(job, req), model, generate, started)
@@ -268,30 +293,13 @@ class Server:
         request: under the queue limit and the host allowance."""
         service = self.service
         assert service is not None
-        lease = service.admit("this picture")
+        lease = service.lease("this picture")
         try:
             body = await self.read_json(request, lease)
-            return JSONResponse(await run_in_threadpool(self._budget, body, lease))
+            service.admit(lease)
+            return JSONResponse(await run_in_threadpool(service.budget, body, lease))
         finally:
             lease.release()
-
-    def _budget(self, body: Any, lease: Lease) -> dict[str, Any]:
-        model, service = self.model, self.service
-        assert model is not None
-        assert service is not None
-        kind = "video" if isinstance(body, dict) and "video_url" in body else "image"
-        ref = body.get(f"{kind}_url") if isinstance(body, dict) else None
-        url = ref.get("url") if isinstance(ref, dict) else ref
-        if not isinstance(url, str) or not url:
-            raise APIError(f'give {{"{kind}_url": {{"url": ...}}}}', f"{kind}_url")
-        detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
-        name = body.get("name") if isinstance(body.get("name"), str) else ""
-        max_tokens = body.get("max_tokens")  # (the reply the request will ask for: its room)
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            max_tokens = self.options.max_tokens
-        room = model.scheduler.budget.image_room(max_tokens)
-        made = service.intake.views(MediaRef(url, kind, detail, name), room, lease)
-        return {**made.to_dict(), "n_ctx": model.n_ctx, "image_room": room}
 
     # --- the rest --------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -356,17 +364,20 @@ def create_app(
     async def page(request: HTTPRequest) -> Response:
         return FileResponse(STATIC / "index.html", headers={"cache-control": "no-cache"})
 
+    def card() -> dict[str, Any]:
+        return model_object(options.model_id, server.started, server.model)
+
     async def models(request: HTTPRequest) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card(server)]})
+        return JSONResponse({"object": "list", "data": [card()]})
 
     async def model_card(request: HTTPRequest) -> Response:
         if request.path_params["model"] != options.model_id:
             raise NotFound(
-                f"no model {request.path_params['model']!r} (this server has {options.model_id!r})",
+                f"no model {shown(request.path_params['model'])} (this server has {shown(options.model_id)})",
                 "model",
                 "model_not_found",
             )
-        return JSONResponse(_model_card(server))
+        return JSONResponse(card())
 
     async def health(request: HTTPRequest) -> Response:
         st = server.state
@@ -421,22 +432,3 @@ def create_app(
     )
     app.state.server = server
     return app
-
-
-def _model_card(server: Server) -> dict[str, Any]:
-    card: dict[str, Any] = {
-        "id": server.options.model_id,
-        "object": "model",
-        "created": int(server.started),
-        "owned_by": "edgevlm",
-        "input_modalities": ["text", "image"],
-        "output_modalities": ["text"],
-    }
-    model = server.model
-    if model is not None:
-        card["meta"] = {
-            "n_ctx": model.n_ctx,
-            "projector_type": model.backend.proj_info.projector_type,
-            "image_max_tokens": model.plan.image_max_tokens if model.plan else None,
-        }
-    return card

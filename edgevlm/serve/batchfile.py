@@ -24,7 +24,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import InputError, OutputError
+from ..errors import InputError, OutputError, shown
 from ..jobs.records import BATCH_LINES, Entry, RecordLog
 
 __all__ = [
@@ -99,7 +99,10 @@ def _line(number: int, raw: str) -> BatchLine:
     method = obj.get("method", "POST")
     if not isinstance(method, str) or method.upper() != "POST":
         return BatchLine(
-            number, cid, code="invalid_method", message=f"line {number}: method {method!r} is not supported (POST is)"
+            number,
+            cid,
+            code="invalid_method",
+            message=f"line {number}: method {shown(method)} is not supported (POST is)",
         )
     url = obj.get("url")
     if url not in BATCH_URLS:
@@ -107,7 +110,7 @@ def _line(number: int, raw: str) -> BatchLine:
             number,
             cid,
             code="invalid_url",
-            message=f"line {number}: url {url!r} is not supported (/v1/chat/completions and /v1/responses are)",
+            message=f"line {number}: url {shown(url)} is not supported (/v1/chat/completions and /v1/responses are)",
         )
     body = obj.get("body")
     if not isinstance(body, dict):

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.background import BackgroundTask
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, StreamingResponse
 
-from ..errors import EdgeVLMError
+from ..errors import EdgeVLMError, clipped
 from ..plan.host import Lease
 from .api_errors import TABLE, APIError, BodyTooSlow, ClientGone, RequestTooLarge, kind_of
 from .request import ChatRequest
@@ -32,6 +31,7 @@ __all__ = [
     "bearer",
     "error_response",
     "event_stream",
+    "hold",
     "parse_json",
     "parsed",
     "read_body",
@@ -87,23 +87,35 @@ async def read_body(
     lease: Lease | None = None,
     host_wait_s: float | None = None,
     pace: BodyPace | None = None,
+    chunked_limit: int | None = None,
+    limit_is: str = "the server's --max-body",
 ) -> bytes:
     """The request body (at most ``limit`` bytes, arriving at ``pace``). With ``lease``, the
-    memory it takes is held as it arrives: ``BODY_COPIES`` × each chunk (what its join and its
-    parse will take too) before the chunk is kept, waiting at most ``host_wait_s`` for the
-    allowance. A body that only declares a large ``Content-Length`` holds nothing it has not
-    sent; one over ``limit`` (declared or counted) is a 413 at once; a client that leaves while
-    it sends is ``ClientGone``."""
-    too_big = RequestTooLarge(f"the request body is larger than {limit:,} bytes (the server's --max-body)")
+    memory it will take is held whole before its first byte is read: ``BODY_COPIES`` × its
+    ``Content-Length`` (what its chunks, their join and its parse take), waiting at most
+    ``host_wait_s`` for the allowance — so bodies half read never wait on each other for the
+    rest. A body without a ``Content-Length`` (chunked) may hold at most ``chunked_limit``
+    bytes (default ``limit``), taken the same way. One over its limit (declared or counted) is
+    a 413 at once (``limit_is``: what sets ``limit``, as the error says); a client that leaves
+    while it sends is ``ClientGone``."""
     declared = request.headers.get("content-length")
     known = int(declared) if declared and declared.isdigit() else None
     if known is not None and known > limit:
-        raise too_big
-    start, waited = time.monotonic(), 0.0
+        raise RequestTooLarge(f"the request body is larger than {limit:,} bytes ({limit_is})")
+    most = known if known is not None else min(limit, chunked_limit or limit)
+    too_big = RequestTooLarge(
+        f"the request body is larger than {limit:,} bytes ({limit_is})"
+        if known is not None or most == limit
+        else f"a request body without a Content-Length may hold at most {most:,} bytes (send its "
+        f"Content-Length for a larger one, up to {limit:,}: {limit_is})"
+    )
+    if lease is not None:
+        await hold(lease, most * BODY_COPIES, host_wait_s)
+    start = time.monotonic()
     chunks, n = [], 0
     stream = request.stream()
     while True:
-        left = None if pace is None else pace.deadline(start + waited, n) - time.monotonic()
+        left = None if pace is None else pace.deadline(start, n) - time.monotonic()
         try:
             if left is not None and left <= 0:
                 raise asyncio.TimeoutError
@@ -114,7 +126,7 @@ async def read_body(
             assert pace is not None  # (only a pace sets a deadline)
             raise BodyTooSlow(
                 f"the request body did not arrive in time: {n:,} of {known or 'more'} bytes came in "
-                f"{time.monotonic() - start - waited:.1f} s (the server asks for all of it within "
+                f"{time.monotonic() - start:.1f} s (the server asks for all of it within "
                 f"{pace.timeout_s:g} s plus 1 s per {pace.min_rate:,} bytes)"
             ) from None
         except ClientDisconnect:
@@ -122,14 +134,34 @@ async def read_body(
                 f"the client went away while its body was sent ({n:,} of {known or '?'} bytes came)"
             ) from None
         n += len(chunk)
-        if n > limit:
+        if n > most:
             raise too_big
-        if lease is not None and chunk:
-            t = time.monotonic()
-            await _hold(lease, len(chunk) * BODY_COPIES, host_wait_s)
-            waited += time.monotonic() - t
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+HOLD_POLL_S = 0.02  # a body waiting for host allowance looks again this often (no thread held)
+
+
+async def hold(lease: Lease, n: int, wait_s: float | None) -> None:
+    """``lease.grow(n)`` inside the event loop: taken at once when free, else looked for again
+    every ``HOLD_POLL_S`` until ``wait_s`` has passed (then ``MemoryBusy``, a 503) — without a
+    thread per waiter, so bodies waiting for memory never hold the threads others need. More
+    than the whole allowance is refused at once (``InputError``)."""
+    if lease.try_grow(n):
+        return
+    if lease.held + n > lease.allowance.total:
+        lease.grow(n)  # (raises: more than the whole allowance)
+    end = None if wait_s is None else time.monotonic() + wait_s
+    while True:
+        await asyncio.sleep(HOLD_POLL_S)  # WAIT: for another request to give memory back, by ``end``
+        if lease.try_grow(n):
+            lease.allowance.count_wait()
+            return
+        if end is not None and time.monotonic() >= end:
+            lease.grow(n, time.monotonic())  # (takes it if it just came free, else MemoryBusy, counted)
+            lease.allowance.count_wait()
+            return
 
 
 if sys.version_info >= (3, 11):
@@ -144,13 +176,6 @@ else:  # pragma: no cover - Python 3.10
 
     async def _within(step: Awaitable[bytes], left: float | None) -> bytes:
         return await asyncio.wait_for(step, left)
-
-
-async def _hold(lease: Lease, n: int, wait_s: float | None) -> None:
-    """``lease.grow`` without blocking the event loop when it has to wait (at most ``wait_s``)."""
-    if not lease.try_grow(n):
-        deadline = None if wait_s is None else time.monotonic() + wait_s
-        await run_in_threadpool(lease.grow, n, deadline)
 
 
 def parse_json(body: bytes) -> Any:
@@ -209,7 +234,7 @@ def error_response(
         log.error("%s failed", where, exc_info=exc)
     else:
         code = getattr(exc, "code", None) or type(exc).__name__
-        log.warning("%s: %d %s: %s", where, status, code, str(exc).splitlines()[0] if str(exc) else "")
+        log.warning("%s: %d %s: %s", where, status, code, clipped(str(exc).splitlines()[0]) if str(exc) else "")
     if isinstance(exc, BodyTooSlow):  # (the rest of the body is not read: the connection ends)
         headers["connection"] = "close"
     return JSONResponse(body, status, headers=headers)

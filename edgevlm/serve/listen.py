@@ -26,12 +26,59 @@ import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import HANDLED_SIGNALS
 
 from ..errors import InputError
 
-__all__ = ["Beside", "Listener", "bind"]
+__all__ = ["Beside", "Listener", "bind", "header_deadline"]
+
+
+def header_deadline(seconds: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP/1.1 protocol (h11) with a deadline on a request's head: a connection must
+    send its request line and headers within ``seconds`` of opening (or of its last response),
+    else it is closed. uvicorn bounds only an idle kept-alive connection, and any byte that
+    arrives cancels that timer: a socket trickling its headers a line at a time held its
+    connection for as long as it liked. (Bodies have their own pace: ``http.BodyPace``.)"""
+
+    class HeadInTime(H11Protocol):
+        head_timer: asyncio.TimerHandle | None = None
+
+        def arm(self) -> None:
+            self.disarm()
+            self.head_timer = self.loop.call_later(seconds, self.head_late)
+
+        def disarm(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def head_late(self) -> None:
+            self.head_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()  # (no request began: nobody waits for an answer)
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # (its head is in: the body has its own pace)
+                self.disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.arm()  # the next request's head
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.disarm()
+            super().connection_lost(exc)
+
+    return HeadInTime
 
 
 def bind(host: str, port: int, what: str = "--port") -> list[socket.socket]:

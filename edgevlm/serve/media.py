@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
+from ..errors import shown
+from ..plan.host import Lease
 from ..vision.images import LoadedImage, load_image
 from .api_errors import APIError, RequestTimedOut
 from .options import ServeOptions
@@ -112,11 +114,13 @@ class _Cut(Exception):
         self.slow, self.got = slow, got
 
 
-def _fetch_url(url: str, opts: ServeOptions, label: str, deadline: float | None = None) -> bytes:
+def _fetch_url(
+    url: str, opts: ServeOptions, label: str, deadline: float | None = None, lease: Lease | None = None
+) -> bytes:
     start = time.monotonic()
     end = start + opts.url_deadline_s if deadline is None else min(deadline, start + opts.url_deadline_s)
     try:
-        return asyncio.run(_fetch_async(url, opts, end))
+        return asyncio.run(_fetch_async(url, opts, end, lease))
     except _Cut as cut:
         shown = url if len(url) <= 120 else url[:117] + "..."
         took = time.monotonic() - start
@@ -135,7 +139,7 @@ def _fetch_url(url: str, opts: ServeOptions, label: str, deadline: float | None 
         ) from None
 
 
-async def _fetch_async(url: str, opts: ServeOptions, end: float) -> bytes:
+async def _fetch_async(url: str, opts: ServeOptions, end: float, lease: Lease | None = None) -> bytes:
     import httpx
 
     for _ in range(opts.url_max_redirects + 1):
@@ -143,7 +147,7 @@ async def _fetch_async(url: str, opts: ServeOptions, end: float) -> bytes:
             raise _refuse(f"the image URL is longer than {URL_MAX_CHARS:,} characters")
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _refuse(f"image URL scheme {parts.scheme or '(none)'!r} is not allowed (data:, http, https)")
+            raise _refuse(f"image URL scheme {shown(parts.scheme or '(none)')} is not allowed (data:, http, https)")
         address = _resolve(
             parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), opts.allow_private_urls
         )
@@ -167,7 +171,7 @@ async def _fetch_async(url: str, opts: ServeOptions, end: float) -> bytes:
                     size = int(resp.headers.get("content-length") or 0)
                     if size > opts.url_max_bytes:
                         raise _refuse(f"the image URL holds {size:,} bytes, over the limit of {opts.url_max_bytes:,}")
-                    return await _body(resp, opts, end)
+                    return await _body(resp, opts, end, size, lease)
                 finally:
                     await resp.aclose()
         except httpx.HTTPError as exc:
@@ -183,20 +187,47 @@ async def _by(step: Any, end: float, got: int, slow_at: float = math.inf) -> Any
         raise _Cut(slow_at < end, got) from None
 
 
-async def _body(resp: Any, opts: ServeOptions, end: float) -> bytes:
-    """The response's body, at most ``url_max_bytes``, by ``end`` and at ``url_min_rate``."""
+FETCH_COPIES = 2  # a URL's body while fetched: what came so far, and its copy when it is done
+
+
+async def _body(resp: Any, opts: ServeOptions, end: float, size: int = 0, lease: Lease | None = None) -> bytes:
+    """The response's body, at most ``url_max_bytes``, by ``end`` and at ``url_min_rate``. With
+    ``lease``, its memory is held before it arrives — ``FETCH_COPIES`` × its ``Content-Length``
+    up front, else × each chunk as it comes — and the one copy that is returned stays held (the
+    caller gives it back once the picture is decoded)."""
     begun = time.monotonic()
+    held = 0
+
+    def take(n: int) -> None:
+        nonlocal held
+        if lease is not None and n > 0:
+            lease.grow(n, time.monotonic() + opts.host_wait_s)  # (a fetch thread of its own: it may wait)
+            held += n
+
     data = bytearray()
-    chunks = resp.aiter_bytes()
-    while True:
-        slow_at = begun + RATE_GRACE_S + len(data) / opts.url_min_rate if opts.url_min_rate > 0 else math.inf
-        try:
-            chunk = await _by(chunks.__anext__(), end, len(data), slow_at)
-        except StopAsyncIteration:
-            return bytes(data)
-        data += chunk
-        if len(data) > opts.url_max_bytes:
-            raise _refuse(f"the image URL holds more than {opts.url_max_bytes:,} bytes")
+    try:
+        take(size * FETCH_COPIES)
+        chunks = resp.aiter_bytes()
+        while True:
+            slow_at = begun + RATE_GRACE_S + len(data) / opts.url_min_rate if opts.url_min_rate > 0 else math.inf
+            try:
+                chunk = await _by(chunks.__anext__(), end, len(data), slow_at)
+            except StopAsyncIteration:
+                break
+            if len(data) + len(chunk) > opts.url_max_bytes:
+                raise _refuse(f"the image URL holds more than {opts.url_max_bytes:,} bytes")
+            take((len(data) + len(chunk)) * FETCH_COPIES - held)  # (nothing while a Content-Length covers it)
+            data += chunk
+    except BaseException:
+        data.clear()  # (the error's traceback keeps this frame: not the bytes that came)
+        if lease is not None:
+            lease.shrink(held)
+        raise
+    out = bytes(data)
+    data.clear()
+    if lease is not None:
+        lease.shrink(held - len(out))  # the copy that is returned stays held
+    return out
 
 
 def _read_path(path: str, opts: ServeOptions) -> bytes:
@@ -220,22 +251,26 @@ def _under(path: str, root: str) -> bool:
         return False
 
 
-def fetch_bytes(ref: ImageRef, opts: ServeOptions, label: str, deadline: float | None = None) -> bytes:
+def fetch_bytes(
+    ref: ImageRef, opts: ServeOptions, label: str, deadline: float | None = None, lease: Lease | None = None
+) -> bytes:
     """A request's picture as the bytes it was sent as (``label`` names it in errors:
     ``messages[1] image 1``); a URL's fetch ends by ``deadline`` (a ``time.monotonic()`` value)
-    too, when that comes before its own."""
+    too, when that comes before its own. With ``lease``, a URL's body is held on it as it is
+    fetched (``_body``), and what is returned stays held: the caller shrinks the lease by its
+    length once it is done with it."""
     url = ref.url.strip()
     scheme = url_scheme(url)
     if scheme == "data":
         data = read_data_uri(url, opts.url_max_bytes)
     elif scheme in ("http", "https"):
-        data = _fetch_url(url, opts, label, deadline)
+        data = _fetch_url(url, opts, label, deadline, lease)
     elif scheme == "file":
         raise _refuse("file: URLs are not allowed (name a path under --allow-path)")
     elif scheme == "" or len(scheme) == 1:  # a path (C:\\ on Windows)
         data = _read_path(url, opts)
     else:
-        raise _refuse(f"image URL scheme {scheme!r} is not allowed (data:, http, https)")
+        raise _refuse(f"image URL scheme {shown(scheme)} is not allowed (data:, http, https)")
     if len(data) > opts.url_max_bytes:
         raise _refuse(f"{label}: more than {opts.url_max_bytes:,} bytes")
     return data

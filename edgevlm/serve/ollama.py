@@ -49,7 +49,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..backend.sampling import SamplingParams
-from ..errors import EdgeVLMError
+from ..errors import EdgeVLMError, shown
 from . import openai
 from .api_errors import RETRY_AFTER_S, APIError, NotFound, failure_of
 from .http import bearer
@@ -170,7 +170,7 @@ def _messages(raw: Any) -> tuple[list[str], list[ChatMessage]]:
             raise bad(f"{where} must be an object", where)
         role = m.get("role")
         if role not in ("system", "user", "assistant", "tool"):
-            raise bad(f"{where}.role must be system, user, assistant or tool, not {role!r}", f"{where}.role")
+            raise bad(f"{where}.role must be system, user, assistant or tool, not {shown(role)}", f"{where}.role")
         text = _content(m, where)
         images = _images(m.get("images"), f"{where}.images")
         if images and role not in ("user", "tool"):
@@ -202,10 +202,10 @@ def _options(body: dict[str, Any], defaults: SamplingParams) -> tuple[SamplingPa
         raise bad(f"options: {exc}", f"options.{exc.param}") from None
     n = opts.get("num_predict")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
-        raise bad(f"options.num_predict must be an integer, not {n!r}", "options.num_predict")
+        raise bad(f"options.num_predict must be an integer, not {shown(n)}", "options.num_predict")
     ctx = opts.get("num_ctx")  # accepted, not used: the context is the server's
     if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, int)):
-        raise bad(f"options.num_ctx must be an integer, not {ctx!r}", "options.num_ctx")
+        raise bad(f"options.num_ctx must be an integer, not {shown(ctx)}", "options.num_ctx")
     stop = opts.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -225,7 +225,7 @@ def _format(raw: Any) -> tuple[str, dict[str, Any] | None]:
         return "json_object", None
     if isinstance(raw, dict):
         return "json_schema", raw
-    raise bad(f"'format' must be \"json\" or a JSON Schema object, not {raw!r}", "format")
+    raise bad(f"'format' must be \"json\" or a JSON Schema object, not {shown(raw)}", "format")
 
 
 def _think(raw: Any) -> bool | None:
@@ -233,7 +233,7 @@ def _think(raw: Any) -> bool | None:
         return raw
     if raw in EFFORTS:  # (gpt-oss's levels: any of them is reasoning on)
         return True
-    raise bad(f"'think' must be true, false, low, medium or high, not {raw!r}", "think")
+    raise bad(f"'think' must be true, false, low, medium or high, not {shown(raw)}", "think")
 
 
 def _stream(body: dict[str, Any]) -> bool:

@@ -169,7 +169,7 @@ def show_body(f: ModelFacts, options: Any) -> dict[str, Any]:
     caps = ["completion", "vision", "tools"] + (["thinking"] if f.thinking else [])
     return {
         "license": "",
-        "modelfile": f"# Modelfile of edgevlm's model {f.model_id}\nFROM {f.path}\n",
+        "modelfile": f"# Modelfile of edgevlm's model {f.model_id}\nFROM {os.path.basename(f.path)}\n",
         "parameters": "\n".join(f"{k:<30} {v}" for k, v in params),
         "template": f.template,
         "details": f.details,

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from . import ollama, ollama_models
 from .api_errors import APIError
-from .http import BodyPace, Dialect, parse_json, read_body
+from .http import Dialect
 from .options import ServeOptions
 
 
@@ -27,6 +27,8 @@ class Server(Protocol):
     started: float
 
     async def ollama_reply(self, request: HTTPRequest, generate: bool = False) -> Response: ...
+
+    async def small_json(self, request: HTTPRequest) -> Any: ...
 
     @property
     def ollama_facts(self) -> ollama_models.ModelFacts: ...
@@ -58,9 +60,7 @@ def ollama_routes(server: Server, guarded: Callable[..., Any]) -> list[Route]:
         return JSONResponse(ollama_models.ps_body(await facts(), server.started))
 
     async def show(request: HTTPRequest) -> Response:
-        o = server.options
-        body = await read_body(request, o.max_body_bytes, pace=BodyPace(o.body_timeout_s, o.body_min_rate, o.timeout_s))
-        data = parse_json(body or b"{}")
+        data = await server.small_json(request)
         name = (data.get("model") or data.get("name")) if isinstance(data, dict) else None
         if not isinstance(name, str) or not name:
             raise APIError("'model' must name a model", "model")

@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from ..backend.sampling import SamplingParams
+from ..errors import shown
 from .request import (
     DEFAULT_SAMPLING,
     ChatMessage,
@@ -87,7 +88,7 @@ def _content(raw: Any, where: str, role: str) -> tuple[str, tuple[ImageRef, ...]
             name = part.get("name") if isinstance(part.get("name"), str) else ""
             images.append(ImageRef(url, "auto", name[:200], "video"))
         else:
-            raise bad(f"{at}: content part type {kind!r} is not supported (text, image_url and video_url are)", at)
+            raise bad(f"{at}: content part type {shown(kind)} is not supported (text, image_url and video_url are)", at)
     return "\n".join(texts), tuple(images)
 
 
@@ -108,7 +109,9 @@ def _response_format(body: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
                 "response_format.json_schema.schema must be a JSON Schema object", "response_format.json_schema.schema"
             )
         return "json_schema", schema
-    raise bad(f"response_format.type must be text, json_object or json_schema, not {kind!r}", "response_format.type")
+    raise bad(
+        f"response_format.type must be text, json_object or json_schema, not {shown(kind)}", "response_format.type"
+    )
 
 
 def _unsupported(body: dict[str, Any]) -> None:
@@ -154,9 +157,9 @@ def parse_tools(raw: Any, choice: Any, where: str = "tools") -> tuple[tuple[Tool
             "tool_choice",
         )
     if kind in ("required", "function") and not tools:
-        raise bad(f"tool_choice {kind!r} needs 'tools'", "tool_choice")
+        raise bad(f"tool_choice {shown(kind)} needs 'tools'", "tool_choice")
     if kind == "function" and name not in {t.name for t in tools}:
-        raise bad(f"tool_choice names the function {name!r}, which is not in '{where}'", "tool_choice")
+        raise bad(f"tool_choice names the function {shown(name)}, which is not in '{where}'", "tool_choice")
     return tuple(tools), kind, name or ""
 
 
@@ -165,7 +168,7 @@ def tool_of(fn: dict[str, Any], at: str) -> Tool:
     too), validated; ``at`` names it in errors."""
     name = fn.get("name")
     if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-        raise bad(f"{at}.name must be 1-128 letters, digits, _ . : or -, not {name!r}", f"{at}.name")
+        raise bad(f"{at}.name must be 1-128 letters, digits, _ . : or -, not {shown(name)}", f"{at}.name")
     key = "input_schema" if "input_schema" in fn and "parameters" not in fn else "parameters"
     params = fn.get(key)
     if params is None:
@@ -220,7 +223,9 @@ def parse_chat_request(body: Any, defaults: SamplingParams = DEFAULT_SAMPLING) -
         if role == "function":
             raise bad(f"{where}: function messages are not supported (send tool messages)", f"{where}.role")
         if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise bad(f"{where}.role must be system, developer, user, assistant or tool, not {role!r}", f"{where}.role")
+            raise bad(
+                f"{where}.role must be system, developer, user, assistant or tool, not {shown(role)}", f"{where}.role"
+            )
         text, images = _content(m.get("content"), where, role)
         if role in ("system", "developer"):
             system.append(text)

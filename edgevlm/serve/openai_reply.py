@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..errors import EdgeVLMError
+from ..runtime.model import LoadedModel
 from .api_errors import RETRY_AFTER_S, failure_of
 from .request import ChatRequest, Delta, Reply, ToolCall
 
 __all__ = [
+    "model_object",
     "ChunkStream",
     "chunk_body",
     "completion_body",
@@ -185,3 +187,23 @@ def error_for(exc: BaseException, retry_after_s: int = RETRY_AFTER_S) -> tuple[i
     (``api_errors``); ``retry_after_s``: the server's ``ServeOptions.retry_after_s``."""
     f = failure_of(exc, retry_after_s)
     return f.status, error_body(f.message, f.openai_type, f.param, f.code), dict(f.headers)
+
+
+def model_object(model_id: str, started: float, model: LoadedModel | None) -> dict[str, Any]:
+    """``GET /v1/models`` and ``/v1/models/{id}``: the one model, and once it is loaded its
+    context, projector type and image budget."""
+    card: dict[str, Any] = {
+        "id": model_id,
+        "object": "model",
+        "created": int(started),
+        "owned_by": "edgevlm",
+        "input_modalities": ["text", "image"],
+        "output_modalities": ["text"],
+    }
+    if model is not None:
+        card["meta"] = {
+            "n_ctx": model.n_ctx,
+            "projector_type": model.backend.proj_info.projector_type,
+            "image_max_tokens": model.plan.image_max_tokens if model.plan else None,
+        }
+    return card

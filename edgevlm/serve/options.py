@@ -25,10 +25,15 @@ class ServeOptions:
     queue: int = 16  # requests that may wait for a free sequence; more get 503 + Retry-After
     max_body_bytes: int = 32 * 2**20  # a larger request body gets 413
     # a body must arrive within body_timeout_s plus 1 s per body_min_rate bytes that came (never
-    # past timeout_s), else 408 and its place and lease are given back (http.BodyPace); it holds
-    # host allowance only for the bytes that arrived, never for a Content-Length it declares
+    # past timeout_s), else 408 and its lease is given back (http.BodyPace). It holds host
+    # allowance for its whole Content-Length before its first byte is read, and takes a place
+    # (the queue) only once it is all in: a slow body never holds the door
     body_timeout_s: float = 20.0
     body_min_rate: int = 16 * 1024  # bytes a second
+    chunked_body_bytes: int = 2**20  # a body without a Content-Length (chunked) may hold this much; more: 413
+    # a connection sends its request line and headers within this many seconds of opening (or of
+    # its last response), else it is closed: a socket that trickles headers holds nothing for long
+    header_timeout_s: float = 10.0
     max_tokens: int = SERVE_REPLY.max_tokens  # replies of requests that name no max_tokens
     sampling: SamplingParams = SERVE_REPLY.sampling  # how requests that name no temperature, top_k ... sample
     timeout_s: float = 600.0  # a request ends after this long (waiting included)
@@ -46,6 +51,9 @@ class ServeOptions:
     # headers on: serve/media.py), or the fetch ends: 400 "too slow"; 0: no floor
     url_min_rate: int = 32 * 1024
     url_fetches: int = 16  # image URLs fetched at once, on threads of their own; more wait their turn
+    # one request's URLs fetched at once (the rest of its URLs wait for these): a request with many
+    # slow URLs leaves the other url_fetches - this threads to everyone else
+    url_fetches_per_request: int = 4
     url_max_redirects: int = 3
     # host RAM requests in flight and waiting may hold (bodies, decodes, views, embeddings): the
     # plan's --host-allowance when serving; a 24-megapixel photo takes ~190 MiB while decoded

@@ -38,30 +38,46 @@ class Preparation:
         result: T = (await self.run_all(executor, [(fn, *args)]))[0]  # (fn's own result)
         return result
 
-    async def run_all(self, executor: Executor | None, calls: Iterable[tuple[Any, ...]]) -> list[Any]:
-        """Each ``(fn, *args)`` of ``calls`` at once in ``executor``, by the deadline; the first
-        error raises (the others' results are dropped)."""
+    async def run_all(
+        self, executor: Executor | None, calls: Iterable[tuple[Any, ...]], at_once: int | None = None
+    ) -> list[Any]:
+        """Each ``(fn, *args)`` of ``calls`` in ``executor`` — at most ``at_once`` of them at a
+        time (None: all at once), the next starting as one ends — by the deadline; the first error
+        raises (the others' results are dropped, and those not started never start)."""
         loop = asyncio.get_running_loop()
-        futures = []
-        for fn, *args in calls:
-            with self._lock:
-                self._running += 1
-            fut = loop.run_in_executor(executor, self._step, fn, args)
-            fut.add_done_callback(_seen)
-            futures.append(fut)
-        if not futures:
+        todo = list(calls)
+        if not todo:
             return []
+        gate = asyncio.Semaphore(at_once or len(todo))
+
+        async def one(fn: Callable[..., Any], args: list[Any]) -> Any:
+            async with gate:
+                with self._lock:
+                    self._running += 1
+                fut = loop.run_in_executor(executor, self._step, fn, args)
+                fut.add_done_callback(_seen)
+                # (shielded: a request that gives up leaves a started step to end on its own,
+                # and that step gives the lease back if it is the last: ``_step``)
+                return await asyncio.shield(fut)
+
+        tasks = [asyncio.ensure_future(one(fn, args)) for fn, *args in todo]
         left = self.deadline - time.monotonic()
-        done, pending = await asyncio.wait(futures, timeout=max(0.0, left), return_when=asyncio.FIRST_EXCEPTION)
-        for fut in done:
-            error = fut.exception()
-            if error is not None:
-                raise error
+        done, pending = await asyncio.wait(tasks, timeout=max(0.0, left), return_when=asyncio.FIRST_EXCEPTION)
+        for task in pending:
+            task.cancel()  # (those waiting for the gate never start)
+        errors = [e for e in (task.exception() for task in done) if e is not None]  # (each one retrieved)
+        if errors:
+            # the error's traceback runs through this frame: it must not keep the other steps'
+            # results (a request's fetched pictures) alive until the cyclic GC comes by
+            try:
+                raise errors[0]
+            finally:
+                del errors, tasks, done, pending
         if pending:
             raise RequestTimedOut(
                 f"the request was not prepared within its {self.timeout_s:g} s (the server's --timeout)"
             )
-        return [fut.result() for fut in futures]
+        return [task.result() for task in tasks]
 
     def _step(self, fn: Callable[..., Any], args: list[Any]) -> Any:
         try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from ..backend.sampling import SERVE_REPLY, SamplingParams
+from ..errors import shown
 from ..runtime.stats import TurnStats
 from ..runtime.toolformat import partial_object
 from .api_errors import APIError
@@ -48,7 +49,7 @@ def number(body: dict[str, Any], key: str, lo: float, hi: float, default: float)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-        raise bad(f"'{key}' must be a number from {lo:g} to {hi:g}, not {v!r}", key)
+        raise bad(f"'{key}' must be a number from {lo:g} to {hi:g}, not {shown(v)}", key)
     return float(v)
 
 
@@ -64,7 +65,7 @@ def integer(body: dict[str, Any], key: str, lo: int, default: int | None = None)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise bad(f"'{key}' must be an integer of at least {lo}, not {v!r}", key)
+        raise bad(f"'{key}' must be an integer of at least {lo}, not {shown(v)}", key)
     return v
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backend.sampling import SamplingParams
+from ..errors import shown
 from .api_errors import NotFound
 from .openai import parse_tools, sampling_of, tool_of
 from .request import (
@@ -88,7 +89,7 @@ def parse_responses_request(
         prior = store.get(prev_id) if store is not None else None
         if prior is None:
             raise NotFound(
-                f"previous response not found: {prev_id!r} (this server keeps its latest responses for a "
+                f"previous response not found: {shown(prev_id)} (this server keeps its latest responses for a "
                 "while, in memory, unless they were created with store: false)",
                 "previous_response_id",
                 "previous_response_not_found",
@@ -106,7 +107,7 @@ def parse_responses_request(
     choice_raw = body.get("tool_choice")
     if isinstance(choice_raw, dict) and choice_raw.get("type") != "function":
         raise bad(
-            f"tool_choice type {choice_raw.get('type')!r} is not supported (auto, none, required or "
+            f"tool_choice type {shown(choice_raw.get('type'))} is not supported (auto, none, required or "
             '{"type": "function", "name": ...})',
             "tool_choice",
             "unsupported_parameter",
@@ -133,7 +134,7 @@ def parse_responses_request(
     effort, reasoning_echo = _reasoning(body.get("reasoning"))
     truncation = body.get("truncation") or "disabled"
     if truncation not in ("auto", "disabled"):
-        raise bad(f"'truncation' must be auto or disabled, not {truncation!r}", "truncation")
+        raise bad(f"'truncation' must be auto or disabled, not {shown(truncation)}", "truncation")
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise bad("'metadata' must be an object of strings", "metadata")
@@ -219,7 +220,9 @@ def _input(raw: Any, prior: tuple[ChatMessage, ...]) -> tuple[list[ChatMessage],
         if kind == "message":
             role = item.get("role")
             if role not in ROLES:
-                raise bad(f"{where}.role must be user, assistant, system or developer, not {role!r}", f"{where}.role")
+                raise bad(
+                    f"{where}.role must be user, assistant, system or developer, not {shown(role)}", f"{where}.role"
+                )
             text, images = _content(item.get("content"), where, role)
             if role in ("system", "developer"):
                 system.append(text)
@@ -245,7 +248,7 @@ def _input(raw: Any, prior: tuple[ChatMessage, ...]) -> tuple[list[ChatMessage],
             continue  # the model's earlier reasoning: not shown to it again (as chat templates do)
         else:
             raise bad(
-                f"{where}: input item type {kind!r} is not supported (message, function_call, "
+                f"{where}: input item type {shown(kind)} is not supported (message, function_call, "
                 "function_call_output and reasoning are)",
                 f"{where}.type",
                 "unsupported_parameter",
@@ -283,12 +286,12 @@ def _content(raw: Any, where: str, role: str, key: str = "content") -> tuple[str
                 raise bad(f"{at}.image_url must be a URL or a data URI", f"{at}.image_url")
             detail = part.get("detail") or "auto"
             if detail not in DETAILS:
-                raise bad(f"{at}.detail must be auto, low, high or original, not {detail!r}", f"{at}.detail")
+                raise bad(f"{at}.detail must be auto, low, high or original, not {shown(detail)}", f"{at}.detail")
             name = part.get("name") if isinstance(part.get("name"), str) else ""
             images.append(ImageRef(url, DETAILS[detail], name[:200]))
         else:
             raise bad(
-                f"{at}: content part type {kind!r} is not supported (input_text and input_image are)",
+                f"{at}: content part type {shown(kind)} is not supported (input_text and input_image are)",
                 f"{at}.type",
                 "unsupported_parameter",
             )
@@ -328,7 +331,7 @@ def _tools(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             raise bad(f'{at} must be {{"type": "function", "name", "parameters"}}', at)
         if t.get("type") != "function":
             raise bad(
-                f"{at}: tool type {t.get('type')!r} is not supported by this server (function tools are)",
+                f"{at}: tool type {shown(t.get('type'))} is not supported by this server (function tools are)",
                 f"{at}.type",
                 "unsupported_parameter",
             )
@@ -357,7 +360,7 @@ def _text(raw: Any) -> tuple[str, dict[str, Any] | None, dict[str, Any]]:
         raise bad("'text' must be an object", "text")
     verbosity = raw.get("verbosity")
     if verbosity is not None and verbosity not in ("low", "medium", "high"):
-        raise bad(f"text.verbosity must be low, medium or high, not {verbosity!r}", "text.verbosity")
+        raise bad(f"text.verbosity must be low, medium or high, not {shown(verbosity)}", "text.verbosity")
     fmt = raw.get("format")
     echo: dict[str, Any] = {"verbosity": verbosity} if verbosity else {}
     if fmt is None:
@@ -380,7 +383,7 @@ def _text(raw: Any) -> tuple[str, dict[str, Any] | None, dict[str, Any]]:
         if isinstance(fmt.get("description"), str):
             out["description"] = fmt["description"]
         return "json_schema", schema, {"format": out, **echo}
-    raise bad(f"text.format.type must be text, json_object or json_schema, not {kind!r}", "text.format.type")
+    raise bad(f"text.format.type must be text, json_object or json_schema, not {shown(kind)}", "text.format.type")
 
 
 def _reasoning(raw: Any) -> tuple[str | None, dict[str, Any]]:
@@ -391,6 +394,6 @@ def _reasoning(raw: Any) -> tuple[str | None, dict[str, Any]]:
         raise bad("'reasoning' must be an object", "reasoning")
     effort = raw.get("effort")
     if effort is not None and effort not in EFFORTS:
-        raise bad(f"reasoning.effort must be one of {', '.join(EFFORTS)}, not {effort!r}", "reasoning.effort")
+        raise bad(f"reasoning.effort must be one of {', '.join(EFFORTS)}, not {shown(effort)}", "reasoning.effort")
     summary = raw.get("summary")
     return effort, {"effort": effort, "summary": summary if isinstance(summary, str) else None}

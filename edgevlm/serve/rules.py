@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import re
 
-from ..errors import InputError, SchemaError
+from ..errors import InputError, SchemaError, shown
 from ..runtime.jsongrammar import json_grammar
 from ..runtime.model import LoadedModel
 from ..runtime.requests import ThinkCap
@@ -75,7 +75,7 @@ class ReplyRules:
             names = [t.name for t in req.offered_tools]
             if req.tool_choice == "function" and req.tool_name not in names:
                 raise APIError(
-                    f"tool_choice names the function {req.tool_name!r}, which is not in 'tools'", "tool_choice"
+                    f"tool_choice names the function {shown(req.tool_name)}, which is not in 'tools'", "tool_choice"
                 )
             name = req.tool_name if req.tool_choice == "function" else None
             for t in req.offered_tools:  # each schema alone first: an error names its own field

@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
 from ..plan.host import HostAllowance, Lease, return_freed_memory
 from ..runtime.conversation import Conversation, Message
@@ -39,7 +40,7 @@ from ..runtime.model import LoadedModel
 from ..runtime.requests import Sequence
 from ..runtime.turn import ReplySpec, Turn
 from ..vision.images import LoadedImage
-from .api_errors import ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
+from .api_errors import APIError, ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
 from .job import Event, Job
 from .media import Fetcher, fetch_bytes
 from .options import ServeOptions
@@ -49,8 +50,9 @@ from .request import ChatRequest, Delta, ImageRef, Reply
 from .rules import ReplyRules
 from .worker import Worker
 
-__all__ = ["ChatService", "next_event"]
+__all__ = ["MODEL_NAME_MAX", "ChatService", "model_name", "next_event"]
 
+NAME_MAX = 256  # characters of the budget route's 'name' (a label its answer repeats)
 EVENT_GRACE_S = 30.0  # past its deadline, a request waits this much longer for its last event
 Gone = Callable[[], Awaitable[bool]]  # whether the client went away (HTTP disconnect)
 
@@ -67,7 +69,8 @@ class ChatService:
         self.intake = model.intake(fetch=self.fetch, host_wait_s=options.host_wait_s)  # (never keeps a full decode)
         planned = model.plan.host_allowance if model.plan is not None else 0
         self.host = HostAllowance(planned or options.host_allowance)
-        self.admitted = 0  # requests in, from the door to their last event (``admit``)
+        self.admitted = 0  # requests in, from their body's last byte to their last event (``admit``)
+        self.reading = 0  # bodies arriving (counted by the HTTP edge, in the event loop)
         self.stopping = False  # the server is stopping (``drain``): every request gets 503
         self._places = threading.Lock()
 
@@ -88,13 +91,22 @@ class ChatService:
 
     @property
     def capacity(self) -> int:
-        """Requests taken at once (read, prepared, queued and running) before a 503."""
+        """Requests taken at once (prepared, queued and running) before a 503."""
         return self.model.scheduler.max_running + self.options.queue
 
-    def admit(self, what: str = "this request") -> Lease:
+    def lease(self, what: str = "this request") -> Lease:
+        """A lease on the host allowance and no place yet: what a request's body is read under
+        (``admit`` gives it a place once the body is in)."""
+        if self.stopping:
+            raise ServerStopping("the server is stopping; retry on another instance, or once it is back")
+        return self.host.lease(what)
+
+    def admit(self, lease: Lease | None = None, what: str = "this request") -> Lease:
         """The one capacity check: a request's place (refused with 503 + Retry-After when
-        ``capacity`` requests are in, from their body's first byte to their last event) and its
-        lease on the host allowance; releasing the lease gives the place back."""
+        ``capacity`` requests are in, from their body's last byte to their last event), given
+        to ``lease`` (or a new lease on the host allowance); releasing the lease gives the place
+        back. A request takes its place only once its body is in: a client that sends its body
+        slowly (or never) holds no place meanwhile."""
         with self._places:
             if self.stopping:
                 raise ServerStopping("the server is stopping; retry on another instance, or once it is back")
@@ -106,7 +118,9 @@ class ChatService:
                     f"waiting (the queue holds {self.options.queue}); retry shortly"
                 )
             self.admitted += 1
-        return self.host.lease(what, self._leave)
+        lease = lease or self.host.lease(what)
+        lease.on_release(self._leave)
+        return lease
 
     def _leave(self) -> None:
         with self._places:
@@ -120,13 +134,12 @@ class ChatService:
         self, req: ChatRequest, lease: Lease, fetched: dict[str, bytes]
     ) -> tuple[Conversation, list[int], list[str]]:
         """``prepare`` with the request's image URLs fetched already (``fetched``: their bytes,
-        held on ``lease`` until the intake is done with them)."""
-        held = sum(map(len, fetched.values()))
-        lease.grow(held, time.monotonic() + self.options.host_wait_s)
+        held on ``lease`` since they arrived — ``media.fetch_bytes`` — and given back once the
+        intake is done with them)."""
         try:
             return self.prepare(req, lease, fetched)
         finally:
-            lease.shrink(held)
+            lease.shrink(sum(map(len, fetched.values())))
 
     # --- pictures ----------------------------------------------------------------------------
     def prepare(
@@ -144,7 +157,8 @@ class ChatService:
             # the last message's pictures (all of them, without evict) must fit the room left;
             # an earlier one's, with evict, may give way later: planned as if it were the last
             bound = i == len(req.messages) - 1 or not req.evict
-            refs = [MediaRef((fetched or {}).get(r.url, r.url), r.kind, r.detail, r.name) for r in m.images]
+            got = fetched or {}  # (URLs fetched already: their bytes are on the lease)
+            refs = [MediaRef(got.get(r.url, r.url), r.kind, r.detail, r.name, r.url in got) for r in m.images]
             made, used = self.intake.message(
                 refs, room if bound else full_room, first=len(conv.pictures) + 1, lease=lease
             )
@@ -175,6 +189,25 @@ class ChatService:
             places.append(m.index)
         return conv, places, notices
 
+    def budget(self, body: Any, lease: Lease) -> dict[str, Any]:
+        """``POST /v1/edgevlm/budget``'s answer (blocking): what a picture or clip in ``body``
+        will cost, from the one intake, holding ``lease`` for what it decodes."""
+        kind = "video" if isinstance(body, dict) and "video_url" in body else "image"
+        ref = body.get(f"{kind}_url") if isinstance(body, dict) else None
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str) or not url:
+            raise APIError(f'give {{"{kind}_url": {{"url": ...}}}}', f"{kind}_url")
+        detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
+        name = body.get("name") if isinstance(body.get("name"), str) else ""
+        if len(name) > NAME_MAX:
+            raise APIError(f"'name' is a label of at most {NAME_MAX} characters, not {len(name):,}", "name")
+        max_tokens = body.get("max_tokens")  # (the reply the request will ask for: its room)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            max_tokens = self.options.max_tokens
+        room = self.model.scheduler.budget.image_room(max_tokens)
+        made = self.intake.views(MediaRef(url, kind, detail, name), room, lease)
+        return {**made.to_dict(), "n_ctx": self.model.n_ctx, "image_room": room}
+
     # --- requests ----------------------------------------------------------------------------
     async def submit(
         self, req: ChatRequest, gone: Gone | None = None, lease: Lease | None = None, count_only: bool = False
@@ -192,8 +225,10 @@ class ChatService:
             if grammar is not None:
                 await prep.run(None, self.model.backend.check_grammar, grammar)
             urls = {r.url: f"messages[{m.index}]" for m in req.messages for r in m.images if Fetcher.remote(r.url)}
-            calls = [(fetch_bytes, ImageRef(url), self.options, label, deadline) for url, label in urls.items()]
-            fetched = dict(zip(urls, await prep.run_all(self.fetcher.pool, calls), strict=True))  # (own threads)
+            calls = [(fetch_bytes, ImageRef(url), self.options, label, deadline, lease) for url, label in urls.items()]
+            # on the fetch threads, a few of this request's at a time: its slow URLs leave the rest to others
+            at_once = self.options.url_fetches_per_request
+            fetched = dict(zip(urls, await prep.run_all(self.fetcher.pool, calls, at_once), strict=True))
             conv, places, notices = await prep.run(None, self.prepare_fetched, req, lease, fetched)
             tools = tuple(t.to_template() for t in req.offered_tools)
             length, reserve = self.rules.reply_length(req)
@@ -304,7 +339,18 @@ class ChatService:
         return await self.whole(await self.submit(req), req)
 
     def model_name(self, req: ChatRequest) -> str:
-        return req.model or self.options.model_id
+        """The model a reply names: the request's, as the APIs echo it, unless it names none or
+        is longer than ``MODEL_NAME_MAX`` (then the server's own: a 10 MB name is not repeated in
+        every chunk of a stream)."""
+        return model_name(req.model, self.options.model_id)
+
+
+MODEL_NAME_MAX = 256  # characters of a request's model name a reply repeats
+
+
+def model_name(asked: str | None, own: str) -> str:
+    """``asked`` when it is a name a reply may repeat (``ChatService.model_name``), else ``own``."""
+    return asked if asked and len(asked) <= MODEL_NAME_MAX else own
 
 
 def _joined(deltas: list[Delta]) -> list[Delta]:

@@ -63,8 +63,14 @@ def status(server: Server) -> dict[str, Any]:
         # the scheduler's profile, and the threads of the encoder's and the decoder's ggml teams
         profile=sched.options.profile,
         threads=sched.encoder.to_dict(),
-        # admitted: every request in, from its body's first byte to its last event (the door's count)
-        queue={"waiting": worker.queued, "limit": server.options.queue, "admitted": server.service.admitted},
+        # admitted: every request in, from its body's last byte to its last event (the door's count);
+        # reading: bodies still arriving (they hold host allowance for their whole length, no place)
+        queue={
+            "waiting": worker.queued,
+            "limit": server.options.queue,
+            "admitted": server.service.admitted,
+            "reading": server.service.reading,
+        },
         context={"n_ctx": sched.n_ctx, "cells_used": sched.cells_used()},
         memory={
             "predicted": {d.name: d.predicted.total for d in plan.devices} if plan is not None else {},

@@ -19,7 +19,9 @@ it announces. Every request is logged in ``requests`` (method, path, Range, Auth
 Host). Start with ``FakeHub().start()``; point ``HF_ENDPOINT`` at ``hub.endpoint``.
 
 ``python -m edgevlm_testkit.hub_server`` serves generated pairs under the real registry's repo
-and file names, for trying ``pull``/``plan``/``models`` without a network.
+and file names, for trying ``pull``/``plan``/``models``/``rm`` without a network: it prints the
+``export HF_ENDPOINT=... HF_HOME=... EDGEVLM_CACHE=...`` line a shell runs to use it
+(docs/models.md).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import json
 import os
 import re
 import socket
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -395,27 +398,61 @@ def serve_registry_names(
     return out
 
 
-def main(argv: list[str] | None = None) -> None:  # pragma: no cover - manual use
-    import argparse
-    import time
+DEFAULT_PORT = 8765
+DEFAULT_HOME = Path(tempfile.gettempdir()) / "edgevlm-stand-in-hub"
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--port", type=int, default=8765)
+
+def environment(endpoint: str, home: Path) -> dict[str, str]:
+    """What a shell exports to use the stand-in hub: its address, and a hub cache and an edgevlm
+    cache of their own, so its generated files never mix with real downloads."""
+    return {"HF_ENDPOINT": endpoint, "HF_HOME": str(home / "hf"), "EDGEVLM_CACHE": str(home / "edgevlm")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m edgevlm_testkit.hub_server [NAME ...]``: serve generated pairs under the
+    registry's names on 127.0.0.1 until stopped (Ctrl-C, SIGTERM); prints the line to export."""
+    import argparse
+    import signal
+    import sys
+
+    ap = argparse.ArgumentParser(
+        prog="python -m edgevlm_testkit.hub_server",
+        description="A local stand-in for the Hugging Face hub: generated pairs (random weights) under the "
+        "registry's repo and file names, for edgevlm pull/models/rm/plan without a network.",
+    )
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"(default {DEFAULT_PORT}; 0: any free one)")
+    ap.add_argument(
+        "--home", type=Path, default=DEFAULT_HOME, help=f"where the exported caches live (default {DEFAULT_HOME})"
+    )
     ap.add_argument("--preset", default="tiny", choices=["tiny", "real"])
     ap.add_argument("--no-redirect", action="store_true")
     ap.add_argument("names", nargs="*", help="registry names to serve (default: all it can generate)")
     args = ap.parse_args(argv)
     hub = FakeHub(redirect=not args.no_redirect)
     served = serve_registry_names(hub, args.names or None, preset=args.preset)
-    hub.start(args.port)
-    print(f"serving {', '.join(served)} (generated {args.preset} pairs, random weights)")
-    print(f"export HF_ENDPOINT={hub.endpoint}")
+    if args.names and (missing := sorted(set(args.names) - set(served))):
+        print(f"Error: no generated family for {', '.join(missing)}", file=sys.stderr)
+        return 2
     try:
-        while True:
-            time.sleep(3600)
+        hub.start(args.port)
+    except OSError as e:
+        print(f"Error: --port {args.port}: cannot listen on 127.0.0.1:{args.port} ({e.strerror}); give another",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    env = environment(hub.endpoint, args.home)
+    what = f"generated {args.preset} pairs, random weights"
+    print(f"serving {', '.join(served)} on {hub.endpoint} until stopped ({what})")
+    print("export " + " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
+    try:
+        stop.wait()
     except KeyboardInterrupt:
+        pass
+    finally:
         hub.stop()
+    return 0
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
+if __name__ == "__main__":
+    raise SystemExit(main())
