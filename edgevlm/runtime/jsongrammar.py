@@ -28,7 +28,7 @@ import re
 import urllib.parse
 from typing import Any, cast
 
-from ..errors import SchemaError
+from ..errors import SchemaError, shown
 from .gbnf import EMPTY, LIMITS, Expr, Grammar, GrammarLimits, Lit, Ref, alt, repeat, seq
 from .jsonrules import JSON_OBJECT, PRIMS, QUOTE, RESERVED, SPACE, int_range, json_text, literal_trie, rule_refs
 from .regexgrammar import PatternError, pattern_expr
@@ -152,7 +152,7 @@ class _Converter:
             return self.integer(s, at)
         if kind in ("number", "boolean", "null"):
             return self.prim(kind)
-        raise self.error(at + ("type",), f"unknown type {str(kind)[:40]!r}")
+        raise self.error(at + ("type",), f"unknown type {shown(kind)}")
 
     def ref(self, ref: Any, at: tuple[Any, ...]) -> str:
         """The rule for the schema ``ref`` points at (made later, once: recursion is fine)."""
@@ -167,11 +167,11 @@ class _Converter:
     def resolve(self, ref: Any, at: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
         """The schema ``ref`` points at, and its place in the document."""
         if not isinstance(ref, str) or not ref.startswith("#"):
-            raise self.error(at, f"only references inside the schema (#/...) are supported, not {str(ref)[:80]!r}")
+            raise self.error(at, f"only references inside the schema (#/...) are supported, not {shown(ref)}")
         pointer = urllib.parse.unquote(ref[1:])
         node, segs = self.doc, cast(tuple[Any, ...], ())
         if pointer and not pointer.startswith("/"):
-            raise self.error(at, f"{ref[:80]!r} is not a JSON pointer (#/...)")
+            raise self.error(at, f"{shown(ref)} is not a JSON pointer (#/...)")
         for raw in pointer.split("/")[1:] if pointer else ():
             key = raw.replace("~1", "/").replace("~0", "~")
             if isinstance(node, dict) and key in node:
@@ -179,7 +179,7 @@ class _Converter:
             elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
                 node, segs = node[int(key)], segs + (int(key),)
             else:
-                raise self.error(at, f"{ref[:80]!r} points at nothing in the schema")
+                raise self.error(at, f"{shown(ref)} points at nothing in the schema")
         return node, segs
 
     def inline(self, m: Any, at: tuple[Any, ...], depth: int, seen: tuple[str, ...]) -> dict[str, Any]:
@@ -189,7 +189,7 @@ class _Converter:
         while isinstance(m, dict) and "$ref" in m:
             ref = m["$ref"]
             if ref in seen:
-                raise self.error(at, f"{str(ref)[:80]!r} refers to itself inside allOf")
+                raise self.error(at, f"{shown(ref)} refers to itself inside allOf")
             seen += (ref,)
             m = self.resolve(ref, at + ("$ref",))[0]
         if m is True:
@@ -275,10 +275,10 @@ class _Converter:
                 texts.append(json_text(v))
             except (ValueError, RecursionError):
                 raise self.error(
-                    at + (key,), "holds a value that is not JSON (NaN, Infinity) or nests too deeply"
+                    at + (key,), "holds a value JSON cannot write (NaN, Infinity, too many digits, too deep)"
                 ) from None
         if not texts:
-            raise self.error(at + (key,), f"no value here has the type {kind!r}")
+            raise self.error(at + (key,), f"no value here has the type {shown(kind)}")
         if sum(map(len, texts)) > self.limits.elements:  # (before the work of sorting them)
             self.g.spend(sum(map(len, texts)))
         return seq(literal_trie(sorted(set(texts)), 0, self.limits.enum_trie_depth), SPACE)
@@ -294,9 +294,10 @@ class _Converter:
             or isinstance(v, float)
             and not v.is_integer()
         ):
-            raise self.error(at + (key,), f"must be a whole number of at least 0, not {str(v)[:40]}")
+            raise self.error(at + (key,), f"must be a whole number of at least 0, not {shown(v)}")
         if v > self.limits.repeat:
-            raise self.error(at + (key,), f"{int(v):,} is over the limit of {self.limits.repeat:,} a grammar holds")
+            said = f"{int(v):,}" if v < 10**18 else shown(v)
+            raise self.error(at + (key,), f"{said} is over the limit of {self.limits.repeat:,} a grammar holds")
         return int(v)
 
     def counts(self, s: dict[str, Any], what: str, at: tuple[Any, ...]) -> tuple[int, int | None]:
@@ -379,9 +380,7 @@ class _Converter:
             try:
                 inner = pattern_expr(pattern, self.prim("char"), self.limits)
             except PatternError as exc:
-                shown = pattern if len(pattern) <= 60 else pattern[:57] + "..."
-                shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in shown)
-                raise self.error(at + ("pattern",), f"{exc} (in /{shown}/)") from None
+                raise self.error(at + ("pattern",), f"{exc} (in {shown(pattern)})") from None
             return seq(QUOTE, inner, QUOTE, SPACE)
         fmt = s.get("format")
         if fmt in ("date", "time", "date-time") or isinstance(fmt, str) and re.fullmatch("uuid[1-5]?", fmt):
@@ -405,7 +404,7 @@ class _Converter:
         v, e = s.get(key), s.get(ekey)
         for k, x in ((key, v), (ekey, e)):
             if x is not None and not (_number(x) and math.isfinite(x) or k == ekey and isinstance(x, bool)):
-                raise self.error(at + (k,), f"must be a finite number, not {str(x)[:40]}")
+                raise self.error(at + (k,), f"must be a finite number, not {shown(x)}")
         out = None
         if v is not None:
             strict = e is True

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 
+from ..errors import shown
 from .gbnf import EMPTY, Chars, Expr, GrammarLimits, Lit, alt, complement, merge_ranges, repeat, seq
 
 __all__ = ["PatternError", "encoded", "pattern_expr"]
@@ -47,6 +48,11 @@ CONTROL = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C, "v": 0x0B}
 PLAIN: Ranges = complement(((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F), (0xD800, 0xDFFF)))
 SHORT = {0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r"}
 _QUANT = re.compile(r"\{(\d+)(,(\d*))?\}")
+
+
+def _count(digits: str) -> int:
+    """A quantifier's count (past 18 digits: one more than any limit, not Python's refusal)."""
+    return int(digits) if len(digits) <= 18 else 10**18
 
 
 class PatternError(ValueError):
@@ -212,16 +218,16 @@ class _Parser:
             lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
             self.i += 1
         elif m:
-            lo = int(m.group(1))
-            hi = lo if m.group(2) is None else int(m.group(3)) if m.group(3) else None
+            lo = _count(m.group(1))
+            hi = lo if m.group(2) is None else _count(m.group(3)) if m.group(3) else None
             self.i = m.end()
         else:
             return item
-        most = self.limits.repeat
+        most, said = self.limits.repeat, shown(self.s[at : self.i])
         if lo > most or (hi or 0) > most:
-            raise self.fail(f"{self.s[at : self.i]}: over the limit of {most:,} repetitions", at)
+            raise self.fail(f"{said}: over the limit of {most:,} repetitions", at)
         if hi is not None and hi < lo:
-            raise self.fail(f"{self.s[at : self.i]}: the numbers are out of order", at)
+            raise self.fail(f"{said}: the numbers are out of order", at)
         if self.peek() == "?":
             self.i += 1  # (lazy: the same strings)
         if self.peek() in ("*", "+", "?") and self.peek() or self.peek() == "{" and _QUANT.match(self.s, self.i):
