@@ -29,6 +29,8 @@ from .conftest import run_cli
 from .test_batch import cli_batch, line, read_out, write_lines
 from .test_serve import Served
 
+pytestmark = pytest.mark.slow  # (each starts a server or subprocesses: over 2 s)
+
 REPRO = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 20000}}, "required": ["a"]}
 PATTERN = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{0,100000}$"}}, "required": ["a"]}
 OVER = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 2 * LIMITS.repeat}}, "required": ["a"]}
@@ -51,54 +53,57 @@ class Outcome:
     param: str | None = None
 
 
+def openai_client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
 def chat_schema(url: str, schema: dict, **kw) -> Outcome:
-    c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
     rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
-    try:
-        r = c.chat.completions.create(
-            model="m", messages=HI, response_format=rf, **{"max_tokens": 24, "temperature": 0, **kw}
-        )
-    except openai.BadRequestError as e:
-        return Outcome(e.status_code, message=e.body["message"], param=e.body["param"])
+    with openai_client(url) as c:
+        try:
+            r = c.chat.completions.create(
+                model="m", messages=HI, response_format=rf, **{"max_tokens": 24, "temperature": 0, **kw}
+            )
+        except openai.BadRequestError as e:
+            return Outcome(e.status_code, message=e.body["message"], param=e.body["param"])
     return Outcome(200, r.choices[0].message.content, r.choices[0].finish_reason == "stop")
 
 
 def chat_tool(url: str, schema: dict) -> Outcome:
-    c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
     tools = [{"type": "function", "function": {"name": "t", "parameters": schema}}]
-    try:
-        r = c.chat.completions.create(
-            model="m", messages=HI, tools=tools, tool_choice="required", max_tokens=64, temperature=0
-        )
-    except openai.BadRequestError as e:
-        return Outcome(e.status_code, message=e.body["message"], param=e.body["param"])
+    with openai_client(url) as c:
+        try:
+            r = c.chat.completions.create(
+                model="m", messages=HI, tools=tools, tool_choice="required", max_tokens=64, temperature=0
+            )
+        except openai.BadRequestError as e:
+            return Outcome(e.status_code, message=e.body["message"], param=e.body["param"])
     (call,) = r.choices[0].message.tool_calls
     return Outcome(200, call.function.arguments, r.choices[0].finish_reason == "tool_calls")
 
 
 def responses(url: str, schema: dict, **kw) -> Outcome:
-    c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
     fmt = {"format": {"type": "json_schema", "name": "x", "schema": schema}}
-    try:
-        r = c.responses.create(model="m", input="hi", text=fmt, **{"max_output_tokens": 24, "temperature": 0, **kw})
-    except openai.BadRequestError as e:
-        return Outcome(e.status_code, message=e.body["message"], param=e.body["param"])
+    with openai_client(url) as c:
+        try:
+            r = c.responses.create(model="m", input="hi", text=fmt, **{"max_output_tokens": 24, "temperature": 0, **kw})
+        except openai.BadRequestError as e:
+            return Outcome(e.status_code, message=e.body["message"], param=e.body["param"])
     return Outcome(200, r.output_text, r.status == "completed")
 
 
 def _anthropic(url: str, schema: dict, count: bool) -> Outcome:
-    c = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120)
-    kw = dict(
-        model="m", messages=HI, tools=[{"name": "t", "input_schema": schema}], tool_choice={"type": "tool", "name": "t"}
-    )
-    try:
-        if count:
-            return Outcome(200, str(c.messages.count_tokens(**kw).input_tokens), True)
-        m = c.messages.create(max_tokens=64, extra_body={"temperature": 0}, **kw)
-    except anthropic.BadRequestError as e:
-        assert e.body["type"] == "error"
-        assert e.body["error"]["type"] == "invalid_request_error"
-        return Outcome(e.status_code, message=e.body["error"]["message"])
+    tools = [{"name": "t", "input_schema": schema}]
+    kw = dict(model="m", messages=HI, tools=tools, tool_choice={"type": "tool", "name": "t"})
+    with anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120) as c:
+        try:
+            if count:
+                return Outcome(200, str(c.messages.count_tokens(**kw).input_tokens), True)
+            m = c.messages.create(max_tokens=64, extra_body={"temperature": 0}, **kw)
+        except anthropic.BadRequestError as e:
+            assert e.body["type"] == "error"
+            assert e.body["error"]["type"] == "invalid_request_error"
+            return Outcome(e.status_code, message=e.body["error"]["message"])
     (use,) = m.content
     return Outcome(200, json.dumps(use.input), m.stop_reason == "tool_use")
 
@@ -112,11 +117,11 @@ def count_tokens(url: str, schema: dict) -> Outcome:
 
 
 def ollama_chat(url: str, schema: dict, **options) -> Outcome:
-    c = ollama.Client(host=url, timeout=120)
-    try:
-        r = c.chat(model="m", messages=HI, format=schema, options={"temperature": 0, "num_predict": 24, **options})
-    except ollama.ResponseError as e:
-        return Outcome(e.status_code, message=e.error)
+    with ollama.Client(host=url, timeout=120) as c:
+        try:
+            r = c.chat(model="m", messages=HI, format=schema, options={"temperature": 0, "num_predict": 24, **options})
+        except ollama.ResponseError as e:
+            return Outcome(e.status_code, message=e.error)
     return Outcome(200, r.message.content, r.done_reason == "stop")
 
 
