@@ -408,4 +408,6 @@ class Worker:
             )
         elif job.cut == "timeout":
             job.turn.notices.append(f"stopped after {self.options.timeout_s:g} s (the server's --timeout)")
+        elif seq.finish_reason == "context":  # short of max_tokens: said, in every API's shape
+            job.turn.notices.append(self.sched.budget.cut_notice(len(seq.tokens), job.turn.reply.max_tokens))
         self._emit(job, "done", seq)
