@@ -37,6 +37,15 @@ def sse_data(lines: list[str]) -> list[dict]:
     return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
 
 
+@pytest.fixture(scope="module")
+def small(model_pair):
+    """A 1024-token context, one request at a time: a run-on reply of 2000 tokens cannot fit."""
+    s = Served(model_pair("llava15"), "--ctx", "1024", "--parallel", "1")
+    yield s
+    err = s.stop()
+    assert "Traceback" not in err, err
+
+
 # --- case 2: text measured before it is tokenized ------------------------------------------------
 
 
@@ -76,7 +85,8 @@ def test_a_prompt_that_can_never_fit_is_refused_by_its_size_beside_innocents(mod
         assert err["code"] == "context_length_exceeded", err
         assert "(30,000,000 bytes) is at least" in err["message"], err["message"]
         lease_mib = BODY_COPIES * len(body) / 2**20
-        assert peak[0] <= idle + lease_mib + 64, f"peak RSS {peak[0]:.0f} MiB, idle {idle:.0f} MiB + lease {lease_mib:.0f}"
+        said = f"peak RSS {peak[0]:.0f} MiB, idle {idle:.0f} MiB + lease {lease_mib:.0f}"
+        assert peak[0] <= idle + lease_mib + 64, said
     finally:
         err_text = s.stop()
     assert "Traceback" not in err_text, err_text
@@ -94,7 +104,8 @@ def test_the_size_bound_never_refuses_what_would_fit(model_pair, family):
     pair = model_pair(family)
     with edgevlm.load(pair.model, pair.mmproj, n_ctx=1024, n_threads=2) as vlm:
         be, budget = vlm.backend, vlm.scheduler.budget
-        assert budget.max_token_bytes == be.max_token_bytes and be.max_token_bytes >= 2
+        assert budget.max_token_bytes == be.max_token_bytes
+        assert be.max_token_bytes >= 2
         longest = max(len(be.token_bytes(t, special=True)) for t in range(be.n_vocab))
         assert be.max_token_bytes == longest
         rng = random.Random(5)
@@ -121,7 +132,23 @@ def test_chat_refuses_a_prompt_too_long_by_its_size_in_one_line(model_pair):
                 "-n", "8", "and " * 24_999 + "and?")  # fmt: skip
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert "(100,000 bytes) is at least" in lines[-1] and "Traceback" not in r.stderr, r.stderr
+    assert "(100,000 bytes) is at least" in lines[-1], r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_prompt_under_the_size_bound_stops_at_its_tokens(small):
+    """A text the size bound lets through (9,000 bytes: at least 1,000 tokens by its size, and
+    16 kept for the reply, in 1,024) that tokenizes into far more than the context holds: refused
+    once its tokens are counted, before they become the prompt's items, with the room it lacked."""
+    r = httpx.post(
+        small.url + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "a " * 4_499 + "a?"}], "max_tokens": 16},
+        timeout=300,
+    )
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded", err
+    assert "needs more than 1,008 tokens before its reply" in err["message"], err["message"]
 
 
 # --- case 9: no silent cuts ----------------------------------------------------------------------
@@ -155,15 +182,6 @@ def test_idle_conversations_make_way_before_a_reply_is_cut(model_pair):
     assert "Traceback" not in err, err
 
 
-@pytest.fixture(scope="module")
-def small(model_pair):
-    """A 1024-token context, one request at a time: a run-on reply of 2000 tokens cannot fit."""
-    s = Served(model_pair("llava15"), "--ctx", "1024", "--parallel", "1")
-    yield s
-    err = s.stop()
-    assert "Traceback" not in err, err
-
-
 def _cut(tokens: int, notices: list[str]) -> None:
     """A reply the context stopped: fewer tokens than asked for, and a notice that says why."""
     assert 700 < tokens < 1024, tokens  # (the prompt and the reply fill the context)
@@ -176,16 +194,13 @@ def test_a_reply_the_context_cannot_hold_says_so_in_openai_chat(small):
     r = small.client().with_options(timeout=300).chat.completions.create(**ask)
     assert r.choices[0].finish_reason == "length"
     _cut(r.usage.completion_tokens, r.model_extra["edgevlm"]["notices"])
-    with httpx.stream(
-        "POST", small.url + "/v1/chat/completions", json={**ask, "stream": True}, timeout=300
-    ) as resp:
+    with httpx.stream("POST", small.url + "/v1/chat/completions", json={**ask, "stream": True}, timeout=300) as resp:
         chunks = sse_data(list(resp.iter_lines()))
     last = chunks[-1]
     assert last["choices"][0]["finish_reason"] == "length"
     _cut(r.usage.completion_tokens, last["edgevlm"]["notices"])  # (greedy: the same reply)
 
 
-@pytest.mark.slow
 def test_a_reply_the_context_cannot_hold_says_so_in_anthropic_messages(small):
     """Anthropic's own stop_reason for it, ``model_context_window_exceeded``, and the notice."""
     c = anthropic.Anthropic(base_url=small.url, api_key="none", max_retries=0, timeout=300)
@@ -201,7 +216,6 @@ def test_a_reply_the_context_cannot_hold_says_so_in_anthropic_messages(small):
     _cut(delta["usage"]["output_tokens"], delta["edgevlm"]["notices"])
 
 
-@pytest.mark.slow
 def test_a_reply_the_context_cannot_hold_says_so_in_responses(small):
     ask = dict(
         model="m",
@@ -211,7 +225,8 @@ def test_a_reply_the_context_cannot_hold_says_so_in_responses(small):
         text={"format": {"type": "json_schema", "name": "run_on", "schema": RUN_ON}},
     )
     r = small.client().with_options(timeout=300).responses.create(**ask)
-    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.status == "incomplete"
+    assert r.incomplete_details.reason == "max_output_tokens"
     _cut(r.usage.output_tokens, r.model_extra["edgevlm"]["notices"])
     with httpx.stream("POST", small.url + "/v1/responses", json={**ask, "stream": True}, timeout=300) as resp:
         events = sse_data(list(resp.iter_lines()))
@@ -221,7 +236,6 @@ def test_a_reply_the_context_cannot_hold_says_so_in_responses(small):
     _cut(done["usage"]["output_tokens"], done["edgevlm"]["notices"])
 
 
-@pytest.mark.slow
 def test_a_reply_the_context_cannot_hold_says_so_in_ollama(small):
     """Ollama has no field for it: ``done_reason`` "length" and the notice in ``edgevlm`` beside
     it on the final record (Ollama's own clients ignore what they do not know)."""
@@ -232,11 +246,13 @@ def test_a_reply_the_context_cannot_hold_says_so_in_ollama(small):
         "options": {"num_predict": 2000, "temperature": 0},
     }
     r = httpx.post(small.url + "/api/chat", json={**ask, "stream": False}, timeout=300).json()
-    assert r["done"] is True and r["done_reason"] == "length"
+    assert r["done"] is True
+    assert r["done_reason"] == "length"
     _cut(r["eval_count"], r["edgevlm"]["notices"])
     with httpx.stream("POST", small.url + "/api/chat", json=ask, timeout=300) as resp:
         lines = [json.loads(line) for line in resp.iter_lines() if line]
-    assert lines[-1]["done"] is True and lines[-1]["done_reason"] == "length"
+    assert lines[-1]["done"] is True
+    assert lines[-1]["done_reason"] == "length"
     assert all("edgevlm" not in line for line in lines[:-1])
     _cut(lines[-1]["eval_count"], lines[-1]["edgevlm"]["notices"])
 
@@ -259,4 +275,6 @@ def test_chat_says_when_the_context_cut_its_reply(model_pair, tmp_path):
 def test_the_cut_notice_is_the_context_rules():
     """One place says it (``ContextBudget.cut_notice``), with the numbers the caller needs."""
     said = ContextBudget(1024).cut_notice(900, 2000)
-    assert said.startswith(CUT) and "after 900 of its 2,000 tokens" in said and "1,024-token context" in said
+    assert said.startswith(CUT)
+    assert "after 900 of its 2,000 tokens" in said
+    assert "1,024-token context" in said

@@ -30,6 +30,7 @@ from .sampling import SamplingParams
 from .system import default_threads, install_log_sink, placement
 from .threads import EncoderThreads
 from .tokrows import open_token_rows
+from .vocab import longest_piece
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -225,7 +226,7 @@ class Backend(MtmdTokenizer):
         self.eos_id = int(llama_cpp.llama_vocab_eos(self._vocab))
         # the most bytes of text one token stands for: a text's size bounds its tokens from below
         # before it is tokenized (plan.context.ContextBudget.check_text)
-        self.max_token_bytes = self._longest_token()
+        self.max_token_bytes = longest_piece(llama_cpp, self._vocab, self.n_vocab)
 
     # --- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
@@ -589,26 +590,6 @@ class Backend(MtmdTokenizer):
         if piece is None:
             piece = self._pieces[token] = self._llm.detokenize([token], special=False)
         return piece
-
-    def _longest_token(self) -> int | None:
-        """The longest piece of the vocabulary in bytes, control tokens too (``tokenize_text``
-        parses them in text), once at load (about 1.5 µs a token). None where a token may stand
-        for more text than its piece: vocabularies other than SentencePiece and byte-level BPE
-        (they normalize text, drop whitespace) and tokens that swallow the spaces beside them
-        (``LSTRIP``/``RSTRIP``)."""
-        lc = self.llama_cpp
-        if lc.llama_vocab_type(self._vocab) not in (lc.LLAMA_VOCAB_TYPE_SPM, lc.LLAMA_VOCAB_TYPE_BPE):
-            return None
-        swallows = lc.LLAMA_TOKEN_ATTR_LSTRIP | lc.LLAMA_TOKEN_ATTR_RSTRIP
-        size = 256
-        buf = ctypes.create_string_buffer(size)
-        longest = 1
-        for t in range(self.n_vocab):
-            if lc.llama_vocab_get_attr(self._vocab, t) & swallows:
-                return None
-            n = lc.llama_token_to_piece(self._vocab, t, buf, size, 0, True)
-            longest = max(longest, abs(n))  # (a piece longer than the buffer: minus its length)
-        return longest
 
     def token_text(self, token: int) -> str:
         """A special token's text (``<s>``, ``<|im_end|>``); "" for none (-1)."""

@@ -367,9 +367,8 @@ class Scheduler:
             except Exception as exc:  # this sequence's sampler (or its text) failed: it alone ends
                 self._fail(s, exc, "sampling", done)
                 continue
-            if finish is None and len(seq.tokens) > seq.reserve:
-                if not self.placer.make_room(1, keep=s):  # its next token's cell
-                    finish = "context"
+            if finish is None and len(seq.tokens) > seq.reserve and not self.placer.make_room(1, keep=s):
+                finish = "context"  # (make_room: its next token's cell, idle conversations moved out)
             if finish is not None:
                 done.append(self._finish(s, finish))
             else:

@@ -32,12 +32,12 @@ Replies: ``message`` (chat) or ``response`` (generate) with ``thinking`` and ``t
 there are any; ``done_reason`` "stop" or "length" (a reply that made tool calls ends with
 "stop", as Ollama's; one cut off inside a call has only the calls whose arguments are whole,
 no markup in ``content``, and "length"; one the context or the server cut short is "length" with
-``edgevlm.notices`` saying why, on the final record); counts and durations in nanoseconds: ``prompt_eval_count`` counts the whole
-prompt (cached tokens too), ``prompt_eval_duration`` the time spent evaluating what was not
-cached, ``load_duration`` is 0 (the model is loaded once, at start). Streamed: one NDJSON line
-per piece (``done: false``), then the final record; an error after the stream began is a last
-line ``{"error": "…"}``. Errors: ``{"error": "…"}`` with edgevlm's status (400, 401, 404, 413,
-503 with ``retry-after`` when busy).
+``edgevlm.notices`` saying why, on the final record); counts and durations in nanoseconds:
+``prompt_eval_count`` counts the whole prompt (cached tokens too), ``prompt_eval_duration`` the
+time spent evaluating what was not cached, ``load_duration`` is 0 (the model is loaded once, at
+start). Streamed: one NDJSON line per piece (``done: false``), then the final record; an error
+after the stream began is a last line ``{"error": "…"}``. Errors: ``{"error": "…"}`` with
+edgevlm's status (400, 401, 404, 413, 503 with ``retry-after`` when busy).
 """
 
 from __future__ import annotations

@@ -232,7 +232,9 @@ class Worker:
         reserve = budget.reply_reserve(turn.reply.max_tokens) if turn.reply.reserve is None else turn.reply.reserve
         if turn.evict:
             self._make_room(job, reserve, budget.image_room(reserve))  # (a reserve is a reply of that many)
-        pro.prompt = prompt = turn.render(self.model.render)
+        # (a text too long stops at its tokens, before they become items; counted ones are not stopped)
+        limit = None if job.count_only else budget.n_ctx - reserve
+        pro.prompt = prompt = turn.render(self.model.render, limit=limit)
         turn.conversation.clear()  # the prompt holds what it needs: the views' pixels can go
         pro.prompt_cells = prompt.cells
         if job.count_only:  # counted: nothing more to do
