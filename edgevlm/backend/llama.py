@@ -31,6 +31,7 @@ from .sampling import SamplingParams
 from .system import default_threads, install_log_sink, placement
 from .threads import EncoderThreads
 from .tokrows import open_token_rows
+from .vocab import longest_piece
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -225,6 +226,9 @@ class Backend(MtmdTokenizer):
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos_id = int(llama_cpp.llama_vocab_eos(self._vocab))
+        # the most bytes of text one token stands for: a text's size bounds its tokens from below
+        # before it is tokenized (plan.context.ContextBudget.check_text)
+        self.max_token_bytes = longest_piece(llama_cpp, self._vocab, self.n_vocab)
 
     # --- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
