@@ -32,6 +32,7 @@ from .system import default_threads, install_log_sink, placement
 from .threads import EncoderThreads
 from .tokrows import open_token_rows
 from .utf8guard import Utf8Guard
+from .vocab import longest_piece
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -222,11 +223,13 @@ class Backend(MtmdTokenizer):
         self._byte_tokens: dict[int, int] | None = None  # byte → a token of that one byte (on first use)
         self._pieces: dict[int, bytes] = {}  # token → its text (token_bytes)
         self._eog: dict[int, bool] = {}  # token → whether it ends generation
-        self._guards: dict[int, Utf8Guard] = {}  # sampler chain → its UTF-8 guard (alive while it is)
         self._vocab = llama_cpp.llama_model_get_vocab(self.llama.model)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos_id = int(llama_cpp.llama_vocab_eos(self._vocab))
+        # the most bytes of text one token stands for: a text's size bounds its tokens from below
+        # before it is tokenized (plan.context.ContextBudget.check_text)
+        self.max_token_bytes = longest_piece(llama_cpp, self._vocab, self.n_vocab)
 
     # --- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
@@ -538,8 +541,7 @@ class Backend(MtmdTokenizer):
 
     def make_sampler(self, params: SamplingParams):
         """A llama.cpp sampler chain for ``params`` (free with ``free_sampler``): the grammar
-        first when there is one (only tokens it allows remain; then ``utf8guard``), then greedy
-        or the draw."""
+        first when there is one (only tokens it allows remain), then greedy or the draw."""
         lc = self.llama_cpp
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         if params.grammar:
@@ -548,8 +550,7 @@ class Backend(MtmdTokenizer):
                 lc.llama_sampler_free(chain)
                 raise InputError("the grammar for the response format could not be parsed by llama.cpp")
             lc.llama_sampler_chain_add(chain, g)
-            guard = self._guards[ctypes.cast(chain, ctypes.c_void_p).value or 0] = Utf8Guard(lc, self.token_bytes)
-            lc.llama_sampler_chain_add(chain, guard.sampler)
+            lc.llama_sampler_chain_add(chain, Utf8Guard.attach(lc, self.token_bytes))  # (its bytes valid UTF-8)
         if params.temperature <= 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
             return chain
@@ -576,7 +577,6 @@ class Backend(MtmdTokenizer):
 
     def free_sampler(self, sampler) -> None:
         self.llama_cpp.llama_sampler_free(sampler)
-        self._guards.pop(ctypes.cast(sampler, ctypes.c_void_p).value or 0, None)
 
     # --- vocab ------------------------------------------------------------------------
     def is_eog(self, token: int) -> bool:

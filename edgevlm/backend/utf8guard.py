@@ -10,13 +10,15 @@ point past U+10FFFF or a surrogate where no grammar class holds one), so this sa
 after a lone ``E0`` or ``F0``: the next byte must be A0-BF, resp. 90-BF.
 
 It keeps the reply's incomplete last character (``accept``) and, only then, looks at the
-candidates the grammar left (a few), so a step without one costs one Python call."""
+candidates the grammar left (a few), so a step without one costs one Python call. A guard lives
+as long as llama.cpp holds its sampler: freeing the chain calls its ``free``."""
 
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -38,18 +40,43 @@ def incomplete_tail(data: bytes) -> bytes:
 
 
 class Utf8Guard:
-    """One reply's guard (module doc): ``sampler`` goes into its chain after the grammar, and
-    is freed with the chain; this object must live as long as the chain (its callbacks)."""
+    """One reply's guard (module doc): ``attach`` makes one and gives its llama.cpp sampler, for
+    the chain after the grammar; the chain frees it."""
+
+    _alive: ClassVar[set[Utf8Guard]] = set()  # guards whose sampler llama.cpp holds (their callbacks)
+    _freed: ClassVar[list[Utf8Guard]] = []  # freed by llama.cpp: dropped at the next attach, not in their own call
+    _lock = threading.Lock()
+
+    @classmethod
+    def attach(cls, lc: Any, token_bytes: Callable[[int], bytes]) -> Any:
+        guard = cls(lc, token_bytes)
+        with cls._lock:
+            cls._freed.clear()
+            cls._alive.add(guard)
+        return guard.sampler
+
+    @classmethod
+    def held(cls) -> int:
+        """How many guards llama.cpp holds now (each a reply under a grammar)."""
+        with cls._lock:
+            return len(cls._alive)
 
     def __init__(self, lc: Any, token_bytes: Callable[[int], bytes]):
         self.token_bytes = token_bytes
         self.tail = b""
         self._apply = lc.llama_sampler_i_apply(self.apply)
         self._accept = lc.llama_sampler_i_accept(self.accept)
+        self._free = lc.llama_sampler_i_free(self.free)
         self.iface = lc.llama_sampler_i()  # (the rest NULL: no name, reset, clone or state)
         self.iface.apply = self._apply
         self.iface.accept = self._accept
+        self.iface.free = self._free
         self.sampler = lc.llama_sampler_init(ctypes.pointer(self.iface), None)
+
+    def free(self, _smpl: Any) -> None:
+        with self._lock:
+            self._alive.discard(self)
+            self._freed.append(self)
 
     def accept(self, _smpl: Any, token: int) -> None:
         try:

@@ -162,6 +162,8 @@ class Captioner:
         eng, p, s = self.model, job.prepared, self.settings
         sched = eng.scheduler
         assert self.intake is not None  # (a model runs it)
+        budget = sched.budget  # (an instruction too long by its size alone, {existing} text: before tokenizing)
+        budget.check_text(budget.text_bytes(s.system, job.prompt), budget.reply_reserve(s.max_tokens))
         adm = self.intake.admit([v for _, v in p.views], sched.budget.image_room(s.max_tokens))
         job.notices.extend(adm.notices)
         msg = Message("user", job.prompt, adm.views, labels=[lb for lb, _ in p.views])

@@ -183,7 +183,8 @@ def _one_shot(engine, prompt: str, images: list, gen: dict, show_stats: bool, as
     stream = engine.stream(prompt, loaded, **gen)
     try:
         for resp in stream:
-            flush_notices(engine)
+            if resp.stats is None:  # (the last one's notices, a reply cut short, come after it)
+                flush_notices(engine)
             piece = resp.text if started else resp.text.lstrip()
             started = started or bool(piece)
             sys.stdout.write(piece)
@@ -194,6 +195,7 @@ def _one_shot(engine, prompt: str, images: list, gen: dict, show_stats: bool, as
         return 130
     sys.stdout.write("\n")
     sys.stdout.flush()
+    flush_notices(engine)
     if show_stats and engine.last_stats:
         echo_err(engine.last_stats.footer())
     return 0

@@ -186,6 +186,11 @@ class ChatLoop:
             self._say(f"Error: unknown command {cmd} (try /help)")
         return None
 
+    def _notices(self) -> None:
+        for notice in self.engine.notices:
+            self._say(f"note: {notice}")
+        self.engine.notices.clear()
+
     def turn(self, msg: str) -> None:
         text, typed = extract_image_paths(msg)
         images = self.queued + typed
@@ -194,9 +199,8 @@ class ChatLoop:
         gen = self.engine.stream(text or msg, images, **self.gen)
         try:
             for resp in gen:
-                for notice in self.engine.notices:
-                    self._say(f"note: {notice}")
-                self.engine.notices.clear()
+                if resp.stats is None:  # (the last one's notices, a reply cut short, come after it)
+                    self._notices()
                 piece = resp.text
                 if not started:
                     piece = piece.lstrip()
@@ -217,5 +221,6 @@ class ChatLoop:
             return
         self.out.write("\n")
         self.out.flush()
+        self._notices()
         if self.show_stats and self.engine.last_stats:
             self._say(self.engine.last_stats.footer())

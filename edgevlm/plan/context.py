@@ -6,14 +6,20 @@ engine and the session (when old pictures give way to their summaries) and capti
 images are in flight):
 
 - **reply reserve**: the cells kept free for a reply of ``max_tokens`` — at most a quarter of
-  the context (a longer reply stops with finish_reason "context" when the cells run out);
+  the context; a longer reply grows into cells nobody reserved, idle conversations moved out
+  for it (least recently used first), and stops with finish_reason "context" only when nothing
+  idle is left — a stop the caller is told of (``cut_notice``);
 - **text room**: the cells kept for the conversation's text (system prompt, messages, template)
   — an eighth of the context, between 64 and 512;
 - **image room**: what is left for pictures, ``n_ctx − text room − reply reserve``; a
   conversation keeps as many pictures as their tokens fit in it;
 - **prompts in flight** (captioning): each one-turn prompt needs its picture, ~64 tokens of
   instruction and template, and its reply reserve; the system prompt before the picture is
-  shared by all of them.
+  shared by all of them;
+- **text measured before it is tokenized** (``check_text``): no token stands for more bytes of
+  text than the vocabulary's longest piece (``Backend.max_token_bytes``), so ``b`` bytes of text
+  are at least ``ceil(b / longest)`` tokens; a prompt whose text alone already needs more than
+  the context holds is refused by its size, cheaply, before anything tokenizes it whole.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ class ContextBudget:
     """The rule for one context size (see the module doc)."""
 
     n_ctx: int
+    # the most bytes of text one token stands for (``Backend.max_token_bytes``); None: not known
+    # (a vocabulary that normalizes or swallows whitespace), then only the exact check counts
+    max_token_bytes: int | None = None
 
     def reply_reserve(self, max_tokens: int) -> int:
         """Cells kept free for a reply of ``max_tokens`` (at most a quarter of the context)."""
@@ -62,6 +71,42 @@ class ContextBudget:
                 f"holds {self.n_ctx:,} (shorten the conversation, fewer or smaller images, a smaller "
                 f"max_tokens, evict old pictures, or a larger --ctx)"
             )
+
+    def text_floor(self, n_bytes: int) -> int:
+        """The fewest tokens ``n_bytes`` of text can become (0 where the vocabulary's longest
+        token is not known)."""
+        longest = self.max_token_bytes
+        return -(-n_bytes // longest) if longest else 0
+
+    def check_text(self, n_bytes: int, reserve: int) -> None:
+        """The context check by size, before any tokenizing: ``n_bytes`` of text (``text_bytes``
+        of the parts every rendering keeps whole) with ``reserve`` kept for the reply can never
+        fit → ``ContextExceeded``. Exact-safe: what it refuses the full check would refuse too."""
+        floor = self.text_floor(n_bytes)
+        if floor + reserve > self.n_ctx:
+            raise ContextExceeded(
+                f"this request's text ({n_bytes:,} bytes) is at least {floor:,} tokens, and {reserve:,} "
+                f"are kept for the reply, but the context holds {self.n_ctx:,} (shorten the text, a "
+                f"smaller max_tokens, or a larger --ctx)"
+            )
+
+    @staticmethod
+    def text_bytes(*texts: str | None) -> int:
+        """The UTF-8 size of ``texts`` as a template renders them (their ends trimmed: some
+        templates trim a message), without copying an ASCII text."""
+        n = 0
+        for t in texts:
+            t = (t or "").strip()
+            n += len(t) if t.isascii() else len(t.encode("utf-8", "surrogatepass"))
+        return n
+
+    def cut_notice(self, generated: int, max_tokens: int) -> str:
+        """What a caller is told of a reply the context stopped (finish "context")."""
+        return (
+            f"the context is full: the reply stopped after {generated:,} of its {max_tokens:,} tokens "
+            f"(the {self.n_ctx:,}-token context holds the prompts and replies running now, and no idle "
+            f"conversation was left to move out; a smaller max_tokens, fewer requests at once, or a larger --ctx)"
+        )
 
     @property
     def text_room(self) -> int:

@@ -244,9 +244,11 @@ class Engine:
         t_start = time.perf_counter()  # TTFT counts image decoding, budgeting and the guard too
         if max_tokens < 1:
             raise InputError(f"max_tokens {max_tokens}: a reply needs at least 1 token")
+        budget = self.scheduler.budget
+        reserve = budget.reply_reserve(max_tokens)
+        budget.check_text(budget.text_bytes(self.options.system, text), reserve)  # (by its size: before tokenizing)
         self.backend.check_grammar(grammar)  # before any picture is decoded or encoded
         refs = self.load_images(images)
-        reserve = self.scheduler.budget.reply_reserve(max_tokens)
         kept = 0 if self.options.session.enabled else self.conversation.image_tokens_in_context()
         free = self.scheduler.budget.image_room(max_tokens) - kept
         made, _ = self.intake.message(refs, free, first=len(self.pictures) + 1)
@@ -306,6 +308,9 @@ class Engine:
         try:
             for r in steps:
                 if r.stats is not None:
+                    if r.finish_reason == "context":  # short of max_tokens: the caller is told
+                        seq = turn.seq
+                        self.notices.append(self.scheduler.budget.cut_notice(len(seq.tokens), seq.request.max_tokens))
                     r = GenerationResponse(r.text, r.token, r.finish_reason, self._record(turn))
                 yield r
         finally:

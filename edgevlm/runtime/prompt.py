@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..backend.llama import Backend, Chunk
+from ..errors import ContextExceeded
 from ..vision.merge import MergeSpec, mergeable
 from .chat_format import PromptFormatter
 from .conversation import Message
@@ -45,9 +46,13 @@ class PromptRenderer:
         tools: list[dict[str, Any]] | None = None,
         think: bool | None = None,
         tool_required: str | None = None,
+        limit: int | None = None,
     ) -> Prompt:
         """The prompt of a conversation that asks for the next assistant reply (``tools``,
-        ``think``, ``tool_required``: as ``PromptFormatter.render`` takes them)."""
+        ``think``, ``tool_required``: as ``PromptFormatter.render`` takes them). With ``limit``, a
+        prompt found longer than that many cells ends as ``ContextExceeded`` as soon as a text
+        piece's tokens show it, before they become items (a long text: most of the time and
+        memory a render takes)."""
         be = self.backend
         msgs: list[tuple[str, str, list[str | None], dict[str, Any]]] = []
         if system:
@@ -62,11 +67,20 @@ class PromptRenderer:
         items: list[Item] = text_items([be.bos_id]) if be.add_bos else []
         units: dict[str, ImageUnit] = {}
         merging = self.merging(merge)
+        cells = len(items)  # (text cells so far: pictures' are counted once the prompt is whole)
         for piece in self.formatter.render(msgs, tools, think, tool_required):
             if piece.kind == "text":
-                items += text_items(be.tokenize_text(piece.text))
+                tokens = be.tokenize_text(piece.text)
+                if limit is not None and cells + len(tokens) > limit:
+                    raise ContextExceeded(
+                        f"this request needs more than {limit:,} tokens before its reply (shorten the text, "
+                        f"fewer images, a smaller max_tokens, or a larger --ctx)"
+                    )
+                items += text_items(tokens)
+                cells += len(tokens)
             elif piece.kind == "assistant":
                 items += text_items(assistant[piece.index])
+                cells += len(assistant[piece.index])
             else:
                 unit = self.images.get(imgs[piece.index], keep=keep_images)
                 units[unit.key] = unit

@@ -27,9 +27,9 @@ cache of idle conversations (``cache_ram``), and the step loop.
 - ``stream(seq)`` yields one request's text as it is generated, stepping as needed.
 
 Every KV cell is accounted for (``kvcells``), every reply's cells are reserved when its request
-starts — a reply grows into its own reserve or into cells nobody reserved, never into another's
-(then it ends "context") — and llama.cpp's time is attributed to the requests by their tokens
-in each batch.
+starts — a reply grows into its own reserve or into cells nobody reserved (idle conversations
+moved out for it first), never into another's (then it ends "context") — and llama.cpp's time
+is attributed to the requests by their tokens in each batch.
 
 A fault in one request ends that request only: a batch llama.cpp refuses is retried in smaller
 parts (what a failed batch left in the KV cache is removed first), and only a sequence that
@@ -77,7 +77,7 @@ class Scheduler:
         self.options = options
         self.images = ImageCache(backend, options.image_cache_units, options.image_cache_bytes)
         self.renderer = PromptRenderer(backend, self.images)
-        self.budget = ContextBudget(backend.n_ctx)
+        self.budget = ContextBudget(backend.n_ctx, backend.max_token_bytes)
         self.kv = KVCells(backend, backend.n_seq_max)
         self.slots = self.kv.slots
         self.max_running = max(1, min(options.max_running or len(self.slots), len(self.slots)))
@@ -355,8 +355,9 @@ class Scheduler:
             seq.pending = seq.pending[n:]
             seq.pending_prompt -= n_prompt
             seq.pending_cells -= n
-        # cells nobody has reserved: what a reply past its own reserve may still grow into
-        slack = self.n_ctx - self.cells_used() - self.kv.reserved()
+        # a reply past its own reserve grows into cells nobody has reserved: idle conversations
+        # are moved out for it (least recently used first) before it is cut ("context"); those
+        # sampled before it this step count already (their next token is pending: ``reserved``)
         for s, _ in groups:
             seq = s.running
             if seq.pending:  # a long prompt: the rest comes next step
@@ -366,10 +367,8 @@ class Scheduler:
             except Exception as exc:  # this sequence's sampler (or its text) failed: it alone ends
                 self._fail(s, exc, "sampling", done)
                 continue
-            if finish is None and len(seq.tokens) > seq.reserve:
-                slack -= 1  # its next token needs a cell outside its reserve
-                if slack < 0:
-                    finish = "context"
+            if finish is None and len(seq.tokens) > seq.reserve and not self.placer.make_room(1, keep=s):
+                finish = "context"  # (make_room: its next token's cell, idle conversations moved out)
             if finish is not None:
                 done.append(self._finish(s, finish))
             else:

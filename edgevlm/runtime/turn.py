@@ -81,13 +81,15 @@ class Turn:
     places: tuple[int, ...] = ()
     notices: list[str] = field(default_factory=list)
 
-    def render(self, render: Render, messages: list[Message] | None = None) -> Prompt:
+    def render(self, render: Render, messages: list[Message] | None = None, limit: int | None = None) -> Prompt:
         """The prompt of ``messages`` (default: the turn's) as the scheduler sees it, made by
-        ``render`` (the loaded model's ``render``)."""
+        ``render`` (the loaded model's ``render``); ``limit``: the most cells it may take, a
+        longer one refused as soon as its text shows it (``PromptRenderer.render``)."""
         return render(
             self.conversation.messages if messages is None else messages,
             self.system,
             tools=list(self.tools) or None,
             think=self.think,
             tool_required=self.tool_required,
+            limit=limit,
         )

@@ -7,9 +7,10 @@ and drops thinking blocks sent back), the text, and ``tool_use`` blocks; ``usage
 prompt tokens evaluated (``input_tokens``) apart from those read from the cache
 (``cache_read_input_tokens``); a ``tool_use`` cut off by max_tokens holds the input as far as
 it got (its whole members and a last string cut short), with ``stop_reason`` max_tokens.
-``stop_reason``: end_turn, max_tokens or tool_use — never
-stop_sequence: a stop sequence and the template's own end are cut the same way, so which one
-ended a reply is not known (``stop_sequence`` is always null).
+``stop_reason``: end_turn, max_tokens, tool_use or model_context_window_exceeded (the context ran
+out before max_tokens; ``edgevlm.notices`` says so too) — never stop_sequence: a stop sequence and
+the template's own end are cut the same way, so which one ended a reply is not known
+(``stop_sequence`` is always null).
 
 Errors: Anthropic's types, the status, ``retry-after`` and ``x-should-retry`` come from the error
 table (``api_errors.TABLE``: 400 invalid_request_error, 401 authentication_error, 404
@@ -48,8 +49,11 @@ def message_id(reply_id: str) -> str:
 
 def stop_reason(finish: str) -> str:
     """edgevlm's finish → Anthropic's stop_reason (a stop sequence is not told from the
-    template's end: both end_turn)."""
-    return {"length": "max_tokens", "context": "max_tokens", "tool_calls": "tool_use"}.get(finish, "end_turn")
+    template's end: both end_turn; a reply the context stopped short of max_tokens is
+    Anthropic's own model_context_window_exceeded)."""
+    return {"length": "max_tokens", "context": "model_context_window_exceeded", "tool_calls": "tool_use"}.get(
+        finish, "end_turn"
+    )
 
 
 def usage_body(reply: Reply) -> dict[str, int]:

@@ -31,12 +31,13 @@ Pure functions, no I/O, as ``openai``. What maps where:
 Replies: ``message`` (chat) or ``response`` (generate) with ``thinking`` and ``tool_calls`` when
 there are any; ``done_reason`` "stop" or "length" (a reply that made tool calls ends with
 "stop", as Ollama's; one cut off inside a call has only the calls whose arguments are whole,
-no markup in ``content``, and "length"); counts and durations in nanoseconds: ``prompt_eval_count`` counts the whole
-prompt (cached tokens too), ``prompt_eval_duration`` the time spent evaluating what was not
-cached, ``load_duration`` is 0 (the model is loaded once, at start). Streamed: one NDJSON line
-per piece (``done: false``), then the final record; an error after the stream began is a last
-line ``{"error": "…"}``. Errors: ``{"error": "…"}`` with edgevlm's status (400, 401, 404, 413,
-503 with ``retry-after`` when busy).
+no markup in ``content``, and "length"; one the context or the server cut short is "length" with
+``edgevlm.notices`` saying why, on the final record); counts and durations in nanoseconds:
+``prompt_eval_count`` counts the whole prompt (cached tokens too), ``prompt_eval_duration`` the
+time spent evaluating what was not cached, ``load_duration`` is 0 (the model is loaded once, at
+start). Streamed: one NDJSON line per piece (``done: false``), then the final record; an error
+after the stream began is a last line ``{"error": "…"}``. Errors: ``{"error": "…"}`` with
+edgevlm's status (400, 401, 404, 413, 503 with ``retry-after`` when busy).
 """
 
 from __future__ import annotations
@@ -329,7 +330,8 @@ def timestamp(t: float | None = None) -> str:
 
 
 def done_reason(finish: str) -> str:
-    return "length" if finish == "length" else "stop"
+    """edgevlm's finish → Ollama's: cut short (max_tokens, the context ran out) is "length"."""
+    return "length" if finish in ("length", "context") else "stop"
 
 
 def _call(call: ToolCall) -> dict[str, Any]:
@@ -372,6 +374,8 @@ def reply_body(reply: Reply, generate: bool = False, started: float | None = Non
     else:
         body["message"] = _message(reply.text, reply.reasoning, reply.tool_calls)
     body.update(done=True, done_reason=done_reason(reply.finish), **_counts(reply, started))
+    if reply.extension:  # (notices: why it was cut short, a picture shrunk ...)
+        body["edgevlm"] = reply.extension
     return body
 
 

@@ -182,7 +182,7 @@ class Reply:
     created: int
     model: str
     text: str  # the answer (without reasoning and tool-call markup)
-    finish: str  # stop | length | tool_calls
+    finish: str  # stop | length | tool_calls | context (short of max_tokens: the context ran out; a notice says so)
     stats: TurnStats  # prompt_n, cached_n, predicted_n, timings
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()

@@ -3,7 +3,8 @@
 Responses streaming events (``response.created`` ... ``response.completed``), each with its
 ``type`` and ``sequence_number``. A function call cut off by ``max_output_tokens`` is an
 ``incomplete`` item (its arguments the JSON text as generated) in an ``incomplete`` response
-(``incomplete_details.reason``: max_output_tokens). Pure functions: ``responses`` parses the
+(``incomplete_details.reason``: max_output_tokens — also when the context ran out first, which
+``edgevlm.notices`` says). Pure functions: ``responses`` parses the
 requests and keeps the store, ``app.Server`` serves both."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def usage_body(reply: Reply) -> dict[str, Any]:
 
 
 def _status(reply: Reply) -> str:
-    return "incomplete" if reply.finish == "length" else "completed"
+    return "incomplete" if reply.finish in ("length", "context") else "completed"
 
 
 def _reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:

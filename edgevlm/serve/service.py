@@ -208,6 +208,19 @@ class ChatService:
         made = self.intake.views(MediaRef(url, kind, detail, name), room, lease)
         return {**made.to_dict(), "n_ctx": self.model.n_ctx, "image_room": room}
 
+    def measure_text(self, req: ChatRequest) -> None:
+        """The context check by size (``ContextBudget.check_text``), on the caller's thread before
+        the worker tokenizes anything: the system prompt and the messages' text — with ``evict``
+        only the last message's, older turns may be dropped to make room — against the context
+        less the reply's reserve. A prompt that can never fit is a 400 at once, however long."""
+        budget = self.model.scheduler.budget
+        length, reserve = self.rules.reply_length(req)
+        kept = req.messages[-1:] if req.evict else req.messages
+        budget.check_text(
+            budget.text_bytes(req.system, *(m.text for m in kept)),
+            budget.reply_reserve(length) if reserve is None else reserve,
+        )
+
     # --- requests ----------------------------------------------------------------------------
     async def submit(
         self, req: ChatRequest, gone: Gone | None = None, lease: Lease | None = None, count_only: bool = False
@@ -221,6 +234,7 @@ class ChatService:
         deadline = time.monotonic() + self.options.timeout_s  # (its preparation included)
         prep = Preparation(lease, deadline, self.options.timeout_s)
         try:
+            self.measure_text(req)  # (too long by its size alone: refused before anything tokenizes it)
             grammar = await prep.run(None, self.rules.grammar, req)
             if grammar is not None:
                 await prep.run(None, self.model.backend.check_grammar, grammar)
@@ -301,9 +315,9 @@ class ChatService:
                 elif kind == "error":
                     raise value
                 elif kind == "done":
-                    ended = "length" if job.cut else value.finish_reason  # (max_tokens, deadline)
-                    finish = "length" if ended == "context" else ended or "stop"
-                    for d in split.finish(cut=finish == "length"):  # (a call cut off is no text)
+                    # (cut: max_tokens, the deadline, a stop; "context": the context ran out first)
+                    finish = "length" if job.cut else value.finish_reason or "stop"
+                    for d in split.finish(cut=finish in ("length", "context")):  # (a call cut off is no text)
                         yield d
                     yield self._reply(job, req, split, value, "".join(raw), finish)
                     return

@@ -232,7 +232,9 @@ class Worker:
         reserve = budget.reply_reserve(turn.reply.max_tokens) if turn.reply.reserve is None else turn.reply.reserve
         if turn.evict:
             self._make_room(job, reserve, budget.image_room(reserve))  # (a reserve is a reply of that many)
-        pro.prompt = prompt = turn.render(self.model.render)
+        # (a text too long stops at its tokens, before they become items; counted ones are not stopped)
+        limit = None if job.count_only else budget.n_ctx - reserve
+        pro.prompt = prompt = turn.render(self.model.render, limit=limit)
         turn.conversation.clear()  # the prompt holds what it needs: the views' pixels can go
         pro.prompt_cells = prompt.cells
         if job.count_only:  # counted: nothing more to do
@@ -408,4 +410,6 @@ class Worker:
             )
         elif job.cut == "timeout":
             job.turn.notices.append(f"stopped after {self.options.timeout_s:g} s (the server's --timeout)")
+        elif seq.finish_reason == "context":  # short of max_tokens: said, in every API's shape
+            job.turn.notices.append(self.sched.budget.cut_notice(len(seq.tokens), job.turn.reply.max_tokens))
         self._emit(job, "done", seq)
