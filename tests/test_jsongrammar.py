@@ -24,6 +24,7 @@ import llama_cpp as lc
 import pytest
 
 import edgevlm
+from edgevlm.backend.utf8guard import Utf8Guard
 from edgevlm.errors import SchemaError
 from edgevlm.runtime.gbnf import LIMITS, LLAMA_REPEAT
 from edgevlm.runtime.jsongrammar import json_grammar
@@ -363,8 +364,9 @@ def test_a_reply_under_a_grammar_never_takes_an_overlong_utf8_form(model_pair, o
     assert len(json.loads(overlong.decode(errors="replace"))) == 3
     pair = model_pair("llava15")
     with edgevlm.load(pair.model, pair.mmproj, n_ctx=512) as vlm:
-        be = vlm.backend
+        be, before = vlm.backend, Utf8Guard.held()
         chain = be.make_sampler(edgevlm.SamplingParams(0.0, grammar=g))
+        assert Utf8Guard.held() == before + 1
         try:
             for b in b'"\xe0':
                 be.accept(chain, oracle.byte[b])
@@ -376,3 +378,4 @@ def test_a_reply_under_a_grammar_never_takes_an_overlong_utf8_form(model_pair, o
             assert kept == {0xA0, 0xA2, 0xBF}
         finally:
             be.free_sampler(chain)
+        assert Utf8Guard.held() == before  # (freeing the chain let its guard go)
