@@ -191,7 +191,7 @@ class _Parser:
                 if end < 0:
                     raise self.fail("an unterminated group name")
                 self.i = end + 1
-            elif c == "(" and self.peek() == "?":
+            elif self.peek() == "?":
                 raise self.fail("lookaround or inline flags (not supported)")
             inner = self.alternation(depth + 1)
             if self.peek() != ")":
@@ -214,7 +214,7 @@ class _Parser:
     def quantified(self, item: Expr) -> Expr:
         c, at = self.peek(), self.i
         m = _QUANT.match(self.s, self.i) if c == "{" else None
-        if c in ("*", "+", "?") and c:
+        if c in ("*", "+", "?"):
             lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
             self.i += 1
         elif m:
@@ -230,7 +230,7 @@ class _Parser:
             raise self.fail(f"{said}: the numbers are out of order", at)
         if self.peek() == "?":
             self.i += 1  # (lazy: the same strings)
-        if self.peek() in ("*", "+", "?") and self.peek() or self.peek() == "{" and _QUANT.match(self.s, self.i):
+        if self.peek() in ("*", "+", "?") or self.peek() == "{" and _QUANT.match(self.s, self.i):
             raise self.fail("a quantifier after a quantifier")
         try:
             return repeat(item, lo, hi)
