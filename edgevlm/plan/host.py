@@ -55,7 +55,7 @@ class LeaseReleased(EdgeVLMError):
 
 SMALL_LANE = 8  # the last 1/SMALL_LANE of an allowance is kept for small takes ...
 SMALL_TAKE = 4  # ... those of at most 1/SMALL_TAKE of that part
-STUCK_S = 0.5  # every request holding memory has waited this long for more, nothing moving: one gives way
+STUCK_S = 0.5  # requests holding memory have waited this long on each other alone: one gives way
 LOOK_S = 0.1  # a waiting take looks again this often (for its deadline, and for a standstill)
 
 
@@ -67,10 +67,11 @@ class HostAllowance:
       wait for them (as the scheduler's short lane lets follow-ups past long pictures).
     - While a request that holds memory waits for more, a request that holds none takes
       nothing large: what is given back goes to the requests already under way first.
-    - A request waits at most to its deadline (``MemoryBusy``: a 503). But when every request
-      holding memory waits for more and nothing has moved for ``STUCK_S`` — they would wait on
-      each other until their deadlines — the youngest of them gives way at once (``MemoryBusy``,
-      counted in ``gave_way``), and the others go on with what it gave back."""
+    - A request waits at most to its deadline (``MemoryBusy``: a 503). But when the requests
+      that hold memory and wait for more could not get it even if every other request gave back
+      all it holds — each waits for what only the others waiting hold — and that has lasted
+      ``STUCK_S``, the youngest of them gives way at once (``MemoryBusy``, counted in
+      ``gave_way``), and the others go on with what it gave back."""
 
     def __init__(self, total: int):
         self.total = int(total)
@@ -84,9 +85,8 @@ class HostAllowance:
         self._cond = threading.Condition()
         self._next = 0  # the next lease's number (its age: a larger one is younger)
         self._holding: dict[int, int] = {}  # lease number -> bytes it holds (> 0)
-        self._waiting: dict[int, int] = {}  # lease number -> its takes waiting now
-        self._moved = 0  # takes and gives so far: a standstill is when this stays put
-        self._still: tuple[int, float] | None = None  # (moves, since when) all holders have waited
+        self._waiting: dict[int, list[int]] = {}  # lease number -> the takes it waits for now
+        self._stuck_since: float | None = None  # since when waiting holders could only wait on each other
 
     def lease(self, what: str = "this request", on_release: Callable[[], None] | None = None) -> Lease:
         with self._cond:
@@ -102,7 +102,7 @@ class HostAllowance:
     def waiting(self) -> int:
         """Takes waiting for memory now."""
         with self._cond:
-            return sum(self._waiting.values())
+            return sum(map(len, self._waiting.values()))
 
     def _room(self, n: int, number: int) -> int:
         """What a take of ``n`` bytes by lease ``number`` may fill: all of it when small; else
@@ -128,7 +128,7 @@ class HostAllowance:
                     f"allowance for requests ({format_size(self.total)}; --host-allowance)"
                 )
             waited = False
-            self._waiting[number] = self._waiting.get(number, 0) + 1
+            self._waiting.setdefault(number, []).append(n)
             try:
                 while self.in_use + n > self._room(n, number):
                     left = None if deadline is None else deadline - time.monotonic()
@@ -151,29 +151,34 @@ class HostAllowance:
                     waited = True
                     self._cond.wait(LOOK_S if left is None else min(left, LOOK_S))
             finally:
-                self._waiting[number] -= 1
+                self._waiting[number].remove(n)
                 if not self._waiting[number]:
                     del self._waiting[number]
             self.waits += waited
             self._add(number, n)
 
     def _gives_way(self, number: int) -> bool:
-        """Whether lease ``number``, waiting, gives way now: it holds memory, every lease that
-        holds any waits too, nothing has moved for ``STUCK_S``, and it is the youngest of them."""
-        if number not in self._holding or any(h not in self._waiting for h in self._holding):
-            self._still = None
-            return False
+        """Whether lease ``number``, waiting, gives way now: the leases that hold memory and wait
+        for more could not get it even if every other lease gave back all it holds — each waits
+        for what only the others waiting hold — and have been so for ``STUCK_S``; it is the
+        youngest of them. (Requests that come and go beside them — text, small pictures in the
+        small lane — change nothing of that.)"""
+        stuck = [k for k in self._waiting if k in self._holding]
+        held = sum(self._holding[k] for k in stuck)
         now = time.monotonic()
-        if self._still is None or self._still[0] != self._moved:
-            self._still = (self._moved, now)
+        if number not in stuck or any(
+            min(self._waiting[k]) + held <= self._room(min(self._waiting[k]), k) for k in stuck
+        ):
+            self._stuck_since = None
             return False
-        return now - self._still[1] >= STUCK_S and number == max(self._holding)
+        if self._stuck_since is None:
+            self._stuck_since = now
+        return now - self._stuck_since >= STUCK_S and number == max(stuck)
 
     def _add(self, number: int, n: int) -> None:
         self.in_use += n
         self.peak = max(self.peak, self.in_use)
         self._holding[number] = self._holding.get(number, 0) + n
-        self._moved += 1
 
     def count_wait(self) -> None:
         """An acquisition that waited outside ``_take`` (an event loop's polling) got its bytes."""
@@ -199,7 +204,6 @@ class HostAllowance:
                 self._holding[number] = left
             else:
                 self._holding.pop(number, None)
-            self._moved += 1
             self._cond.notify_all()
 
     def to_dict(self) -> dict[str, int]:

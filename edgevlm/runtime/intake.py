@@ -246,23 +246,28 @@ class Intake:
             return made
         data = None if isinstance(src, LoadedImage) else self.read(ref, label)
         held = len(data) if data is not None and not ref.leased else 0
-        if lease is not None:
-            lease.grow(held, deadline)
+        video = media_kind(ref, data) == "video"
+        peak = decode_bytes(data, label) if not video and data is not None and lease is not None else 0
+        if lease is not None:  # the bytes and their decode's peak at once: never one held waiting for the other
+            lease.grow(held + peak, deadline)
         try:
-            if media_kind(ref, data) == "video":
+            if video:
                 made = self._clip(ref, label, data if data is not None else ref.source, room, lease, deadline)
             else:
-                made = self._picture(ref, label, data, lease, deadline)
+                made = self._picture(ref, label, data, lease, deadline, peak)
         finally:
             if lease is not None:
                 lease.shrink(held)  # the bytes are dropped
         made.given = ref.name
         return made
 
-    def _picture(self, ref: MediaRef, label: str, data: bytes | None, lease: Lease | None, deadline: float) -> Views:
-        peak = decode_bytes(data, label) if data is not None and lease is not None else 0
-        if lease is not None:
-            lease.grow(peak, deadline)
+    def _picture(
+        self, ref: MediaRef, label: str, data: bytes | None, lease: Lease | None, deadline: float, peak: int = 0
+    ) -> Views:
+        """A picture's views, decoded under ``peak`` bytes of ``lease`` taken already (its
+        decode's peak, ``decode_bytes``); what the views keep stays held, the rest is given back
+        — nothing is given back before the views are held, so it never waits for memory while
+        holding its decode."""
         try:
             src = ref.source
             if isinstance(src, LoadedImage):
@@ -276,11 +281,14 @@ class Intake:
             key, size, img_notes = img.sha256, (img.width, img.height), img.notes
             del img
             held = sum(self.view_bytes(v) for _, v in pairs)
-        finally:
+        except BaseException:
             if lease is not None:
                 lease.shrink(peak)
-        if lease is not None:
-            lease.grow(held, deadline)
+            raise
+        if lease is not None and held <= peak:
+            lease.shrink(peak - held)  # (the peak becomes the views)
+        elif lease is not None:
+            lease.grow(held - peak, deadline)
         return Views(
             "image",
             label,
