@@ -22,6 +22,7 @@ from edgevlm_testkit.waiting import until
 
 from .beside import Innocents, peak_rss_mib, rss_mib
 from .test_serve import Served, data_uri, user
+from .test_serve_bodies import open_body
 
 MIB = 2**20
 
@@ -30,17 +31,6 @@ def noisy_png(width: int, height: int, seed: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
     return buf.getvalue()
-
-
-def raw_post(port: int, path: str, declared: int, first: bytes = b"", headers: str = "") -> socket.socket:
-    """A raw POST to ``path`` declaring ``declared`` body bytes, of which only ``first`` is sent."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=60)
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{headers}"
-        f"Content-Length: {declared}\r\n\r\n"
-    )
-    s.sendall(head.encode() + first)
-    return s
 
 
 def closed(s: socket.socket) -> bool:
@@ -114,7 +104,7 @@ def test_twenty_trickling_bodies_hold_no_place_and_trickling_heads_are_closed(mo
         *("--parallel", "1", "--queue", "2", "--ctx", "4096", "--max-tokens", "4", "--header-timeout", "2"),
     )
     stop = threading.Event()
-    bodies = [raw_post(s.port, "/v1/chat/completions", 1_000_000, b'{"pad": "') for _ in range(20)]
+    bodies = [open_body(s.port, "/v1/chat/completions", 1_000_000, b'{"pad": "') for _ in range(20)]
     heads = []
     for _ in range(20):
         h = socket.create_connection(("127.0.0.1", s.port), timeout=60)
@@ -170,7 +160,7 @@ def test_api_show_reads_its_body_under_the_rules_asks_for_the_key_and_shows_no_p
 
             def show(i: int) -> tuple[int, bytes]:
                 head = json.dumps({"model": "m", "pad": ""})[:-2].encode()
-                sock = raw_post(s.port, "/api/show", declared, head, f"Authorization: Bearer {key}\r\n")
+                sock = open_body(s.port, "/api/show", declared, head, f"Authorization: Bearer {key}\r\n")
 
                 def rest() -> None:  # the rest of the body, for as long as the server takes it
                     try:

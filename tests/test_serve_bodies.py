@@ -23,11 +23,12 @@ from .test_serve import LONG, Served, data_uri, free_port, png, user
 BODY_TIMEOUT_S = 3.0  # the servers' --body-timeout here (1 s more per 64 KiB that came: none do)
 
 
-def open_body(port: int, path: str, declared: int, first: bytes = b"{") -> socket.socket:
-    """A raw POST to ``path`` that declares ``declared`` body bytes and sends only ``first``."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+def open_body(port: int, path: str, declared: int, first: bytes = b"{", headers: str = "") -> socket.socket:
+    """A raw POST to ``path`` that declares ``declared`` body bytes and sends only ``first``
+    (``headers``: more header lines, each ending in CRLF)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{headers}"
         f"Content-Length: {declared}\r\n\r\n"
     )
     s.sendall(head.encode() + first)

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from ..errors import EdgeVLMError, clipped
 from ..plan.host import Lease
+from ..runtime.jsonrules import nests_deeper
 from .api_errors import TABLE, APIError, BodyTooSlow, ClientGone, RequestTooLarge, kind_of
 from .request import ChatRequest
 
@@ -187,24 +188,9 @@ def parse_json(body: bytes) -> Any:
         raise APIError(f"the body nests arrays and objects too deeply (at most {MAX_DEPTH} levels)") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(f"the body is not valid JSON ({exc})") from None
-    if _depth_over(data, MAX_DEPTH):
+    if nests_deeper(data, MAX_DEPTH):
         raise APIError(f"the body nests arrays and objects too deeply (at most {MAX_DEPTH} levels)")
     return data
-
-
-def _depth_over(data: Any, most: int) -> bool:
-    """Whether ``data`` nests more than ``most`` arrays and objects (walked without recursion)."""
-    todo: list[tuple[Any, int]] = [(data, 1)]
-    while todo:
-        item, depth = todo.pop()
-        if isinstance(item, dict):
-            item = item.values()
-        elif not isinstance(item, list):
-            continue
-        if depth > most:
-            return True
-        todo.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
-    return False
 
 
 def parsed(parse: Callable[[Any], ChatRequest], data: Any) -> ChatRequest:
