@@ -5,6 +5,7 @@ the small lane keeps room for small takes. Real threads on a real ``HostAllowanc
 
 from __future__ import annotations
 
+import platform
 import sys
 import threading
 import time
@@ -12,7 +13,7 @@ import time
 import pytest
 
 from edgevlm.errors import InputError, MemoryBusy
-from edgevlm.plan.host import STUCK_S, HostAllowance, LeaseReleased
+from edgevlm.plan.host import STUCK_S, TRIM_AFTER, HostAllowance, LeaseReleased, trim_freed_memory
 from edgevlm_testkit.waiting import until
 
 MIB = 2**20
@@ -162,3 +163,33 @@ def test_the_small_lane_keeps_room_for_small_takes_and_what_never_fits_is_refuse
     with pytest.raises(InputError, match="more than the whole allowance"):
         big.grow(allowance.small_lane + 1, time.monotonic() + 60)
     assert time.monotonic() - t0 < 5
+
+
+def test_the_allowance_trims_when_it_empties_after_32_mib_came_back_and_not_before():
+    """``trim`` (the server's ``malloc_trim``) runs when the allowance empties and at least
+    ``TRIM_AFTER`` bytes came back since the last one: not while a lease still holds bytes,
+    not for small requests coming and going, once per emptying."""
+    calls: list[int] = []
+    allowance = HostAllowance(256 * MIB, trim=lambda: calls.append(allowance.in_use))
+    other = allowance.lease("a text request")
+    other.grow(MIB)
+    with allowance.lease("a picture") as big:
+        big.grow(TRIM_AFTER)
+    assert calls == []  # (the text request still holds its bytes)
+    other.release()
+    assert calls == [0]
+    assert allowance.trims == 1
+    for _ in range(31):  # 31 MiB coming and going: under TRIM_AFTER since the last trim
+        with allowance.lease("a small one") as small:
+            small.grow(MIB)
+    assert calls == [0]
+    with allowance.lease("the 32nd") as small:
+        small.grow(MIB)
+    assert calls == [0, 0]
+    assert allowance.to_dict()["trims"] == 2
+
+
+def test_trim_freed_memory_runs_on_glibc_and_is_harmless_elsewhere():
+    """On Linux with glibc it calls ``malloc_trim``; elsewhere it says it did nothing."""
+    ran = trim_freed_memory()
+    assert ran == (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc")

@@ -256,7 +256,9 @@ def test_picture_urls_are_fetched_within_the_allowance_and_the_memory_comes_back
     interpreter), every request ends with an answer or a 4xx/503 that says why (none hangs, no
     500), the innocent clients keep being answered, and once idle the RSS is back near where it
     was. Before, fetches were outside the allowance: 64 × 16 MiB fetched at once on 16 threads,
-    and much of it kept while idle."""
+    and much of it kept while idle; and a request that gave way left its fetches reading on
+    (``test_a_fetch_stops_at_its_next_chunk_once_its_request_has_ended``): 92 MiB over idle
+    was seen after."""
     pics = Pictures(16 * MIB)
     s = Served(
         model_pair("llava15"),
@@ -282,8 +284,12 @@ def test_picture_urls_are_fetched_within_the_allowance_and_the_memory_comes_back
             assert all(st in (200, 400, 503) for st in statuses), statuses
             assert peak[0] - idle <= 256 + 128, f"RSS {idle:.0f} MiB idle, {peak[0]:.0f} MiB at its peak"
             until(lambda: s.status()["memory"]["host"]["in_use_bytes"] == 0, "every byte given back")
-            after = rss_mib(s.proc.pid)
-            assert after - idle <= 64, f"RSS {idle:.0f} MiB idle before, {after:.0f} MiB idle after"
+            # (a request's last objects are freed, and the allowance's trim runs, just after its
+            # bytes are given back: the RSS is looked at until it is back, up to the deadline)
+            try:
+                until(lambda: rss_mib(s.proc.pid) - idle <= 64, "the RSS back within 64 MiB of idle")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: {idle:.0f} MiB idle before, {rss_mib(s.proc.pid):.0f} MiB now") from None
     finally:
         pics.close()
         err = s.stop()

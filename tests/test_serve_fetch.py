@@ -24,6 +24,7 @@ from openai import APIStatusError, BadRequestError
 from PIL import Image
 
 import edgevlm
+from edgevlm.plan.host import HostAllowance, LeaseReleased
 from edgevlm.serve.api_errors import APIError, kind_of
 from edgevlm.serve.media import RATE_GRACE_S, URL_MAX_CHARS, fetch_bytes, url_scheme
 from edgevlm.serve.options import ServeOptions
@@ -107,6 +108,30 @@ def test_a_data_uri_scheme_is_read_without_parsing_the_uri():
         ":nothing",
     ]:
         assert url_scheme(source) == urlsplit(source).scheme.lower(), source
+
+
+def test_a_fetch_stops_at_its_next_chunk_once_its_request_has_ended():
+    """A URL's body is read on the request's lease; when the request ends (it gave way, another
+    of its pictures failed, its client left) the lease is released and gives back all it held,
+    so the fetch stops at its next chunk with ``LeaseReleased`` and closes the connection.
+    Before, it read on to the URL's end (here: its 30 s deadline) and copied the body, bytes
+    nobody planned or would take."""
+    drip = Drip(every=0.05, most=2000)
+    allowance = HostAllowance(1 << 20)
+    lease = allowance.lease("the request")
+    opts = ServeOptions(allow_private_urls=True, url_deadline_s=30, url_min_rate=0)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            fetch = pool.submit(fetch_bytes, ImageRef(drip.url + "/a.jpg"), opts, "messages[0]", None, lease)
+            until(lambda: lease.held > 0, "its body's bytes taken up front")
+            assert lease.held == 2 * 100_000  # (FETCH_COPIES × its Content-Length)
+            lease.release()
+            with pytest.raises(LeaseReleased, match="no longer read"):
+                fetch.result(timeout=10)
+        until(lambda: drip.ended == 1, "the connection closed")
+        assert allowance.in_use == 0
+    finally:
+        drip.close()
 
 
 @pytest.mark.slow

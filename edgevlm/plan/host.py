@@ -23,9 +23,10 @@ from collections.abc import Callable
 from ..errors import EdgeVLMError, InputError, MemoryBusy
 from .devices import format_size
 
-__all__ = ["HostAllowance", "Lease", "LeaseReleased", "return_freed_memory"]
+__all__ = ["HostAllowance", "Lease", "LeaseReleased", "return_freed_memory", "trim_freed_memory"]
 
 MMAP_THRESHOLD = 256 * 1024  # buffers at least this large are their own mappings (glibc)
+TRIM_AFTER = 32 * 1024 * 1024  # an allowance that empties after this much was given back trims
 
 
 def return_freed_memory() -> bool:
@@ -45,6 +46,25 @@ def return_freed_memory() -> bool:
         return False
     m_mmap_threshold = -3
     return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD))
+
+
+def trim_freed_memory() -> bool:
+    """Give the operating system the free pages glibc still keeps in its arenas. Buffers below
+    ``MMAP_THRESHOLD`` — a URL's or a body's chunks as they arrive, parsed JSON, Python's own
+    objects — come from arenas (one per thread that allocates), and what is freed in the middle
+    of one stays in the process. Measured on ``test_picture_urls_are_fetched_within_the_
+    allowance_and_the_memory_comes_back`` (64 × 16 MiB URLs at once, 2 cores, 4 runs each):
+    42–60 MiB over the idle RSS stayed without it, 38–45 MiB with it. A server calls it when its
+    allowance empties (``HostAllowance``'s ``trim``). Elsewhere nothing happens. Returns whether
+    it ran."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True
 
 
 class LeaseReleased(EdgeVLMError):
@@ -73,8 +93,11 @@ class HostAllowance:
       ``STUCK_S``, the youngest of them gives way at once (``MemoryBusy``, counted in
       ``gave_way``), and the others go on with what it gave back."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, trim: Callable[[], object] | None = None):
         self.total = int(total)
+        self.trim = trim  # called, outside the lock, when it empties after TRIM_AFTER came back
+        self.trims = 0
+        self._given = 0  # bytes given back since the last trim
         self.small_lane = self.total // SMALL_LANE
         self.small_take = self.small_lane // SMALL_TAKE
         self.in_use = 0
@@ -205,6 +228,13 @@ class HostAllowance:
             else:
                 self._holding.pop(number, None)
             self._cond.notify_all()
+            self._given += n
+            trim = self.trim is not None and self.in_use == 0 and self._given >= TRIM_AFTER
+            if trim:
+                self._given = 0
+                self.trims += 1
+        if trim and self.trim is not None:
+            self.trim()  # (nothing is held: the freed pages go back to the system)
 
     def to_dict(self) -> dict[str, int]:
         return {
@@ -215,6 +245,7 @@ class HostAllowance:
             "refused": self.refused,
             "gave_way": self.gave_way,
             "waiting": self.waiting,
+            "trims": self.trims,
         }
 
 

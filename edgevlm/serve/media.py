@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
 from ..errors import shown
-from ..plan.host import Lease
+from ..plan.host import Lease, LeaseReleased
 from ..vision.images import LoadedImage, load_image
 from .api_errors import APIError, RequestTimedOut
 from .options import ServeOptions
@@ -194,7 +194,10 @@ async def _body(resp: Any, opts: ServeOptions, end: float, size: int = 0, lease:
     """The response's body, at most ``url_max_bytes``, by ``end`` and at ``url_min_rate``. With
     ``lease``, its memory is held before it arrives — ``FETCH_COPIES`` × its ``Content-Length``
     up front, else × each chunk as it comes — and the one copy that is returned stays held (the
-    caller gives it back once the picture is decoded)."""
+    caller gives it back once the picture is decoded). Once the lease is released — its request
+    gave way, failed elsewhere or lost its client, and gave all it held back — the fetch stops
+    at the next chunk (``LeaseReleased``): the bytes it would go on reading are no longer
+    planned. (Before, such a fetch read its whole URL and copied it, outside the allowance.)"""
     begun = time.monotonic()
     held = 0
 
@@ -216,8 +219,12 @@ async def _body(resp: Any, opts: ServeOptions, end: float, size: int = 0, lease:
                 break
             if len(data) + len(chunk) > opts.url_max_bytes:
                 raise _refuse(f"the image URL holds more than {opts.url_max_bytes:,} bytes")
+            if lease is not None and lease.released:  # its request has ended and given its bytes back
+                raise LeaseReleased(f"{lease.what} has ended; its image URL is no longer read")
             take((len(data) + len(chunk)) * FETCH_COPIES - held)  # (nothing while a Content-Length covers it)
             data += chunk
+        if lease is not None and lease.released:  # (not even the copy: nobody will take it)
+            raise LeaseReleased(f"{lease.what} has ended; its image URL is no longer read")
     except BaseException:
         data.clear()  # (the error's traceback keeps this frame: not the bytes that came)
         if lease is not None:

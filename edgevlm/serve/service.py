@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from ..plan.host import HostAllowance, Lease, return_freed_memory
+from ..plan.host import HostAllowance, Lease, return_freed_memory, trim_freed_memory
 from ..runtime.conversation import Conversation, Message
 from ..runtime.intake import MediaRef
 from ..runtime.model import LoadedModel
@@ -68,7 +68,7 @@ class ChatService:
         self.fetcher = Fetcher(options)  # (image URLs on threads of their own)
         self.intake = model.intake(fetch=self.fetch, host_wait_s=options.host_wait_s)  # (never keeps a full decode)
         planned = model.plan.host_allowance if model.plan is not None else 0
-        self.host = HostAllowance(planned or options.host_allowance)
+        self.host = HostAllowance(planned or options.host_allowance, trim=trim_freed_memory)
         self.admitted = 0  # requests in, from their body's last byte to their last event (``admit``)
         self.reading = 0  # bodies arriving (counted by the HTTP edge, in the event loop)
         self.stopping = False  # the server is stopping (``drain``): every request gets 503
