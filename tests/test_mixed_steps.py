@@ -1,5 +1,5 @@
 """Steps that put a picture's rows in the running streams' batch (``backend.tokrows``), the
-rows such a step takes (``runtime.stepcost``), and short encodes as steps of their own
+rows such a step takes (``runtime.stepcost``), and encodes as steps of their own
 (``runtime.encoder``). Real llama.cpp on the tiny generated pairs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from edgevlm.backend.llama import Backend
 from edgevlm.runtime.conversation import Message
 from edgevlm.runtime.requests import Client
 from edgevlm.runtime.scheduler import WAIT, Request
-from edgevlm.runtime.stepcost import MIN_SLICE, PART_MS, StepCosts
+from edgevlm.runtime.stepcost import MIN_SLICE, StepCosts
 from edgevlm.vision.budget import render_views
 from edgevlm.vision.images import load_image
 
@@ -99,30 +99,26 @@ def test_a_picture_beside_a_stream_goes_in_the_streams_batch(model_pair, picture
         sched.cancel(stream)
 
 
-def test_a_short_encode_is_a_step_of_its_own_and_the_thread_leaves_it(model_pair, tmp_path):
+def test_an_encode_is_a_step_of_its_own_beside_a_stream(model_pair, tmp_path):
+    """A picture that arrives beside a running stream is encoded as a step of its own, on the
+    step loop's thread (no token that step), then its rows go in like any other."""
     pair = model_pair("llava15")
-    pics = [load_image(str(make_image(tmp_path / f"{i}.png", 200 + 20 * i, 180, seed=i))) for i in range(2)]
+    pic = load_image(str(make_image(tmp_path / "p.png", 220, 180, seed=1)))
     with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=3) as vlm:
         sched, client = vlm.scheduler, Client("t")
-        first = sched.submit(Request(vlm.render([_newcomer(vlm, pics[0])]), 2), client)
-        while not first.done:
-            sched.step()
         stream = sched.submit(
             Request(vlm.render([Message("user", "Talk.")]), 3000, edgevlm.SamplingParams(0.0, grammar=LONG)), client
         )
         while len(stream.tokens) < 3:
             sched.step()
-        # a short encode: the measured encode set (not left to this machine's clock) well under
-        # the measured micro-batch of prompt rows
-        assert sched.costs.row_ms > 0
-        sched.encoder.cost_ms = sched.costs.batch_ms(sched.backend.n_ubatch) / 10
-        steps = sched.counters["steps"]
-        second = sched.submit(Request(vlm.render([_newcomer(vlm, pics[1])]), 2), client)
-        n = len(stream.tokens)
-        sched.step()  # the encode, in the step loop: no token this step
-        assert len(stream.tokens) == n and sched.counters["steps"] == steps + 1
+        steps, encodes = sched.counters["steps"], sched.encoder.encodes
+        second = sched.submit(Request(vlm.render([_newcomer(vlm, pic)]), 2), client)
         unit = next(iter(second.request.prompt.units.values()))
-        assert 0 in unit.embeddings  # encoded, by the step loop (the thread left it)
+        while 0 not in unit.embeddings:  # its text first (beside the stream), then the encode
+            n = len(stream.tokens)
+            sched.step()
+        assert len(stream.tokens) == n  # the encode was the step: no token
+        assert sched.encoder.encodes == encodes + 1 and sched.counters["steps"] > steps
         while not second.done:
             sched.step()
         assert second.error is None and second.stats.images_encoded == 1
@@ -131,7 +127,7 @@ def test_a_short_encode_is_a_step_of_its_own_and_the_thread_leaves_it(model_pair
 
 def test_mixed_steps_are_steered_to_twice_the_streams_own_step():
     # a CPU-like step: 40 ms for the weights and the output rows, 3.5 ms a prompt row
-    costs = StepCosts(prefill_share=1.0)
+    costs = StepCosts(prefill_share=1.0, unit=512)
     costs.measured(0, 300, 300 * 3.5)  # a prompt alone
     for _ in range(3):
         costs.measured(2, 0, 40.0)  # two streams' tokens alone
@@ -152,7 +148,7 @@ def test_mixed_steps_are_steered_to_twice_the_streams_own_step():
 def test_small_moves_of_the_mixed_slice_add_up_and_each_stream_count_has_its_own():
     # one stream: 36 ms, a row 3.6 ms, share 0.7 -> about 61 ms, 7 rows; from the 4-row floor each
     # step moves the slice by under 1.25x, which a whole-row slice would drop every time
-    costs = StepCosts(prefill_share=0.7)
+    costs = StepCosts(prefill_share=0.7, unit=512)
     costs.measured(0, 300, 300 * 3.3)
     costs.measured(1, 0, 36.0)
     costs.measured(4, 0, 40.0)
@@ -196,27 +192,27 @@ def test_a_first_token_does_not_wait_for_a_whole_picture(model_pair, tmp_path):
         assert first.error is None and follow.error is None
 
 
-def test_a_picture_alone_goes_in_parts_when_a_request_may_arrive_and_stops_once_one_has(model_pair, picture):
+@pytest.mark.parametrize("row_ms", [0.001, 1000.0])
+def test_a_picture_alone_goes_one_micro_batch_a_step_whatever_a_row_took(model_pair, picture, row_ms):
+    """Alone, a picture's rows go one micro-batch (``n_ubatch``) a step — with or without a
+    request that may arrive, and whatever a prompt row was measured to take: nothing measured
+    decides the cut of a request that runs alone (#57)."""
     pair = model_pair("llava15")
-    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=2) as vlm:
+    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=2, n_ubatch=64) as vlm:
         sched, client = vlm.scheduler, Client("t")
+        assert sched.backend.n_ubatch == 64
         seq = sched.submit(Request(vlm.render([_newcomer(vlm, picture)]), 2), client)
         unit = next(iter(seq.request.prompt.units.values()))
         while seq.pending[0].is_text or 0 not in unit.embeddings:  # the encode, the text before it
             sched.step()
-        arrived: list[str] = []
-        sched.arrivals = lambda: bool(arrived)
-
-        def step_rows() -> int:
-            sched.costs.row_ms = PART_MS / 60  # measured costs set (not this machine's clock): parts of 60 rows
+        sched.arrivals = lambda: False
+        cuts = []
+        while seq.feed is not None or not seq.pending[0].is_text:
+            sched.costs.row_ms = row_ms  # (a measured price set: slow or fast, the cut is the same)
             before = sched.counters["image_rows"]
             sched.step()
-            return sched.counters["image_rows"] - before
-
-        assert step_rows() > 60  # nobody has arrived: every part of the step goes in
-        arrived.append("a follow-up")
-        assert step_rows() == 60  # one has: the step ends after its first part
-        sched.arrivals = None
+            cuts.append(sched.counters["image_rows"] - before)
+        assert cuts == [64] * 9  # 576 rows
         while not seq.done:
             sched.step()
         assert seq.error is None

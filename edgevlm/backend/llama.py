@@ -29,7 +29,6 @@ from .counting import CHUNK_AUDIO, CHUNK_IMAGE, CHUNK_TEXT, Chunk, Chunks, MtmdT
 from .native import require
 from .sampling import SamplingParams
 from .system import default_threads, install_log_sink, placement
-from .threads import EncoderThreads
 from .tokrows import open_token_rows
 from .utf8guard import Utf8Guard
 from .vocab import longest_piece
@@ -198,10 +197,6 @@ class Backend(MtmdTokenizer):
         if not mtmd_cpp.mtmd_support_vision(self.mctx):
             self.close()
             raise ModelPairError(f"{self.mmproj_path}: projector has no vision support")
-        # the encoder's threads per encode and the decoder's per batch (threads): all n_threads
-        # for whichever runs alone, a split of them while both run
-        self.encoder_threads = EncoderThreads(self.mctx, self.n_threads, bool(verbose), llama_cpp.__version__)
-        self.decode_threads = self.n_threads
         self.marker = mtmd_cpp.mtmd_default_marker().decode()
         self._counts: OrderedDict[tuple[int, int], ImageTokens] = OrderedDict()
         # from here on, projector types without edgevlm arithmetic are counted by mtmd itself
@@ -241,8 +236,6 @@ class Backend(MtmdTokenizer):
             self._batch = None
         if getattr(self, "mctx", None):
             with self.mtmd_lock:  # (an encode in another thread finishes first)
-                if getattr(self, "encoder_threads", None) is not None:
-                    self.encoder_threads.release()
                 self.mtmd.mtmd_free(self.mctx)
                 self.mctx = None
         llama = getattr(self, "llama", None)  # (absent when the constructor failed first)
@@ -300,20 +293,12 @@ class Backend(MtmdTokenizer):
         return toks
 
     # --- evaluation -------------------------------------------------------------------
-    def set_decode_threads(self, n: int) -> None:
-        """The decoder's thread count for the batches from now on (at most ``n_threads``)."""
-        n = max(1, min(n, self.n_threads))
-        if n != self.decode_threads:
-            self.llama_cpp.llama_set_n_threads(self._llm.ctx, n, n)
-            self.decode_threads = n
-
-    def encode_image(self, chunk: Chunk, threads: int | None = None) -> np.ndarray:
-        """Run the vision encoder on an image chunk with ``threads`` (default: all ``n_threads``;
-        ``EncoderThreads``); returns a (n_tokens, n_embd) float32 copy."""
+    def encode_image(self, chunk: Chunk) -> np.ndarray:
+        """Run the vision encoder on an image chunk (with the ``n_threads`` mtmd's context was
+        made with); returns a (n_tokens, n_embd) float32 copy."""
         with self.mtmd_lock:
             if not self.mctx:
                 raise BackendError("image encoding failed: the model is closed")
-            self.encoder_threads.set(max(1, min(threads or self.n_threads, self.n_threads)))
             rc = self.mtmd.mtmd_encode_chunk(self.mctx, chunk.handle)
             if rc != 0:
                 raise BackendError(f"image encoding failed (code {rc})")

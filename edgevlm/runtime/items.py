@@ -105,15 +105,15 @@ class ImageUnit:
             c["reused"] += 1
         return emb
 
-    def encode(self, ci: int, backend: Backend, threads: int | None = None) -> np.ndarray:
+    def encode(self, ci: int, backend: Backend) -> np.ndarray:
         """Run the vision encoder on chunk ``ci`` now (any thread: the unit stays open
-        meanwhile; with ``threads`` of the backend's, default all) and keep its embeddings."""
+        meanwhile) and keep its embeddings."""
         with self.lock:
             self.check()
             emb = self.embeddings.get(ci)
             if emb is None:
                 t0 = time.perf_counter()
-                emb = backend.encode_image(self.chunks[ci], threads)
+                emb = backend.encode_image(self.chunks[ci])
                 self.encode_ms[ci] = (time.perf_counter() - t0) * 1000
                 self.embeddings[ci] = emb
             return emb
@@ -123,7 +123,7 @@ class ImageUnit:
         return sum(e.nbytes for e in self.embeddings.values()) + sum(r.embd.nbytes for r in self.merged.values())
 
     def close(self) -> None:
-        with self.lock:  # (never while the encoder thread is inside one of its chunks)
+        with self.lock:  # (never while an encode is inside one of its chunks)
             self.closed = True
             self.chunks.close()
             self.embeddings.clear()

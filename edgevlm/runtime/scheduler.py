@@ -20,10 +20,9 @@ cache of idle conversations (``cache_ram``), and the step loop.
   picture is evaluated), in the same batch as the tokens where the model allows (``tokrows``)
   — samples, and returns the requests that finished. Prompt work goes least remaining first,
   then in arrival order: a follow-up turn gets its first token before a new picture's hundreds
-  of rows are through. A picture is encoded as a step of its own when that takes no longer
-  than a micro-batch, else by the encoder thread meanwhile on part of the cores, the decoder
-  keeping the rest (``encoder``). The throughput profile (``sched_options``: batch work) fills
-  every step's batch with prompt rows and encodes every picture as a step of its own.
+  of rows are through. Alone (nobody generating), prompt work goes one micro-batch a step. A
+  picture is encoded as a step of its own, on all the cores (``encoder``). The throughput
+  profile (``sched_options``: batch work) fills every step's batch with prompt rows.
 - ``stream(seq)`` yields one request's text as it is generated, stepping as needed.
 
 Every KV cell is accounted for (``kvcells``), every reply's cells are reserved when its request
@@ -35,9 +34,11 @@ A fault in one request ends that request only: a batch llama.cpp refuses is retr
 parts (what a failed batch left in the KV cache is removed first), and only a sequence that
 fails on its own ends with an error; a sampler or an encode that raises ends its own sequence.
 Each request belongs to a ``Client``: finished sequences are handed to their client, and a
-client cancels and forgets only its own (the request types are ``requests``'). With one
-sequence running, a request gives the tokens one-at-a-time evaluation gives; with several,
-greedy replies start from the same logits (within the float rounding of batched kernels).
+client cancels and forgets only its own (the request types are ``requests``'). A request that
+runs alone is cut into the same batches on every run — nothing measured in time decides its
+cuts or its threads — so its greedy tokens are the same run after run; with several in flight,
+the batches it shares depend on when the others came, and greedy replies start from the same
+logits within the float rounding of batched kernels (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class Scheduler:
         self.lock = threading.RLock()
         self._clock = itertools.count(1)
         self._arrival = itertools.count()
-        self.costs = StepCosts(options.prefill_share)  # what steps take, and the rows of the next
+        self.costs = StepCosts(options.prefill_share, backend.n_ubatch)  # what steps take, and the rows of the next
         # what the step loop did (``/status``): steps, those with prompt work beside streams,
         # tokens generated, prompt rows evaluated (text and image), waits for the encoder
         keys = ("steps", "mixed_steps", "generated", "prompt_rows", "image_rows", "encoder_waits")
@@ -228,16 +229,10 @@ class Scheduler:
                 return []
             done: list[Sequence] = []
             gen = [s for s in running if s.running.generating]
-            enc = self.encoder
-            if enc.place(bool(gen), self.throughput, self.costs.batch_ms(self.backend.n_ubatch)):
+            if self.encoder.place():
                 self.counters["steps"] += 1  # an encode was this step's work (encoder)
                 return []
-            self.backend.set_decode_threads(enc.decoder_threads)
-            idle = not gen and enc.busy  # ... and while the thread encodes, prompt work waits
-            if not idle:
-                done, idle = self._step(running, gen)
-        if idle:  # every request waits for a picture the encoder is on: wait with it
-            self.encoder.wait(0.05)
+            done, _ = self._step(running, gen)
         return done
 
     def _step(self, running: list[Slot], gen: list[Slot]) -> tuple[list[Sequence], bool]:
@@ -247,10 +242,8 @@ class Scheduler:
         # tokens and a picture's rows in one batch (tokrows): a pass saved beside a slice; not with
         # the throughput profile's full batches of rows, which go faster on their own
         mix = self.backend.mixes_tokens and not self.throughput
-        # prompt rows (stepcost); throughput: all the batch holds; none beside the streams while the
-        # encoder thread has part of the cores (slower steps already; and not measured as steps)
-        beside = self.encoder.beside
-        rows = room if self.throughput else 0 if beside and gen else self.costs.rows(len(gen), room, mix)
+        # prompt rows (stepcost; alone: a micro-batch); throughput: all the batch holds
+        rows = room if self.throughput else self.costs.rows(len(gen), room, mix)
         groups = [(s, 1) for s in gen]
         picture: tuple[Slot, int] | None = None
         prompts = sorted(
@@ -285,10 +278,9 @@ class Scheduler:
         if groups:  # (one: the picture's rows in the same batch, one pass over the weights)
             self._run(groups, done, picture if one else None)
             n_rows = text_rows + (picture[1] if one and picture else 0)
-            if not beside:
-                self.costs.measured(len(gen), n_rows, (time.perf_counter() - t0) * 1000, one or (mix and text_rows > 0))
+            self.costs.measured(len(gen), n_rows, (time.perf_counter() - t0) * 1000, one or (mix and text_rows > 0))
         if picture is not None and not one:
-            picture = self._feed_alone(*picture, done, measure=not beside)
+            picture = self._feed_alone(*picture, done)
         self.llama_ms += (time.perf_counter() - t0) * 1000
         idle = not groups and picture is None and not done
         mixed = bool(gen and (text_rows or picture is not None))
@@ -409,7 +401,7 @@ class Scheduler:
             return False
         return True
 
-    def _feed_alone(self, s: Slot, n: int, done: list[Sequence], measure: bool) -> tuple[Slot, int]:
+    def _feed_alone(self, s: Slot, n: int, done: list[Sequence]) -> tuple[Slot, int]:
         """Feed ``n`` rows of ``s``'s picture in a batch of their own; where a request may arrive
         (``arrivals``), in parts (``StepCosts.part``) until one has: a follow-up's first token
         does not wait for a whole batch of another picture's rows. Returns (s, rows fed)."""
@@ -418,8 +410,7 @@ class Scheduler:
             k = self.costs.part(n - fed) if arrivals is not None else n - fed
             t1 = time.perf_counter()
             self._feed_rows(s, k, done)
-            if measure:
-                self.costs.measured(0, k, (time.perf_counter() - t1) * 1000)
+            self.costs.measured(0, k, (time.perf_counter() - t1) * 1000)
             fed += k
             if arrivals is not None and arrivals():
                 break

@@ -10,19 +10,20 @@ step takes: the slicing rule of chunked prefill, apart from the step loop.
   fraction, so moves of a few percent add up): on a CPU most of a small batch is the pass over
   the weights, so no per-row price predicts it well. Otherwise (a picture's rows in a
   batch of their own) the rows are their own share of it, at the measured price of a row.
-- Alone, prompt work goes in steps of about ``PROMPT_STEP_MS`` (fewer rows than the batch holds on
-  a slow device), so a request that arrives meanwhile — a follow-up's few rows — joins soon; on a
-  GPU the whole batch fits in it. Where a request may arrive (a server), a picture's rows alone go
-  to llama.cpp in parts of about ``PART_MS`` (``part``), and the step ends once one has.
+- Alone — nobody generating — prompt work goes one micro-batch (``n_ubatch`` rows) a step, and
+  a picture's rows in a batch of their own the same (``part``): the step loop looks for arrivals
+  after each, and nothing measured decides the cut. A request that runs alone is computed in
+  the same batches every run, so its greedy tokens are the same on a quiet machine or a busy
+  one (llama.cpp's kernels sum in an order that depends on the batch's shape). Before #57 these
+  cuts followed measured times (steps of about 1.5 s, parts of about 0.3 s), and the same
+  request could answer differently.
 """
 
 from __future__ import annotations
 
-__all__ = ["MIN_SLICE", "PART_MS", "PROMPT_STEP_MS", "StepCosts"]
+__all__ = ["MIN_SLICE", "StepCosts"]
 
 MIN_SLICE = 4  # prompt rows a step takes at least beside running streams
-PROMPT_STEP_MS = 1500.0
-PART_MS = 300.0  # prompt rows alone where a request may arrive meanwhile: parts of about this long
 GEN_SHARE = 0.7  # the tokens' part of a mixed step of a few rows, at least (CPU: most of it)
 STEER = (0.7, 1.3)  # how far one mixed step moves the next one's rows, down and up
 
@@ -31,8 +32,9 @@ class StepCosts:
     """What steps take — a step of ``n`` streams' tokens (per ``n``), a prompt row on its own
     (``row_ms``) — and the rows the next step takes."""
 
-    def __init__(self, prefill_share: float):
+    def __init__(self, prefill_share: float, unit: int):
         self.prefill_share = prefill_share
+        self.unit = max(1, unit)  # a micro-batch: the prompt rows of a step alone
         self.gen_ms: dict[int, float] = {}  # streams → what a step of their tokens takes
         self.row_ms = 0.0  # what one prompt row takes
         self.mix_rows: dict[int, float] = {}  # streams → prompt rows of their next mixed step
@@ -40,22 +42,18 @@ class StepCosts:
     def rows(self, streams: int, room: int, mixed: bool = False) -> int:
         """Prompt rows for a step with ``streams`` generating and ``room`` rows left in the
         batch; ``mixed``: in the streams' batch (else in one of their own)."""
+        if not streams:  # alone: a micro-batch, whatever the clock says (module doc)
+            return min(room, self.unit)
         if self.row_ms <= 0:
-            return room if not streams else min(room, MIN_SLICE)
-        if not streams:
-            return max(MIN_SLICE, min(room, int(PROMPT_STEP_MS / self.row_ms)))
+            return min(room, MIN_SLICE)
         if mixed and self.mix_rows:
             return max(MIN_SLICE, min(room, int(self.mixed_rows(streams))))
         return max(MIN_SLICE, min(room, int(self.prefill_share * self.gen_cost(streams) / self.row_ms)))
 
     def part(self, n: int) -> int:
-        """Of ``n`` prompt rows in a batch of their own, those of a part of about ``PART_MS`` (all
-        of them until a row is measured): a request that arrives meanwhile waits at most that."""
-        return n if self.row_ms <= 0 else min(n, max(MIN_SLICE, int(PART_MS / self.row_ms)))
-
-    def batch_ms(self, rows: int) -> float:
-        """What a batch of ``rows`` prompt rows takes alone (0 until one is measured)."""
-        return rows * self.row_ms
+        """Of ``n`` prompt rows in a batch of their own, those of one part: a micro-batch (a
+        request that arrives meanwhile waits at most that)."""
+        return min(n, self.unit)
 
     def measured(self, streams: int, rows: int, ms: float, mixed: bool = False) -> None:
         """A step of ``streams`` tokens and ``rows`` prompt rows took ``ms`` (``mixed``: a
