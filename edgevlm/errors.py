@@ -101,6 +101,24 @@ class ImageError(InputError):
     code = "invalid_image"
 
 
+class MediaRefused(InputError):
+    """A picture's or clip's source the fetch rules refuse: a URL that is private, too slow, too
+    large or unreachable, a bad ``data:`` URI, a path outside the allowed folders. ``param``:
+    the request's field it came in (a server's error body names it)."""
+
+    code = "invalid_image_url"
+
+    def __init__(self, message: str, param: str | None = "messages"):
+        super().__init__(message)
+        self.param = param
+
+
+class MediaTimedOut(EdgeVLMError):
+    """A request's own deadline ended while its pictures were fetched (a server: 503)."""
+
+    code = "timeout"
+
+
 class MemoryBusy(InputError):
     """Not enough memory free right now for this request (another program has it); a server
     answers 503: it may work later."""

@@ -22,14 +22,14 @@ import uvicorn
 from openai import APIStatusError, BadRequestError, OpenAI
 
 import edgevlm
+from edgevlm.errors import MediaRefused
 from edgevlm.plan import host as host_module
+from edgevlm.runtime.intake.fetch import fetch_bytes
 from edgevlm.serve.api_errors import APIError, kind_of
 from edgevlm.serve.app import create_app
 from edgevlm.serve.http import BODY_COPIES
-from edgevlm.serve.media import fetch_bytes
 from edgevlm.serve.openai import parse_chat_request
 from edgevlm.serve.options import ServeOptions
-from edgevlm.serve.request import ImageRef
 from edgevlm.serve.service import ChatService
 from edgevlm_testkit.waiting import until, until_async
 
@@ -331,11 +331,11 @@ def test_an_image_url_is_fetched_from_the_address_that_was_checked(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
     try:
         opts = ServeOptions(allow_private_urls=True, url_timeout_s=5)
-        data = fetch_bytes(ImageRef(f"http://pictures.test:{port}/p.png"), opts, "image 1")
+        data = fetch_bytes(f"http://pictures.test:{port}/p.png", opts.fetch_rules, "image 1")
         assert data == png(seed=7) and calls == ["pictures.test"]
         # and without --allow-private-urls the checked address is refused before any connection
-        with pytest.raises(APIError, match="non-public address"):
-            fetch_bytes(ImageRef(f"http://pictures.test:{port}/p.png"), ServeOptions(), "image 1")
+        with pytest.raises(MediaRefused, match="non-public address"):
+            fetch_bytes(f"http://pictures.test:{port}/p.png", ServeOptions().fetch_rules, "image 1")
     finally:
         pictures.shutdown()
 
@@ -345,8 +345,8 @@ def test_a_path_on_another_drive_is_refused_not_a_500(monkeypatch, tmp_path):
         raise ValueError("Paths don't have the same drive")
 
     monkeypatch.setattr(os.path, "commonpath", other_drive)
-    with pytest.raises(APIError) as err:
-        fetch_bytes(ImageRef(str(tmp_path / "a.png")), ServeOptions(allow_paths=(str(tmp_path),)), "image 1")
+    with pytest.raises(MediaRefused) as err:
+        fetch_bytes(str(tmp_path / "a.png"), ServeOptions(allow_paths=(str(tmp_path),)).fetch_rules, "image 1")
     assert kind_of(err.value).status == 400 and "only read under --allow-path" in str(err.value)
 
 

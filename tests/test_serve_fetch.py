@@ -24,11 +24,11 @@ from openai import APIStatusError, BadRequestError
 from PIL import Image
 
 import edgevlm
+from edgevlm.errors import MediaRefused
 from edgevlm.plan.host import HostAllowance, LeaseReleased
-from edgevlm.serve.api_errors import APIError, kind_of
-from edgevlm.serve.media import RATE_GRACE_S, URL_MAX_CHARS, fetch_bytes, url_scheme
+from edgevlm.runtime.intake.fetch import RATE_GRACE_S, URL_MAX_CHARS, fetch_bytes, url_scheme
+from edgevlm.serve.api_errors import kind_of
 from edgevlm.serve.options import ServeOptions
-from edgevlm.serve.request import ImageRef
 
 from .test_serve import Served, data_uri, user
 from .test_serve_faults import InProcess, until
@@ -87,9 +87,9 @@ def test_a_data_uri_scheme_is_read_without_parsing_the_uri():
     raw = np.random.default_rng(1).integers(0, 256, 4 * 2**20, dtype=np.uint8).tobytes()
     uri = "data:image/jpeg;base64," + base64.b64encode(raw).decode()
     before = urlsplit.cache_info() if CACHED else None
-    assert fetch_bytes(ImageRef(uri), ServeOptions(), "image 1") == raw
-    with pytest.raises(APIError, match=f"longer than {URL_MAX_CHARS:,} characters"):
-        fetch_bytes(ImageRef("http://example.com/" + "a" * URL_MAX_CHARS), ServeOptions(), "image 1")
+    assert fetch_bytes(uri, ServeOptions().fetch_rules, "image 1") == raw
+    with pytest.raises(MediaRefused, match=f"longer than {URL_MAX_CHARS:,} characters"):
+        fetch_bytes("http://example.com/" + "a" * URL_MAX_CHARS, ServeOptions().fetch_rules, "image 1")
     if CACHED:
         after = urlsplit.cache_info()
         assert (after.hits, after.misses) == (before.hits, before.misses)  # urlsplit never called
@@ -122,7 +122,7 @@ def test_a_fetch_stops_at_its_next_chunk_once_its_request_has_ended():
     opts = ServeOptions(allow_private_urls=True, url_deadline_s=30, url_min_rate=0)
     try:
         with ThreadPoolExecutor(1) as pool:
-            fetch = pool.submit(fetch_bytes, ImageRef(drip.url + "/a.jpg"), opts, "messages[0]", None, lease)
+            fetch = pool.submit(fetch_bytes, drip.url + "/a.jpg", opts.fetch_rules, "messages[0]", None, lease)
             until(lambda: lease.held > 0, "its body's bytes taken up front")
             assert lease.held == 2 * 100_000  # (FETCH_COPIES × its Content-Length)
             lease.release()
@@ -144,15 +144,15 @@ def test_a_slow_url_is_cut_at_its_deadline_and_a_dripping_one_at_its_rate():
         url = drip.url + "/slow.jpg"
         opts = ServeOptions(allow_private_urls=True, url_deadline_s=1.5, url_min_rate=0)
         t0 = time.monotonic()
-        with pytest.raises(APIError) as err:
-            fetch_bytes(ImageRef(url), opts, "messages[0]")
+        with pytest.raises(MediaRefused) as err:
+            fetch_bytes(url, opts.fetch_rules, "messages[0]")
         took = time.monotonic() - t0
         assert kind_of(err.value).status == 400 and 1.4 <= took <= 1.5 + 1, took
         assert str(err.value).startswith(f"messages[0]: the image URL {url} took longer than 1.5 s")
         opts = ServeOptions(allow_private_urls=True, url_deadline_s=30, url_min_rate=1024)
         t0 = time.monotonic()
-        with pytest.raises(APIError) as err:
-            fetch_bytes(ImageRef(url), opts, "messages[0]")
+        with pytest.raises(MediaRefused) as err:
+            fetch_bytes(url, opts.fetch_rules, "messages[0]")
         took = time.monotonic() - t0
         assert RATE_GRACE_S - 0.1 <= took <= RATE_GRACE_S + 1, took
         assert f"the image URL {url} is too slow" in str(err.value) and "1,024 bytes/s" in str(err.value)

@@ -29,9 +29,9 @@ from typing import Any
 from ..errors import BackendError, ContextExceeded, EdgeVLMError, ImageError, InputError, MemoryBusy
 from ..jobs.stop import StopToken
 from ..runtime.conversation import Message
+from ..runtime.intake import ReplySpec
 from ..runtime.jsongrammar import json_grammar
 from ..runtime.scheduler import WAIT, Client, Request, Sequence
-from ..runtime.turn import ReplySpec
 from ..vision.merge import MergeSpec
 from .inputs import InputItem, discover
 from .outputs import CaptionRecord

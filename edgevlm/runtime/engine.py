@@ -33,12 +33,11 @@ from ..vision.merge import MergeSpec
 from ..vision.video import VideoBudget
 from .chat_format import PromptFormatter
 from .conversation import Conversation, Message, Picture
-from .intake import Clip, Fetch, Intake, MediaRef, load_media
+from .intake import Clip, Fetcher, Intake, MediaRef, ReplySpec, load_media
 from .items import Prompt
 from .scheduler import Client, GenerationResponse, Request, Scheduler, Sequence
 from .session import Footprint, RoomReport, SessionOptions, Summaries, make_room
 from .stats import TurnStats
-from .turn import ReplySpec
 
 BUSY_WAIT_S = 120.0  # a turn waits this long for cells other clients' requests hold
 
@@ -72,7 +71,7 @@ class LoadedParts(Protocol):
         self,
         options: EngineOptions | None = None,
         *,
-        fetch: Fetch | None = None,
+        fetcher: Fetcher | None = None,
         keep_originals: bool = False,
         host_wait_s: float = 30.0,
     ) -> Intake: ...

@@ -32,7 +32,7 @@ from ..vision.video import frame_text_tokens
 from .chat_format import PromptFormatter
 from .conversation import Message, Picture
 from .engine import ChatResult, Engine, EngineOptions, GenerationResponse
-from .intake import Fetch, Intake, MediaRef, load_media
+from .intake import Fetcher, Intake, MediaRef, load_media
 from .items import Prompt
 from .scheduler import Scheduler
 from .session import Summaries
@@ -102,7 +102,7 @@ class LoadedModel:
         self,
         options: EngineOptions | None = None,
         *,
-        fetch: Fetch | None = None,
+        fetcher: Fetcher | None = None,
         keep_originals: bool = False,
         host_wait_s: float = 30.0,
     ) -> Intake:
@@ -118,7 +118,7 @@ class LoadedModel:
             frame_text=self._frame_text,
             n_embd=be.n_embd_inp,
             guard=self.guard,
-            fetch=fetch,
+            fetcher=fetcher,
             keep_originals=keep_originals,
             host_wait_s=host_wait_s,
         )

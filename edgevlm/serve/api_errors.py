@@ -22,6 +22,8 @@ from ..errors import (
     EdgeVLMError,
     ImageError,
     InputError,
+    MediaRefused,
+    MediaTimedOut,
     MemoryBusy,
     clipped,
 )
@@ -156,6 +158,7 @@ TABLE: dict[type[BaseException], Kind] = {
     ServerStopping: _BUSY,
     ModelLoading: _BUSY,
     RequestTimedOut: _BUSY,
+    MediaTimedOut: _BUSY,  # (a request's time ran out while its URLs were fetched)
     MemoryBusy: _BUSY,  # may work once memory frees up
     WorkerStopped: Kind(500, "server_error", "api_error", None),
     APIError: Kind(400, _CLIENT, _CLIENT, False),
@@ -207,6 +210,6 @@ def failure_of(exc: BaseException, retry_after_s: int = RETRY_AFTER_S) -> Failur
         kind.openai,
         kind.anthropic,
         exc.code if isinstance(exc, EdgeVLMError) else None,
-        exc.param if isinstance(exc, APIError) else None,
+        exc.param if isinstance(exc, (APIError, MediaRefused)) else None,
         headers,
     )

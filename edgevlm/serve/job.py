@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..plan.host import Lease
+from ..runtime.intake import Turn
 from ..runtime.items import Prompt
 from ..runtime.scheduler import Sequence
-from ..runtime.turn import Turn
 from .request import new_id
 
 __all__ = ["Counters", "Event", "Job", "Outbox", "Progress"]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..backend.sampling import SERVE_REPLY, SamplingParams
 from ..plan.context import IN_FLIGHT_MAX, ContextBudget
+from ..runtime.intake.fetch import FetchRules
 
 __all__ = ["ServeOptions", "serve_layout", "serve_sequences", "serve_slots"]
 
@@ -41,24 +42,21 @@ class ServeOptions:
     # event (finish "length", a notice); waiting requests get 503 at once (docs/serve.md, Stopping)
     shutdown_grace_s: float = 5.0
     retry_after_s: int = 2  # what a 503 tells clients to wait
-    allow_private_urls: bool = False  # image URLs resolving to loopback / private / link-local
-    allow_paths: tuple[str, ...] = ()  # folders whose files a request may name as images
+    # where a request's pictures may come from, and a fetch's limits: ``FetchRules`` (its defaults)
+    allow_private_urls: bool = FetchRules.allow_private_urls
+    allow_paths: tuple[str, ...] = ()  # folders whose files a request may name as images (none)
     path_base: str | None = None  # relative image paths are read from here (None: the current folder)
-    url_max_bytes: int = 32 * 2**20  # an image URL's body is cut off (and refused) past this
-    url_timeout_s: float = 15.0  # connecting to an image URL, and each wait for its next bytes
-    url_deadline_s: float = 30.0  # a whole fetch (redirects included) ends by then: 400 "took longer"
-    # an image URL's body comes at least this fast (bytes/s, on average from RATE_GRACE_S after its
-    # headers on: serve/media.py), or the fetch ends: 400 "too slow"; 0: no floor
-    url_min_rate: int = 32 * 1024
-    url_fetches: int = 16  # image URLs fetched at once, on threads of their own; more wait their turn
-    # one request's URLs fetched at once (the rest of its URLs wait for these): a request with many
-    # slow URLs leaves the other url_fetches - this threads to everyone else
-    url_fetches_per_request: int = 4
-    url_max_redirects: int = 3
+    url_max_bytes: int = FetchRules.url_max_bytes
+    url_timeout_s: float = FetchRules.url_timeout_s
+    url_deadline_s: float = FetchRules.url_deadline_s
+    url_min_rate: int = FetchRules.url_min_rate
+    url_fetches: int = FetchRules.url_fetches
+    url_fetches_per_request: int = FetchRules.url_fetches_per_request
+    url_max_redirects: int = FetchRules.url_max_redirects
     # host RAM requests in flight and waiting may hold (bodies, decodes, views, embeddings): the
     # plan's --host-allowance when serving; a 24-megapixel photo takes ~190 MiB while decoded
     host_allowance: int = 512 * MIB
-    host_wait_s: float = 30.0  # a request waits this long for host allowance, then 503
+    host_wait_s: float = FetchRules.host_wait_s  # a request waits this long for host allowance, then 503
     # a waiting request starts before longer ones (least prompt to evaluate first) unless one of
     # them has waited this long
     fair_wait_s: float = 10.0
@@ -79,6 +77,24 @@ class ServeOptions:
     # llama-server's --reasoning-budget): -1 no cap, 0 no reasoning (the template's switch, or the
     # block closed at once); a request's own budget (Anthropic's thinking.budget_tokens) is kept under it
     reasoning_budget: int = -1
+
+    @property
+    def fetch_rules(self) -> FetchRules:
+        """Where a request's pictures may come from, and a fetch's limits (the intake's)."""
+        return FetchRules(
+            allow_private_urls=self.allow_private_urls,
+            allow_paths=self.allow_paths,
+            path_base=self.path_base,
+            url_max_bytes=self.url_max_bytes,
+            url_timeout_s=self.url_timeout_s,
+            url_deadline_s=self.url_deadline_s,
+            url_min_rate=self.url_min_rate,
+            url_fetches=self.url_fetches,
+            url_fetches_per_request=self.url_fetches_per_request,
+            url_max_redirects=self.url_max_redirects,
+            timeout_s=self.timeout_s,
+            host_wait_s=self.host_wait_s,
+        )
 
 
 def serve_slots(n_ctx: int, image_max_tokens: int | None, max_tokens: int, parallel: int | None = None) -> int:

@@ -35,18 +35,16 @@ from typing import Any
 
 from ..plan.host import HostAllowance, Lease, return_freed_memory, trim_freed_memory
 from ..runtime.conversation import Conversation, Message
-from ..runtime.intake import MediaRef
+from ..runtime.intake import Fetcher, MediaRef, ReplySpec, Turn
 from ..runtime.model import LoadedModel
 from ..runtime.requests import Sequence
-from ..runtime.turn import ReplySpec, Turn
 from ..vision.images import LoadedImage
 from .api_errors import APIError, ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
 from .job import Event, Job
-from .media import Fetcher, fetch_bytes
 from .options import ServeOptions
 from .prep import Preparation
 from .replies import ReplySplitter
-from .request import ChatRequest, Delta, ImageRef, Reply
+from .request import ChatRequest, Delta, Reply
 from .rules import ReplyRules
 from .worker import Worker
 
@@ -65,8 +63,8 @@ class ChatService:
         self.options = options
         self.worker = Worker(model, options)
         self.rules = ReplyRules(model, options)
-        self.fetcher = Fetcher(options)  # (image URLs on threads of their own)
-        self.intake = model.intake(fetch=self.fetch, host_wait_s=options.host_wait_s)  # (never keeps a full decode)
+        self.fetcher = Fetcher(options.fetch_rules)  # (image URLs on threads of their own)
+        self.intake = model.intake(fetcher=self.fetcher, host_wait_s=options.host_wait_s)  # (never keeps a full decode)
         planned = model.plan.host_allowance if model.plan is not None else 0
         self.host = HostAllowance(planned or options.host_allowance, trim=trim_freed_memory)
         self.admitted = 0  # requests in, from their body's last byte to their last event (``admit``)
@@ -126,15 +124,11 @@ class ChatService:
         with self._places:
             self.admitted -= 1
 
-    def fetch(self, source: str, label: str) -> bytes:
-        """A picture's or clip's bytes, by the server's rules (``media.fetch_bytes``)."""
-        return self.fetcher.fetch(source, label)
-
     def prepare_fetched(
         self, req: ChatRequest, lease: Lease, fetched: dict[str, bytes]
     ) -> tuple[Conversation, list[int], list[str]]:
         """``prepare`` with the request's image URLs fetched already (``fetched``: their bytes,
-        held on ``lease`` since they arrived — ``media.fetch_bytes`` — and given back once the
+        held on ``lease`` since they arrived — ``intake.fetch.fetch_bytes`` — and given back once the
         intake is done with them)."""
         try:
             return self.prepare(req, lease, fetched)
@@ -239,7 +233,7 @@ class ChatService:
             if grammar is not None:
                 await prep.run(None, self.model.backend.check_grammar, grammar)
             urls = {r.url: f"messages[{m.index}]" for m in req.messages for r in m.images if Fetcher.remote(r.url)}
-            calls = [(fetch_bytes, ImageRef(url), self.options, label, deadline, lease) for url, label in urls.items()]
+            calls = self.fetcher.calls(urls, deadline, lease)
             # on the fetch threads, a few of this request's at a time: its slow URLs leave the rest to others
             at_once = self.options.url_fetches_per_request
             fetched = dict(zip(urls, await prep.run_all(self.fetcher.pool, calls, at_once), strict=True))

@@ -31,11 +31,11 @@ from typing import Any
 from ..backend.sampling import SamplingParams
 from ..errors import ContextExceeded, EdgeVLMError
 from ..runtime.conversation import Message
+from ..runtime.intake import ReplySpec
 from ..runtime.model import LoadedModel
 from ..runtime.placement import SHORT_PROMPT
 from ..runtime.scheduler import WAIT, Client, GenerationResponse, Sequence
 from ..runtime.session import Footprint, SessionOptions, Summaries, make_room
-from ..runtime.turn import ReplySpec
 from .api_errors import ClientGone, RequestTimedOut, ServerStopping
 from .job import Counters, Job, Outbox
 from .options import ServeOptions

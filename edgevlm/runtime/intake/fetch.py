@@ -1,10 +1,12 @@
-"""Where a request's pictures come from: ``data:`` URIs (base64), http(s) URLs fetched with size,
-time and redirect limits, and local paths only under ``--allow-path``. URLs whose host resolves
-to a loopback, private, link-local or otherwise non-public address are refused (every redirect
-is checked again) unless ``--allow-private-urls``, and the connection goes to the address that
-was checked (the host is resolved once: a DNS answer that changes in between cannot point the
-fetch elsewhere); ``file:`` URLs never work. Every refusal is an ``APIError`` with one line
-saying why.
+"""Where a turn's pictures come from when they are named by a string: ``data:`` URIs (base64),
+http(s) URLs fetched with size, time and redirect limits, and local paths (``FetchRules``: on a
+caller's own machine any file; in a server only under ``--allow-path``). URLs whose host
+resolves to a loopback, private, link-local or otherwise non-public address are refused (every
+redirect is checked again) unless ``allow_private_urls``, and the connection goes to the address
+that was checked (the host is resolved once: a DNS answer that changes in between cannot point
+the fetch elsewhere); ``file:`` URLs never work. Every refusal is a ``MediaRefused`` (a 400 in
+the server) with one line saying why. This is the one module that fetches a URL: chat, the
+library, captioning, batch files and the server all come here through the intake.
 
 A source's scheme is read from its first characters (``url_scheme``), never by parsing the
 whole string: ``urllib.parse.urlsplit`` keeps its last 128 inputs (Python 3.11+), and a
@@ -12,7 +14,7 @@ whole string: ``urllib.parse.urlsplit`` keeps its last 128 inputs (Python 3.11+)
 
 A fetch ends by its deadline (``url_deadline_s``, redirects included: "took longer"), and its
 body must come at ``url_min_rate`` bytes/s or faster once ``RATE_GRACE_S`` have passed ("too
-slow"); each wait for bytes is at most ``url_timeout_s``. The server fetches on threads of its
+slow"); each wait for bytes is at most ``url_timeout_s``. URLs are fetched on threads of their
 own (``Fetcher``: ``url_fetches`` at once), so slow URLs cannot hold the threads that decode
 pictures and build grammars for everyone else."""
 
@@ -25,27 +27,50 @@ import ipaddress
 import math
 import os
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
-from ..errors import shown
-from ..plan.host import Lease, LeaseReleased
-from ..vision.images import LoadedImage, load_image
-from .api_errors import APIError, RequestTimedOut
-from .options import ServeOptions
-from .request import ImageRef
+from ...errors import InputError, MediaRefused, MediaTimedOut, shown
+from ...plan.host import Lease, LeaseReleased
 
-__all__ = ["RATE_GRACE_S", "URL_MAX_CHARS", "Fetcher", "fetch_bytes", "fetch_image", "read_data_uri", "url_scheme"]
+__all__ = ["RATE_GRACE_S", "URL_MAX_CHARS", "FetchRules", "Fetcher", "fetch_bytes", "read_data_uri", "url_scheme"]
 
 URL_MAX_CHARS = 8192  # a longer http(s) image URL (or redirect) is refused before it is parsed
 RATE_GRACE_S = 2.0  # a fetch's body is held to url_min_rate from this long after its headers on
 _SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.")
 
 
-def _refuse(message: str, param: str = "messages") -> APIError:
-    return APIError(message, param, "invalid_image_url")
+@dataclass(frozen=True)
+class FetchRules:
+    """What a caller's picture sources may be, and the limits of a fetch (the server's flags:
+    docs/serve.md). ``allow_paths`` None: any local file (a caller on its own machine: chat,
+    the library, captioning); a tuple: only files under those folders (a server: ``()``, none,
+    unless ``--allow-path``)."""
+
+    allow_private_urls: bool = False  # image URLs resolving to loopback / private / link-local
+    allow_paths: tuple[str, ...] | None = None  # folders whose files may be named (None: any file)
+    path_base: str | None = None  # relative image paths are read from here (None: the current folder)
+    url_max_bytes: int = 32 * 2**20  # an image URL's body is cut off (and refused) past this
+    url_timeout_s: float = 15.0  # connecting to an image URL, and each wait for its next bytes
+    url_deadline_s: float = 30.0  # a whole fetch (redirects included) ends by then: 400 "took longer"
+    # an image URL's body comes at least this fast (bytes/s, on average from RATE_GRACE_S after its
+    # headers on), or the fetch ends: 400 "too slow"; 0: no floor
+    url_min_rate: int = 32 * 1024
+    url_fetches: int = 16  # image URLs fetched at once, on threads of their own; more wait their turn
+    # one request's URLs fetched at once (the rest of its URLs wait for these): a request with many
+    # slow URLs leaves the other url_fetches - this threads to everyone else
+    url_fetches_per_request: int = 4
+    url_max_redirects: int = 3
+    timeout_s: float = 0.0  # the request's own time (the server's --timeout), named when it ends a fetch
+    host_wait_s: float = 30.0  # a fetch waits this long for host allowance for its bytes (then 503)
+
+
+def _refuse(message: str, param: str = "messages") -> MediaRefused:
+    return MediaRefused(message, param)
 
 
 def url_scheme(url: str) -> str:
@@ -115,7 +140,7 @@ class _Cut(Exception):
 
 
 def _fetch_url(
-    url: str, opts: ServeOptions, label: str, deadline: float | None = None, lease: Lease | None = None
+    url: str, opts: FetchRules, label: str, deadline: float | None = None, lease: Lease | None = None
 ) -> bytes:
     start = time.monotonic()
     end = start + opts.url_deadline_s if deadline is None else min(deadline, start + opts.url_deadline_s)
@@ -130,7 +155,7 @@ def _fetch_url(
                 f"{opts.url_min_rate:,} bytes/s the server asks for"
             ) from None
         if deadline is not None and deadline < start + opts.url_deadline_s:  # the request's own time ran out
-            raise RequestTimedOut(  # (the words serve.prep uses when the same deadline ends the wait)
+            raise MediaTimedOut(  # (the words serve.prep uses when the same deadline ends the wait)
                 f"the request was not prepared within its {opts.timeout_s:g} s (the server's --timeout): "
                 f"{label}'s image URL {shown} gave {cut.got:,} bytes in {took:.1f} s"
             ) from None
@@ -139,7 +164,7 @@ def _fetch_url(
         ) from None
 
 
-async def _fetch_async(url: str, opts: ServeOptions, end: float, lease: Lease | None = None) -> bytes:
+async def _fetch_async(url: str, opts: FetchRules, end: float, lease: Lease | None = None) -> bytes:
     import httpx
 
     for _ in range(opts.url_max_redirects + 1):
@@ -190,7 +215,7 @@ async def _by(step: Any, end: float, got: int, slow_at: float = math.inf) -> Any
 FETCH_COPIES = 2  # a URL's body while fetched: what came so far, and its copy when it is done
 
 
-async def _body(resp: Any, opts: ServeOptions, end: float, size: int = 0, lease: Lease | None = None) -> bytes:
+async def _body(resp: Any, opts: FetchRules, end: float, size: int = 0, lease: Lease | None = None) -> bytes:
     """The response's body, at most ``url_max_bytes``, by ``end`` and at ``url_min_rate``. With
     ``lease``, its memory is held before it arrives — ``FETCH_COPIES`` × its ``Content-Length``
     up front, else × each chunk as it comes — and the one copy that is returned stays held (the
@@ -237,18 +262,32 @@ async def _body(resp: Any, opts: ServeOptions, end: float, size: int = 0, lease:
     return out
 
 
-def _read_path(path: str, opts: ServeOptions) -> bytes:
-    if opts.path_base and not os.path.isabs(path):
-        path = os.path.join(opts.path_base, path)
-    real = os.path.realpath(path)
-    roots = [os.path.realpath(r) for r in opts.allow_paths]
-    if not any(_under(real, r) for r in roots):
-        raise _refuse("local paths are only read under --allow-path folders" + ("" if roots else " (none given)"))
+def _read_path(path: str, opts: FetchRules) -> bytes:
+    real = local_path(path, opts)
+    if opts.allow_paths is None:  # (a caller's own file: named by its path)
+        try:
+            with open(real, "rb") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         with open(real, "rb") as fh:
             return fh.read(opts.url_max_bytes + 1)
     except OSError as exc:
         raise _refuse(f"cannot read {path} ({exc.strerror or exc})") from None
+
+
+def local_path(path: str, opts: FetchRules) -> str:
+    """The file a path names, checked against ``opts.allow_paths`` (``MediaRefused`` outside)."""
+    if opts.path_base and not os.path.isabs(path):
+        path = os.path.join(opts.path_base, path)
+    if opts.allow_paths is None:
+        return path
+    real = os.path.realpath(path)
+    roots = [os.path.realpath(r) for r in opts.allow_paths]
+    if not any(_under(real, r) for r in roots):
+        raise _refuse("local paths are only read under --allow-path folders" + ("" if roots else " (none given)"))
+    return real
 
 
 def _under(path: str, root: str) -> bool:
@@ -259,14 +298,14 @@ def _under(path: str, root: str) -> bool:
 
 
 def fetch_bytes(
-    ref: ImageRef, opts: ServeOptions, label: str, deadline: float | None = None, lease: Lease | None = None
+    source: str, opts: FetchRules, label: str, deadline: float | None = None, lease: Lease | None = None
 ) -> bytes:
     """A request's picture as the bytes it was sent as (``label`` names it in errors:
     ``messages[1] image 1``); a URL's fetch ends by ``deadline`` (a ``time.monotonic()`` value)
     too, when that comes before its own. With ``lease``, a URL's body is held on it as it is
     fetched (``_body``), and what is returned stays held: the caller shrinks the lease by its
     length once it is done with it."""
-    url = ref.url.strip()
+    url = source.strip()
     scheme = url_scheme(url)
     if scheme == "data":
         data = read_data_uri(url, opts.url_max_bytes)
@@ -283,28 +322,40 @@ def fetch_bytes(
     return data
 
 
-def fetch_image(ref: ImageRef, opts: ServeOptions, max_pixels: int, label: str) -> LoadedImage:
-    """A request's picture, decoded."""
-    return load_image(fetch_bytes(ref, opts, label), max_pixels, name=label)
-
-
 class Fetcher:
-    """The server's fetches of http(s) URLs, on ``url_fetches`` threads of their own (more wait
-    their turn); anything else (``data:``, paths) is read in the caller's thread."""
+    """A caller's fetches by its ``rules``: http(s) URLs on ``url_fetches`` threads of their own
+    (more wait their turn; the threads start with the first URL), anything else (``data:``,
+    paths) read in the caller's thread."""
 
-    def __init__(self, opts: ServeOptions):
-        self.opts = opts
-        self.pool = ThreadPoolExecutor(max(1, opts.url_fetches), thread_name_prefix="edgevlm-fetch")
+    def __init__(self, rules: FetchRules = FetchRules()):
+        self.rules = rules
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max(1, self.rules.url_fetches), thread_name_prefix="edgevlm-fetch")
+            return self._pool
 
     @staticmethod
     def remote(source: str) -> bool:
         return url_scheme(source.strip()) in ("http", "https")
 
-    def fetch(self, source: str, label: str, deadline: float | None = None) -> bytes:
-        """``fetch_bytes`` by the server's rules, a URL's on the fetch threads (blocking)."""
+    def fetch(self, source: str, label: str, deadline: float | None = None, lease: Lease | None = None) -> bytes:
+        """``fetch_bytes`` by the rules, a URL's on the fetch threads (blocking)."""
         if not self.remote(source):
-            return fetch_bytes(ImageRef(source), self.opts, label, deadline)
-        return self.pool.submit(fetch_bytes, ImageRef(source), self.opts, label, deadline).result()
+            return fetch_bytes(source, self.rules, label, deadline, lease)
+        return self.pool.submit(fetch_bytes, source, self.rules, label, deadline, lease).result()
+
+    def calls(self, urls: dict[str, str], deadline: float | None, lease: Lease | None) -> list[tuple[Any, ...]]:
+        """The fetches of ``urls`` (URL → the label its errors name) as calls for the pool: a
+        server runs them a few at a time (``url_fetches_per_request``, ``serve.prep.run_all``)."""
+        return [(fetch_bytes, url, self.rules, label, deadline, lease) for url, label in urls.items()]
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)

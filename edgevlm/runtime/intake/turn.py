@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backend.sampling import SamplingParams
-from .conversation import Conversation, Message
-from .items import Prompt
-from .requests import Request, ThinkCap
+from ...backend.sampling import SamplingParams
+from ..conversation import Conversation, Message
+from ..items import Prompt
+from ..requests import Request, ThinkCap
 
 Render = Callable[..., Prompt]  # ``LoadedModel.render``: messages, system, tools, think, tool_required
 

@@ -1,126 +1,31 @@
-"""One intake for every caller: a picture or a clip, from wherever it comes, made into the
-budgeted, guarded views a turn sends. Chat (``Engine``), the server (``ChatService`` and the
-budget route), captioning, batch files and ``edgevlm budget`` all go through here: this is the
-one place that budgets a picture or plans a clip.
-
-    intake = vlm.intake()                                   # a LoadedModel's, or Intake(proj, budget, ...)
-    made, used = intake.message([MediaRef("photo.jpg"), MediaRef("clip.mp4")], room)
-    intake.views(MediaRef(data, detail="low"), room).to_dict()   # what the budget views show
-
-What is decided here, once:
-- **what a source is** (``media_kind``): the kind the caller states (an API's part type), else
-  a path's extension or content, else the bytes' content (animated GIF/WebP are clips);
-- **where its bytes come from**: a path is read from disk; a server's intake fetches every
-  string through its own rules instead (``fetch``: ``data:`` URIs, URLs, ``--allow-path``);
-- **its budget**: the per-picture budget and tiles of the options, or for ``detail: "low"``
-  ``LOW_DETAIL_TOKENS`` without tiles (``budget_for``);
-- **a clip's frames**: pictures first, then the clips of a message share the room the pictures
-  leave, each an equal part (``message``), its frames chosen by ``vision.video.plan_video``;
-- **what it is remembered by** (its summary key): a picture's pixel hash, a clip's file hash;
-- **what it holds**: views larger than the encoder needs are kept small (``compact_view``);
-  under a ``Lease`` the compressed bytes, the decode's peak and the views are taken before they
-  are held and given back when dropped;
-- **the guard**: each view past ``Guard.admit`` against the image room left (``admit``).
+"""The intake's views: a picture or a clip, from wherever it comes, made into the budgeted,
+guarded views a turn sends (``Intake``). This is the one place that budgets a picture or plans
+a clip (the package's doc says what is decided here).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import io
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from PIL import Image as PILImage
+from ...errors import InputError
+from ...model.gguf_info import ProjectorInfo
+from ...model.projectors import encoder_patches, image_tokens
+from ...plan.guard import Guard
+from ...plan.host import Lease
+from ...vision.budget import ImageBudget, ImagePlan, compact_view, render_views
+from ...vision.images import DEFAULT_MAX_PIXELS, LoadedImage, decode_bytes, load_image
+from ...vision.video import VideoBudget, VideoPlan, plan_video
+from ..conversation import Picture
+from .fetch import Fetcher, url_scheme
+from .media import MediaRef, file_key, media_kind, thumbnail_uri
 
-from ..errors import InputError
-from ..model.gguf_info import ProjectorInfo
-from ..model.projectors import encoder_patches, image_tokens
-from ..plan.guard import Guard
-from ..plan.host import Lease
-from ..vision.budget import ImageBudget, ImagePlan, compact_view, render_views
-from ..vision.images import DEFAULT_MAX_PIXELS, LoadedImage, decode_bytes, load_image
-from ..vision.video import VideoBudget, VideoPlan, is_video_file, is_video_path, looks_like_video, plan_video
-from .conversation import Picture
-
-__all__ = [
-    "LOW_DETAIL_TOKENS",
-    "Admitted",
-    "Clip",
-    "Fetch",
-    "Intake",
-    "MediaRef",
-    "Views",
-    "load_media",
-    "media_kind",
-    "thumbnail_uri",
-]
+__all__ = ["LOW_DETAIL_TOKENS", "Admitted", "Intake", "Views"]
 
 LOW_DETAIL_TOKENS = 256  # detail "low": a dynamic encoder's budget, and no tiles
-Fetch = Callable[[str, str], bytes]  # (source, label) -> the bytes a server's rules allow
-
-
-@dataclass(frozen=True)
-class MediaRef:
-    """A picture or a clip a turn carries, not decoded yet (or decoded: a ``LoadedImage``)."""
-
-    source: Any  # a path (a server's intake: a URL, data: URI), bytes, a LoadedImage, a PIL image, an array
-    kind: str = "auto"  # image | video | auto (``media_kind``)
-    detail: str = "auto"  # auto | high | low (``LOW_DETAIL_TOKENS``, no tiles)
-    name: str = ""  # what notices and summaries call it (default: "image 2", "video 1")
-    # its bytes (``source``) are held on the caller's lease already (a server's fetched URL): the
-    # intake takes nothing more for them, and the caller gives them back
-    leased: bool = False
-
-
-@dataclass(frozen=True)
-class Clip:
-    """The library's way to say "this is a video" (a path or the file's bytes)."""
-
-    source: str | bytes
-    name: str = "video"
-
-
-def media_kind(ref: MediaRef, data: bytes | None = None) -> str:
-    """The one "is this a video" test: the kind the caller states (an API's part type), else a
-    path's extension or content, else the bytes' content (``data``, or the source's own)."""
-    if ref.kind in ("image", "video"):
-        return ref.kind
-    src = ref.source
-    if data is None and isinstance(src, (bytes, bytearray)):
-        data = bytes(src)
-    if data is not None:  # (bytes read from a file: its name's extension counts too)
-        return "video" if is_video_path(ref.name) or looks_like_video(data) else "image"
-    if isinstance(src, (str, os.PathLike)):
-        if os.path.isfile(src):
-            return "video" if is_video_file(src) else "image"
-        return "video" if is_video_path(src) else "image"
-    return "image"
-
-
-def load_media(media: Iterable[Any], max_pixels: int = DEFAULT_MAX_PIXELS) -> list[LoadedImage | MediaRef]:
-    """A caller's pictures decoded (paths, bytes, PIL images, arrays: a ``LoadedImage`` each)
-    and its clips checked (a ``Clip``, a ``MediaRef`` of kind video, or a file that is one: a
-    ``MediaRef`` each); needs no model, so a command can check its inputs before one is
-    downloaded or loaded."""
-    out: list[LoadedImage | MediaRef] = []
-    for m in media:
-        if isinstance(m, Clip):
-            m = MediaRef(m.source, "video", name=m.name)
-        elif not isinstance(m, MediaRef):
-            m = MediaRef(m)
-        src = m.source
-        if media_kind(m) == "video":
-            if isinstance(src, (str, os.PathLike)) and not os.path.isfile(src):
-                raise InputError(f"{os.fspath(src)}: no such video file")
-            name = m.name or (os.fspath(src) if isinstance(src, (str, os.PathLike)) else "")
-            out.append(replace(m, kind="video", name=name))
-            continue
-        out.append(src if isinstance(src, LoadedImage) else load_image(src, max_pixels))
-    return out
 
 
 @dataclass
@@ -177,8 +82,9 @@ class Intake:
     """How one caller's pictures and clips become views (module doc). ``proj`` and ``budget``:
     the projector and the per-picture budget; ``video``: a clip's budget; ``frame_text``: the
     tokens a frame's label takes; ``n_embd``: the text model's embedding width (for what a view
-    holds); ``guard``: admission against free memory (None: none); ``fetch``: how strings become
-    bytes (None: they are paths); ``keep_originals``: a picture's full decode stays with it."""
+    holds); ``guard``: admission against free memory (None: none); ``fetcher``: how strings become
+    bytes, by its ``FetchRules`` (default: a caller's own machine — any file, public URLs);
+    ``keep_originals``: a picture's full decode stays with it."""
 
     def __init__(
         self,
@@ -190,13 +96,14 @@ class Intake:
         frame_text: int = 0,
         n_embd: int = 0,
         guard: Guard | None = None,
-        fetch: Fetch | None = None,
+        fetcher: Fetcher | None = None,
         keep_originals: bool = False,
         host_wait_s: float = 30.0,
     ):
         self.proj, self.budget, self.video = proj, budget, video
         self.max_pixels, self.frame_text, self.n_embd = max_pixels, frame_text, n_embd
-        self.guard, self.fetch, self.keep_originals = guard, fetch, keep_originals
+        self.guard, self.keep_originals = guard, keep_originals
+        self.fetcher = fetcher if fetcher is not None else Fetcher()
         self.host_wait_s = host_wait_s
 
     def budget_for(self, detail: str = "auto") -> ImageBudget:
@@ -217,30 +124,36 @@ class Intake:
         return view.rgb.nbytes + preprocessed + it.n_tokens * self.n_embd * 4
 
     # --- one picture or clip ------------------------------------------------------------------
-    def read(self, ref: MediaRef, label: str) -> bytes | None:
-        """The source's bytes (None for one given decoded)."""
+    def own_file(self, source: Any) -> bool:
+        """Whether ``source`` names a file of the caller's own (``FetchRules.allow_paths`` None:
+        chat, the library, captioning): it is named by its path, and a clip is read from it as
+        a stream."""
+        if isinstance(source, os.PathLike):
+            source = os.fspath(source)
+        if not isinstance(source, str) or self.fetcher.rules.allow_paths is not None:
+            return False
+        return url_scheme(source.strip()) not in ("http", "https", "data")
+
+    def read(self, ref: MediaRef, label: str, deadline: float | None = None) -> bytes | None:
+        """The source's bytes (None for one given decoded): a string or a path by the fetcher's
+        rules — a ``data:`` URI, an http(s) URL fetched (by ``deadline`` too), a file."""
         src = ref.source
         if isinstance(src, (bytes, bytearray)):
             return bytes(src)
         if isinstance(src, (str, os.PathLike)):
-            if self.fetch is not None:
-                return self.fetch(os.fspath(src), label)
-            try:
-                with open(src, "rb") as fh:
-                    return fh.read()
-            except OSError as exc:
-                raise InputError(f"{os.fspath(src)}: cannot read ({exc.strerror or exc})") from None
+            return self.fetcher.fetch(os.fspath(src), label, deadline)
         return None
 
     def views(self, ref: MediaRef, room: int | None = None, lease: Lease | None = None, label: str = "") -> Views:
         """``ref`` made ready: a picture budgeted into views, a clip's frames chosen under
         ``room`` (None: its own budget only); what it holds taken on ``lease``."""
         src = ref.source
-        if not ref.name and self.fetch is None and isinstance(src, (str, os.PathLike)):
+        own = self.own_file(src)
+        if not ref.name and own:
             label = os.fspath(src)  # a file is named by its path
         label = ref.name or label or ("video" if ref.kind == "video" else "image")
         deadline = time.monotonic() + self.host_wait_s
-        if isinstance(src, (str, os.PathLike)) and self.fetch is None and media_kind(ref) == "video":
+        if own and media_kind(ref) == "video":
             made = self._clip(ref, label, src, room, lease, deadline)  # (read as a stream from its file)
             made.given = ref.name
             return made
@@ -347,7 +260,7 @@ class Intake:
             [f.label for f in kept],
             plan.total_tokens,
             notes + list(plan.notes),
-            _file_key(source),
+            file_key(source),
             plan,
             plan.width,
             plan.height,
@@ -395,24 +308,3 @@ class Intake:
             made.views, made.notices = adm.views, adm.notices
             done[j] = made
         return [done[j] for j in range(len(refs))], used
-
-
-def _file_key(source: str | bytes | os.PathLike[str]) -> str:
-    """A clip's summary key: the hash of its file (the same clip in any caller matches)."""
-    digest = hashlib.sha256()
-    if isinstance(source, bytes):
-        digest.update(source)
-        return digest.hexdigest()
-    with open(source, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def thumbnail_uri(rgb: Any, height: int = 72) -> str:
-    """A small JPEG of a frame as a data: URI (for the page)."""
-    img = PILImage.fromarray(rgb)
-    img.thumbnail((height * 4, height))
-    buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=80)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
