@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import EdgeVLMError, InputError
 from ..jobs.records import Entry
 from ..jobs.stop import StopToken
-from ..runtime.intake import Intake, MediaRef, media_kind
+from ..runtime.intake import Intake, MediaRef, Views, media_kind
 from ..vision.images import LoadedImage, load_image
 from .inputs import InputItem
 from .settings import CaptionSettings
@@ -37,7 +37,7 @@ class Prepared:
     bytes: int | None = None
     mtime_ns: int | None = None
     image: LoadedImage | None = None  # the picture as decoded
-    views: list[tuple[str | None, LoadedImage]] = field(default_factory=list)  # what the model sees
+    made: Views | None = None  # what the model sees: its views, made ready by the intake
     width: int | None = None
     height: int | None = None
     planned_tokens: int = 0
@@ -211,7 +211,7 @@ class Preparer:
         made = self.intake.views(ref, self.room)
         p.width, p.height = made.width, made.height
         p.image = made.original or made.views[0]
-        p.views = list(zip(made.labels, made.views, strict=True))
+        p.made = made
         p.planned_tokens = made.tokens
         p.notes += [*made.decoded, *made.notes]
         p.frames = made.times

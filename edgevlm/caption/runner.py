@@ -28,8 +28,7 @@ from typing import Any
 
 from ..errors import BackendError, ContextExceeded, EdgeVLMError, ImageError, InputError, MemoryBusy
 from ..jobs.stop import StopToken
-from ..runtime.conversation import Message
-from ..runtime.intake import ReplySpec
+from ..runtime.intake import Asked, ReplySpec
 from ..runtime.jsongrammar import json_grammar
 from ..runtime.scheduler import WAIT, Client, Request, Sequence
 from ..vision.merge import MergeSpec
@@ -164,11 +163,13 @@ class Captioner:
         assert self.intake is not None  # (a model runs it)
         budget = sched.budget  # (an instruction too long by its size alone, {existing} text: before tokenizing)
         budget.check_text(budget.text_bytes(s.system, job.prompt), budget.reply_reserve(s.max_tokens))
-        adm = self.intake.admit([v for _, v in p.views], sched.budget.image_room(s.max_tokens))
-        job.notices.extend(adm.notices)
-        msg = Message("user", job.prompt, adm.views, labels=[lb for lb, _ in p.views])
-        prompt = sched.render([msg], s.system, self.merge, keep_images=False)
+        assert p.made is not None  # (prepared for the model)
         reply = ReplySpec(s.max_tokens, s.sampling(self.grammar), tuple(s.stop) + tuple(sched.default_stops))
+        turn = self.intake.turn(
+            [Asked("user", job.prompt, (p.made,))], reply, sched.budget.image_room(s.max_tokens), system=s.system
+        )
+        job.notices.extend(turn.notices)  # (the guard's: what planning did is in the record already)
+        prompt = sched.render(list(turn.messages), s.system, self.merge, keep_images=False)
         return reply.request(prompt, new_images=frozenset(prompt.units), t_start=job.t0, tag=job)
 
     def _run(self, pf: Prefetcher) -> Iterator[CaptionResult]:

@@ -109,7 +109,7 @@ def chat(
     Video:        edgevlm chat -m ... --video clip.mp4 --video-tokens 2048 "What happens, and when?"
     """
     from ..runtime.engine import Clip, EngineOptions
-    from ..runtime.intake import load_media
+    from ..runtime.intake import FetchRules, load_media
     from ..runtime.jsongrammar import json_grammar
     from ..runtime.session import SessionOptions
     from .loading import load_model, model_paths
@@ -132,6 +132,7 @@ def chat(
         max_image_pixels=max_pixels,
         session=session,
         video=video,
+        fetch=FetchRules(allow_private_urls=True),  # (a URL on the user's own command line: theirs to name)
     )
     s = reply.sampling
     gen = dict(

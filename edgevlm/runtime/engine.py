@@ -33,7 +33,7 @@ from ..vision.merge import MergeSpec
 from ..vision.video import VideoBudget
 from .chat_format import PromptFormatter
 from .conversation import Conversation, Message, Picture
-from .intake import Clip, Fetcher, Intake, MediaRef, ReplySpec, load_media
+from .intake import Asked, Clip, Fetcher, FetchRules, Intake, MediaRef, ReplySpec, load_media
 from .items import Prompt
 from .scheduler import Client, GenerationResponse, Request, Scheduler, Sequence
 from .session import Footprint, RoomReport, SessionOptions, Summaries, make_room
@@ -55,6 +55,8 @@ class EngineOptions:
     max_image_pixels: int = DEFAULT_MAX_PIXELS
     session: SessionOptions = SessionOptions()  # what happens when the context runs out
     video: VideoBudget = VideoBudget()  # a clip's frames: tokens (None: the room left), frames, fps cap
+    # where pictures named by a string come from: any local file, data: URIs, public http(s) URLs
+    fetch: FetchRules = FetchRules()
 
 
 class LoadedParts(Protocol):
@@ -92,14 +94,15 @@ class ChatResult:
 
 
 @dataclass
-class _Turn:
-    """What a submitted turn needs when its reply ends."""
+class _Pending:
+    """What a submitted turn needs when its reply ends: its sequence, the conversation it makes
+    (the history, the message it answers, what the session rewrote: the engine's once the reply
+    is recorded), and what the session did."""
 
     seq: Sequence
+    conv: Conversation
     room: RoomReport = field(default_factory=RoomReport)
     recorded: bool = False
-    message: Message | None = None  # the user message it answers
-    pictures: int = 0  # pictures that message added
 
 
 class Engine:
@@ -250,43 +253,32 @@ class Engine:
         refs = self.load_images(images)
         kept = 0 if self.options.session.enabled else self.conversation.image_tokens_in_context()
         free = self.scheduler.budget.image_room(max_tokens) - kept
-        made, _ = self.intake.message(refs, free, first=len(self.pictures) + 1)
-        loaded: list[LoadedImage] = []
-        labels: list[str | None] = []
-        pics: list[int] = []
-        for m in made:
-            self.notices.extend(m.notes + m.notices)
-            self.pictures.append(m.picture(len(self.pictures) + 1))
-            loaded += m.views
-            labels += m.labels
-            pics += [len(self.pictures)] * len(m.views)
-        sources = [m.name for m in made]
-        msg = Message("user", text, loaded, labels=labels, sources=sources, pictures=pics)
-        self.messages.append(msg)
-        try:
-            room = RoomReport()
-            if self.options.session.enabled:
-                room = make_room(
-                    self.conversation,
-                    n_ctx=self.n_ctx,
-                    reserve=reserve,
-                    image_room=self.scheduler.budget.image_room(max_tokens),
-                    measure=self._footprint,
-                    ask=self._ask,
-                    options=self.options.session,
-                    memory=self.summaries,
-                    notices=self.notices,
-                )
-            prompt = room.rendered or self.render()
-            new = frozenset(self.scheduler.images.key(img) for img in loaded)
-            sampling = SamplingParams(temperature, top_k, top_p, min_p, seed, grammar)
-            reply = ReplySpec(max_tokens, sampling, tuple(stop) + tuple(self.default_stops))
-            seq = self._submit(reply.request(prompt, new_images=new, t_start=t_start))
-        except BaseException:
-            self.messages.remove(msg)
-            del self.pictures[len(self.pictures) - len(made) :]
-            raise
-        yield from self._reply(_Turn(seq, room, message=msg, pictures=len(made)))
+        sampling = SamplingParams(temperature, top_k, top_p, min_p, seed, grammar)
+        reply = ReplySpec(max_tokens, sampling, tuple(stop) + tuple(self.default_stops))
+        # the turn, built by the intake after this conversation's history (which it leaves as it is)
+        turn = self.intake.turn(
+            [Asked("user", text, tuple(refs))], reply, free, history=self.conversation, system=self.options.system
+        )
+        self.notices.extend(turn.notes + turn.notices)
+        conv = turn.conversation()  # the history once this turn is answered (the session may rewrite it)
+        room = RoomReport()
+        if self.options.session.enabled:
+            room = make_room(
+                conv,
+                n_ctx=self.n_ctx,
+                reserve=reserve,
+                image_room=self.scheduler.budget.image_room(max_tokens),
+                measure=self._footprint,
+                ask=self._ask,
+                options=self.options.session,
+                memory=self.summaries,
+                notices=self.notices,
+            )
+        prompt = room.rendered or self.render(conv.messages)
+        new = frozenset(self.scheduler.images.key(img) for img in turn.new_views)
+        seq = self._submit(reply.request(prompt, new_images=new, t_start=t_start))
+        del turn  # (its views are in the prompt now)
+        yield from self._reply(_Pending(seq, conv, room))
 
     # --- one turn ----------------------------------------------------------------------------
     def _submit(self, request: Request) -> Sequence:
@@ -302,40 +294,34 @@ class Engine:
                 raise MemoryBusy(f"the context stayed busy with other requests for {BUSY_WAIT_S:g} s; try again")
             self.scheduler.step()
 
-    def _reply(self, turn: _Turn) -> Generator[GenerationResponse, None, None]:
-        steps = self.scheduler.stream(turn.seq)
+    def _reply(self, pending: _Pending) -> Generator[GenerationResponse, None, None]:
+        steps = self.scheduler.stream(pending.seq)
         try:
             for r in steps:
                 if r.stats is not None:
                     if r.finish_reason == "context":  # short of max_tokens: the caller is told
-                        seq = turn.seq
+                        seq = pending.seq
                         self.notices.append(self.scheduler.budget.cut_notice(len(seq.tokens), seq.request.max_tokens))
-                    r = GenerationResponse(r.text, r.token, r.finish_reason, self._record(turn))
+                    r = GenerationResponse(r.text, r.token, r.finish_reason, self._record(pending))
                 yield r
         finally:
             steps.close()  # a reply stopped early (Ctrl-C) is cancelled: it ends "interrupted"
-            seq = turn.seq
-            if seq.finish_reason == "error" and not seq.tokens and turn.message is not None:
-                self._undo(turn)  # its prompt failed (a picture, llama.cpp): as if never sent
-            elif not turn.recorded and seq.stats is not None:
-                self._record(turn)  # what was generated becomes the assistant message
+            seq = pending.seq
+            if seq.finish_reason == "error" and not seq.tokens:
+                pending.recorded = True  # its prompt failed (a picture, llama.cpp): as if never sent
+            elif not pending.recorded and seq.stats is not None:
+                self._record(pending)  # what was generated becomes the assistant message
 
-    def _undo(self, turn: _Turn) -> None:
-        if turn.message in self.messages:
-            self.messages.remove(turn.message)
-        if turn.pictures:
-            del self.pictures[len(self.pictures) - turn.pictures :]
-        turn.recorded = True
-
-    def _record(self, turn: _Turn) -> TurnStats:
-        seq = turn.seq
+    def _record(self, pending: _Pending) -> TurnStats:
+        seq = pending.seq
         stats = seq.stats
         assert stats is not None
-        if turn.room.summarized or turn.room.dropped_turns:
-            stats = replace(stats, **turn.room.counters(stats.cached_n))
-        self.messages.append(Message("assistant", seq.reply, tokens=list(seq.tokens)))
+        if pending.room.summarized or pending.room.dropped_turns:
+            stats = replace(stats, **pending.room.counters(stats.cached_n))
+        pending.conv.messages.append(Message("assistant", seq.reply, tokens=list(seq.tokens)))
+        self.conversation = pending.conv  # the turn is part of the conversation now
         self.last_stats = stats
-        turn.recorded = True
+        pending.recorded = True
         return stats
 
     def _footprint(self, messages: list[Message]) -> Footprint:

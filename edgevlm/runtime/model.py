@@ -118,7 +118,7 @@ class LoadedModel:
             frame_text=self._frame_text,
             n_embd=be.n_embd_inp,
             guard=self.guard,
-            fetcher=fetcher,
+            fetcher=fetcher if fetcher is not None else Fetcher(opts.fetch),
             keep_originals=keep_originals,
             host_wait_s=host_wait_s,
         )

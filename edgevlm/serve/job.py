@@ -66,6 +66,7 @@ class Progress:
     sent_at: float = 0.0  # when text was last handed out
     summaries: list[dict[str, Any]] = field(default_factory=list)  # what the session replaced
     dropped: list[int] = field(default_factory=list)  # request messages dropped to make room
+    notices: list[str] = field(default_factory=list)  # what the worker tells besides the turn's
 
 
 @dataclass(eq=False)
@@ -93,7 +94,7 @@ class Job:
     def end(self) -> None:
         """Its final event is on its way: what it held is dropped (also if nobody reads it)."""
         self.ended = True
-        self.turn.conversation.clear()  # its pictures are not needed any more
+        self.turn = self.turn.without_views()  # its pictures are not needed any more
         self.progress.prompt = None
         if self.lease is not None:
             self.lease.release()
@@ -101,8 +102,9 @@ class Job:
     def extension(self) -> dict[str, Any]:
         """The reply's ``edgevlm`` object: notices, and what the session did to the history."""
         ext: dict[str, Any] = {}
-        if self.turn.notices:
-            ext["notices"] = list(self.turn.notices)
+        notices = [*self.turn.notes, *self.turn.notices, *self.progress.notices]
+        if notices:
+            ext["notices"] = notices
         if self.progress.summaries:
             ext["summaries"] = list(self.progress.summaries)
         if self.progress.dropped:

@@ -34,11 +34,9 @@ from dataclasses import replace
 from typing import Any
 
 from ..plan.host import HostAllowance, Lease, return_freed_memory, trim_freed_memory
-from ..runtime.conversation import Conversation, Message
-from ..runtime.intake import Fetcher, MediaRef, ReplySpec, Turn
+from ..runtime.intake import Asked, Fetcher, MediaRef, ReplySpec, Turn
 from ..runtime.model import LoadedModel
 from ..runtime.requests import Sequence
-from ..vision.images import LoadedImage
 from .api_errors import APIError, ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
 from .job import Event, Job
 from .options import ServeOptions
@@ -124,64 +122,43 @@ class ChatService:
         with self._places:
             self.admitted -= 1
 
-    def prepare_fetched(
-        self, req: ChatRequest, lease: Lease, fetched: dict[str, bytes]
-    ) -> tuple[Conversation, list[int], list[str]]:
-        """``prepare`` with the request's image URLs fetched already (``fetched``: their bytes,
-        held on ``lease`` since they arrived — ``intake.fetch.fetch_bytes`` — and given back once the
-        intake is done with them)."""
-        try:
-            return self.prepare(req, lease, fetched)
-        finally:
-            lease.shrink(sum(map(len, fetched.values())))
-
-    # --- pictures ----------------------------------------------------------------------------
-    def prepare(
-        self, req: ChatRequest, lease: Lease, fetched: dict[str, bytes] | None = None
-    ) -> tuple[Conversation, list[int], list[str]]:
-        """The request's pictures and clips made ready by the model's one intake (blocking:
-        called in a thread), holding ``lease`` for what they take. Returns the conversation
-        (pictures numbered from 1), each message's place in the request, and notices. With
+    def prepare(self, req: ChatRequest, lease: Lease, fetched: dict[str, bytes], reply: ReplySpec) -> Turn:
+        """The request's turn, built by the model's one intake (blocking: called in a thread):
+        its pictures and clips made ready, holding ``lease`` for what they take. ``fetched``:
+        the bytes of its image URLs, held on ``lease`` since they arrived
+        (``intake.fetch.fetch_bytes``) and given back once the intake is done with them. With
         ``evict`` older pictures may give way to summaries, so only the last message's must fit
-        the image room."""
-        notices: list[str] = []
-        room = full_room = self.model.scheduler.budget.image_room(req.max_tokens or self.options.max_tokens)
-        conv, places = Conversation(), []
-        for i, m in enumerate(req.messages):
-            # the last message's pictures (all of them, without evict) must fit the room left;
-            # an earlier one's, with evict, may give way later: planned as if it were the last
-            bound = i == len(req.messages) - 1 or not req.evict
-            got = fetched or {}  # (URLs fetched already: their bytes are on the lease)
-            refs = [MediaRef(got.get(r.url, r.url), r.kind, r.detail, r.name, r.url in got) for r in m.images]
-            made, used = self.intake.message(
-                refs, room if bound else full_room, first=len(conv.pictures) + 1, lease=lease
-            )
-            if bound:
-                room -= used
-            views: list[LoadedImage] = []
-            labels: list[str | None] = []
-            numbers: list[int] = []
-            for v in made:
-                notices += v.notes + v.notices
-                conv.pictures.append(v.picture(len(conv.pictures) + 1))
-                views += v.views
-                labels += v.labels
-                numbers += [len(conv.pictures)] * len(v.views)
-            calls = [{"id": c.id, "name": c.name, "arguments": c.args} for c in m.tool_calls]
-            conv.messages.append(
-                Message(
+        the image room (``intake.turn.make_turn``)."""
+        try:
+            room = self.model.scheduler.budget.image_room(req.max_tokens or self.options.max_tokens)
+            asked = [
+                Asked(
                     m.role,
                     m.text,
-                    views,
-                    labels=labels,
-                    pictures=numbers,
-                    tool_calls=calls,
-                    tool_call_id=m.tool_call_id,
-                    name=m.name,
+                    tuple(
+                        MediaRef(fetched.get(r.url, r.url), r.kind, r.detail, r.name, r.url in fetched)
+                        for r in m.images
+                    ),
+                    tuple({"id": c.id, "name": c.name, "arguments": c.args} for c in m.tool_calls),
+                    m.tool_call_id,
+                    m.name,
+                    place=m.index,
                 )
+                for m in req.messages
+            ]
+            return self.intake.turn(
+                asked,
+                reply,
+                room,
+                system=req.system,
+                tools=[t.to_template() for t in req.offered_tools],
+                tool_required=self.rules.forced_call(req),
+                think=self.rules.think_switch(req),
+                evict=req.evict,
+                lease=lease,
             )
-            places.append(m.index)
-        return conv, places, notices
+        finally:
+            lease.shrink(sum(map(len, fetched.values())))
 
     def budget(self, body: Any, lease: Lease) -> dict[str, Any]:
         """``POST /v1/edgevlm/budget``'s answer (blocking): what a picture or clip in ``body``
@@ -237,8 +214,6 @@ class ChatService:
             # on the fetch threads, a few of this request's at a time: its slow URLs leave the rest to others
             at_once = self.options.url_fetches_per_request
             fetched = dict(zip(urls, await prep.run_all(self.fetcher.pool, calls, at_once), strict=True))
-            conv, places, notices = await prep.run(None, self.prepare_fetched, req, lease, fetched)
-            tools = tuple(t.to_template() for t in req.offered_tools)
             length, reserve = self.rules.reply_length(req)
             reply = ReplySpec(
                 length,
@@ -248,18 +223,8 @@ class ChatService:
                 self.rules.preserved,
                 reserve,
             )
-            turn = Turn(
-                conv,
-                reply,
-                req.system,
-                tools,
-                self.rules.forced_call(req),
-                self.rules.think_switch(req),
-                req.evict,
-                tuple(places),
-                notices,
-            )
-            job = Job(turn, deadline, loop, lease, count_only)
+            # (the turn goes straight into its job: nothing here keeps its pictures while it waits)
+            job = Job(await prep.run(None, self.prepare, req, lease, fetched, reply), deadline, loop, lease, count_only)
             self.worker.submit(job)
         except BaseException:
             prep.give_up()  # (the lease given back once no step of it runs)

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..backend.sampling import SamplingParams
 from ..errors import ContextExceeded, EdgeVLMError
-from ..runtime.conversation import Message
+from ..runtime.conversation import Conversation, Message
 from ..runtime.intake import ReplySpec
 from ..runtime.model import LoadedModel
 from ..runtime.placement import SHORT_PROMPT
@@ -225,17 +225,19 @@ class Worker:
             self._emit(job, "error", ClientGone("the client went away"))
             return
         turn, pro = job.turn, job.progress
-        for m in turn.conversation.messages:
+        conv = turn.conversation()  # (the worker's own copy: token ids go in, the session rewrites it)
+        for m in conv.messages:
             if m.role == "assistant" and m.tokens is None and not m.tool_calls:
                 m.tokens = self.recall.tokens(m.text.strip())
         budget = self.sched.budget
         reserve = budget.reply_reserve(turn.reply.max_tokens) if turn.reply.reserve is None else turn.reply.reserve
         if turn.evict:
-            self._make_room(job, reserve, budget.image_room(reserve))  # (a reserve is a reply of that many)
+            self._make_room(job, conv, reserve, budget.image_room(reserve))  # (a reserve is a reply of that many)
         # (a text too long stops at its tokens, before they become items; counted ones are not stopped)
         limit = None if job.count_only else budget.n_ctx - reserve
-        pro.prompt = prompt = turn.render(self.model.render, limit=limit)
-        turn.conversation.clear()  # the prompt holds what it needs: the views' pixels can go
+        pro.prompt = prompt = turn.render(self.model.render, conv.messages, limit=limit)
+        del conv
+        job.turn = turn.without_views()  # the prompt holds what it needs: the views' pixels can go
         pro.prompt_cells = prompt.cells
         if job.count_only:  # counted: nothing more to do
             prompt.release()
@@ -246,10 +248,10 @@ class Worker:
         pro.new_cells, pro.queued_at = self.sched.new_cells(prompt), time.monotonic()
         self._waiting.append(job)
 
-    def _make_room(self, job: Job, reserve: int, image_room: int) -> None:
-        """The session policy over the request's history; what it replaced or dropped goes into
-        the reply, so the client can send the shorter history next time (and reuse its cache)."""
-        conv = job.turn.conversation
+    def _make_room(self, job: Job, conv: Conversation, reserve: int, image_room: int) -> None:
+        """The session policy over the request's history (``conv``, the worker's copy of the
+        turn's); what it replaced or dropped goes into the reply, so the client can send the
+        shorter history next time (and reuse its cache)."""
         place = {id(m): job.turn.places[i] for i, m in enumerate(conv.messages)}
         holder = {n: m for m in conv.messages for n in m.pictures}
 
@@ -266,7 +268,7 @@ class Worker:
             ask=lambda q, msgs: self._ask(job, q, msgs),
             options=self._session,
             memory=self._summaries,
-            notices=job.turn.notices,
+            notices=job.progress.notices,
         )
         kept = {id(m) for m in conv.messages}
         job.progress.dropped = sorted(idx for key, idx in place.items() if key not in kept)
@@ -405,11 +407,11 @@ class Worker:
         c.cached_tokens += st.cached_n
         c.generated_tokens += st.predicted_n
         if job.cut == "stop":
-            job.turn.notices.append(
+            job.progress.notices.append(
                 f"stopped: the server is shutting down (its --shutdown-grace of {self.options.shutdown_grace_s:g} s)"
             )
         elif job.cut == "timeout":
-            job.turn.notices.append(f"stopped after {self.options.timeout_s:g} s (the server's --timeout)")
+            job.progress.notices.append(f"stopped after {self.options.timeout_s:g} s (the server's --timeout)")
         elif seq.finish_reason == "context":  # short of max_tokens: said, in every API's shape
-            job.turn.notices.append(self.sched.budget.cut_notice(len(seq.tokens), job.turn.reply.max_tokens))
+            job.progress.notices.append(self.sched.budget.cut_notice(len(seq.tokens), job.turn.reply.max_tokens))
         self._emit(job, "done", seq)

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 from .fetch import Fetcher, FetchRules, url_scheme
 from .media import Clip, MediaRef, file_key, load_media, media_kind, thumbnail_uri
-from .turn import ReplySpec, Turn
+from .turn import Asked, ReplySpec, Turn, make_turn
 from .views import LOW_DETAIL_TOKENS, Admitted, Intake, Views
 
 __all__ = [
     "LOW_DETAIL_TOKENS",
     "Admitted",
+    "Asked",
     "Clip",
     "FetchRules",
     "Fetcher",
@@ -45,6 +46,7 @@ __all__ = [
     "Views",
     "file_key",
     "load_media",
+    "make_turn",
     "media_kind",
     "thumbnail_uri",
     "url_scheme",

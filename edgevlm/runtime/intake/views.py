@@ -22,6 +22,7 @@ from ...vision.video import VideoBudget, VideoPlan, plan_video
 from ..conversation import Picture
 from .fetch import Fetcher, url_scheme
 from .media import MediaRef, file_key, media_kind, thumbnail_uri
+from .turn import Asked, ReplySpec, Turn, make_turn
 
 __all__ = ["LOW_DETAIL_TOKENS", "Admitted", "Intake", "Views"]
 
@@ -283,28 +284,37 @@ class Intake:
         return Admitted(out, used, notices)
 
     def message(
-        self, media: Iterable[MediaRef | LoadedImage], room: int, *, first: int = 1, lease: Lease | None = None
+        self, media: Iterable[Any], room: int, *, first: int = 1, lease: Lease | None = None
     ) -> tuple[list[Views], int]:
         """A message's pictures and clips made ready and admitted, in the message's order:
         pictures first, then the clips share the room the pictures leave (each an equal part).
-        ``first``: the number of its first picture (default names: "image 3"). Returns the
-        views (admitted, with their notices) and the image cells they take."""
-        refs = [m if isinstance(m, MediaRef) else MediaRef(m, "image", name=m.source) for m in media]
-        kinds = [media_kind(r) for r in refs]
+        ``media``: ``MediaRef``s, decoded ``LoadedImage``s, or ``Views`` made already (by
+        ``views``: captioning's prefetch) — those are only admitted. ``first``: the number of
+        its first picture (default names: "image 3"). Returns the views (admitted, with their
+        notices) and the image cells they take."""
+        items = [m if isinstance(m, (MediaRef, Views)) else MediaRef(m, "image", name=m.source) for m in media]
+        kinds = [m.kind if isinstance(m, Views) else media_kind(m) for m in items]
         clips_left = kinds.count("video")
         done: dict[int, Views] = {}
         used = 0
-        for j in sorted(range(len(refs)), key=lambda j: kinds[j] == "video"):
-            ref = replace(refs[j], kind=kinds[j])
-            label = f"{kinds[j]} {first + j}"
+        for j in sorted(range(len(items)), key=lambda j: kinds[j] == "video"):
+            item = items[j]
             share = None
             if kinds[j] == "video":
                 share = (room - used) // clips_left
                 clips_left -= 1
-            made = self.views(ref, share, lease, label)
-            made.notes = [f"{made.name}: {n}" for n in made.notes]
+            if isinstance(item, Views):
+                made = replace(item, notes=list(item.notes))  # (made already: the caller's stays as it is)
+            else:
+                made = self.views(replace(item, kind=kinds[j]), share, lease, f"{kinds[j]} {first + j}")
+                made.notes = [f"{made.name}: {n}" for n in made.notes]
             adm = self.admit(made.views, room - used)
             used += adm.tokens if self.guard is not None else made.tokens
             made.views, made.notices = adm.views, adm.notices
             done[j] = made
-        return [done[j] for j in range(len(refs))], used
+        return [done[j] for j in range(len(items))], used
+
+    def turn(self, asked: Iterable[Asked], reply: ReplySpec, room: int, **how: Any) -> Turn:
+        """The turn of ``asked`` with ``reply``, its media made ready here (``turn.make_turn``:
+        ``history``, ``full_room``, the template's switches, ``evict``, ``lease``)."""
+        return make_turn(self, asked, reply, room, **how)
