@@ -18,7 +18,7 @@ from PIL import Image
 
 import edgevlm
 from edgevlm.hub.demo import trained_demo_pair
-from edgevlm.runtime.intake import LOW_DETAIL_TOKENS, Clip, MediaRef, load_media, media_kind
+from edgevlm.runtime.intake import LOW_DETAIL_TOKENS, Clip, MediaRef, ReplySpec, load_media, media_kind
 from edgevlm.serve.openai import parse_chat_request
 from edgevlm.serve.options import ServeOptions
 from edgevlm.serve.service import ChatService
@@ -133,10 +133,11 @@ def test_the_same_clip_costs_the_same_and_has_one_key_in_chat_serve_caption_and_
         service = ChatService(vlm, ServeOptions(max_tokens=N))
         lease = service.admit()
         try:
-            conv, _, notices = service.prepare(parse_chat_request(body), lease)
+            turn = service.prepare(parse_chat_request(body), lease, {}, ReplySpec(N))
         finally:
             lease.release()
-        (served,) = conv.pictures
+        (served,) = turn.pictures
+        notices = turn.notes + turn.notices
     assert pic.image.sha256 == served.image.sha256 == file_key
     assert served.tokens == pic.tokens
     # caption (a real subprocess): the record's tokens and its file's hash

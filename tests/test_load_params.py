@@ -96,3 +96,15 @@ def test_patched_defaults_do_not_leak_into_the_next_plain_load(model_pair, recor
             progress_callback=lambda p: None).close()  # fmt: skip
     _plain(str(pair.model), -1)
     assert recorded[0] == recorded[2]
+
+
+def test_the_patched_defaults_are_only_what_llama_has_no_keyword_for():
+    """#57's judgement on ``backend.llama._llama_defaults``: it sets ``n_seq_max`` and
+    ``kv_unified`` (a server's conversations), ``progress_callback`` (the load bar) and
+    ``use_extra_bufts`` (the CPU buffers the plan counts) through the library's own parameter
+    factories because ``Llama`` takes none of them as a keyword. The day the binding takes one,
+    this fails and that patch goes: the keyword is the way in."""
+    import inspect
+
+    keywords = set(inspect.signature(llama_cpp.Llama.__init__).parameters)
+    assert not keywords & {"n_seq_max", "kv_unified", "progress_callback", "use_extra_bufts"}

@@ -49,7 +49,13 @@ def _llama_defaults(n_seq_max: int, progress_callback, extra_buffers: bool):
     extra buffer types: patch the default-params factories it calls, for the constructor only
     (under ``_FACTORY_LOCK``). ``n_seq_max`` > 1 gives the context that many sequences over one
     unified KV cache (every sequence may use the whole context, and cells copied with
-    ``seq_cp`` are shared). Only what differs from the library's defaults is set."""
+    ``seq_cp`` are shared). Only what differs from the library's defaults is set.
+
+    Judged in #57 (no write into the library's structs without a reason): each field set here
+    is one ``Llama`` has no keyword for, set on the public parameter structs the library's own
+    factories return, for this constructor only; ``tests/test_load_params.py`` checks that the
+    load differs from a plain ``Llama`` load by these fields alone, and fails the day the binding
+    takes one of them as a keyword (then the keyword replaces the patch)."""
     with _FACTORY_LOCK, _patched_defaults(n_seq_max, progress_callback, extra_buffers):
         yield
 

@@ -94,8 +94,8 @@ class Scheduler:
         self._arrival = itertools.count()
         self.costs = StepCosts(options.prefill_share, backend.n_ubatch)  # what steps take, and the rows of the next
         # what the step loop did (``/status``): steps, those with prompt work beside streams,
-        # tokens generated, prompt rows evaluated (text and image), waits for the encoder
-        keys = ("steps", "mixed_steps", "generated", "prompt_rows", "image_rows", "encoder_waits")
+        # tokens generated, prompt rows evaluated (text and image), steps that found nothing to do
+        keys = ("steps", "mixed_steps", "generated", "prompt_rows", "image_rows", "idle_steps")
         self.counters = dict.fromkeys(keys, 0)
 
     # --- facts and capacity ------------------------------------------------------------------
