@@ -48,12 +48,14 @@ def load(
     verbose: bool = False,
     **backend_options: Any,
 ) -> LoadedModel:
-    """Plan memory, load a model pair once, and return the ``LoadedModel`` (its own
-    conversation answers ``chat``/``stream``; ``conversation()`` makes more).
+    """Plan memory, load a model pair once, and return the ``LoadedModel`` (``chat``/``stream``:
+    one turn each, nothing remembered; ``conversation()``: a conversation that goes on).
 
     >>> vlm = edgevlm.load("model.gguf", "mmproj.gguf")
     >>> print(vlm.chat("What is in this picture?", images=["photo.jpg"]).text)
-    >>> for r in vlm.stream("And the colours?"):
+    >>> conv = vlm.conversation()
+    >>> conv.chat("What is in this picture?", images=["photo.jpg"])
+    >>> for r in conv.stream("And the colours?"):
     ...     print(r.text, end="")
 
     Each option has one way in:
@@ -61,12 +63,12 @@ def load(
     - **what to plan for**: the common wishes as keywords (``n_ctx``, ``n_gpu_layers``, ``kv``,
       ``image_tokens``, ``images``, ``reply_tokens``; None / "auto": the planner chooses), *or*
       all of them as ``wishes`` (a ``Wishes``), *or* a finished ``plan`` — never two of these.
-      It raises ``DoesNotFit`` if nothing fits. The conversation's per-picture budget is the
+      It raises ``DoesNotFit`` if nothing fits. A conversation's per-picture budget is the
       ``image_tokens`` keyword, else the plan's, unless ``options`` names its own.
     - **what memory is free**: ``device`` / ``free_memory`` / ``gpu_overhead`` for the device
       probe, *or* ``measure`` (a function returning a ``Probe``); the plan and the per-request
       guard both use it.
-    - **how the conversation runs**: ``options`` (an ``EngineOptions``: system prompt, tiles,
+    - **how conversations run** by default: ``options`` (an ``EngineOptions``: system prompt, tiles,
       merging, what happens when the context is full).
     - **the context's sequences**: ``n_seq_max`` sequence ids (conversations kept), or a function
       of the plan; ``parallel``: how many of them generate at once (default: all); idle

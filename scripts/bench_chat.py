@@ -10,8 +10,8 @@ the same two images, the same settings: greedy decoding, one n_ctx, one thread c
 attention on (text and vision), n_batch 512, the same system prompt and stop strings, repeat
 penalty off. Each model is loaded once per side (not timed) and warmed up once.
 
-1. One-shot: one user turn with one image, from a fresh state on both sides (edgevlm: reset()
-   and its image-embedding cache emptied, so it encodes the picture like the library does).
+1. One-shot: one user turn with one image, from a fresh state on both sides (edgevlm: its
+   conversation reset and its image-embedding cache emptied, so it encodes the picture like the library does).
    TTFT = wall time from the request to the first streamed chunk with text.
 2. Conversation: 5 turns, image A on turn 1, image B on turn 3, text-only otherwise. The library
    gets the whole history every turn (so it re-encodes every image and re-evaluates the whole
@@ -104,6 +104,7 @@ class EdgeSide:
         self.vlm = edgevlm.load(
             model, mmproj, n_ctx=n_ctx, n_threads=n_threads, options=edgevlm.EngineOptions(system=SYSTEM), **opts
         )
+        self.conv = self.vlm.conversation()  # the conversation the turns go on
         self.stops = list(self.vlm.default_stops)
         be = self.vlm.backend
         self.info = {
@@ -115,7 +116,7 @@ class EdgeSide:
 
     def fresh(self) -> None:
         """Empty conversation, empty KV cache and no cached image embeddings."""
-        self.vlm.reset()
+        self.conv.reset()
         self.vlm.scheduler.images.clear()
 
     def turn(self, text: str, images: list[Path], max_tokens: int) -> dict[str, Any]:
@@ -123,7 +124,7 @@ class EdgeSide:
         ttft = None
         parts = []
         stats = None
-        for r in self.vlm.stream(text, images=[str(p) for p in images], max_tokens=max_tokens, temperature=0.0):
+        for r in self.conv.stream(text, images=[str(p) for p in images], max_tokens=max_tokens, temperature=0.0):
             if ttft is None and r.text:
                 ttft = time.perf_counter()
             parts.append(r.text)

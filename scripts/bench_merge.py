@@ -52,7 +52,7 @@ def kv_per_token(eng) -> int:
 def measure(eng, img, spec: str, runs: int, image_tokens: int | None = None) -> dict:
     from edgevlm.vision.merge import MergeSpec
 
-    view = eng.with_options(merge=MergeSpec.parse(spec), image_tokens=image_tokens)
+    view = eng.conversation(merge=MergeSpec.parse(spec), image_tokens=image_tokens)
     cache = eng.scheduler.images
     ttft, prefill, out, fid = [], [], None, [1.0]
     for _ in range(runs):

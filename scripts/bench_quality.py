@@ -85,20 +85,21 @@ class Tally:
         }
 
 
-def ask(eng, text: str, image: str | None, kind: str) -> str:
-    eng.reset(keep_cache=True)
-    r = eng.chat(text, [image] if image else [], max_tokens=MAX_TOKENS[kind], temperature=0.0)
+def ask(conv, text: str, image: str | None, kind: str) -> str:
+    """One question in ``conv`` (a conversation), forgotten before the next (cells kept)."""
+    conv.reset(keep_cache=True)
+    r = conv.chat(text, [image] if image else [], max_tokens=MAX_TOKENS[kind], temperature=0.0)
     return r.text
 
 
-def run_questions(eng, scenes, seed: int, types=TYPES) -> Tally:
+def run_questions(conv, scenes, seed: int, types=TYPES) -> Tally:
     """The same questions for the same scenes under every condition (one draw per scene, then
-    the types a condition asks about)."""
+    the types a condition asks about), each asked in ``conv`` and forgotten."""
     t = Tally()
     for i, (path, scene) in enumerate(scenes):
         for kind, q, a in pick(scene, random.Random(seed * 1000 + i)):
             if kind in types:
-                t.add(kind, ask(eng, q, path, kind), a, image=Path(path).name, question=q)
+                t.add(kind, ask(conv, q, path, kind), a, image=Path(path).name, question=q)
     return t
 
 
@@ -129,7 +130,8 @@ def summary_chats(model, mmproj, seed: int, n: int, folder: Path) -> list[dict]:
         for s, p in zip(scenes, paths, strict=True):
             world.render(s).save(p)
         pairs.append((scenes, [str(p) for p in paths]))
-    eng = edgevlm.load(model, mmproj, n_ctx=256, image_tokens=128)
+    vlm = edgevlm.load(model, mmproj, n_ctx=256, image_tokens=128)
+    eng = vlm.conversation()
     t, right_note = Tally(), Tally()
     summarised = 0
     asked = []
@@ -161,7 +163,7 @@ def summary_chats(model, mmproj, seed: int, n: int, folder: Path) -> list[dict]:
                 kind, ask(eng, note + "\n" + question, None, kind), a, image=Path(p1).name, question=question
             )
     finally:
-        eng.close()
+        vlm.close()
     return [
         t.row("summarised picture (asked after)", conversations=n, summarised=summarised),
         right_note.row("same questions, a right note (text only)"),
@@ -212,13 +214,13 @@ def main(argv=None) -> int:
         detail = make_set(args.seed + 50_000, args.detail, "detail", folder)
         eng = edgevlm.load(args.model, args.mmproj, n_ctx=4096)
         try:
-            rows.append(run_questions(eng, plain, args.seed).row("full resolution"))
+            rows.append(run_questions(eng.conversation(), plain, args.seed).row("full resolution"))
             for b in [int(x) for x in args.budgets.split(",") if x]:
-                view = eng.with_options(image_tokens=b, tiles="auto")
+                view = eng.conversation(image_tokens=b, tiles="auto")
                 rows.append(run_questions(view, plain, args.seed).row(f"budget {b}, tiles auto"))
             for b in [int(x) for x in args.detail_budgets.split(",") if x]:
                 for tiles in ("off", "auto"):
-                    view = eng.with_options(image_tokens=b, tiles=tiles)
+                    view = eng.conversation(image_tokens=b, tiles=tiles)
                     rows.append(
                         run_questions(view, detail, args.seed + 1, ("letter",)).row(
                             f"detail scenes, budget {b}, tiles {tiles}"
@@ -227,7 +229,7 @@ def main(argv=None) -> int:
             from edgevlm.vision.merge import MergeSpec
 
             for m in MERGES:
-                view = eng.with_options(merge=MergeSpec.parse(m))
+                view = eng.conversation(merge=MergeSpec.parse(m))
                 rows.append(
                     run_questions(view, plain, args.seed, ("colour", "shape", "count", "letter")).row(f"merge {m}")
                 )

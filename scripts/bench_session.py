@@ -68,6 +68,7 @@ def run_edgevlm(pair, images, n_ctx, max_tokens, threads, reprefill: bool):
         device="cpu",
         options=edgevlm.EngineOptions(session=edgevlm.SessionOptions(enabled=not reprefill)),
     )
+    conv = eng.conversation()
     pics = [from_rgb(__import__("numpy").asarray(im), f"img{i + 1}.png") for i, im in enumerate(images)]
     rows, k = [], 0
     for t, (text, has_image) in enumerate(script()):
@@ -78,7 +79,7 @@ def run_edgevlm(pair, images, n_ctx, max_tokens, threads, reprefill: bool):
             eng.scheduler.images.clear()
         t0 = time.perf_counter()
         try:
-            r = eng.chat(text, imgs, max_tokens=max_tokens, temperature=0.0)
+            r = conv.chat(text, imgs, max_tokens=max_tokens, temperature=0.0)
             rows.append(
                 {
                     "turn": t + 1,

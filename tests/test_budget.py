@@ -187,8 +187,9 @@ def test_chat_sends_labelled_views(model_pair, tmp_path):
     Image.fromarray(arr).save(path)
     with edgevlm.load(pair.model, pair.mmproj, image_tokens=2304, n_threads=2) as eng:
         assert eng.options.image_tokens == 2304
-        r = eng.chat("Read it.", [path], max_tokens=2, temperature=0)
-        msg = eng.messages[0]
+        conv = eng.conversation()
+        r = conv.chat("Read it.", [path], max_tokens=2, temperature=0)
+        msg = conv.messages[0]
         assert msg.labels[0] == "global view" and all(lb.startswith("tile row") for lb in msg.labels[1:])
         assert r.stats.image_tokens == 576 * len(msg.labels) == 2304
         text = "".join(p.text for p in eng.formatter.render([("user", "Q", msg.labels)]) if p.kind == "text")

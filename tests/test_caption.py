@@ -473,7 +473,7 @@ def test_caption_images_python_api(model_pair, folder):
 
 
 def test_caption_images_leaves_the_engine_as_it_found_it(model_pair, folder):
-    """Captioning borrows the engine's scheduler; its options and conversation stay the same."""
+    """Captioning borrows the model's scheduler; its options and a conversation over it stay the same."""
     import edgevlm
     from edgevlm.caption import caption_images
 
@@ -481,8 +481,9 @@ def test_caption_images_leaves_the_engine_as_it_found_it(model_pair, folder):
     with edgevlm.load(
         pair.model, pair.mmproj, options=edgevlm.EngineOptions(system="You are terse."), n_seq_max=2, n_threads=2
     ) as vlm:
-        first = vlm.chat("Describe it.", [folder["good"][0]], max_tokens=3, temperature=0.0)
-        options, history = vlm.options, [(m.role, m.text) for m in vlm.messages]
+        conv = vlm.conversation()
+        first = conv.chat("Describe it.", [folder["good"][0]], max_tokens=3, temperature=0.0)
+        options, history = vlm.options, [(m.role, m.text) for m in conv.messages]
         recs = list(
             caption_images(
                 vlm,
@@ -495,10 +496,10 @@ def test_caption_images_leaves_the_engine_as_it_found_it(model_pair, folder):
         )
         assert all(r.ok for r in recs) and len(recs) == len(folder["good"])
         assert vlm.options is options and vlm.options.system == "You are terse."
-        assert [(m.role, m.text) for m in vlm.messages] == history
-        follow = vlm.chat("And?", max_tokens=2, temperature=0.0)  # the conversation goes on
+        assert [(m.role, m.text) for m in conv.messages] == history
+        follow = conv.chat("And?", max_tokens=2, temperature=0.0)  # the conversation goes on
         assert follow.stats.images_encoded == 0 and first.stats.image_tokens == 576
-        assert len(vlm.messages) == 4
+        assert len(conv.messages) == 4
 
 
 def test_changed_or_retried_images_keep_one_record_each(model_pair, tmp_path):

@@ -47,7 +47,8 @@ def test_the_plan_image_count_is_what_the_engine_admits(model_pair, n_ctx, reply
     assert f"{k} image(s) of 576 tokens fit" in " ".join(plan.reasons)
     pics = pictures(k + 2, seed=n_ctx)
     fail = edgevlm.EngineOptions(session=edgevlm.SessionOptions(enabled=False))
-    with edgevlm.load(pair.model, pair.mmproj, plan=plan, options=fail, n_threads=2) as eng:
+    with edgevlm.load(pair.model, pair.mmproj, plan=plan, options=fail, n_threads=2) as vlm:
+        eng = vlm.conversation()
         # one picture per turn, eviction off: exactly k are admitted, the next is refused
         for i in range(k):
             eng.chat(f"Picture {i + 1}?", [pics[i]], max_tokens=reply, temperature=0.0)
@@ -61,7 +62,7 @@ def test_the_plan_image_count_is_what_the_engine_admits(model_pair, n_ctx, reply
         with pytest.raises(InputError, match="left in the context"):
             eng.chat("All of them?", pics[: k + 1], max_tokens=reply, temperature=0.0)
         # with the session on, a conversation keeps at most k pictures and never fails
-        keep = eng.with_options(session=edgevlm.SessionOptions())
+        keep = vlm.conversation(session=edgevlm.SessionOptions())
         for i, p in enumerate(pics):
             r = keep.chat(f"And picture {i + 1}?", [p], max_tokens=reply, temperature=0.0)
             assert sum(q.in_context for q in keep.pictures) <= k

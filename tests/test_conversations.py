@@ -72,7 +72,8 @@ def test_eight_conversations_over_four_running_keep_their_prefixes(model_pair):
 def test_a_conversation_restored_from_the_host_cache_answers_as_if_never_evicted(model_pair, pictures):
     pair = model_pair("llava15")
     kw = dict(n_ctx=4096, n_threads=2)
-    with edgevlm.load(pair.model, pair.mmproj, n_seq_max=1, **kw) as ref:
+    with edgevlm.load(pair.model, pair.mmproj, n_seq_max=1, **kw) as vlm:
+        ref = vlm.conversation()
         ref.chat("What is it?", [pictures[0]], max_tokens=8, temperature=0)
         want = ref.chat("Tell me more.", max_tokens=12, temperature=0)
         want_tokens = ref.messages[-1].tokens

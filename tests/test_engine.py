@@ -30,9 +30,10 @@ def qwen(model_pair):
 
 @pytest.fixture(params=["llava", "qwen"])
 def engine(request):
-    eng = request.getfixturevalue(request.param)
-    eng.reset()
-    return eng
+    """A conversation over the model, forgotten afterwards (its cells dropped)."""
+    conv = request.getfixturevalue(request.param).conversation()
+    yield conv
+    conv.reset()
 
 
 def in_kv_after_prompt(st) -> int:
@@ -163,7 +164,8 @@ def test_interrupted_reply_keeps_the_session(engine, images):
 
 def test_prompt_longer_than_context(model_pair, images):
     pair = model_pair("llava15")
-    with edgevlm.load(pair.model, pair.mmproj, n_ctx=256, n_threads=2) as eng:
+    with edgevlm.load(pair.model, pair.mmproj, n_ctx=256, n_threads=2) as vlm:
+        eng = vlm.conversation()
         # the guard refuses an image that cannot fit before anything is encoded
         with pytest.raises(InputError, match="square.jpg: needs 576 tokens but only .* left in the context"):
             eng.chat("Describe.", [images["square"]], max_tokens=4)

@@ -147,7 +147,8 @@ def test_bad_values_in_library_calls_are_input_errors(model_pair, images, tmp_pa
         CaptionSettings(merge="half").validate()
     with pytest.raises(InputError, match="unknown scorer"):
         score_boxes(np.zeros((8, 8, 3), np.uint8), [(0, 0, 8, 8)], "sharpness")
-    with edgevlm.load(pair.model, pair.mmproj, n_threads=2) as eng:
+    with edgevlm.load(pair.model, pair.mmproj, n_threads=2) as vlm:
+        eng = vlm.conversation()
         with pytest.raises(InputError, match="max_tokens 0"):
             eng.chat("hi", max_tokens=0)
         assert eng.messages == [] and eng.chat("hi", max_tokens=1).stats.predicted_n <= 1

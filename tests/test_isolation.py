@@ -218,6 +218,48 @@ def test_two_conversations_on_one_model_reset_independently(model_pair, pictures
     assert vlm.backend.llama is None  # the owner closed it
 
 
+CONVERSATION_STATE = (
+    "messages",
+    "pictures",
+    "notices",
+    "last_stats",
+    "summaries",
+    "complete",
+    "reset",
+    "with_options",
+    "default_conversation",
+)
+
+
+def test_the_model_holds_no_conversation_its_conversations_do(model_pair, pictures):
+    """``vlm.chat``/``stream`` are one turn of a fresh conversation: a second call knows nothing
+    of the first (its prompt is the cells a first turn of its text renders to, however many of
+    them came from the cache), while a ``vlm.conversation()`` remembers its turns, whatever
+    one-turn calls run between them; the model keeps none of a conversation's state."""
+    from edgevlm.runtime.engine import Engine
+
+    pair = model_pair("llava15")
+    with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2, n_seq_max=2) as vlm:
+        fresh = vlm.render([Message("user", "And the colours?")])  # the reference: a first turn
+        alone = fresh.cells
+        fresh.release()
+        first = vlm.chat("What is it?", [pictures[0]], max_tokens=4, temperature=0)
+        assert first.stats.cached_n + first.stats.prompt_n > 576  # (the picture was in its prompt)
+        second = vlm.chat("And the colours?", max_tokens=4, temperature=0)
+        assert second.stats.cached_n + second.stats.prompt_n == alone  # no memory of the first
+        (last,) = [r for r in vlm.stream("And the colours?", max_tokens=4, temperature=0) if r.stats]
+        assert last.stats.cached_n + last.stats.prompt_n == alone  # nor of the second
+        conv = vlm.conversation()
+        conv.chat("What is it?", [pictures[1]], max_tokens=4, temperature=0)
+        vlm.chat("Something else.", max_tokens=2)  # a one-turn call in between touches nothing
+        follow = conv.chat("And the colours?", max_tokens=4, temperature=0)
+        assert follow.stats.cached_n + follow.stats.prompt_n > alone + 576  # its picture and turn 1
+        assert [m.role for m in conv.messages] == ["user", "assistant"] * 2 and len(conv.pictures) == 1
+        assert conv.last_stats == follow.stats and vlm.conversation().messages == []
+        assert not [name for name in CONVERSATION_STATE if hasattr(vlm, name)]
+        assert not [v for v in vars(vlm).values() if isinstance(v, Engine)]
+
+
 def test_a_template_that_refuses_is_an_input_error(model_pair):
     pair = model_pair("gemma3")
     with edgevlm.load(pair.model, pair.mmproj, n_ctx=1024, n_threads=2) as vlm:
@@ -231,7 +273,7 @@ def test_the_repl_survives_a_refused_turn_after_an_identical_earlier_one(model_p
 
     pair = model_pair("llava15")
     with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2) as vlm:
-        eng = vlm.default_conversation
+        eng = vlm.conversation()
         lines = iter(
             [
                 f"/image {images['gradient']}",
@@ -276,10 +318,10 @@ def test_the_repl_survives_a_refused_turn_after_an_identical_earlier_one(model_p
 def test_text_and_tokens_agree_when_a_stop_string_begins_inside_a_token(model_pair, images):
     pair = model_pair("llava15")
     with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2) as vlm:
-        be = vlm.backend
-        vlm.chat("Say something.", [images["noise"]], max_tokens=32, temperature=0)
-        raw = vlm.messages[-1].text  # (chat() strips nothing: the message holds the reply as streamed)
-        pieces = [be.token_bytes(t) for t in vlm.messages[-1].tokens]
+        be, eng = vlm.backend, vlm.conversation()
+        eng.chat("Say something.", [images["noise"]], max_tokens=32, temperature=0)
+        raw = eng.messages[-1].text  # (chat() strips nothing: the message holds the reply as streamed)
+        pieces = [be.token_bytes(t) for t in eng.messages[-1].tokens]
         # a token of 2+ ASCII letters, after ASCII-only tokens, whose 2nd letter starts a new string
         start, k = 0, None
         for i, p in enumerate(pieces):
@@ -291,9 +333,9 @@ def test_text_and_tokens_agree_when_a_stop_string_begins_inside_a_token(model_pa
                 break
             start += len(p)
         assert k is not None, pieces
-        vlm.reset()
-        cut = vlm.chat("Say something.", [images["noise"]], max_tokens=32, temperature=0, stop=[stop])
-        msg = vlm.messages[-1]
+        eng.reset()
+        cut = eng.chat("Say something.", [images["noise"]], max_tokens=32, temperature=0, stop=[stop])
+        msg = eng.messages[-1]
         assert cut.finish_reason == "stop" and msg.text == raw[: raw.index(stop)]
         assert be.llama.detokenize(msg.tokens).decode("utf-8", "replace") == msg.text  # they agree
     ts = TextStream(["XY"], tokenize=lambda s: [ord(c) for c in s])
@@ -304,9 +346,10 @@ def test_text_and_tokens_agree_when_a_stop_string_begins_inside_a_token(model_pa
 def test_a_bad_grammar_is_refused_before_any_picture_is_encoded(model_pair, images):
     pair = model_pair("llava15")
     with edgevlm.load(pair.model, pair.mmproj, n_ctx=4096, n_threads=2) as vlm:
+        eng = vlm.conversation()
         with pytest.raises(InputError, match="grammar"):
-            list(vlm.stream("Tag it.", [images["gradient"]], grammar="root ::= (("))
-        assert len(vlm.scheduler.images) == 0 and vlm.messages == [] and vlm.n_ctx_used == 0
+            list(eng.stream("Tag it.", [images["gradient"]], grammar="root ::= (("))
+        assert len(vlm.scheduler.images) == 0 and eng.messages == [] and vlm.n_ctx_used == 0
         with pytest.raises(InputError, match="grammar"):  # the scheduler too: before its prefill
             vlm.scheduler.submit(
                 request(
@@ -360,8 +403,7 @@ def test_counting_from_threads_while_the_model_encodes(model_pair, pictures):
             t.start()
         try:
             for img in pictures:
-                vlm.chat("What?", [img], max_tokens=2)
-                vlm.reset()
+                vlm.chat("What?", [img], max_tokens=2)  # (one turn each: nothing kept between)
         finally:
             stop.set()
             for t in threads:

@@ -63,8 +63,7 @@ def turn(e, spec, img, n=1):
 
 def turn_in(e, spec, img, n=1):
     """``turn``, and the conversation it was."""
-    e.reset()
-    view = e.with_options(merge=MergeSpec.parse(spec))
+    view = e.conversation(merge=MergeSpec.parse(spec))
     r = view.chat("Describe it.", [img], max_tokens=n, temperature=0.0)
     return r, e.backend.logits().copy(), view
 
@@ -111,8 +110,7 @@ def test_merge_off_is_the_normal_path(eng, stock):
 
 @pytest.mark.parametrize("spec", ["ratio:0.5", "ratio:0.25", "tokens:37"])
 def test_counts_and_generation(eng, spec):
-    eng.reset()
-    view = eng.with_options(merge=MergeSpec.parse(spec))
+    view = eng.conversation(merge=MergeSpec.parse(spec))
     r = view.chat("Describe it.", [NOISE], max_tokens=4, temperature=0.0)
     logits = eng.backend.logits().copy()
     st = r.stats

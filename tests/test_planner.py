@@ -195,30 +195,32 @@ def test_guard_shrinks_a_dynamic_image_when_memory_drops(model_pair):
     pair = model_pair("qwen2vl")
     p = make_plan(str(pair.model), str(pair.mmproj), probe(device="cpu"), Wishes(image_tokens=1024))
     meter = Meter(16 * GiB)
-    eng = edgevlm.load(pair.model, pair.mmproj, plan=p, n_threads=2, measure=meter)
+    vlm = edgevlm.load(pair.model, pair.mmproj, plan=p, n_threads=2, measure=meter)
+    eng = vlm.conversation()
     big = from_rgb((np.random.default_rng(0).random((896, 896, 3)) * 255).astype(np.uint8), "big.png")
     r1 = eng.chat("one", [big], max_tokens=2, temperature=0)
     assert r1.stats.image_tokens == 1024 and not eng.notices
     eng.reset()
-    eng.guard.reserved_encoder = 0  # as if the encoder had not grown yet
-    need = eng.guard.encoder_bytes(896, 896)
+    vlm.guard.reserved_encoder = 0  # as if the encoder had not grown yet
+    need = vlm.guard.encoder_bytes(896, 896)
     meter.free = SAFETY + need // 2  # another program took memory: half the growth is free
     r2 = eng.chat("two", [big], max_tokens=2, temperature=0)  # admitted smaller, and runs
     assert r2.stats.image_tokens < 1024 and eng.notices and "reduced to" in eng.notices[0]
-    eng.close()
+    vlm.close()
 
 
 def test_guard_refuses_fixed_size_image_without_memory(model_pair, images):
     pair = model_pair("llava15")
     meter = Meter(16 * GiB)
-    eng = edgevlm.load(pair.model, pair.mmproj, n_threads=2, measure=meter)
+    vlm = edgevlm.load(pair.model, pair.mmproj, n_threads=2, measure=meter)
+    eng = vlm.conversation()
     meter.free = 0
     with pytest.raises(InputError, match="more memory but only"):
         eng.chat("hi", [images["square"]], max_tokens=2)
     assert eng.messages == []
     meter.free = 16 * GiB
     assert eng.chat("hi", [images["square"]], max_tokens=2, temperature=0).stats.image_tokens == 576
-    eng.close()
+    vlm.close()
 
 
 # --- the levers that fit more: micro-batch, image budget, host reserve --------------------------

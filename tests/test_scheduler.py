@@ -122,8 +122,7 @@ def test_one_slot_gives_exactly_the_engine_captions(model_pair, pictures):
     eng = _load(model_pair("llava15"), 1)
     try:
         want = []
-        for img in pictures[:3]:
-            eng.reset(keep_cache=True)
+        for img in pictures[:3]:  # one turn each, nothing remembered between them
             want.append(eng.chat(PROMPT, [img], max_tokens=10).text)
         got, _ = _run_all(eng, pictures[:3], max_tokens=10)
         assert [got[i].reply for i in range(3)] == want
@@ -140,11 +139,12 @@ def test_a_conversation_keeps_its_cache_while_another_request_runs(model_pair, p
     conversation it shares a few tokens with; the conversation's next turn finds its cache."""
     eng = _load(model_pair("llava15"), 2)
     try:
-        first = eng.chat("What is it?", [pictures[0]], max_tokens=4, temperature=0.0)
+        conv = eng.conversation()
+        first = conv.chat("What is it?", [pictures[0]], max_tokens=4, temperature=0.0)
         held = eng.n_ctx_used
         got, _ = _run_all(eng, pictures[1:2])  # one caption, in the other slot
         assert got[0].error is None and got[0].stats.cached_n > 0  # the system prompt, by seq_cp
-        follow = eng.chat("And the colours?", max_tokens=4, temperature=0.0)
+        follow = conv.chat("And the colours?", max_tokens=4, temperature=0.0)
         assert follow.stats.cached_n >= held - 1 and follow.stats.images_encoded == 0
         assert follow.stats.prompt_n < 40 < first.stats.prompt_n
     finally:

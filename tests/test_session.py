@@ -22,9 +22,8 @@ def pictures(n, seed=0):
 @pytest.fixture()
 def small(model_pair):
     pair = model_pair("llava15")
-    eng = edgevlm.load(pair.model, pair.mmproj, n_ctx=1536, n_threads=2)  # 2 × 576 fit, 3 do not
-    yield eng
-    eng.close()
+    with edgevlm.load(pair.model, pair.mmproj, n_ctx=1536, n_threads=2) as vlm:  # 2 × 576 fit, 3 do not
+        yield vlm.conversation()
 
 
 def shared_cells(before, after) -> int:
@@ -107,8 +106,8 @@ def test_summaries_are_made_once_and_deterministic(model_pair):
     pair = model_pair("llava15")
     transcripts = []
     for _ in range(2):
-        with edgevlm.load(pair.model, pair.mmproj, n_ctx=1536, n_threads=2) as eng:
-            pics = pictures(4)
+        with edgevlm.load(pair.model, pair.mmproj, n_ctx=1536, n_threads=2) as vlm:
+            eng, pics = vlm.conversation(), pictures(4)
             events = sum(s.summarized_images for s in run_five(eng, pics))
             # the same pictures again, evicted again: their cached summaries are reused
             for i in (0, 1, 2, 3):
@@ -120,8 +119,8 @@ def test_summaries_are_made_once_and_deterministic(model_pair):
 
 def test_text_only_overflow_drops_old_turns(model_pair):
     pair = model_pair("llava15")
-    with edgevlm.load(pair.model, pair.mmproj, n_ctx=512, n_threads=2) as eng:
-        dropped = 0
+    with edgevlm.load(pair.model, pair.mmproj, n_ctx=512, n_threads=2) as vlm:
+        eng, dropped = vlm.conversation(), 0
         for i in range(12):
             r = eng.chat(f"turn {i}: " + "word " * 40, **G)
             assert r.stats.n_ctx_used <= 512

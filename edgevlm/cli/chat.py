@@ -151,7 +151,7 @@ def chat(
     if merge.enabled and not vlm.merging:
         echo_err(f"note: --merge ignored: {vlm.backend.proj_info.projector_type} tokens are not on a spatial grid")
     try:
-        engine = vlm.default_conversation
+        engine = vlm.conversation()  # the chat's own conversation (the REPL's too)
         clips = [Clip(v, v) for v in videos]
         if prompt is not None:
             code = _one_shot(engine, prompt, [*pictures, *clips], gen, show_stats, as_json)

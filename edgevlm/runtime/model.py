@@ -2,15 +2,17 @@
 every caller is a client of.
 
     vlm = edgevlm.load("model.gguf", "mmproj.gguf", n_seq_max=4)
-    r = vlm.chat("What is in this picture?", images=["photo.jpg"])   # the model's own conversation
-    other = vlm.conversation(system="Answer in French.")          # another one, same KV and cache
+    r = vlm.chat("What is in this picture?", images=["photo.jpg"])   # one turn, nothing remembered
+    conv = vlm.conversation(system="Answer in French.")           # a conversation: it remembers
+    conv.chat("Qu'y a-t-il ?", images=["photo.jpg"]); conv.chat("Et les couleurs ?")
     vlm.close()                                                    # only the owner closes
 
 ``LoadedModel`` owns the backend (llama.cpp and mtmd), the scheduler (sequences, KV cells, the
 image cache, the step loop), the plan it was loaded with, the guard, and the default options
-(image budget, tiles, merging). It gives each client the one admission path for pictures
-(``admit``: the guard, view by view, against the image room left) and the image budget for
-its options. Its clients — conversations (``Engine``), captioning, the server's worker, batch
+(image budget, tiles, merging). It is no conversation: it makes them (``conversation()``, an
+``Engine`` each), and its ``chat``/``stream`` run one turn in a fresh conversation that nothing
+keeps. It gives each client the one intake for pictures (``intake``: budgeted for its options
+and run past the guard). Its clients — conversations, captioning, the server's worker, batch
 files and Ray actors — each own their sequences: a conversation's ``reset()`` forgets only
 itself, and what ``step()`` finishes goes to the client that submitted it.
 """
@@ -30,13 +32,11 @@ from ..vision.images import LoadedImage
 from ..vision.merge import MergeSpec
 from ..vision.video import frame_text_tokens
 from .chat_format import PromptFormatter
-from .conversation import Message, Picture
+from .conversation import Message
 from .engine import ChatResult, Engine, EngineOptions, GenerationResponse
 from .intake import Fetcher, Intake, MediaRef, load_media
 from .items import Prompt
 from .scheduler import Scheduler
-from .session import Summaries
-from .stats import TurnStats
 
 __all__ = ["LoadedModel"]
 
@@ -161,51 +161,18 @@ class LoadedModel:
         cache with every other client."""
         return Engine(self, replace(options or self.options, **changes))
 
-    def with_options(self, **changes: Any) -> Engine:
-        """A new conversation whose options differ from the default by ``changes``."""
-        return self.conversation(**changes)
-
-    @property
-    def default_conversation(self) -> Engine:
-        """The model's own conversation: what ``chat``, ``stream`` and ``reset`` act on."""
-        if self._default is None:
-            self._default = Engine(self)
-        return self._default
-
     def chat(self, text: str, images: Iterable[Any] = (), **gen: Any) -> ChatResult:
-        """A turn of the model's own conversation (``Engine.chat``)."""
-        return self.default_conversation.chat(text, images, **gen)
+        """One turn of a fresh conversation (``Engine.chat``), forgotten afterwards: the model
+        remembers nothing between calls (a second call knows nothing of the first; only the KV
+        cells and image embeddings they share are reused). For a conversation that goes on,
+        ``conv = vlm.conversation(); conv.chat(...); conv.chat(...)``."""
+        with self.conversation() as conv:
+            return conv.chat(text, images, **gen)
 
     def stream(self, text: str, images: Iterable[Any] = (), **gen: Any) -> Iterator[GenerationResponse]:
-        """A streamed turn of the model's own conversation (``Engine.stream``)."""
-        return self.default_conversation.stream(text, images, **gen)
-
-    def complete(self, text: str, max_tokens: int, messages: list[Message] | None = None) -> str:
-        return self.default_conversation.complete(text, max_tokens, messages)
-
-    def reset(self, keep_cache: bool = False) -> None:
-        """Forget the model's own conversation (``Engine.reset``; other clients untouched)."""
-        self.default_conversation.reset(keep_cache)
-
-    @property
-    def messages(self) -> list[Message]:
-        return self.default_conversation.messages
-
-    @property
-    def pictures(self) -> list[Picture]:
-        return self.default_conversation.pictures
-
-    @property
-    def notices(self) -> list[str]:
-        return self.default_conversation.notices
-
-    @property
-    def last_stats(self) -> TurnStats | None:
-        return self.default_conversation.last_stats
-
-    @property
-    def summaries(self) -> Summaries:
-        return self.default_conversation.summaries
+        """One streamed turn of a fresh conversation (``Engine.stream``), forgotten afterwards
+        like ``chat``'s."""
+        return self.conversation().stream(text, images, **gen)
 
     # --- the owner's ---------------------------------------------------------------------------
     def close(self) -> None:
