@@ -63,7 +63,7 @@ def budget(image, mmproj, model, tiles, scorer, video, max_tokens, planning, ove
     import os
 
     from ..backend import native
-    from ..errors import UnsupportedModel
+    from ..errors import DoesNotFit, UnsupportedModel
     from ..hub.registry import resolve
     from ..model.gguf_info import load_projector
     from ..runtime.engine import EngineOptions
@@ -97,6 +97,8 @@ def budget(image, mmproj, model, tiles, scorer, video, max_tokens, planning, ove
         from ..vision.video import frame_text_tokens
 
         plan = make_plan(model, mmproj, planning.probe(), planning.wishes)
+        if not plan.fits:  # (chat sends nothing: it refuses to load, as here)
+            raise DoesNotFit(plan.refusal or "the model does not fit in the memory available")
         mtmd_cap = plan.backend_options()["image_max_tokens"]
         room = ContextBudget(plan.n_ctx).image_room(max_tokens)
         with ImageCounter(model, mmproj, image_max_tokens=mtmd_cap) as counter:
