@@ -236,3 +236,81 @@ def test_the_tile_note_counts_what_the_table_shows():
     rest = int(m.group(1)) if (m := re.search(r"the other (\d+) scored lower", note)) else 0
     assert total == len(tiles) and sent == sum(v.selected for v in tiles)
     assert held == sent + flat and rest == total - held and total - sent == flat + rest
+
+
+def _detailed_shot(path):
+    """A flat page with three noisy patches: LLaVA-1.5's AnyRes sends the tiles that hold them."""
+    rng = np.random.default_rng(5)
+    arr = np.full((900, 1200, 3), 200, np.uint8)
+    for x0, y0 in ((60, 60), (780, 120), (120, 600)):
+        arr[y0 : y0 + 240, x0 : x0 + 300] = (rng.random((240, 300, 3)) * 255).astype(np.uint8)
+    Image.fromarray(arr).save(path)
+    return str(path)
+
+
+def _budget_and_chat(pair, path: str, flags: list[str]):
+    """``edgevlm budget PATH --json`` and ``edgevlm chat -i PATH --json`` (one shot), both with
+    ``flags`` and a 4-token reply (the room a first turn's pictures have depends on it)."""
+    model = ["-m", str(pair.model), "--mmproj", str(pair.mmproj), *flags, "-n", "4"]
+    planned = run_cli("budget", path, *model, "--json")
+    sent = run_cli("chat", *model, "-i", path, "--temp", "0", "--json", "Describe the image.")
+    return planned, sent
+
+
+def _labels(d: dict) -> list:
+    """What ``edgevlm budget --json`` says goes into the prompt before each view, in order: a
+    picture's labels (None for a lone view, as chat sends it), a clip's timestamps."""
+    if "views" in d:
+        chosen = [v["label"] for v in d["views"] if v["selected"]]
+        return chosen if len(chosen) > 1 else [None]
+    return [f["label"] for f in d["frames"] if f["kept"]]
+
+
+@pytest.mark.slow
+def test_budget_with_the_model_shows_what_chat_sends(model_pair, tmp_path):
+    """``edgevlm budget FILE --model M`` is what ``edgevlm chat -i FILE`` sends on a first turn
+    with the same flags: the image tokens llama.cpp evaluated (chat's stats) and the views or
+    frames the conversation holds, in order with their labels (the library with those flags) —
+    for LLaVA-1.5 tiles (--image-tokens, --tiles off) and a clip (the room beside the reply,
+    --max-frames); where chat refuses (a per-picture budget below a frame, --max-pixels, a plan
+    that does not fit) budget refuses with the same line."""
+    import edgevlm
+    from edgevlm.runtime.engine import EngineOptions
+    from edgevlm.vision.video import VideoBudget
+
+    from .test_video import make_clip
+
+    pair = model_pair("llava15")
+    shot = _detailed_shot(tmp_path / "shot.png")
+    clip = make_clip(tmp_path / "moving.mp4", 4)
+    # (path, flags, the library's wishes for them, its options for them)
+    cases = [
+        (shot, ["--image-tokens", "2304"], {"image_tokens": 2304}, {}),
+        (shot, ["--image-tokens", "2304", "--tiles", "off"], {"image_tokens": 2304}, {"tiles": "off"}),
+        (clip, [], {}, {}),
+        (clip, ["--max-frames", "3"], {}, {"video": VideoBudget(max_frames=3)}),
+    ]
+    for path, flags, wishes, opts in cases:
+        planned, sent = _budget_and_chat(pair, path, flags)
+        assert planned.returncode == 0 and sent.returncode == 0, (flags, planned.stderr, sent.stderr)
+        d = json.loads(planned.stdout)
+        assert json.loads(sent.stdout)["stats"]["image_tokens"] == d["total_tokens"] > 0, (path, flags)
+        with edgevlm.load(pair.model, pair.mmproj, options=EngineOptions(**opts), n_threads=2, **wishes) as vlm:
+            eng = vlm.conversation()
+            eng.chat("Describe the image.", [path], max_tokens=4, temperature=0)
+            (msg,), (pic,) = eng.messages[:1], eng.pictures
+            assert msg.labels == _labels(d) and pic.tokens == d["total_tokens"], (path, flags)
+        if path == shot and "off" not in flags:
+            assert len(msg.labels) == 4 and msg.labels[0] == "global view"  # (AnyRes: 3 tiles beside it)
+        if path == clip and not flags:
+            assert d["kept_frames"] > 5  # (the room beside a 4-token reply: more than beside chat's default)
+    refused = [  # (path, flags, exit code, what the one line names)
+        (clip, ["--image-tokens", "64"], 2, "--image-tokens"),
+        (clip, ["--max-pixels", "10000"], 2, "--max-pixels"),
+        (shot, ["--free-memory", "cpu=1MiB"], 1, "does not fit"),
+    ]
+    for path, flags, code, named in refused:
+        planned, sent = _budget_and_chat(pair, path, flags)
+        errors = [[ln for ln in r.stderr.splitlines() if ln.startswith("Error")] for r in (planned, sent)]
+        assert planned.returncode == sent.returncode == code and errors[0] == errors[1], (flags, errors)
+        assert len(errors[0]) == 1 and named in errors[0][0], errors

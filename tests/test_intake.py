@@ -74,8 +74,12 @@ def test_detail_low_is_one_budget_for_requests_and_the_budget_route():
 
 def test_no_second_place_budgets_a_picture_or_plans_a_clip():
     """``plan_video(`` and ``ImageBudget.plan`` are called in the intake alone (and inside
-    ``vision``, where they are defined)."""
+    ``vision``, where they are defined); a picture's ``ImageBudget(`` is made there alone too
+    (``Intake.for_caller``: chat's ``LoadedModel.intake()`` and ``edgevlm budget`` alike), and a
+    clip's ``VideoBudget(...)`` is an option's default (``VideoBudget()``) or the flags
+    ``cli/common.video_options`` parses — no command builds its own."""
     calls: dict[str, list[str]] = {}
+    budgets: dict[str, list[str]] = {}
     for p in PKG.rglob("*.py"):
         rel = str(p.relative_to(PKG))
         if rel.startswith("vision/"):
@@ -88,6 +92,9 @@ def test_no_second_place_budgets_a_picture_or_plans_a_clip():
                     name == "plan" and isinstance(f, ast.Attribute) and "budget" in ast.unparse(f.value).lower()
                 ):
                     calls.setdefault(rel, []).append(ast.unparse(n)[:60])
+                made_here = name == "ImageBudget" or (name == "VideoBudget" and (n.args or n.keywords))
+                if made_here and not rel.startswith("runtime/intake/") and rel != "cli/common.py":
+                    budgets.setdefault(rel, []).append(ast.unparse(n)[:60])
     outside = {k: v for k, v in calls.items() if not k.startswith("runtime/intake/")}
     # ``plan_image`` callers outside the intake go through ``Intake.plan_image`` (a method of it)
     assert all(
@@ -96,6 +103,7 @@ def test_no_second_place_budgets_a_picture_or_plans_a_clip():
         for c in v
     ), outside
     assert any("plan_video" in c for k, v in calls.items() if k.startswith("runtime/intake/") for c in v)
+    assert not budgets, budgets
 
 
 def uri(path: str) -> str:

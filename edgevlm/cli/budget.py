@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import click
 
-from ..vision.video import VideoBudget
-from .common import Tiles, handle_errors, max_pixels_option
+from ..backend.sampling import CHAT_REPLY
+from .common import handle_errors, max_pixels_option, plan_options, tiles_option, video_options
 
 __all__ = ["budget"]
 
@@ -20,46 +20,40 @@ __all__ = ["budget"]
 @click.option(
     "--model",
     "-m",
-    help="The text model: a GGUF path, or a downloaded registry name, hf: spec or demo. With it, mtmd itself "
-    "counts the tokens (needed for projector types edgevlm has no arithmetic for; its vocabulary is read, not "
-    "its weights) and the budget is the plan's, as chat's.",
+    help="The text model: a GGUF path, or a downloaded registry name, hf: spec or demo. With it, what chat "
+    "sends with the same flags: the plan's budget and context, and mtmd's own count (needed for projector "
+    "types edgevlm has no arithmetic for; its vocabulary is read, not its weights).",
 )
-@click.option("--image-tokens", type=click.IntRange(1), help="Token budget for this image.")
-@click.option(
-    "--tiles", type=Tiles(), default="auto", show_default=True, help="Detail tiles for fixed-size encoders (LLaVA-1.5)."
-)
+@tiles_option
 @click.option(
     "--scorer",
     type=click.Choice(["edges", "entropy", "compress"]),
     default="edges",
     show_default=True,
-    help="How tile detail is scored.",
+    help="How tile detail is scored (the other commands use edges).",
 )
+@video_options
 @click.option(
-    "--video-tokens",
-    type=click.IntRange(1),
-    help="Token budget for a whole clip (default: with --model, the room chat gives a first turn's pictures; "
-    "without, 8 pictures' worth of the projector's default image budget).",
-)
-@click.option("--max-frames", type=click.IntRange(1), help="A clip: at most this many frames.")
-@click.option(
-    "--fps",
-    type=click.FloatRange(min=0, min_open=True),
-    default=VideoBudget.fps,
+    "--max-tokens",
+    "-n",
+    default=CHAT_REPLY.max_tokens,
     show_default=True,
-    help="A clip: at most this many frames per second are looked at (a cap, not a promise).",
+    type=click.IntRange(1),
+    help="With --model: the reply chat keeps room for (a clip's default budget is the room a first turn's "
+    "pictures have beside it).",
 )
+@plan_options
 @click.option(
     "--overlay", type=click.Path(dir_okay=False), help="Write a PNG showing the views (a clip: a contact sheet)."
 )
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
 @click.option("--json", "as_json", is_flag=True, help="Print the image (or clip) plan as JSON.")
 @handle_errors
-def budget(
-    image, mmproj, model, image_tokens, video_tokens, max_frames, fps, tiles, scorer, overlay, max_pixels, as_json
-) -> None:
+def budget(image, mmproj, model, tiles, scorer, video, max_tokens, planning, overlay, max_pixels, as_json) -> None:
     """Show how an image is split and budgeted before the encoder runs; for a clip
     (MP4/WebM/MOV/MKV/AVI, animated GIF/WebP), which frames are kept and what they cost.
+    With --model, exactly what `edgevlm chat -i IMAGE|CLIP` sends on a first turn with the same
+    flags (the guard aside: it weighs the memory free when the request comes).
 
     \b
     edgevlm budget photo.jpg --mmproj mmproj.gguf --image-tokens 2304 --overlay views.png
@@ -69,16 +63,20 @@ def budget(
     import os
 
     from ..backend import native
-    from ..errors import UnsupportedModel
+    from ..errors import DoesNotFit, UnsupportedModel
     from ..hub.registry import resolve
     from ..model.gguf_info import load_projector
-    from ..model.projectors import facts
-    from ..plan.planner import image_budget
-    from ..runtime.intake import Intake
-    from ..vision.budget import ImageBudget, draw_overlay
-    from ..vision.images import load_image
+    from ..runtime.engine import EngineOptions
+    from ..runtime.intake import Intake, MediaRef, load_media
+    from ..vision.budget import ImagePlan, draw_overlay
+    from ..vision.images import LoadedImage
+    from ..vision.video import DEFAULT_VIDEO_PICTURES
     from .common import CLIError, echo_err
 
+    image_tokens = planning.wishes.image_tokens
+    # the flags as chat parses them; the picture checked (a clip: found) as chat checks its own
+    options = EngineOptions(image_tokens=image_tokens, tiles=tiles, max_image_pixels=max_pixels, video=video)
+    (media,) = load_media([image], max_pixels)
     if model is not None:
         native.require()  # mtmd counts with the text model: one line before any note if llama.cpp did not load
     if model is not None and not (mmproj is not None and os.path.isfile(model)):
@@ -90,35 +88,53 @@ def budget(
         model, mmproj = r.local_paths()
     if mmproj is None:
         raise CLIError("give the vision projector (--mmproj), or the model (--model) to find it", 2)
-    proj = load_projector(mmproj)
-    from ..vision.video import is_video_file
-
-    if is_video_file(image):  # by extension, else by content (animated GIF/WebP too)
-        return _budget_clip(image, model, mmproj, proj, image_tokens, video_tokens, max_frames, fps, overlay, as_json)
-    img = load_image(image, max_pixels)
-    # the budget chat, serve and caption give this picture with default options: with the text
-    # model, the plan's (memory may lower a dynamic one; mtmd gets it as its own limit); without,
-    # the projector's default
     if model is not None:
+        # chat's intake and room: the plan chat loads this pair with (same wishes, same probe), the
+        # room its first turn gives pictures beside the reply, frame labels by the model's tokenizer
         from ..backend.counting import ImageCounter
-        from ..plan.devices import probe
-        from ..plan.planner import Wishes, make_plan
+        from ..plan.context import ContextBudget
+        from ..plan.planner import make_plan
+        from ..vision.video import frame_text_tokens
 
-        plan = make_plan(model, mmproj, probe(), Wishes(image_tokens=image_tokens))
-        tokens, mtmd_cap = plan.image_max_tokens or None, plan.backend_options()["image_max_tokens"]
-        source = "the plan's, as chat loads this pair"
+        plan = make_plan(model, mmproj, planning.probe(), planning.wishes)
+        if not plan.fits:  # (chat sends nothing: it refuses to load, as here)
+            raise DoesNotFit(plan.refusal or "the model does not fit in the memory available")
+        mtmd_cap = plan.backend_options()["image_max_tokens"]
+        room = ContextBudget(plan.n_ctx).image_room(max_tokens)
         with ImageCounter(model, mmproj, image_max_tokens=mtmd_cap) as counter:
-            ip = Intake(counter.proj_info, ImageBudget(counter.proj_info, tokens, tiles, mtmd_cap, scorer)).plan_image(
-                img
+            intake = Intake.for_caller(
+                counter.proj_info,
+                options,
+                plan.image_max_tokens,
+                mtmd_cap,
+                scorer=scorer,
+                frame_text=frame_text_tokens(counter.tokenize_text),
             )
+            (made,), _ = intake.message([media], room)
+        proj = counter.proj_info
+        source = "the plan's, as chat loads this pair"
+        clip_source = (
+            f"the room pictures have in the plan's {plan.n_ctx}-token context beside a {max_tokens}-token reply, "
+            "as chat gives it"
+        )
     else:
+        proj = load_projector(mmproj)
         try:
-            tokens = image_budget(proj, image_tokens)[0]
-            mtmd_cap = tokens if facts(proj).dynamic else None
-            source = "this projector's default"
-            ip = Intake(proj, ImageBudget(proj, tokens, tiles, mtmd_cap, scorer)).plan_image(img)
+            intake = Intake.for_projector(proj, options, scorer=scorer)
+            made = intake.views(media if isinstance(media, MediaRef) else MediaRef(media, "image", name=media.source))
         except UnsupportedModel as exc:
             raise UnsupportedModel(f"{exc}; give the text model (--model) and mtmd counts them") from None
+        room = None
+        source = "this projector's default"
+        clip_source = (
+            f"{DEFAULT_VIDEO_PICTURES} pictures of the {intake.budget.tokens}-token image budget (no context is "
+            "known without --model)"
+        )
+    if made.kind == "video":
+        return _show_clip(image, made, video.tokens, room, clip_source, overlay, as_json)
+    ip, img, tokens = made.plan, media, intake.budget.tokens
+    assert isinstance(ip, ImagePlan)  # (a picture is planned as one)
+    assert isinstance(img, LoadedImage)  # (and was decoded by load_media)
     if image_tokens is None:
         ip = replace(ip, notes=(*ip.notes, f"budget {tokens} tokens per image: {source} (--image-tokens changes it)"))
     if overlay:
@@ -152,44 +168,11 @@ def budget(
         console.print(f"overlay written to {overlay}")
 
 
-def _budget_clip(path, model, mmproj, proj, image_tokens, video_tokens, max_frames, fps, overlay, as_json) -> None:
-    """``edgevlm budget CLIP``: the frames chosen under the clip's budget, as chat would send them."""
-    from ..backend.sampling import CHAT_REPLY
-    from ..errors import UnsupportedModel
-    from ..model.projectors import facts
-    from ..plan.context import ContextBudget
-    from ..plan.planner import image_budget
-    from ..runtime.intake import Intake, MediaRef
-    from ..vision.budget import ImageBudget
+def _show_clip(path, made, video_tokens, room, source, overlay, as_json) -> None:
+    """``edgevlm budget CLIP``: the frames chosen under the clip's budget, as chat sends them."""
     from ..vision.sheet import draw_contact_sheet
-    from ..vision.video import VideoBudget, VideoPlan, default_video_tokens, frame_text_tokens
+    from ..vision.video import VideoPlan
 
-    vb = VideoBudget(tokens=video_tokens, max_frames=max_frames, fps=fps)
-    if model is not None:  # the plan's context and per-picture budget; mtmd counts
-        from ..backend.counting import ImageCounter
-        from ..plan.devices import probe
-        from ..plan.planner import Wishes, make_plan
-
-        plan = make_plan(model, mmproj, probe(), Wishes(image_tokens=image_tokens))
-        per_picture, mtmd_cap = plan.image_max_tokens or None, plan.backend_options()["image_max_tokens"]
-        room = ContextBudget(plan.n_ctx).image_room(CHAT_REPLY.max_tokens)  # what chat gives a first turn
-        source = f"the room pictures have in the plan's {plan.n_ctx}-token context, as chat gives it"
-        with ImageCounter(model, mmproj, image_max_tokens=mtmd_cap) as counter:
-            text = frame_text_tokens(counter.tokenize_text)  # (as chat counts each frame's label)
-            budget = ImageBudget(counter.proj_info, per_picture, mtmd_max_tokens=mtmd_cap)
-            made = Intake(counter.proj_info, budget, video=vb, frame_text=text).views(MediaRef(path, "video"), room)
-    else:
-        try:
-            per_picture = image_budget(proj, image_tokens)[0]
-            mtmd_cap = per_picture if facts(proj).dynamic else None
-            room = None
-            if video_tokens is None:
-                vb = VideoBudget(default_video_tokens(proj, per_picture), max_frames, fps)
-            source = f"8 pictures of this projector's default {per_picture}-token image budget"
-            budget = ImageBudget(proj, per_picture, mtmd_max_tokens=mtmd_cap)
-            made = Intake(proj, budget, video=vb).views(MediaRef(path, "video"))
-        except UnsupportedModel as exc:
-            raise UnsupportedModel(f"{exc}; give the text model (--model) and mtmd counts them") from None
     vp, frames = made.plan, made.views
     assert isinstance(vp, VideoPlan)  # (a video ref is planned as one)
     notes = [n for n in vp.notes if not n.startswith("budget ")]

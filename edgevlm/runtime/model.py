@@ -89,14 +89,8 @@ class LoadedModel:
     # --- what every client shares ------------------------------------------------------------
     def image_budget_for(self, options: EngineOptions) -> ImageBudget:
         """The image budget of ``options``: its per-picture tokens (else the plan's), tiles, and
-        mtmd's own cap."""
-        cap = self.plan.image_max_tokens if self.plan is not None else None
-        return ImageBudget(
-            self.backend.proj_info,
-            options.image_tokens if options.image_tokens is not None else cap,
-            options.tiles,
-            self.backend.image_max_tokens,
-        )
+        mtmd's own cap (``Intake.for_caller``'s rule)."""
+        return self.intake(options).budget
 
     def intake(
         self,
@@ -107,14 +101,14 @@ class LoadedModel:
         host_wait_s: float = 30.0,
     ) -> Intake:
         """The intake of a caller with ``options`` (default: the model's): its pictures and
-        clips budgeted for this model's projector and plan, and run past its guard."""
-        opts = options or self.options
-        be = self.backend
-        return Intake(
+        clips budgeted for this model's projector and plan (``Intake.for_caller``, as
+        ``edgevlm budget`` makes it), and run past its guard."""
+        be, opts = self.backend, options or self.options
+        return Intake.for_caller(
             be.proj_info,
-            self.image_budget_for(opts),
-            video=opts.video,
-            max_pixels=opts.max_image_pixels,
+            opts,
+            self.plan.image_max_tokens if self.plan is not None else None,
+            be.image_max_tokens,
             frame_text=self._frame_text,
             n_embd=be.n_embd_inp,
             guard=self.guard,

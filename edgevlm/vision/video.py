@@ -368,6 +368,11 @@ def _too_small(
     unit: int,
 ) -> NoReturn:
     smallest = _choose_count(costs, w, h, 1, 1, budget, per_picture, unit)[2]
+    if smallest <= budget:  # the clip's budget holds a frame: the per-picture budget is what none fits
+        raise InputError(
+            f"{name}: the per-picture budget of {per_picture} tokens (--image-tokens) is below what one frame "
+            f"costs with {proj.projector_type}"
+        )
     err = ContextExceeded if room is not None and room == budget else InputError
     raise err(
         f"{name}: a budget of {budget} tokens is below one frame "

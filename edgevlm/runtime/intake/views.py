@@ -9,14 +9,16 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from ...errors import InputError
 from ...model.gguf_info import ProjectorInfo
-from ...model.projectors import encoder_patches, image_tokens
+from ...model.projectors import encoder_patches, facts, image_tokens
 from ...plan.guard import Guard
 from ...plan.host import Lease
+from ...plan.planner import image_budget
 from ...vision.budget import ImageBudget, ImagePlan, compact_view, render_views
+from ...vision.detail import DEFAULT_SCORER
 from ...vision.images import DEFAULT_MAX_PIXELS, LoadedImage, decode_bytes, load_image
 from ...vision.video import VideoBudget, VideoPlan, plan_video
 from ..conversation import Picture
@@ -24,9 +26,25 @@ from .fetch import Fetcher, url_scheme
 from .media import MediaRef, file_key, media_kind, thumbnail_uri
 from .turn import Asked, ReplySpec, Turn, make_turn
 
-__all__ = ["LOW_DETAIL_TOKENS", "Admitted", "Intake", "Views"]
+__all__ = ["LOW_DETAIL_TOKENS", "Admitted", "Intake", "PictureOptions", "Views"]
 
 LOW_DETAIL_TOKENS = 256  # detail "low": a dynamic encoder's budget, and no tiles
+
+
+class PictureOptions(Protocol):
+    """What a caller's options say about its pictures and clips (``EngineOptions`` says it)."""
+
+    @property
+    def image_tokens(self) -> int | None: ...  # per-picture budget (None: the plan's)
+
+    @property
+    def tiles(self) -> str | int: ...
+
+    @property
+    def max_image_pixels(self) -> int: ...
+
+    @property
+    def video(self) -> VideoBudget: ...
 
 
 @dataclass
@@ -106,6 +124,57 @@ class Intake:
         self.guard, self.keep_originals = guard, keep_originals
         self.fetcher = fetcher if fetcher is not None else Fetcher()
         self.host_wait_s = host_wait_s
+
+    @classmethod
+    def for_caller(
+        cls,
+        proj: ProjectorInfo,
+        options: PictureOptions,
+        planned: int | None,
+        mtmd_max_tokens: int | None,
+        *,
+        scorer: str = DEFAULT_SCORER,
+        frame_text: int = 0,
+        n_embd: int = 0,
+        guard: Guard | None = None,
+        fetcher: Fetcher | None = None,
+        keep_originals: bool = False,
+        host_wait_s: float = 30.0,
+    ) -> Intake:
+        """The intake of a caller with ``options`` on a model pair — the one place its budget is
+        made (``LoadedModel.intake()`` and ``edgevlm budget`` both call it). A picture gets the
+        options' ``image_tokens``, else ``planned`` (the plan's per-picture cap; None or 0: no
+        limit), the options' tiles, and mtmd's own cap ``mtmd_max_tokens`` (what the pair is
+        loaded with); a clip gets the options' ``video`` under that per-picture budget, each
+        frame's label costing ``frame_text`` tokens (``frame_text_tokens`` of the model's
+        tokenizer); a picture or frame over the options' ``max_image_pixels`` is refused.
+        ``scorer``: how tiles are scored (``edgevlm budget --scorer``; the others use the
+        default). The rest is ``Intake``'s own."""
+        tokens = options.image_tokens if options.image_tokens is not None else (planned or None)
+        return cls(
+            proj,
+            ImageBudget(proj, tokens, options.tiles, mtmd_max_tokens, scorer),
+            video=options.video,
+            max_pixels=options.max_image_pixels,
+            frame_text=frame_text,
+            n_embd=n_embd,
+            guard=guard,
+            fetcher=fetcher,
+            keep_originals=keep_originals,
+            host_wait_s=host_wait_s,
+        )
+
+    @classmethod
+    def for_projector(cls, proj: ProjectorInfo, options: PictureOptions, *, scorer: str = DEFAULT_SCORER) -> Intake:
+        """``for_caller`` with a projector alone (``edgevlm budget`` without the text model): no
+        plan, so the numbers a plan starts from before memory has a say — the per-picture cap of
+        ``plan.planner.image_budget`` (the options' ``image_tokens``, else the projector's
+        default) and, as a plan gives mtmd, that cap as mtmd's own for dynamic projectors; no
+        frame labels counted (no tokenizer). A clip with no ``video.tokens`` and no room gets
+        ``DEFAULT_VIDEO_PICTURES`` pictures' worth (``plan_video``'s default). Unknown projector
+        types: ``UnsupportedModel``."""
+        planned = image_budget(proj, options.image_tokens)[0]
+        return cls.for_caller(proj, options, planned, planned if facts(proj).dynamic else None, scorer=scorer)
 
     def budget_for(self, detail: str = "auto") -> ImageBudget:
         """The image budget of a picture sent with ``detail``."""
