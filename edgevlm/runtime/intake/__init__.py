@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from .fetch import Fetcher, FetchRules, url_scheme
 from .media import Clip, MediaRef, file_key, load_media, media_kind, thumbnail_uri
-from .turn import Asked, ReplySpec, Turn, make_turn
-from .views import LOW_DETAIL_TOKENS, Admitted, Intake, Views
+from .turn import Asked, ReplySpec, Turn
+from .views import LOW_DETAIL_TOKENS, Admitted, Intake, Views, make_turn
 
 __all__ = [
     "LOW_DETAIL_TOKENS",

@@ -1,4 +1,4 @@
-"""A turn as one value: what a caller asks of the model, built once by the intake (``make_turn``:
+"""A turn as one value: what a caller asks of the model, built once by the intake (``Intake.turn``:
 its messages' pictures and clips made ready, budgeted and guarded) and then only read —
 rendered into a prompt and submitted as the scheduler's ``Request`` (``ReplySpec.request``,
 the one place a ``Request`` is made).
@@ -24,23 +24,19 @@ reply shows): a per-request knob is added there once, not in each layer a reques
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...backend.sampling import SamplingParams
-from ...plan.host import Lease
 from ...vision.images import LoadedImage
 from ..conversation import Conversation, Message, Picture
 from ..items import Prompt
 from ..requests import Request, ThinkCap
 
-if TYPE_CHECKING:
-    from .views import Intake
-
 Render = Callable[..., Prompt]  # ``LoadedModel.render``: messages, system, tools, think, tool_required
 
-__all__ = ["Asked", "ReplySpec", "Turn", "make_turn"]
+__all__ = ["Asked", "ReplySpec", "Turn", "copy_message"]
 
 
 @dataclass(frozen=True)
@@ -130,7 +126,7 @@ class Turn:
         picture a copy (the session may rewrite them, token ids may be written in), the views
         shared (they are never changed)."""
         return Conversation(
-            [_copy(m) for m in self.messages],
+            [copy_message(m) for m in self.messages],
             [replace(p) for p in self.pictures],
         )
 
@@ -153,7 +149,8 @@ class Turn:
         )
 
 
-def _copy(m: Message) -> Message:
+def copy_message(m: Message) -> Message:
+    """A copy of ``m`` whose lists are its own (the views themselves are shared: never changed)."""
     return replace(
         m,
         images=list(m.images),
@@ -163,85 +160,4 @@ def _copy(m: Message) -> Message:
         pictures=list(m.pictures),
         notes=list(m.notes),
         tool_calls=[dict(c) for c in m.tool_calls],
-    )
-
-
-def make_turn(
-    intake: Intake,
-    asked: Iterable[Asked],
-    reply: ReplySpec,
-    room: int,
-    *,
-    history: Conversation | None = None,
-    full_room: int | None = None,
-    system: str | None = None,
-    tools: Iterable[Mapping[str, Any]] = (),
-    tool_required: str | None = None,
-    think: bool | None = None,
-    evict: bool = False,
-    lease: Lease | None = None,
-) -> Turn:
-    """The turn of ``asked`` (after ``history``, a conversation kept by the caller: its
-    messages and pictures come first, unchanged) with ``reply``: every message's pictures and
-    clips made ready and admitted by ``intake``, numbered after the history's. ``room``: the
-    image cells the turn's new pictures may take — the last message's (all of them, without
-    ``evict``) must fit it; with ``evict`` an earlier message's may give way to a summary later,
-    so each is planned as if it were the last, against ``full_room`` (default ``room``). What
-    they hold is taken on ``lease``."""
-    asked = list(asked)
-    messages = [_copy(m) for m in history.messages] if history is not None else []
-    pictures = [replace(p) for p in history.pictures] if history is not None else []
-    first_new = len(pictures)
-    notes: list[str] = []
-    notices: list[str] = []
-    places: list[int] = [-1] * len(messages)  # (the history's messages are the caller's own)
-    left = room
-    for i, a in enumerate(asked):
-        bound = i == len(asked) - 1 or not evict
-        made, used = intake.message(
-            list(a.media),
-            left if bound else (room if full_room is None else full_room),
-            first=len(pictures) + 1,
-            lease=lease,
-        )
-        if bound:
-            left -= used
-        views: list[LoadedImage] = []
-        labels: list[str | None] = []
-        numbers: list[int] = []
-        for v in made:
-            notes += v.notes
-            notices += v.notices
-            pictures.append(v.picture(len(pictures) + 1))
-            views += v.views
-            labels += v.labels
-            numbers += [len(pictures)] * len(v.views)
-        messages.append(
-            Message(
-                a.role,
-                a.text,
-                views,
-                tokens=None if a.tokens is None else list(a.tokens),
-                labels=labels,
-                sources=[v.name for v in made],
-                pictures=numbers,
-                tool_calls=[dict(c) for c in a.tool_calls],
-                tool_call_id=a.tool_call_id,
-                name=a.name,
-            )
-        )
-        places.append(a.place)
-    return Turn(
-        tuple(messages),
-        tuple(pictures),
-        reply,
-        system,
-        tuple(tools),
-        tool_required,
-        think,
-        evict,
-        tuple(places),
-        tuple(notes),
-        tuple(notices),
-        len(pictures) - first_new,
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -21,12 +21,12 @@ from ...vision.budget import ImageBudget, ImagePlan, compact_view, render_views
 from ...vision.detail import DEFAULT_SCORER
 from ...vision.images import DEFAULT_MAX_PIXELS, LoadedImage, decode_bytes, load_image
 from ...vision.video import VideoBudget, VideoPlan, plan_video
-from ..conversation import Picture
+from ..conversation import Conversation, Message, Picture
 from .fetch import Fetcher, url_scheme
 from .media import MediaRef, file_key, media_kind, thumbnail_uri
-from .turn import Asked, ReplySpec, Turn, make_turn
+from .turn import Asked, ReplySpec, Turn, copy_message
 
-__all__ = ["LOW_DETAIL_TOKENS", "Admitted", "Intake", "PictureOptions", "Views"]
+__all__ = ["LOW_DETAIL_TOKENS", "Admitted", "Intake", "PictureOptions", "Views", "make_turn"]
 
 LOW_DETAIL_TOKENS = 256  # detail "low": a dynamic encoder's budget, and no tiles
 
@@ -387,3 +387,84 @@ class Intake:
         """The turn of ``asked`` with ``reply``, its media made ready here (``turn.make_turn``:
         ``history``, ``full_room``, the template's switches, ``evict``, ``lease``)."""
         return make_turn(self, asked, reply, room, **how)
+
+
+def make_turn(
+    intake: Intake,
+    asked: Iterable[Asked],
+    reply: ReplySpec,
+    room: int,
+    *,
+    history: Conversation | None = None,
+    full_room: int | None = None,
+    system: str | None = None,
+    tools: Iterable[Mapping[str, Any]] = (),
+    tool_required: str | None = None,
+    think: bool | None = None,
+    evict: bool = False,
+    lease: Lease | None = None,
+) -> Turn:
+    """The turn of ``asked`` (after ``history``, a conversation kept by the caller: its
+    messages and pictures come first, unchanged) with ``reply``: every message's pictures and
+    clips made ready and admitted by ``intake``, numbered after the history's. ``room``: the
+    image cells the turn's new pictures may take — the last message's (all of them, without
+    ``evict``) must fit it; with ``evict`` an earlier message's may give way to a summary later,
+    so each is planned as if it were the last, against ``full_room`` (default ``room``). What
+    they hold is taken on ``lease``."""
+    asked = list(asked)
+    messages = [copy_message(m) for m in history.messages] if history is not None else []
+    pictures = [replace(p) for p in history.pictures] if history is not None else []
+    first_new = len(pictures)
+    notes: list[str] = []
+    notices: list[str] = []
+    places: list[int] = [-1] * len(messages)  # (the history's messages are the caller's own)
+    left = room
+    for i, a in enumerate(asked):
+        bound = i == len(asked) - 1 or not evict
+        made, used = intake.message(
+            list(a.media),
+            left if bound else (room if full_room is None else full_room),
+            first=len(pictures) + 1,
+            lease=lease,
+        )
+        if bound:
+            left -= used
+        views: list[LoadedImage] = []
+        labels: list[str | None] = []
+        numbers: list[int] = []
+        for v in made:
+            notes += v.notes
+            notices += v.notices
+            pictures.append(v.picture(len(pictures) + 1))
+            views += v.views
+            labels += v.labels
+            numbers += [len(pictures)] * len(v.views)
+        messages.append(
+            Message(
+                a.role,
+                a.text,
+                views,
+                tokens=None if a.tokens is None else list(a.tokens),
+                labels=labels,
+                sources=[v.name for v in made],
+                pictures=numbers,
+                tool_calls=[dict(c) for c in a.tool_calls],
+                tool_call_id=a.tool_call_id,
+                name=a.name,
+            )
+        )
+        places.append(a.place)
+    return Turn(
+        tuple(messages),
+        tuple(pictures),
+        reply,
+        system,
+        tuple(tools),
+        tool_required,
+        think,
+        evict,
+        tuple(places),
+        tuple(notes),
+        tuple(notices),
+        len(pictures) - first_new,
+    )
