@@ -263,6 +263,8 @@ async def _body(resp: Any, opts: FetchRules, end: float, size: int = 0, lease: L
 
 
 def _read_path(path: str, opts: FetchRules) -> bytes:
+    if opts.path_base and not os.path.isabs(path):
+        path = os.path.join(opts.path_base, path)  # (what errors name)
     real = local_path(path, opts)
     if opts.allow_paths is None:  # (a caller's own file: named by its path)
         try:
