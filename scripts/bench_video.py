@@ -331,7 +331,7 @@ def worker_llamacpp(args) -> int:
 # --- the edgevlm side (a worker process running the CLI) --------------------------------------
 def worker_edgevlm(args, cli_args: list[str]) -> int:
     """``edgevlm chat ... --json`` as the CLI runs it, with the plan chat made recorded."""
-    import edgevlm.runtime.intake as eng  # where the intake looks plan_video up
+    import edgevlm.runtime.intake.views as eng  # where the intake looks plan_video up
     from edgevlm.cli import main as cli
 
     plans: list[dict] = []

@@ -3,7 +3,7 @@ server).
 
 ``Scheduler`` owns the llama.cpp context of a loaded model pair: ``n_seq_max`` sequence ids over
 one unified KV cache — *conversations kept*, many more than the requests that generate at once
-(``max_running``) — the image cache and the encoder thread shared by all of them, a host-RAM
+(``max_running``) — the image cache and the encoder queue shared by all of them, a host-RAM
 cache of idle conversations (``cache_ram``), and the step loop.
 
 - ``submit(request, client)`` places a request and returns at once (no model work): it
