@@ -584,3 +584,26 @@ def test_an_output_that_cannot_be_written_is_said_before_the_model_is_loaded(tmp
     assert "note: demo" not in r.stderr  # (the model was not even resolved)
     r = run_cli("caption", str(tmp_path / "red.png"), "--model", "demo", "--out", str(tmp_path))
     assert r.returncode == 2 and "is a folder, not a file" in r.stderr
+
+
+def test_a_dry_run_by_model_name_counts_the_records_or_says_it_cannot(tmp_path):
+    """``caption -m demo DIR --dry-run`` (a name, not paths) resolves the model's files that are
+    here, without a download, and counts the records a real run left; with no model named it
+    lists the images and says the records were not checked. Before, both were a traceback
+    (the records' key was made from a projector path that was None)."""
+    d = tmp_path / "ds"
+    d.mkdir()
+    picture(d / "a.png", 1)
+    picture(d / "b.png", 2)
+    out = tmp_path / "c.jsonl"
+    base = ("caption", str(d), "--out", str(out), "-n", "2")
+    assert run_cli(*base, "-m", "demo", "--ctx", "2048").returncode == 0
+    picture(d / "c.png", 3)
+    listed = run_cli(*base, "-m", "demo", "--ctx", "2048", "--dry-run")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == [str(d / n) for n in ("a.png", "b.png", "c.png")]
+    assert "3 image(s), 2 with a record" in listed.stderr
+    unnamed = run_cli(*base, "--dry-run")
+    assert unnamed.returncode == 0, unnamed.stderr
+    assert "Traceback" not in unnamed.stderr
+    assert "3 image(s); records in" in unnamed.stderr and "not checked" in unnamed.stderr

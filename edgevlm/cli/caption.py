@@ -317,6 +317,10 @@ def caption(
         model, mmproj = model_paths(
             model, mmproj, quiet=quiet, probe_args=planning.probe_args, wishes=planning.wishes, yes=yes
         )
+    else:  # the records' key needs the model's files: those already here, else none is checked
+        model, mmproj = _files_here(model, mmproj)
+        if mmproj is None:
+            identity = (model or "(auto)", "")
     job = CaptionJob(
         found.items,
         settings,
@@ -332,13 +336,19 @@ def caption(
         identity=identity,
     )
     if dry_run:
-        have = job.recorded_paths()
+        checked = identity is None or bool(identity[1])
+        have = job.recorded_paths() if checked else set()
         for it in found.items:
             click.echo(it.path)
-        ui.note(
-            f"{len(found.items)} image(s), {sum(1 for it in found.items if it.path in have)} with a "
-            f"record in {job.out}" + (f", {found.ignored} other file(s) ignored" if found.ignored else "")
-        )
+        ignored = f", {found.ignored} other file(s) ignored" if found.ignored else ""
+        if checked:
+            done = sum(1 for it in found.items if it.path in have)
+            ui.note(f"{len(found.items)} image(s), {done} with a record in {job.out}{ignored}")
+        else:
+            ui.note(
+                f"{len(found.items)} image(s){ignored}; records in {job.out} not checked: the model's "
+                "files are not here (a dry run downloads nothing; give --model and --mmproj paths)"
+            )
         return
     job.open()
     token = StopToken()
@@ -406,3 +416,19 @@ def caption(
 
 
 __all__ = ["caption"]
+
+
+def _files_here(model: str | None, mmproj: str | None) -> tuple[str | None, str | None]:
+    """``--model``/``--mmproj`` as files already on this machine (a name resolved without a
+    download); (model, None) when they are not here or no model was named."""
+    if model is None:
+        return None, None
+    from ..hub.registry import resolve
+
+    try:
+        r = resolve(model, mmproj)
+    except EdgeVLMError:
+        return model, None
+    if not r.is_local or r.mmproj is None:
+        return model, None
+    return r.local_paths()
