@@ -15,10 +15,12 @@ never fit the whole allowance is refused at once (``InputError``).
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..errors import EdgeVLMError, InputError, MemoryBusy
 from .devices import format_size
@@ -37,15 +39,11 @@ def return_freed_memory() -> bool:
     stayed 1.4 GiB after requests that held 0.45 GiB at their peak; with the fixed threshold it
     went back to 0.2 GiB.) Elsewhere, or when libc is not glibc, nothing changes. Returns whether
     it applied."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    libc = _glibc()
+    if libc is None:
         return False
     m_mmap_threshold = -3
-    return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD))
+    return bool(libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD))
 
 
 def trim_freed_memory() -> bool:
@@ -57,14 +55,24 @@ def trim_freed_memory() -> bool:
     42–60 MiB over the idle RSS stayed without it, 38–45 MiB with it. A server calls it when its
     allowance empties (``HostAllowance``'s ``trim``). Elsewhere nothing happens. Returns whether
     it ran."""
-    if not sys.platform.startswith("linux"):
+    libc = _glibc()
+    if libc is None:
         return False
-    try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim(0)
+    libc.malloc_trim(0)
     return True
+
+
+@functools.cache
+def _glibc() -> Any:
+    """glibc with ``mallopt`` and ``malloc_trim`` (looked up once), or None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt, libc.malloc_trim  # noqa: B018 (both there, or it is not glibc)
+    except (OSError, AttributeError):
+        return None
+    return libc
 
 
 class LeaseReleased(EdgeVLMError):

@@ -277,7 +277,6 @@ class Engine:
         prompt = room.rendered or self.render(conv.messages)
         new = frozenset(self.scheduler.images.key(img) for img in turn.new_views)
         seq = self._submit(reply.request(prompt, new_images=new, t_start=t_start))
-        del turn  # (its views are in the prompt now)
         yield from self._reply(_Pending(seq, conv, room))
 
     # --- one turn ----------------------------------------------------------------------------

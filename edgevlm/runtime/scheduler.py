@@ -232,11 +232,11 @@ class Scheduler:
             if self.encoder.place():
                 self.counters["steps"] += 1  # an encode was this step's work (encoder)
                 return []
-            done, _ = self._step(running, gen)
+            done = self._step(running, gen)
         return done
 
-    def _step(self, running: list[Slot], gen: list[Slot]) -> tuple[list[Sequence], bool]:
-        """One step's decode (``step``): its finished requests, and whether it found nothing to do."""
+    def _step(self, running: list[Slot], gen: list[Slot]) -> list[Sequence]:
+        """One step's decode (``step``): its finished requests (a step that found nothing to do is counted)."""
         done: list[Sequence] = []
         room = self.backend.n_batch - len(gen)
         # tokens and a picture's rows in one batch (tokrows): a pass saved beside a slice; not with
@@ -287,7 +287,7 @@ class Scheduler:
         pic = picture[1] if picture is not None else 0
         for k, v in zip(self.counters, (1, mixed, len(gen), text_rows, pic, idle), strict=True):
             self.counters[k] += v
-        return done, idle
+        return done
 
     def _run(
         self, groups: list[tuple[Slot, int]], done: list[Sequence], picture: tuple[Slot, int] | None = None

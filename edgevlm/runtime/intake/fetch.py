@@ -266,17 +266,13 @@ def _read_path(path: str, opts: FetchRules) -> bytes:
     if opts.path_base and not os.path.isabs(path):
         path = os.path.join(opts.path_base, path)  # (what errors name)
     real = local_path(path, opts)
-    if opts.allow_paths is None:  # (a caller's own file: named by its path)
-        try:
-            with open(real, "rb") as fh:
-                return fh.read()
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    own = opts.allow_paths is None  # (a caller's own file: named by its path, read whole)
     try:
         with open(real, "rb") as fh:
-            return fh.read(opts.url_max_bytes + 1)
+            return fh.read(-1 if own else opts.url_max_bytes + 1)
     except OSError as exc:
-        raise _refuse(f"cannot read {path} ({exc.strerror or exc})") from None
+        why = exc.strerror or exc
+        raise InputError(f"{path}: cannot read ({why})") if own else _refuse(f"cannot read {path} ({why})") from None
 
 
 def local_path(path: str, opts: FetchRules) -> str:
