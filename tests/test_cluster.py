@@ -345,3 +345,13 @@ def test_ray_missing_is_one_line(pair, forty, tmp_path):
         assert r.stderr.strip().splitlines() == [
             "Error: --ray needs Ray, an optional extra: pip install 'edgevlm[ray]'"
         ]
+
+
+def test_a_local_instance_runs_its_workers_at_the_callers_priority():
+    """Ray's default worker niceness (15) starves the actors beside any busy process."""
+    from edgevlm.cluster.connect import connect
+
+    ray_gone()
+    with connect("local", num_cpus=1):
+        worker_nice = ray.get(ray.remote(num_cpus=1)(lambda: os.nice(0)).remote(), timeout=120)
+    assert worker_nice == os.nice(0)

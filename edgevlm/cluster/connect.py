@@ -82,6 +82,12 @@ def connect(address: str = "local", *, num_cpus: int | None = None, verbose: boo
             num_cpus=num_cpus or os.cpu_count() or 1,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
+            # Ray starts its workers at nice 15 by default: beside any other busy process they
+            # get a sliver of the CPU, and llama.cpp's threads, meeting at a barrier per graph
+            # node, wait a time slice at each. 6 tiny pictures took 208 s instead of 8 with three
+            # other CPU-bound processes on 2 cores. The actors are this command's work: they run
+            # at its own priority.
+            _system_config={"worker_niceness": 0},
         )
     else:
         kwargs["address"] = address
