@@ -22,6 +22,7 @@ __all__ = [
     "ModelFileError",
     "ModelPairError",
     "OutputError",
+    "SavedStateError",
     "SchemaError",
     "UnsupportedModel",
 ]  # (the error classes; ``shown`` and ``clipped`` below are what their messages quote through)
@@ -141,6 +142,14 @@ class LibraryError(BackendError):
 class DoesNotFit(EdgeVLMError):
     """The plan found no configuration that fits the memory available; says by how much (a
     server answers 507)."""
+
+
+class SavedStateError(InputError):
+    """A saved conversation that cannot be used here: not one, truncated, corrupted, from a
+    newer edgevlm, or made with another model, projector, context, KV type or image budget
+    (exit 2; a server answers 400). The message names the file and the reason."""
+
+    code = "invalid_saved_conversation"
 
 
 class OutputError(EdgeVLMError):

@@ -154,6 +154,7 @@ class Backend(MtmdTokenizer):
         install_log_sink()
         logs.set_echo(verbose)
         self.n_threads = n_threads or default_threads()
+        self.type_k, self.type_v, self.flash_attn = type_k, type_v, flash_attn  # (what a saved KV state is bound to)
         self.load_log: list[str] = []
         with logs.capture() as lines:
             try:
@@ -254,6 +255,12 @@ class Backend(MtmdTokenizer):
 
     def __exit__(self, *exc):
         self.close()
+
+    @property
+    def image_budget(self) -> str:
+        """mtmd's image-token limits as "min-max" (0: the projector's own): part of every picture's
+        cache key and of what a saved conversation is bound to."""
+        return f"{self.image_min_tokens or 0}-{self.image_max_tokens or 0}"
 
     @property
     def _llm(self) -> Llama:

@@ -4,7 +4,9 @@ run the chat session (``repl``)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
+from dataclasses import replace
 
 import click
 
@@ -74,6 +76,13 @@ __all__ = ["chat"]
     is_flag=True,
     help="One-shot: print one JSON object {text, stats} ({text, json, stats} with --json-schema).",
 )
+@click.option(
+    "--session",
+    "session_file",
+    type=click.Path(dir_okay=False),
+    help="Continue the conversation saved at this file (if it exists: no picture encoded again, no "
+    "prefix evaluated again) and save it back after every turn.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own logs.")
 @yes_option
 @handle_errors
@@ -96,6 +105,7 @@ def chat(
     json_schema,
     show_stats,
     as_json,
+    session_file,
     verbose,
     yes,
 ) -> None:
@@ -111,6 +121,7 @@ def chat(
     from ..runtime.engine import Clip, EngineOptions
     from ..runtime.intake import FetchRules, load_media
     from ..runtime.jsongrammar import json_grammar
+    from ..runtime.saved import session_binding
     from ..runtime.session import SessionOptions
     from .loading import load_model, model_paths
     from .repl import ChatLoop
@@ -118,6 +129,8 @@ def chat(
     # the schema and the pictures first: what cannot be used is said before anything is downloaded or loaded
     grammar = json_grammar(json_schema, "--json-schema") if json_schema else None
     pictures = load_media(images, max_pixels)
+    if session_file and os.path.exists(session_file):  # plan the context the saved cells were made in
+        planning = replace(planning, wishes=session_wishes(planning.wishes, session_binding(session_file)))
     model, mmproj = model_paths(
         model, mmproj, quiet=as_json, probe_args=planning.probe_args, wishes=planning.wishes, yes=yes
     )
@@ -152,11 +165,16 @@ def chat(
         echo_err(f"note: --merge ignored: {vlm.backend.proj_info.projector_type} tokens are not on a spatial grid")
     try:
         engine = vlm.conversation()  # the chat's own conversation (the REPL's too)
+        if session_file and os.path.exists(session_file):
+            info = engine.load(session_file)
+            if not as_json:
+                echo_err(f"continuing {info.describe()}")
+                flush_notices(engine)
         clips = [Clip(v, v) for v in videos]
         if prompt is not None:
-            code = _one_shot(engine, prompt, [*pictures, *clips], gen, show_stats, as_json)
+            code = _one_shot(engine, prompt, [*pictures, *clips], gen, show_stats, as_json, session_file)
         else:
-            loop = ChatLoop(engine, gen, interactive=sys.stdin.isatty(), show_stats=show_stats)
+            loop = ChatLoop(engine, gen, interactive=sys.stdin.isatty(), show_stats=show_stats, session=session_file)
             loop.queued = [*pictures, *clips]
             code = loop.run()
     finally:
@@ -164,7 +182,28 @@ def chat(
     sys.exit(code)
 
 
-def _one_shot(engine, prompt: str, images: list, gen: dict, show_stats: bool, as_json: bool) -> int:
+def session_wishes(wishes, bound):
+    """The wishes a saved conversation's binding implies where the user left the planner to
+    choose (context, KV types, flash attention, image budget); what the user gave stays, and a
+    difference is refused when the file is loaded, naming it."""
+    from ..model.kv_types import KV_CHOICES
+
+    changes: dict = {}
+    if wishes.n_ctx is None:
+        changes["n_ctx"] = bound.n_ctx
+    if wishes.kv == "auto" and bound.type_k == bound.type_v and bound.type_k in KV_CHOICES:
+        changes["kv"] = bound.type_k
+    if wishes.flash_attn is None:
+        changes["flash_attn"] = bound.flash_attn
+    most = int(bound.image_budget.split("-")[-1] or 0)
+    if wishes.image_tokens is None and most > 0:
+        changes["image_tokens"] = most
+    return replace(wishes, **changes)
+
+
+def _one_shot(
+    engine, prompt: str, images: list, gen: dict, show_stats: bool, as_json: bool, session: str | None = None
+) -> int:
     loaded = engine.load_images(images)  # bad images fail before any work
     for img in loaded:
         for note in getattr(img, "notes", ()):  # (a clip's notes come when its frames are chosen)
@@ -178,7 +217,10 @@ def _one_shot(engine, prompt: str, images: list, gen: dict, show_stats: bool, as
         out = {"text": result.text.strip()}
         if gen.get("grammar"):
             out["json"] = parse_json_reply(result.text, result.finish_reason)
-        print(json.dumps({**out, "stats": result.stats.to_dict()}))
+        out["stats"] = result.stats.to_dict()
+        if session:
+            out["session"] = _session_json(engine, engine.save(session))
+        print(json.dumps(out))
         return 0
     started = False
     stream = engine.stream(prompt, loaded, **gen)
@@ -199,7 +241,23 @@ def _one_shot(engine, prompt: str, images: list, gen: dict, show_stats: bool, as
     flush_notices(engine)
     if show_stats and engine.last_stats:
         echo_err(engine.last_stats.footer())
+    if session:
+        engine.save(session)
     return 0
+
+
+def _session_json(engine, saved) -> dict:
+    """``--json``'s ``session``: what came from the file (0 when it did not exist) and what was saved."""
+    got = engine.restored
+    return {
+        "path": saved.path,
+        "restored_tokens": got.tokens if got else 0,
+        "restored_pictures": got.pictures if got else 0,
+        "restored_messages": got.messages if got else 0,
+        "saved_tokens": saved.tokens,
+        "saved_pictures": saved.pictures,
+        "saved_bytes": saved.bytes,
+    }
 
 
 def parse_json_reply(text: str, finish_reason: str):

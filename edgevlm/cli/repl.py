@@ -3,8 +3,9 @@
 Works on a terminal and on piped stdin (scripts): one message per line, ``\"\"\"`` opens and
 closes a multi-line message, ``/image PATH`` queues a picture for the next message, image paths
 typed in a message are attached the way Ollama does it, ``/reset``, ``/stats``, ``/history``,
-``/quit``. Ctrl-C stops the current reply, not the session. Errors are reported on one line and
-the session goes on.
+``/save PATH``, ``/load PATH``, ``/quit``. With a session file (``chat --session``) the
+conversation is saved there after every turn. Ctrl-C stops the current reply, not the
+session. Errors are reported on one line and the session goes on.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ HELP = """commands:
   /stats        statistics of the last reply
   /history      what the conversation holds (pictures in context or as summaries)
   /recall N     send picture N again (after it was replaced by its summary)
+  /save PATH    save the conversation with its KV cache (continue it later: /load, chat --session)
+  /load PATH    continue a saved conversation (this one is forgotten)
   /quit         leave (also /exit, /bye, Ctrl-D)
   \"\"\"          start or end a multi-line message
 image paths typed in a message are attached too."""
@@ -64,6 +67,7 @@ class ChatLoop:
         interactive: bool = False,
         show_stats: bool = False,
         read_line: Callable[[str], str] | None = None,
+        session: str | None = None,
     ):
         self.engine = engine
         self.gen = gen
@@ -72,6 +76,7 @@ class ChatLoop:
         self.interactive = interactive
         self.show_stats = show_stats
         self.queued: list[str | LoadedImage | MediaRef | Clip] = []  # paths, and pictures /recall brings back
+        self.session = session  # saved after every turn (``chat --session``)
         self._read = read_line or self._read_stdin
 
     def _read_stdin(self, prompt: str) -> str:
@@ -182,6 +187,20 @@ class ChatLoop:
                 return None
             self.queued.append(img)
             self._say(f"image {args[0]} ({img.source}) queued for the next message")
+        elif cmd in ("/save", "/load"):
+            if len(args) != 1:
+                self._say(f"Error: {cmd} needs one path")
+                return None
+            path = os.path.expanduser(args[0])
+            try:
+                info = self.engine.save(path) if cmd == "/save" else self.engine.load(path)
+            except EdgeVLMError as exc:
+                self._say(f"Error: {exc}")
+                return None
+            if cmd == "/load":
+                self.queued.clear()
+                self._notices()
+            self._say(f"{'saved' if cmd == '/save' else 'loaded'} {info.describe()}")
         else:
             self._say(f"Error: unknown command {cmd} (try /help)")
         return None
@@ -224,3 +243,8 @@ class ChatLoop:
         self._notices()
         if self.show_stats and self.engine.last_stats:
             self._say(self.engine.last_stats.footer())
+        if self.session:
+            try:
+                self.engine.save(self.session)
+            except EdgeVLMError as exc:
+                self._say(f"Error: {exc}")

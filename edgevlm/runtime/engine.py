@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from ..backend.llama import Backend
 from ..backend.sampling import LIBRARY_REPLY, SamplingParams
-from ..errors import InputError, MemoryBusy
+from ..errors import InputError, MemoryBusy, SavedStateError
 from ..plan.guard import Guard
 from ..plan.planner import Plan
 from ..vision.budget import ImagePlan
@@ -35,6 +35,7 @@ from .chat_format import PromptFormatter
 from .conversation import Conversation, Message, Picture
 from .intake import Asked, Clip, Fetcher, FetchRules, Intake, MediaRef, ReplySpec, load_media
 from .items import Prompt
+from .saved import SavedInfo, binding_of, read_chat, write_chat
 from .scheduler import Client, GenerationResponse, Request, Scheduler, Sequence
 from .session import Footprint, RoomReport, SessionOptions, Summaries, make_room
 from .stats import TurnStats
@@ -116,6 +117,7 @@ class Engine:
         self.conversation = Conversation()
         self.summaries = Summaries()
         self.last_stats: TurnStats | None = None
+        self.restored: SavedInfo | None = None  # what ``load`` read last
         self.intake: Intake = model.intake(self.options, keep_originals=True)  # (``/recall`` sends a picture again)
 
     def with_options(self, **changes: Any) -> Engine:
@@ -183,6 +185,49 @@ class Engine:
             self.scheduler.cancel_client(self.client)
         else:
             self.scheduler.forget(self.client)
+
+    # --- to and from a file -------------------------------------------------------------------
+    def save(self, path: str) -> SavedInfo:
+        """Write this conversation to ``path`` (atomically): its messages and pictures, the
+        summaries made, and its KV cells, bound to this model pair and context. Loading it in
+        another process continues exactly where this one is (``load``)."""
+        from .. import __version__
+
+        prompt = self.render()
+        try:
+            got = self.scheduler.export(self.client, prompt.items)
+        finally:
+            prompt.release()
+        items, kv = got if got is not None else ((), b"")
+        return write_chat(
+            path,
+            binding_of(self.backend),
+            self.conversation,
+            self.summaries,
+            self.options.system,
+            items,
+            kv,
+            __version__,
+        )
+
+    def load(self, path: str) -> SavedInfo:
+        """Continue the conversation saved at ``path`` (this one is forgotten): its KV cells go
+        back into the context, so the next turn evaluates only what it adds — no picture is
+        encoded again. A file made with another model, projector, context, KV type or image
+        budget, a damaged one, or one from a newer edgevlm raises ``SavedStateError`` naming
+        the file and the reason; nothing is changed then."""
+        got = read_chat(path, binding_of(self.backend))
+        self.scheduler.forget(self.client)
+        if got.items and not self.scheduler.adopt(self.client, got.items, got.kv):
+            raise SavedStateError(f"{path}: llama.cpp did not take its KV cells")
+        if got.system != self.options.system:
+            if self.options.system is not None:
+                self.notices.append(f"{path}: the conversation's own system prompt replaces this one")
+            self.options = replace(self.options, system=got.system)
+        self.conversation = got.conversation
+        self.summaries = got.summaries
+        self.restored = got.info
+        return got.info
 
     def close(self) -> None:
         """End this conversation's requests in flight (the model stays loaded: its owner closes

@@ -165,7 +165,7 @@ class ImageCache:
         self.backend = backend
         self.max_units = max_units
         self.max_bytes = max_bytes
-        self.budget_key = f"{backend.image_min_tokens or 0}-{backend.image_max_tokens or 0}"
+        self.budget_key = backend.image_budget
         self._units: OrderedDict[str, ImageUnit] = OrderedDict()
         self._retired: list[ImageUnit] = []  # out of the cache, not closed yet (held, or transient)
         self._lock = threading.RLock()
