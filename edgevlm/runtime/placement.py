@@ -126,8 +126,8 @@ class Placer:
         return slot
 
     def save(self, slot: Slot) -> None:
-        if slot.kv and self.host_cache.max_bytes and self.kv.cells_of(slot) >= SAVE_MIN:
-            data = self.backend.state_save(slot.id, self.host_cache.max_bytes)
+        if slot.kv and self.host_cache.keeps and self.kv.cells_of(slot) >= SAVE_MIN:
+            data = self.backend.state_save(slot.id, self.host_cache.largest)
             if data is not None:
                 self.host_cache.put(slot.items(), data, slot.owner)
 
@@ -137,7 +137,8 @@ class Placer:
         rest = sum(it.n_tokens for it in request.prompt.items[k:])
         if not self.make_room(saved.cells + rest + reserve, keep=own):
             return False
-        if not self.backend.state_load(saved.data, own.id):
+        data = self.host_cache.data(saved)  # (read back from disk for an entry there)
+        if data is None or not self.backend.state_load(data, own.id):
             self.backend.kv_remove(0, -1, own.id)
             return False
         self.kv.hold(own, self.kv.new(saved.items))

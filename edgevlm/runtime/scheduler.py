@@ -55,19 +55,33 @@ from ..plan.context import ContextBudget
 from ..vision.merge import MergeSpec
 from .chat_format import PromptFormatter
 from .conversation import Message
+from .disktier import DiskTier
 from .encoder import Encoder
 from .feed import make_feed
 from .hostcache import HostKVCache
 from .items import ImageCache, Item, Prompt
 from .kvcells import KVCells, Slot
-from .placement import Placer
+from .placement import SAVE_MIN, Placer
 from .prompt import PromptRenderer
 from .requests import WAIT, Client, GenerationResponse, Request, Sequence
+from .saved import binding_of
 from .sched_options import THROUGHPUT, SchedulerOptions
 from .stats import build_stats
 from .stepcost import StepCosts
 
 __all__ = ["THROUGHPUT", "WAIT", "Client", "GenerationResponse", "Request", "Scheduler", "SchedulerOptions", "Sequence"]
+
+
+def host_cache(backend: Backend, options: SchedulerOptions) -> HostKVCache:
+    """The host cache ``options`` ask for: RAM, and a disk tier with ``cache_dir`` (bound to
+    this model pair and context; a quarter of the RAM holds what is on its way to disk)."""
+    if not options.cache_dir:
+        return HostKVCache(options.cache_ram)
+    from .. import __version__
+
+    queue = options.cache_ram // 4
+    disk = DiskTier(options.cache_dir, options.cache_disk, binding_of(backend), __version__, queue)
+    return HostKVCache(options.cache_ram - queue, disk)
 
 
 class Scheduler:
@@ -82,7 +96,7 @@ class Scheduler:
         self.kv = KVCells(backend, backend.n_seq_max)
         self.slots = self.kv.slots
         self.max_running = max(1, min(options.max_running or len(self.slots), len(self.slots)))
-        self.host_cache = HostKVCache(options.cache_ram)
+        self.host_cache = host_cache(backend, options)
         self.placer = Placer(self.kv, self.host_cache, backend, backend.n_ctx)
         self.encoder = Encoder(backend)
         self.throughput = options.profile == "throughput"
@@ -620,6 +634,28 @@ class Scheduler:
                 if s.seq is not None:
                     self.cancel(s.seq)
 
+    def persist(self, deadline: float) -> int:
+        """The server stops: write the idle conversations in the KV cache and in host RAM to the
+        disk tier (until ``deadline``, monotonic), so a restart loses none of them. Returns how
+        many were queued; none without a disk tier."""
+        disk = self.host_cache.disk
+        if disk is None:
+            return 0
+        n = 0
+        with self.lock:
+            for s in self.slots:
+                if time.monotonic() >= deadline:
+                    break
+                if s.seq is None and self.kv.cells_of(s) >= SAVE_MIN:
+                    data = self.backend.state_save(s.id, disk.max_bytes)
+                    if data is not None and disk.put(s.items(), data, wait_s=max(0.0, deadline - time.monotonic())):
+                        n += 1
+            for e in self.host_cache.entries():
+                if time.monotonic() < deadline:
+                    n += disk.put(e.items, e.data, wait_s=max(0.0, deadline - time.monotonic()))
+        disk.flush(deadline)
+        return n
+
     def clear(self) -> None:
         """Cancel what is in flight and empty the KV cache and the host cache (image embeddings
         stay cached): the model owner's reset, for every client at once."""
@@ -633,4 +669,4 @@ class Scheduler:
             self.cancel_all()
             self.encoder.close()
             self.images.close()
-            self.host_cache.forget()
+            self.host_cache.close()

@@ -77,6 +77,8 @@ class ChatService:
     def stop(self) -> None:
         self.worker.stop()
         self.fetcher.close()
+        # conversations still resident or in RAM go to the disk tier (--cache-dir), within the grace
+        self.model.scheduler.persist(time.monotonic() + self.options.shutdown_grace_s)
 
     def drain(self, since: float | None = None) -> None:
         """The server stops (a signal at ``since``, monotonic; default now): new requests get 503
