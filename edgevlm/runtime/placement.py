@@ -42,6 +42,7 @@ class Placer:
         self.n_ctx = n_ctx
         self.evicted = 0  # idle conversations moved out of the KV cache (saved or dropped)
         self.evicted_cells = 0
+        self.source = ""  # where the last placed request's cached prefix was (``TurnStats.cache_source``)
 
     def new_cells(self, items: tuple[Item, ...]) -> int:
         """Cells a prompt of ``items`` would evaluate now: those past the longest prefix the KV
@@ -66,6 +67,7 @@ class Placer:
                 return None
         # continue in place only where the whole history is a prefix of the request
         whole = [s for s in self.kv.slots if s.idle and lcp[s.id] == len(s.kv)]
+        self.source = "resident"
         if whole:
             own = max(whole, key=lambda s: (len(s.kv), s.last_used))
         else:
@@ -91,7 +93,7 @@ class Placer:
                 else:
                     own = self.evict(victim)
             if restore and saved is not None and self.restore(own, saved, hk, request, reserve):
-                pass
+                self.source = saved.source
             elif k > 0 and src is not own and src.kv:
                 self.kv.share(src, own, k)
         need = sum(it.n_tokens for it in items[len(own.kv) :]) + reserve
@@ -135,7 +137,9 @@ class Placer:
         """Copy a saved conversation back into ``own`` (empty) and keep its first ``k`` items;
         False (and nothing changed) when its cells do not fit or llama.cpp refuses."""
         rest = sum(it.n_tokens for it in request.prompt.items[k:])
-        if not self.make_room(saved.cells + rest + reserve, keep=own):
+        kept = sum(it.n_tokens for it in saved.items[:k])
+        # all its cells come in before those past ``k`` are cut: room for the larger of the two
+        if not self.make_room(max(saved.cells, kept + rest + reserve), keep=own):
             return False
         data = self.host_cache.data(saved)  # (read back from disk for an entry there)
         if data is None or not self.backend.state_load(data, own.id):

@@ -194,6 +194,7 @@ class Scheduler:
             seq.pending_prompt = len(seq.pending)
             seq.pending_cells = sum(it.n_tokens for it in seq.pending)
             seq.c["cached_n"] = sum(it.n_tokens for it in items[:k])
+            seq.c["cache_source"] = self.placer.source
             seq.c["image_tokens"] = sum(
                 it.n_tokens for it in seq.pending if not it.is_text and it.key[1] in request.new_images
             )
