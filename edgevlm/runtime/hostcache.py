@@ -15,11 +15,14 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ..backend.llama import Backend
 from .disktier import DiskEntry, DiskTier
 from .items import Item
 from .requests import Client
+from .saved import binding_of
+from .sched_options import SchedulerOptions
 
-__all__ = ["HostKVCache", "Saved"]
+__all__ = ["HostKVCache", "Saved", "make_host_cache"]
 
 
 @dataclass(eq=False)
@@ -161,3 +164,15 @@ class HostKVCache:
             "dropped": self.dropped,
             "disk": self.disk.to_dict() if self.disk is not None else None,
         }
+
+
+def make_host_cache(backend: Backend, options: SchedulerOptions) -> HostKVCache:
+    """The host cache ``options`` ask for: RAM, and a disk tier with ``cache_dir`` (bound to
+    ``backend``'s model pair and context; a quarter of the RAM holds what is on its way to disk)."""
+    if not options.cache_dir:
+        return HostKVCache(options.cache_ram)
+    from .. import __version__
+
+    queue = options.cache_ram // 4
+    disk = DiskTier(options.cache_dir, options.cache_disk, binding_of(backend), __version__, queue)
+    return HostKVCache(options.cache_ram - queue, disk)

@@ -14,12 +14,14 @@ scheduler (module doc there), apart from its step loop.
 
 from __future__ import annotations
 
+import time
+
 from ..backend.llama import Backend
-from ..errors import ContextExceeded
+from ..errors import ContextExceeded, MemoryBusy
 from .hostcache import HostKVCache, Saved
 from .items import Item
 from .kvcells import KVCells, Slot
-from .requests import Request, Sequence
+from .requests import Client, Request, Sequence
 
 __all__ = ["Placer", "RESTORE_MIN", "SAVE_MIN", "SHORT_LANE", "SHORT_PROMPT"]
 
@@ -198,3 +200,75 @@ class Placer:
                 it.n_tokens for it in taken if not it.is_text and it.key[1] in seq.request.new_images
             )
         return False
+
+    # --- saved cells in and out (``Scheduler.export``, ``adopt``, ``persist``: under its lock) --
+    def export(self, client: Client, items: tuple[Item, ...], now: int) -> tuple[tuple[Item, ...], bytes] | None:
+        """The KV cells of ``client``'s conversation: the idle sequence it owns holding the
+        longest prefix of ``items`` (brought back from the host cache first when that holds a
+        longer one), cut to that prefix, and llama.cpp's copy of them (``state_seq_get_data``,
+        positions included). None: it holds none of them."""
+        own = [s for s in self.kv.slots if s.owner is client and s.idle]
+        slot = max(own, key=lambda s: s.lcp(items), default=None)
+        k = slot.lcp(items) if slot is not None else 0
+        saved, hk = self.host_cache.best(items)
+        if saved is not None and saved.owner is client and hk > k:
+            if hk == len(saved.items):
+                return saved.items, saved.data
+            slot = self.free_slot()
+            if not self.backend.state_load(saved.data, slot.id):
+                self.backend.kv_remove(0, -1, slot.id)
+                return None
+            self.kv.hold(slot, self.kv.new(saved.items))
+            self.host_cache.take(saved)
+            slot.owner, slot.last_used, k = client, now, hk
+        if slot is None or k == 0:
+            return None
+        if k < len(slot.kv):
+            self.kv.truncate(slot, k)  # (a question asked after it, a reply cut short)
+        data = self.backend.state_save(slot.id)
+        return (slot.items(), data) if data is not None else None
+
+    def free_slot(self) -> Slot:
+        """A free sequence: one nobody holds, or the least recently used idle one, moved out."""
+        slot = next((s for s in self.kv.slots if s.free), None)
+        if slot is not None:
+            return slot
+        idle = [s for s in self.kv.slots if s.idle]
+        if not idle:
+            raise MemoryBusy("every sequence is running a request; try again when one finishes")
+        return self.evict(min(idle, key=lambda s: s.last_used))
+
+    def adopt(self, client: Client, items: tuple[Item, ...], data: bytes, now: int) -> bool:
+        """Saved cells into a sequence of ``client``'s (a free one, or the least recently used
+        idle conversation's, moved out first), room made for them as for any request: the next
+        request whose prompt starts with ``items`` continues there without evaluating them.
+        False (nothing changed) when llama.cpp does not take them."""
+        slot = self.free_slot()
+        if not self.make_room(sum(it.n_tokens for it in items), keep=slot):
+            raise MemoryBusy("the context is held by requests in flight; try again when they finish")
+        if not self.backend.state_load(data, slot.id):
+            self.backend.kv_remove(0, -1, slot.id)
+            return False
+        self.kv.hold(slot, self.kv.new(items))
+        slot.owner, slot.last_used = client, now
+        return True
+
+    def persist(self, deadline: float) -> int:
+        """The server stops: queue the idle conversations in the KV cache and in host RAM for the
+        disk tier (until ``deadline``, monotonic), so a restart loses none of them. Returns how
+        many were queued; none without a disk tier."""
+        disk = self.host_cache.disk
+        if disk is None:
+            return 0
+        n = 0
+        for s in self.kv.slots:
+            if time.monotonic() >= deadline:
+                break
+            if s.seq is None and self.kv.cells_of(s) >= SAVE_MIN:
+                data = self.backend.state_save(s.id, disk.max_bytes)
+                if data is not None and disk.put(s.items(), data, wait_s=max(0.0, deadline - time.monotonic())):
+                    n += 1
+        for e in self.host_cache.entries():
+            if time.monotonic() < deadline:
+                n += disk.put(e.items, e.data, wait_s=max(0.0, deadline - time.monotonic()))
+        return n

@@ -50,38 +50,24 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from ..backend.llama import Backend
-from ..errors import BackendError, MemoryBusy
+from ..errors import BackendError
 from ..plan.context import ContextBudget
 from ..vision.merge import MergeSpec
 from .chat_format import PromptFormatter
 from .conversation import Message
-from .disktier import DiskTier
 from .encoder import Encoder
 from .feed import make_feed
-from .hostcache import HostKVCache
+from .hostcache import make_host_cache
 from .items import ImageCache, Item, Prompt
 from .kvcells import KVCells, Slot
-from .placement import SAVE_MIN, Placer
+from .placement import Placer
 from .prompt import PromptRenderer
 from .requests import WAIT, Client, GenerationResponse, Request, Sequence
-from .saved import binding_of
 from .sched_options import THROUGHPUT, SchedulerOptions
 from .stats import build_stats
 from .stepcost import StepCosts
 
 __all__ = ["THROUGHPUT", "WAIT", "Client", "GenerationResponse", "Request", "Scheduler", "SchedulerOptions", "Sequence"]
-
-
-def host_cache(backend: Backend, options: SchedulerOptions) -> HostKVCache:
-    """The host cache ``options`` ask for: RAM, and a disk tier with ``cache_dir`` (bound to
-    this model pair and context; a quarter of the RAM holds what is on its way to disk)."""
-    if not options.cache_dir:
-        return HostKVCache(options.cache_ram)
-    from .. import __version__
-
-    queue = options.cache_ram // 4
-    disk = DiskTier(options.cache_dir, options.cache_disk, binding_of(backend), __version__, queue)
-    return HostKVCache(options.cache_ram - queue, disk)
 
 
 class Scheduler:
@@ -96,7 +82,7 @@ class Scheduler:
         self.kv = KVCells(backend, backend.n_seq_max)
         self.slots = self.kv.slots
         self.max_running = max(1, min(options.max_running or len(self.slots), len(self.slots)))
-        self.host_cache = host_cache(backend, options)
+        self.host_cache = make_host_cache(backend, options)
         self.placer = Placer(self.kv, self.host_cache, backend, backend.n_ctx)
         self.encoder = Encoder(backend)
         self.throughput = options.profile == "throughput"
@@ -558,59 +544,22 @@ class Scheduler:
         finally:
             self.cancel(seq)
 
-    # --- conversations to and from a file (``saved``) ----------------------------------------
+    # --- conversations to and from a file (``saved``) and the disk tier -----------------------
     def export(self, client: Client, items: tuple[Item, ...]) -> tuple[tuple[Item, ...], bytes] | None:
-        """The KV cells of ``client``'s conversation: the idle sequence it owns holding the
-        longest prefix of ``items`` (brought back from the host cache first when that holds a
-        longer one), cut to that prefix, and llama.cpp's copy of them (``state_seq_get_data``,
-        positions included). None: it holds none of them."""
-        with self.lock:
-            own = [s for s in self.slots if s.owner is client and s.idle]
-            slot = max(own, key=lambda s: s.lcp(items), default=None)
-            k = slot.lcp(items) if slot is not None else 0
-            saved, hk = self.host_cache.best(items)
-            if saved is not None and saved.owner is client and hk > k:
-                if hk == len(saved.items):
-                    return saved.items, saved.data
-                slot = self._free_slot()
-                if not self.backend.state_load(saved.data, slot.id):
-                    self.backend.kv_remove(0, -1, slot.id)
-                    return None
-                self.kv.hold(slot, self.kv.new(saved.items))
-                self.host_cache.take(saved)
-                slot.owner, slot.last_used, k = client, next(self._clock), hk
-            if slot is None or k == 0:
-                return None
-            if k < len(slot.kv):
-                self.kv.truncate(slot, k)  # (a question asked after it, a reply cut short)
-            data = self.backend.state_save(slot.id)
-            return (slot.items(), data) if data is not None else None
-
-    def _free_slot(self) -> Slot:
-        slot = next((s for s in self.slots if s.free), None)
-        if slot is not None:
-            return slot
-        idle = [s for s in self.slots if s.idle]
-        if not idle:
-            raise MemoryBusy("every sequence is running a request; try again when one finishes")
-        return self.placer.evict(min(idle, key=lambda s: s.last_used))
+        with self.lock:  # (Placer.export says what)
+            return self.placer.export(client, items, next(self._clock))
 
     def adopt(self, client: Client, items: tuple[Item, ...], data: bytes) -> bool:
-        """Saved cells into a sequence of ``client``'s (a free one, or the least recently used
-        idle conversation's, moved out first), room made for them as for any request: the next
-        request whose prompt starts with ``items`` continues there without evaluating them.
-        False (nothing changed) when llama.cpp does not take them."""
+        with self.lock:  # (Placer.adopt says what)
+            return self.placer.adopt(client, items, data, next(self._clock))
+
+    def persist(self, deadline: float) -> int:
+        """The server stops: idle conversations to the disk tier (``Placer.persist``) by ``deadline``."""
         with self.lock:
-            slot = self._free_slot()
-            if not self.placer.make_room(sum(it.n_tokens for it in items), keep=slot):
-                raise MemoryBusy("the context is held by requests in flight; try again when they finish")
-            if not self.backend.state_load(data, slot.id):
-                self.backend.kv_remove(0, -1, slot.id)
-                return False
-            self.kv.hold(slot, self.kv.new(items))
-            slot.owner = client
-            slot.last_used = next(self._clock)
-            return True
+            n = self.placer.persist(deadline)
+        if self.host_cache.disk is not None:
+            self.host_cache.disk.flush(deadline)
+        return n
 
     def cancel_client(self, client: Client) -> None:
         """Cancel what ``client`` has in flight (nobody else's)."""
@@ -634,28 +583,6 @@ class Scheduler:
             for s in self.slots:
                 if s.seq is not None:
                     self.cancel(s.seq)
-
-    def persist(self, deadline: float) -> int:
-        """The server stops: write the idle conversations in the KV cache and in host RAM to the
-        disk tier (until ``deadline``, monotonic), so a restart loses none of them. Returns how
-        many were queued; none without a disk tier."""
-        disk = self.host_cache.disk
-        if disk is None:
-            return 0
-        n = 0
-        with self.lock:
-            for s in self.slots:
-                if time.monotonic() >= deadline:
-                    break
-                if s.seq is None and self.kv.cells_of(s) >= SAVE_MIN:
-                    data = self.backend.state_save(s.id, disk.max_bytes)
-                    if data is not None and disk.put(s.items(), data, wait_s=max(0.0, deadline - time.monotonic())):
-                        n += 1
-            for e in self.host_cache.entries():
-                if time.monotonic() < deadline:
-                    n += disk.put(e.items, e.data, wait_s=max(0.0, deadline - time.monotonic()))
-        disk.flush(deadline)
-        return n
 
     def clear(self) -> None:
         """Cancel what is in flight and empty the KV cache and the host cache (image embeddings
