@@ -13,6 +13,7 @@ import httpx
 import pytest
 from anthropic import Anthropic
 
+from edgevlm_testkit.waiting import until
 from tests.test_serve import Served, data_uri, free_port, png, user
 
 PICTURE = data_uri(png(96, 80, seed=3))
@@ -116,3 +117,23 @@ def test_files_of_another_model_are_left_alone_and_one_dir_takes_one_server(mode
     for name, data in theirs.items():  # not deleted, not changed
         assert (d / name).read_bytes() == data
     shutil.rmtree(d)
+
+
+def test_conversations_pushed_out_of_ram_go_to_disk_and_come_back(pair, tmp_path):
+    """No RAM tier (--cache-ram 0): a third 576-token picture in a 1536 context moves the
+    least recently used conversation out — to disk — and its return reads it back."""
+    args = ("--cache-dir", str(tmp_path / "cache"), "--cache-ram", "0", "--ctx", "1536", "--parallel", "1")
+    server = Served(pair, *args)
+    try:
+        pictures = [data_uri(png(90 + 8 * i, 70, seed=10 + i)) for i in range(3)]
+        replies = [ask(server, [user("What is it?", p)])[0] for p in pictures]
+        disk = until(lambda: (d := server.status()["kv"]["host_cache"]["disk"])["written"] >= 1 and d, "written")
+        assert disk["conversations"] >= 1
+        assert server.status()["kv"]["host_cache"]["conversations"] == 0  # (nothing held in RAM)
+        _, cached = ask(
+            server, [user("What is it?", pictures[0]), {"role": "assistant", "content": replies[0]}, user("More?")]
+        )
+        assert cached >= 576
+        assert server.status()["kv"]["host_cache"]["disk"]["read"] >= 1
+    finally:
+        server.stop()
