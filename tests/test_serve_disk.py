@@ -20,8 +20,10 @@ PICTURE = data_uri(png(96, 80, seed=3))
 OTHER = data_uri(png(80, 96, seed=4))  # the Anthropic conversation's: nothing in common with the first
 
 
-def ask(server: Served, messages: list[dict]) -> tuple[str, int]:
+def ask(server: Served, messages: list[dict], held: list[int] | None = None) -> tuple[str, int]:
     r = server.client().chat.completions.create(model="m", messages=messages, max_tokens=6, temperature=0)
+    if held is not None:  # what the KV cache holds of the conversation after it: all but the last token
+        held.append(r.usage.prompt_tokens + r.usage.completion_tokens - 1)
     return r.choices[0].message.content or "", r.usage.prompt_tokens_details.cached_tokens
 
 
@@ -53,7 +55,8 @@ def test_a_restarted_server_answers_a_returning_conversation_from_disk(pair, tmp
     args = ("--cache-dir", str(d), "--ctx", "2048", "--parallel", "1")
     first = Served(pair, *args)
     try:
-        reply, cached = ask(first, [user("What is it?", PICTURE)])
+        held: list[int] = []
+        reply, cached = ask(first, [user("What is it?", PICTURE)], held)
         assert cached < 576
         a_cached, _ = ask_anthropic(first, "Describe it.", "", "")
         assert a_cached < 576  # (the chat template's first tokens at most)
@@ -65,7 +68,8 @@ def test_a_restarted_server_answers_a_returning_conversation_from_disk(pair, tmp
     again = Served(pair, *args)
     try:
         _, cached = ask(again, [user("What is it?", PICTURE), {"role": "assistant", "content": reply}, user("More?")])
-        assert cached >= 576  # the picture's cells came from disk, not from the encoder
+        # the picture's cells and the reply's came from disk (the reply's exact ids were kept too)
+        assert cached == held[0]
         st = again.status()["kv"]["host_cache"]["disk"]
         assert st["read"] >= 1
         assert st["ignored"] == 0
