@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import render_caption
 import render_gpu
+import render_restart
 import render_serve
 import render_tables
 
@@ -45,6 +46,7 @@ PARTS: dict[str, dict[str, Part]] = {
     "gpu_check": render_gpu.PARTS,
     "bench_serve": render_serve.PARTS,
     "bench_caption": render_caption.PARTS,
+    **render_restart.PARTS,
     **render_tables.PARTS,
 }
 
