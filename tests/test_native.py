@@ -110,3 +110,19 @@ def test_doctor_says_when_the_gpu_is_unused(tmp_path):
 
     if not llama_cpp.llama_supports_gpu_offload():
         assert "note: this llama-cpp-python build has no GPU support (a CPU wheel)" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("given", "seen"),
+    [
+        ({}, "10000"),  # a short spin: libgomp's 300,000 spins steal a busy machine's time slices
+        ({"GOMP_SPINCOUNT": "5"}, "5"),  # the user's own choice stays
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, None),  # ... and so does a policy (which sets its own spin)
+    ],
+)
+def test_importing_edgevlm_shortens_openmps_barrier_spin_unless_the_user_chose(given, seen):
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    code = "import os, edgevlm; print(os.environ.get('GOMP_SPINCOUNT'))"
+    r = subprocess.run([sys.executable, "-c", code], env={**env, **given}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(seen)
