@@ -86,7 +86,7 @@ def tables(d: D) -> str:
     out = [
         f"A conversation of {f0['pictures']} pictures and {f0['cells']:,} tokens ({cfg['family']}/{cfg['preset']} "
         f"pair, n_ctx {cfg['n_ctx']:,}, {cfg['threads']} threads), then a text follow-up ({cfg['reply_tokens']} tokens "
-        f"answered); medians of {cfg['runs']} runs:",
+        f"answered); medians of {cfg['runs']} runs ((c): the first {cfg['resent_runs']}):",
         "",
         _table(head, rows, {2, 3, 5, 6, 7}),
         "",
@@ -99,9 +99,10 @@ def tables(d: D) -> str:
             f"- {kv}: (c) ÷ (b) = **{s['resent_over_restored']:.2f}×** (target ≥ "
             f"{cfg['targets']['resent_over_restored_ge']:g}×: {_verdict(met[0])}); (b) ÷ (a) = "
             f"**{s['restored_over_same_process']:.2f}×** (target ≤ "
-            f"{cfg['targets']['restored_over_same_process_le']:g}×: {_verdict(met[1])}); from the process start, "
+            f"{cfg['targets']['restored_over_same_process_le']:g}×: {_verdict(met[1])}; per run "
+            f"{', '.join(f'{x:.2f}' for x in s['restored_over_same_process_paired'])}); from the process start, "
             f"(c) ÷ (b) = {s['resent_over_restored_wall']:.2f}×; the follow-up's answer was (a)'s in "
-            f"{same['restored']}/{cfg['runs']} runs restored, {same['resent']}/{cfg['runs']} re-sent."
+            f"{same['restored']}/{cfg['runs']} runs restored, {same['resent']}/{cfg['resent_runs']} re-sent."
         )
     head2 = ["KV", "KV cells", "file MiB", "of it KV MiB", "pictures MiB", "file MiB per 1,000 cells"]
     head2 += ["KV MiB per 1,000 cells", "save ms"]
@@ -122,9 +123,10 @@ def tables(d: D) -> str:
         )
     out += ["", "The file:", "", _table(head2, rows2), ""]
     head3 = ["KV", *[label for _, label in LOAD_PARTS], "rest of load", "turn: prompt rendered", "turn: the rest"]
+    head3 += ["(a)'s turn: prompt rendered", "(a)'s turn: the rest", "(b)'s process, next turn's TTFT"]
     rows3 = []
     for kv, k in by_kv.items():
-        b = k["summary"]["restored"]
+        b, a = k["summary"]["restored"], k["summary"]["same_process"]
         parts = [b["load_parts_ms"][p] for p, _ in LOAD_PARTS]
         rows3.append(
             [
@@ -133,9 +135,15 @@ def tables(d: D) -> str:
                 _ms(max(0.0, b["load_ms"] - sum(parts))),
                 _ms(b["render_ms"]),
                 _ms(max(0.0, b["turn_ttft_ms"] - b["render_ms"])),
+                _ms(a["render_ms"]),
+                _ms(max(0.0, a["ttft_ms"] - a["render_ms"])),
+                _ms(b["second_turn_ttft_ms"]),
             ]
         )
-    out += ["Where (b)'s TTFT goes, medians in ms (the turn's rest: the follow-up evaluated, its first token):"]
+    out += [
+        "Where (b)'s TTFT goes, medians in ms (a turn's rest: the follow-up evaluated, its first token sampled), "
+        "beside (a)'s turn:"
+    ]
     out += ["", _table(head3, rows3)]
     return "\n".join(out)
 
