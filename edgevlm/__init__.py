@@ -30,6 +30,7 @@ from .errors import (  # noqa: E402
     ModelFileError,
     ModelPairError,
     OutputError,
+    SavedStateError,
     SchemaError,
     UnsupportedModel,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "ModelFileError",
     "ModelPairError",
     "OutputError",
+    "SavedStateError",
     "ProjectorInfo",
     "SamplingParams",
     "SchemaError",

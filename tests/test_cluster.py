@@ -290,7 +290,13 @@ def test_the_python_api_on_a_running_ray(pair, forty, tmp_path):
     from edgevlm.cluster import caption_dataset, caption_files
 
     ray_gone()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    ray.init(  # as docs/caption.md starts a session of one's own: the actors at this process's priority
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        _system_config={"worker_niceness": 0},
+    )
     try:
         paths = [str(p) for p in sorted(forty.iterdir())[:5]]
         ds = ray.data.read_binary_files(paths, include_paths=True)

@@ -233,6 +233,43 @@ def test_drop_paste_and_the_summary_of_an_old_picture(browser, tiny_site):
     assert "(0 cached)" not in css(d, ".msg.assistant .meta")[3].text
 
 
+@pytest.mark.slow
+def test_a_returning_conversation_shows_where_its_cache_came_from(browser, model_pair, tmp_path):
+    """Resident in the KV cache while the server runs; from disk after a restart on the same
+    --cache-dir (the page re-sends its history to the new server on the same port)."""
+    from selenium.webdriver.common.keys import Keys
+
+    pair = model_pair("llava15")
+    args = ("--cache-dir", str(tmp_path / "cache"), "--ctx", "2048", "--parallel", "1")
+    server = Served(pair, *args)
+    d = browser
+    try:
+        d.get(server.url + "/")
+        wait(d, lambda d: by_id(d, "model").text == "model", what="model name")
+        wait(d, lambda d: "on disk" in by_id(d, "server").text, what="the kept conversations row")
+        d.execute_async_script(DROP_PICTURE, "drop", "kept.png")
+        wait(d, lambda d: "576 tokens" in by_id(d, "attachments").text, what="picture cost")
+        by_id(d, "input").send_keys("What is it?" + Keys.ENTER)
+        wait(d, lambda d: len(css(d, ".msg.assistant .meta")) == 1, timeout=120, what="reply 1")
+        by_id(d, "input").send_keys("More?" + Keys.ENTER)
+        wait(d, lambda d: len(css(d, ".msg.assistant .meta")) == 2, timeout=120, what="reply 2")
+        assert "from resident in the KV cache" in css(d, ".msg.assistant .meta")[1].text
+        assert "resident in the KV cache" in by_id(d, "source").text
+    finally:
+        assert "Traceback" not in server.stop()
+    server = Served(pair, *args, port=server.port)  # a restart: the page stays open
+    try:
+        by_id(d, "input").send_keys("And now?" + Keys.ENTER)
+        wait(d, lambda d: len(css(d, ".msg.assistant .meta")) == 3, timeout=120, what="reply 3")
+        meta = css(d, ".msg.assistant .meta")[2].text
+        assert "from disk (--cache-dir)" in meta, meta
+        assert "disk" in by_id(d, "source").text
+        wait(d, lambda d: "1 on disk" in by_id(d, "server").text, what="the file in the panel")
+        shot(d, "from-disk")
+    finally:
+        assert "Traceback" not in server.stop()
+
+
 def test_the_demo_model_answers_on_the_page(browser, tmp_path):
     """The README's screenshot: the trained demo model, greedy, answers a question about one of
     the examples right, beside the memory panel. Written to test-artifacts/readme-page.png, and to

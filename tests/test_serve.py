@@ -58,9 +58,9 @@ def user(text: str, *urls: str) -> dict:
 class Served:
     """``edgevlm serve`` in a subprocess on a free port of 127.0.0.1; stopped by ``stop()``."""
 
-    def __init__(self, pair, *args: str):
+    def __init__(self, pair, *args: str, port: int | None = None):
         self.key = args[args.index("--api-key") + 1] if "--api-key" in args else None
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [

@@ -242,7 +242,7 @@ def _one_shot(
     if show_stats and engine.last_stats:
         echo_err(engine.last_stats.footer())
     if session:
-        engine.save(session)
+        echo_err(f"saved {engine.save(session).describe()}")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -80,6 +81,18 @@ __all__ = ["serve"]
     default=None,
     help="Host RAM for idle conversations moved out of the KV cache, copied back when they "
     f"return (planned) [default: {format_size(ServeOptions.cache_ram)}]; 0: drop them.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    help="A folder for idle conversations pushed out of RAM, kept across restarts: a restarted server with the "
+    "same model answers a returning conversation from it. A graceful stop writes the rest there too.",
+)
+@click.option(
+    "--cache-disk",
+    type=Size(),
+    default=None,
+    help=f"The most --cache-dir holds, least recently used out [default: {format_size(ServeOptions.cache_disk)}].",
 )
 @click.option(
     "--api-key",
@@ -170,6 +183,8 @@ def serve(
     profile,
     queue,
     cache_ram,
+    cache_dir,
+    cache_disk,
     api_key,
     max_body,
     body_timeout,
@@ -231,6 +246,9 @@ def serve(
     sockets = bind(host, port)
     ollama_sockets = bind(host, ollama_port, "--ollama-port") if ollama_port is not None else None
     cache_ram = ServeOptions.cache_ram if cache_ram is None else cache_ram
+    cache_disk = ServeOptions.cache_disk if cache_disk is None else cache_disk
+    if cache_dir:
+        check_cache_dir(cache_dir, cache_disk)
     wishes = planning.serving(parallel, merge, cache_ram)
     spec = model
     model, mmproj = model_paths(model, mmproj, probe_args=planning.probe_args, wishes=wishes, yes=yes)
@@ -260,6 +278,8 @@ def serve(
         allow_paths=tuple(allow_path),
         host_allowance=plan.host_allowance,
         cache_ram=plan.cache_ram,
+        cache_dir=cache_dir,
+        cache_disk=cache_disk,
     )
     engine_options = EngineOptions(
         image_tokens=wishes.image_tokens,
@@ -280,7 +300,7 @@ def serve(
             n_threads=threads,
             n_seq_max=sequences,
             parallel=slots,
-            scheduler_options=SchedulerOptions(profile=profile),
+            scheduler_options=SchedulerOptions(profile=profile, cache_dir=cache_dir, cache_disk=cache_disk),
             verbose=verbose,
         )
         where = [f"http://{h}:{p}" for h, p in bound(server)] or [f"http://{host}:{port}"]
@@ -343,3 +363,31 @@ def bound(server) -> list[tuple[str, int]]:
             name = sock.getsockname()
             out.append((name[0], name[1]))
     return out
+
+
+def check_cache_dir(folder: str, size: int) -> None:
+    """``--cache-disk`` planned like the RAM tier: what the folder's disk has free (with the
+    cache's own files, which it may replace) must hold it. One line otherwise, exit 2."""
+    import shutil
+
+    from .common import CLIError
+
+    probe = os.path.abspath(folder)
+    while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)  # (the folder is made when the model loads)
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError as exc:
+        raise CLIError(f"--cache-dir {folder}: {exc.strerror or exc}", 2) from None
+    own = 0
+    if os.path.isdir(folder):
+        for name in os.listdir(folder):
+            if name.endswith(".evlm"):
+                with contextlib.suppress(OSError):
+                    own += os.path.getsize(os.path.join(folder, name))
+    if size > free + own:
+        raise CLIError(
+            f"--cache-disk {format_size(size)}: {folder} has {format_size(free + own)} for it "
+            f"(free space and its own files); give less",
+            2,
+        )

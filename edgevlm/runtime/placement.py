@@ -14,12 +14,14 @@ scheduler (module doc there), apart from its step loop.
 
 from __future__ import annotations
 
+import time
+
 from ..backend.llama import Backend
-from ..errors import ContextExceeded
+from ..errors import ContextExceeded, MemoryBusy
 from .hostcache import HostKVCache, Saved
 from .items import Item
 from .kvcells import KVCells, Slot
-from .requests import Request, Sequence
+from .requests import Client, Request, Sequence
 
 __all__ = ["Placer", "RESTORE_MIN", "SAVE_MIN", "SHORT_LANE", "SHORT_PROMPT"]
 
@@ -42,6 +44,7 @@ class Placer:
         self.n_ctx = n_ctx
         self.evicted = 0  # idle conversations moved out of the KV cache (saved or dropped)
         self.evicted_cells = 0
+        self.source = ""  # where the last placed request's cached prefix was (``TurnStats.cache_source``)
 
     def new_cells(self, items: tuple[Item, ...]) -> int:
         """Cells a prompt of ``items`` would evaluate now: those past the longest prefix the KV
@@ -66,6 +69,7 @@ class Placer:
                 return None
         # continue in place only where the whole history is a prefix of the request
         whole = [s for s in self.kv.slots if s.idle and lcp[s.id] == len(s.kv)]
+        self.source = "resident"
         if whole:
             own = max(whole, key=lambda s: (len(s.kv), s.last_used))
         else:
@@ -91,7 +95,7 @@ class Placer:
                 else:
                     own = self.evict(victim)
             if restore and saved is not None and self.restore(own, saved, hk, request, reserve):
-                pass
+                self.source = saved.source
             elif k > 0 and src is not own and src.kv:
                 self.kv.share(src, own, k)
         need = sum(it.n_tokens for it in items[len(own.kv) :]) + reserve
@@ -126,8 +130,8 @@ class Placer:
         return slot
 
     def save(self, slot: Slot) -> None:
-        if slot.kv and self.host_cache.max_bytes and self.kv.cells_of(slot) >= SAVE_MIN:
-            data = self.backend.state_save(slot.id, self.host_cache.max_bytes)
+        if slot.kv and self.host_cache.keeps and self.kv.cells_of(slot) >= SAVE_MIN:
+            data = self.backend.state_save(slot.id, self.host_cache.largest)
             if data is not None:
                 self.host_cache.put(slot.items(), data, slot.owner)
 
@@ -135,9 +139,12 @@ class Placer:
         """Copy a saved conversation back into ``own`` (empty) and keep its first ``k`` items;
         False (and nothing changed) when its cells do not fit or llama.cpp refuses."""
         rest = sum(it.n_tokens for it in request.prompt.items[k:])
-        if not self.make_room(saved.cells + rest + reserve, keep=own):
+        kept = sum(it.n_tokens for it in saved.items[:k])
+        # all its cells come in before those past ``k`` are cut: room for the larger of the two
+        if not self.make_room(max(saved.cells, kept + rest + reserve), keep=own):
             return False
-        if not self.backend.state_load(saved.data, own.id):
+        data = self.host_cache.data(saved)  # (read back from disk for an entry there)
+        if data is None or not self.backend.state_load(data, own.id):
             self.backend.kv_remove(0, -1, own.id)
             return False
         self.kv.hold(own, self.kv.new(saved.items))
@@ -193,3 +200,75 @@ class Placer:
                 it.n_tokens for it in taken if not it.is_text and it.key[1] in seq.request.new_images
             )
         return False
+
+    # --- saved cells in and out (``Scheduler.export``, ``adopt``, ``persist``: under its lock) --
+    def export(self, client: Client, items: tuple[Item, ...], now: int) -> tuple[tuple[Item, ...], bytes] | None:
+        """The KV cells of ``client``'s conversation: the idle sequence it owns holding the
+        longest prefix of ``items`` (brought back from the host cache first when that holds a
+        longer one), cut to that prefix, and llama.cpp's copy of them (``state_seq_get_data``,
+        positions included). None: it holds none of them."""
+        own = [s for s in self.kv.slots if s.owner is client and s.idle]
+        slot = max(own, key=lambda s: s.lcp(items), default=None)
+        k = slot.lcp(items) if slot is not None else 0
+        saved, hk = self.host_cache.best(items)
+        if saved is not None and saved.owner is client and hk > k:
+            if hk == len(saved.items):
+                return saved.items, saved.data
+            slot = self.free_slot()
+            if not self.backend.state_load(saved.data, slot.id):
+                self.backend.kv_remove(0, -1, slot.id)
+                return None
+            self.kv.hold(slot, self.kv.new(saved.items))
+            self.host_cache.take(saved)
+            slot.owner, slot.last_used, k = client, now, hk
+        if slot is None or k == 0:
+            return None
+        if k < len(slot.kv):
+            self.kv.truncate(slot, k)  # (a question asked after it, a reply cut short)
+        data = self.backend.state_save(slot.id)
+        return (slot.items(), data) if data is not None else None
+
+    def free_slot(self) -> Slot:
+        """A free sequence: one nobody holds, or the least recently used idle one, moved out."""
+        slot = next((s for s in self.kv.slots if s.free), None)
+        if slot is not None:
+            return slot
+        idle = [s for s in self.kv.slots if s.idle]
+        if not idle:
+            raise MemoryBusy("every sequence is running a request; try again when one finishes")
+        return self.evict(min(idle, key=lambda s: s.last_used))
+
+    def adopt(self, client: Client, items: tuple[Item, ...], data: bytes, now: int) -> bool:
+        """Saved cells into a sequence of ``client``'s (a free one, or the least recently used
+        idle conversation's, moved out first), room made for them as for any request: the next
+        request whose prompt starts with ``items`` continues there without evaluating them.
+        False (nothing changed) when llama.cpp does not take them."""
+        slot = self.free_slot()
+        if not self.make_room(sum(it.n_tokens for it in items), keep=slot):
+            raise MemoryBusy("the context is held by requests in flight; try again when they finish")
+        if not self.backend.state_load(data, slot.id):
+            self.backend.kv_remove(0, -1, slot.id)
+            return False
+        self.kv.hold(slot, self.kv.new(items))
+        slot.owner, slot.last_used = client, now
+        return True
+
+    def persist(self, deadline: float) -> int:
+        """The server stops: queue the idle conversations in the KV cache and in host RAM for the
+        disk tier (until ``deadline``, monotonic), so a restart loses none of them. Returns how
+        many were queued; none without a disk tier."""
+        disk = self.host_cache.disk
+        if disk is None:
+            return 0
+        n = 0
+        for s in self.kv.slots:
+            if time.monotonic() >= deadline:
+                break
+            if s.seq is None and self.kv.cells_of(s) >= SAVE_MIN:
+                data = self.backend.state_save(s.id, disk.max_bytes)
+                if data is not None and disk.put(s.items(), data, wait_s=max(0.0, deadline - time.monotonic())):
+                    n += 1
+        for e in self.host_cache.entries():
+            if time.monotonic() < deadline:
+                n += disk.put(e.items, e.data, wait_s=max(0.0, deadline - time.monotonic()))
+        return n

@@ -122,6 +122,7 @@ class Sequence:
             image_tokens_in=0,
             image_tokens_out=0,
             merge_map_size=0,
+            cache_source="",  # where its cached prefix was: resident, host (RAM), disk ("" none)
             **request.counters,
         )
         self.out: deque[GenerationResponse] = deque()

@@ -50,14 +50,14 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from ..backend.llama import Backend
-from ..errors import BackendError, MemoryBusy
+from ..errors import BackendError
 from ..plan.context import ContextBudget
 from ..vision.merge import MergeSpec
 from .chat_format import PromptFormatter
 from .conversation import Message
 from .encoder import Encoder
 from .feed import make_feed
-from .hostcache import HostKVCache
+from .hostcache import make_host_cache
 from .items import ImageCache, Item, Prompt
 from .kvcells import KVCells, Slot
 from .placement import Placer
@@ -82,7 +82,7 @@ class Scheduler:
         self.kv = KVCells(backend, backend.n_seq_max)
         self.slots = self.kv.slots
         self.max_running = max(1, min(options.max_running or len(self.slots), len(self.slots)))
-        self.host_cache = HostKVCache(options.cache_ram)
+        self.host_cache = make_host_cache(backend, options)
         self.placer = Placer(self.kv, self.host_cache, backend, backend.n_ctx)
         self.encoder = Encoder(backend)
         self.throughput = options.profile == "throughput"
@@ -180,6 +180,7 @@ class Scheduler:
             seq.pending_prompt = len(seq.pending)
             seq.pending_cells = sum(it.n_tokens for it in seq.pending)
             seq.c["cached_n"] = sum(it.n_tokens for it in items[:k])
+            seq.c["cache_source"] = self.placer.source
             seq.c["image_tokens"] = sum(
                 it.n_tokens for it in seq.pending if not it.is_text and it.key[1] in request.new_images
             )
@@ -543,59 +544,22 @@ class Scheduler:
         finally:
             self.cancel(seq)
 
-    # --- conversations to and from a file (``saved``) ----------------------------------------
+    # --- conversations to and from a file (``saved``) and the disk tier -----------------------
     def export(self, client: Client, items: tuple[Item, ...]) -> tuple[tuple[Item, ...], bytes] | None:
-        """The KV cells of ``client``'s conversation: the idle sequence it owns holding the
-        longest prefix of ``items`` (brought back from the host cache first when that holds a
-        longer one), cut to that prefix, and llama.cpp's copy of them (``state_seq_get_data``,
-        positions included). None: it holds none of them."""
-        with self.lock:
-            own = [s for s in self.slots if s.owner is client and s.idle]
-            slot = max(own, key=lambda s: s.lcp(items), default=None)
-            k = slot.lcp(items) if slot is not None else 0
-            saved, hk = self.host_cache.best(items)
-            if saved is not None and saved.owner is client and hk > k:
-                if hk == len(saved.items):
-                    return saved.items, saved.data
-                slot = self._free_slot()
-                if not self.backend.state_load(saved.data, slot.id):
-                    self.backend.kv_remove(0, -1, slot.id)
-                    return None
-                self.kv.hold(slot, self.kv.new(saved.items))
-                self.host_cache.take(saved)
-                slot.owner, slot.last_used, k = client, next(self._clock), hk
-            if slot is None or k == 0:
-                return None
-            if k < len(slot.kv):
-                self.kv.truncate(slot, k)  # (a question asked after it, a reply cut short)
-            data = self.backend.state_save(slot.id)
-            return (slot.items(), data) if data is not None else None
-
-    def _free_slot(self) -> Slot:
-        slot = next((s for s in self.slots if s.free), None)
-        if slot is not None:
-            return slot
-        idle = [s for s in self.slots if s.idle]
-        if not idle:
-            raise MemoryBusy("every sequence is running a request; try again when one finishes")
-        return self.placer.evict(min(idle, key=lambda s: s.last_used))
+        with self.lock:  # (Placer.export says what)
+            return self.placer.export(client, items, next(self._clock))
 
     def adopt(self, client: Client, items: tuple[Item, ...], data: bytes) -> bool:
-        """Saved cells into a sequence of ``client``'s (a free one, or the least recently used
-        idle conversation's, moved out first), room made for them as for any request: the next
-        request whose prompt starts with ``items`` continues there without evaluating them.
-        False (nothing changed) when llama.cpp does not take them."""
+        with self.lock:  # (Placer.adopt says what)
+            return self.placer.adopt(client, items, data, next(self._clock))
+
+    def persist(self, deadline: float) -> int:
+        """The server stops: idle conversations to the disk tier (``Placer.persist``) by ``deadline``."""
         with self.lock:
-            slot = self._free_slot()
-            if not self.placer.make_room(sum(it.n_tokens for it in items), keep=slot):
-                raise MemoryBusy("the context is held by requests in flight; try again when they finish")
-            if not self.backend.state_load(data, slot.id):
-                self.backend.kv_remove(0, -1, slot.id)
-                return False
-            self.kv.hold(slot, self.kv.new(items))
-            slot.owner = client
-            slot.last_used = next(self._clock)
-            return True
+            n = self.placer.persist(deadline)
+        if self.host_cache.disk is not None:
+            self.host_cache.disk.flush(deadline)
+        return n
 
     def cancel_client(self, client: Client) -> None:
         """Cancel what ``client`` has in flight (nobody else's)."""
@@ -633,4 +597,4 @@ class Scheduler:
             self.cancel_all()
             self.encoder.close()
             self.images.close()
-            self.host_cache.forget()
+            self.host_cache.close()

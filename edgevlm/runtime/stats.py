@@ -41,6 +41,9 @@ class TurnStats:
     image_tokens_in: int = 0  # image tokens the projector produced (evaluated this turn)
     image_tokens_out: int = 0  # image tokens fed to the model after merging
     merge_map_size: int = 0  # entries of the input→output token map (0 when merging is off)
+    # where the cached prompt tokens were: "resident" (the KV cache), "host" (RAM), "disk"
+    # (serve --cache-dir); "" when none were
+    cache_source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,5 +114,6 @@ def build_stats(
         dropped_turns=c.get("dropped_turns", 0),
         image_tokens_in=c.get("image_tokens_in", 0),
         image_tokens_out=c.get("image_tokens_out", 0),
+        cache_source=c.get("cache_source", "") if c["cached_n"] else "",
         merge_map_size=c.get("merge_map_size", 0),
     )

@@ -109,6 +109,9 @@ class Job:
             ext["summaries"] = list(self.progress.summaries)
         if self.progress.dropped:
             ext["dropped_messages"] = self.progress.dropped
+        seq = self.progress.seq
+        if seq is not None and seq.c["cached_n"]:  # where its cached tokens were (the page shows it)
+            ext["cache"] = {"tokens": seq.c["cached_n"], "source": seq.c["cache_source"]}
         return ext
 
 

@@ -68,6 +68,9 @@ class ServeOptions:
     # host RAM for idle conversations moved out of the KV cache, copied back when they return
     # (the plan's --cache-ram when serving)
     cache_ram: int = 1024 * MIB
+    # a folder those pushed out of RAM go to, kept across restarts (None: none), and its bound
+    cache_dir: str | None = None
+    cache_disk: int = 8 * 1024 * MIB
     # /v1/responses kept in memory for previous_response_id and GET /v1/responses/{id} (least
     # recently used given up first): at most this many, holding at most this many bytes (their
     # texts and picture URLs — a data URI is the picture's bytes in base64 — never pixels)

@@ -37,10 +37,12 @@ from ..plan.host import HostAllowance, Lease, return_freed_memory, trim_freed_me
 from ..runtime.intake import Asked, Fetcher, MediaRef, ReplySpec, Turn
 from ..runtime.model import LoadedModel
 from ..runtime.requests import Sequence
+from ..runtime.saved import binding_of
 from .api_errors import APIError, ClientGone, RequestTimedOut, ServerBusy, ServerStopping, WorkerStopped
 from .job import Event, Job
 from .options import ServeOptions
 from .prep import Preparation
+from .recall import load_recall, save_recall
 from .replies import ReplySplitter
 from .request import ChatRequest, Delta, Reply
 from .rules import ReplyRules
@@ -72,11 +74,18 @@ class ChatService:
 
     def start(self) -> None:
         return_freed_memory()  # RSS follows what requests hold (see plan.host)
+        if self.options.cache_dir:  # the replies a server of this model handed out before a restart
+            load_recall(self.worker.recall, self.options.cache_dir, binding_of(self.model.backend))
         self.worker.start()
 
     def stop(self) -> None:
         self.worker.stop()
         self.fetcher.close()
+        # conversations still resident or in RAM go to the disk tier (--cache-dir), within the
+        # grace, and the replies' exact ids with them
+        self.model.scheduler.persist(time.monotonic() + self.options.shutdown_grace_s)
+        if self.options.cache_dir:
+            save_recall(self.worker.recall, self.options.cache_dir, binding_of(self.model.backend))
 
     def drain(self, since: float | None = None) -> None:
         """The server stops (a signal at ``since``, monotonic; default now): new requests get 503

@@ -10,6 +10,7 @@ const state = {
   model: "edgevlm",
   nCtx: null,
   controller: null,   // the reply being streamed (Stop aborts it)
+  cacheSource: null,  // where the last reply's cached tokens were: resident, host, disk
 };
 
 // --- the API, with the key asked once and kept for this tab ------------------------------------
@@ -103,7 +104,14 @@ function setContextUse(used) {
   if (state.nCtx) $("ctx").textContent = `context ${fmt(used)} / ${fmt(state.nCtx)} tokens`;
 }
 
+// where a reply's cached prompt tokens were (the reply's edgevlm.cache.source)
+const SOURCES = { resident: "resident in the KV cache", host: "host RAM", disk: "disk (--cache-dir)" };
+
 function applyExtension(ext, sentLength) {
+  if (ext.cache) {
+    state.cacheSource = ext.cache.source;
+    renderConversationSource();
+  }
   // What the server did to the history to make room: show it and send the shorter one next time.
   for (const s of ext.summaries || []) {
     if (s.message < state.history.length) {
@@ -157,6 +165,7 @@ async function send() {
   let finish = null;
   let failed = null;
   const sentLength = state.history.length;
+  state.cacheSource = null;
   try {
     const resp = await api("/v1/chat/completions", {
       method: "POST",
@@ -219,7 +228,8 @@ async function send() {
   else if (finish === "length") meta.push("cut at max tokens");
   if (usage) {
     const cached = (usage.prompt_tokens_details || {}).cached_tokens || 0;
-    meta.push(`prompt ${fmt(usage.prompt_tokens)} tokens (${fmt(cached)} cached)`, `reply ${fmt(usage.completion_tokens)}`);
+    const from = cached && state.cacheSource ? `, from ${SOURCES[state.cacheSource] || state.cacheSource}` : "";
+    meta.push(`prompt ${fmt(usage.prompt_tokens)} tokens (${fmt(cached)} cached${from})`, `reply ${fmt(usage.completion_tokens)}`);
     setContextUse(usage.total_tokens);
   }
   if (meta.length) bubble.appendChild(el("span", "meta", meta.join(" · ")));
@@ -229,6 +239,8 @@ function newConversation() {
   if (state.controller) state.controller.abort();
   state.history = [];
   state.bubbles = [];
+  state.cacheSource = null;
+  renderConversationSource();
   $("log").replaceChildren();
   $("ctx").textContent = "";
   note("New conversation.");
@@ -365,6 +377,7 @@ function renderStatus(st) {
       ["memory measured", `${mib(st.memory.measured.process_rss_bytes)} (this process)`],
       ["requests", `${r.served} served · ${r.cancelled} stopped · ${r.failed} failed · ${r.rejected} busy`],
       ["tokens", `${fmt(r.generated_tokens)} generated · ${fmt(r.cached_tokens)} reused`],
+      ["conversations kept", keptText(st.kv)],
     );
     renderPlan(st.plan);
   } else if (st.error) {
@@ -375,6 +388,20 @@ function renderStatus(st) {
     server.appendChild(el("dt", "", k));
     server.appendChild(el("dd", "", String(v)));
   }
+}
+
+function keptText(kv) {
+  const host = kv.host_cache || {};
+  const parts = [`${kv.conversations} resident`, `${host.conversations || 0} in host RAM`];
+  if (host.disk) parts.push(`${host.disk.conversations} on disk`);
+  return parts.join(" · ");
+}
+
+function renderConversationSource() {
+  // this page's conversation: where its last reply found its cached tokens
+  const box = $("source");
+  if (!box) return;
+  box.textContent = state.cacheSource ? `This conversation's KV cache came from: ${SOURCES[state.cacheSource] || state.cacheSource}` : "";
 }
 
 function renderPlan(plan) {
