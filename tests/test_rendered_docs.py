@@ -316,6 +316,93 @@ def test_bench_caption_runs_made_before_the_four_sides_still_render(tmp_path):
     assert "1.20× the images/s" in render.part(stem, "readme", tmp_path)
 
 
+def _restore_kv(a_ms: float, load_ms: float, turn_ms: float, c_ms: float) -> dict:
+    """One KV type of a bench_restore run: (a), (b) = load + turn, (c), one run each."""
+
+    def row(ttft, n, cached, encoded, busy):
+        return {
+            "ttft_total_ms": ttft,
+            "prompt_n": n,
+            "cached_n": cached,
+            "images_encoded": encoded,
+            "busy_others": busy,
+        }
+
+    b_ms = load_ms + turn_ms
+    parts = {"read_and_checksum": 150.0, "decode_pictures": 30.0, "binding": 9.0, "state_seq_set_data": 60.0}
+    restored = {"ttft_ms": b_ms, "process_to_first_token_ms": 2500.0, "load_ms": load_ms, "turn_ttft_ms": turn_ms}
+    restored |= {"second_turn_ttft_ms": 700.0, "render_ms": 20.0, "load_parts_ms": parts}
+    summary = {
+        "same_process": {"ttft_ms": a_ms, "render_ms": 1.0},
+        "restored": restored,
+        "resent": {"ttft_ms": c_ms, "process_to_first_token_ms": c_ms + 1500.0, "render_ms": 25.0},
+        "resent_over_restored": round(c_ms / b_ms, 2),
+        "restored_over_same_process": round(b_ms / a_ms, 2),
+        "restored_over_same_process_paired": [round(b_ms / a_ms, 2)],
+        "resent_over_restored_wall": round((c_ms + 1500.0) / 2500.0, 2),
+        "same_reply_as_same_process": {"restored": 1, "resent": 1},
+        "targets": {"restored_ge_5x_faster_than_resent": c_ms / b_ms >= 5, "restored_within_1.5x": b_ms / a_ms <= 1.5},
+    }
+    mib = 2**20
+    file = {"bytes": 63 * mib, "kv_bytes": 62 * mib, "picture_bytes": mib // 10, "cells": 2006, "pictures": 3}
+    file |= {
+        "save_ms": 500.0,
+        "bytes_per_1k_cells": round(63 * mib / 2.006),
+        "kv_bytes_per_1k_cells": round(62 * mib / 2.006),
+    }
+    runs = {
+        "same_process": [row(a_ms, 32, 2006, 0, 0.1)],
+        "restored": [row(b_ms, 32, 2006, 0, 0.2)],
+        "resent": [row(c_ms, 2038, 0, 3, 0.3)],
+    }
+    return {"runs": runs, "summary": summary, "file": file}
+
+
+def test_bench_restore_runs_render_the_three_ways_their_targets_and_the_file(tmp_path):
+    """Issue #55's benchmark: per KV type the next turn's TTFT three ways — (b) as the file's
+    load plus the turn —, each target met or not, the file's MiB per 1,000 cells; the example
+    shows the command as typed (the pair's files by name) and the refusal's line and exit code."""
+    render = _module("render_docs")
+    resultfile = _module("resultfile")
+    cfg = {"family": "llava15", "preset": "real", "n_ctx": 4096, "threads": 2, "reply_tokens": 8}
+    cfg |= {
+        "runs": 1,
+        "resent_runs": 1,
+        "targets": {"resent_over_restored_ge": 5.0, "restored_over_same_process_le": 1.5},
+    }
+    f16, q8 = _restore_kv(800.0, 300.0, 900.0, 20000.0), _restore_kv(800.0, 150.0, 850.0, 4000.0)
+    argv = ["edgevlm", "chat", "-m", "/cache/x/model.gguf", "--mmproj", "/cache/x/mmproj.gguf", "--kv", "f16"]
+    argv += ["--session", "talk.evlm", "--json", "Which one?"]
+    out = {"text": "ab", "stats": {"prompt_n": 32, "cached_n": 2006, "images_encoded": 0, "image_encode_ms": 0.0}}
+    out["stats"] |= {"ttft_ms": 950.5, "n_ctx_used": 2045, "itl_ms_mean": 1.0}
+    out["session"] = {"path": "talk.evlm", "restored_tokens": 2006}
+    f16["cli"] = {"argv": argv, "returncode": 0, "output": out}
+    refused = {"argv": [*argv[:7], "q8_0", *argv[8:]], "returncode": 2}
+    refused["stderr"] = "Error: talk.evlm: made with KV cache f16, this one has q8_0 (--kv f16)"
+    result = {"config": cfg, "by_kv": {"f16": f16, "q8_0": q8}, "refusal": refused}
+    resultfile.Run("bench_restore").save(result, tmp_path / "bench_restore-20000101-abcdef0.json")
+    stem = "bench_restore-20000101-abcdef0"
+    table = render.part(stem, "table", tmp_path)
+    assert (
+        "| f16 | (b) new process, restored from the file | **1,200** | 1,200 | 300 + 900 | 2.5 | 32/2006 | 0 |" in table
+    )
+    assert (
+        "| q8_0 | (c) new process, whole history re-sent | **4,000** | 4,000 | – | 5.5 | 2038/0 | 3 | 30 % |" in table
+    )
+    assert "- f16: (c) ÷ (b) = **16.67×** (target ≥ 5×: met); (b) ÷ (a) = **1.50×** (target ≤ 1.5×: met;" in table
+    assert "- q8_0: (c) ÷ (b) = **4.00×** (target ≥ 5×: **not met**); (b) ÷ (a) = **1.25×**" in table
+    assert "| f16 | 2,006 | 63.0 | 62.0 | 0.10 | **31.41** | 30.91 | 500 |" in table
+    assert "| f16 | 150 | 30 | 9 | 60 | 51 | 20 | 880 | 1 | 799 | 700 |" in table
+    example = render.part(stem, "example", tmp_path)
+    assert (
+        "$ edgevlm chat -m model.gguf --mmproj mmproj.gguf --kv f16 --session talk.evlm --json 'Which one?'" in example
+    )
+    assert '"cached_n": 2006' in example
+    assert "itl_ms_mean" not in example
+    assert "$ edgevlm chat -m model.gguf --mmproj mmproj.gguf --kv q8_0" in example
+    assert example.endswith("this one has q8_0 (--kv f16)\n$ echo $?\n2\n```")
+
+
 def test_a_pending_block_says_which_script_makes_its_run_and_nothing_else(tmp_path, monkeypatch):
     """A block for a run nobody has made yet (``STEM-pending``) holds the one line naming its
     script: any other text in it, or a script that does not exist, fails the check."""
