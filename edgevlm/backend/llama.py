@@ -514,12 +514,17 @@ class Backend(MtmdTokenizer):
         got = int(lc.llama_state_seq_get_data(self._llm.ctx, buf, n, seq_id))
         return bytes(memoryview(buf)[:got]) if got > 0 else None
 
-    def state_load(self, data: bytes, seq_id: int) -> bool:
+    def state_load(self, data: bytes | memoryview, seq_id: int) -> bool:
         """Put cells saved by ``state_save`` into sequence ``seq_id`` (empty); False when
-        llama.cpp cannot (no room for them)."""
+        llama.cpp cannot (no room for them). ``data`` is read where it lies, never copied (a
+        saved file's KV section is a view of the buffer the file was read into)."""
         lc = self.llama_cpp
-        buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
-        return int(lc.llama_state_seq_set_data(self._llm.ctx, buf, len(data), seq_id)) == len(data)
+        n = len(data)
+        if isinstance(data, memoryview) and not data.readonly:
+            buf: Any = (ctypes.c_ubyte * n).from_buffer(data)
+        else:  # (bytes: llama.cpp only reads them)
+            buf = ctypes.cast(ctypes.c_char_p(bytes(data)), ctypes.POINTER(ctypes.c_ubyte))
+        return int(lc.llama_state_seq_set_data(self._llm.ctx, buf, n, seq_id)) == n
 
     def kv_clear(self) -> None:
         mem = self.llama_cpp.llama_get_memory(self._llm.ctx)

@@ -159,7 +159,7 @@ class DiskTier:
                     best, k = e, n
             return best, k
 
-    def data(self, entry: DiskEntry) -> bytes | None:
+    def data(self, entry: DiskEntry) -> bytes | memoryview | None:
         """The cells of ``entry``: from the queue, or read back (checksum checked; an unreadable
         file is dropped). Its use makes it the most recently used."""
         with self._cond:

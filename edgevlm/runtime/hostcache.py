@@ -105,7 +105,7 @@ class HostKVCache:
                 self.dropped += 1
         return True
 
-    def data(self, entry: Saved) -> bytes | None:
+    def data(self, entry: Saved) -> bytes | memoryview | None:
         """An entry's cells: in RAM, or read back from disk (None: the file could not be read)."""
         return self.disk.data(entry.disk) if entry.disk is not None and self.disk is not None else entry.data
 

@@ -238,7 +238,7 @@ class Placer:
             raise MemoryBusy("every sequence is running a request; try again when one finishes")
         return self.evict(min(idle, key=lambda s: s.last_used))
 
-    def adopt(self, client: Client, items: tuple[Item, ...], data: bytes, now: int) -> bool:
+    def adopt(self, client: Client, items: tuple[Item, ...], data: bytes | memoryview, now: int) -> bool:
         """Saved cells into a sequence of ``client``'s (a free one, or the least recently used
         idle conversation's, moved out first), room made for them as for any request: the next
         request whose prompt starts with ``items`` continues there without evaluating them.

@@ -549,7 +549,7 @@ class Scheduler:
         with self.lock:  # (Placer.export says what)
             return self.placer.export(client, items, next(self._clock))
 
-    def adopt(self, client: Client, items: tuple[Item, ...], data: bytes) -> bool:
+    def adopt(self, client: Client, items: tuple[Item, ...], data: bytes | memoryview) -> bool:
         with self.lock:  # (Placer.adopt says what)
             return self.placer.adopt(client, items, data, next(self._clock))
 

@@ -113,4 +113,4 @@ def load_recall(recall: ReplyRecall, folder: str, binding: Binding) -> int:
             return 0
     except (SavedStateError, KeyError, TypeError, ValueError):
         return 0
-    return recall.add_bytes(f.sections.get("replies", b""))
+    return recall.add_bytes(bytes(f.sections.get("replies", b"")))

@@ -54,7 +54,7 @@ class Restored:
     summaries: Summaries
     system: str | None
     items: tuple[Item, ...]
-    kv: bytes
+    kv: bytes | memoryview  # (a view of the file's buffer)
     info: SavedInfo
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -118,7 +119,9 @@ def encode_conversation(conv: Conversation, summaries: Summaries) -> tuple[dict[
     return data, sorted(images.sections.items())
 
 
-def decode_conversation(data: dict[str, Any], sections: dict[str, bytes], where: str) -> tuple[Conversation, Summaries]:
+def decode_conversation(
+    data: dict[str, Any], sections: Mapping[str, bytes | memoryview], where: str
+) -> tuple[Conversation, Summaries]:
     decoded: dict[str, np.ndarray] = {}
 
     def image(ref: dict[str, Any]) -> LoadedImage:

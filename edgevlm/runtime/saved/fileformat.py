@@ -47,7 +47,7 @@ class SavedFile:
 
     path: str
     header: dict[str, Any]
-    sections: dict[str, bytes]
+    sections: dict[str, memoryview]  # views of one buffer: the file is read once, never copied
     size: int
 
 
@@ -189,20 +189,24 @@ def load_saved(path: str) -> SavedFile:
     """Read and check the whole file: magic, format, size, checksum."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = bytearray(os.fstat(f.fileno()).st_size)
+            got = f.readinto(data)
+            del data[got:]
     except FileNotFoundError:
         raise SavedStateError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise SavedStateError(f"{path}: a folder, not a saved conversation") from None
     except OSError as exc:
         raise SavedStateError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    _, header, start = _prelude(path, data, len(data))
+    view = memoryview(data)
+    head_len = _PRELUDE.unpack_from(view)[2] if len(view) >= _PRELUDE.size else 0
+    _, header, start = _prelude(path, bytes(view[: _PRELUDE.size + min(head_len, HEADER_MAX)]), len(data))
     _check_length(path, header, start, len(data))
-    if hashlib.sha256(memoryview(data)[: len(data) - _SUM]).digest() != data[-_SUM:]:
+    if hashlib.sha256(view[: len(data) - _SUM]).digest() != view[len(data) - _SUM :]:
         raise SavedStateError(f"{path}: corrupted (its checksum does not match its contents)")
-    sections: dict[str, bytes] = {}
+    sections: dict[str, memoryview] = {}
     at = start
     for name, n in header["sections"]:
-        sections[str(name)] = data[at : at + int(n)]
+        sections[str(name)] = view[at : at + int(n)]
         at += int(n)
     return SavedFile(path, header, sections, len(data))
