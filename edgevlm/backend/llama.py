@@ -258,8 +258,7 @@ class Backend(MtmdTokenizer):
 
     @property
     def image_budget(self) -> str:
-        """mtmd's image-token limits as "min-max" (0: the projector's own): part of every picture's
-        cache key and of what a saved conversation is bound to."""
+        """mtmd's image-token limits, "min-max" (0: the projector's): in picture keys and bindings."""
         return f"{self.image_min_tokens or 0}-{self.image_max_tokens or 0}"
 
     @property
@@ -504,8 +503,7 @@ class Backend(MtmdTokenizer):
         self.llama_cpp.llama_memory_seq_rm(mem, seq_id, p0, p1)
 
     def state_save(self, seq_id: int, max_bytes: int | None = None) -> bytes | None:
-        """A copy of sequence ``seq_id``'s KV cells (``llama_state_seq_get_data``), or None when
-        it would take more than ``max_bytes``."""
+        """A copy of sequence ``seq_id``'s KV cells (``state_seq_get_data``; None: over ``max_bytes``)."""
         lc = self.llama_cpp
         n = int(lc.llama_state_seq_get_size(self._llm.ctx, seq_id))
         if n <= 0 or (max_bytes is not None and n > max_bytes):
@@ -515,9 +513,8 @@ class Backend(MtmdTokenizer):
         return bytes(memoryview(buf)[:got]) if got > 0 else None
 
     def state_load(self, data: bytes | memoryview, seq_id: int) -> bool:
-        """Put cells saved by ``state_save`` into sequence ``seq_id`` (empty); False when
-        llama.cpp cannot (no room for them). ``data`` is read where it lies, never copied (a
-        saved file's KV section is a view of the buffer the file was read into)."""
+        """Put cells saved by ``state_save`` into sequence ``seq_id`` (empty); False when llama.cpp
+        cannot (no room for them). ``data`` is read where it lies (a view of a file's buffer)."""
         lc = self.llama_cpp
         n = len(data)
         if isinstance(data, memoryview) and not data.readonly:

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from filelock import FileLock, Timeout
 
 from ..errors import InputError
+from ..runtime.saved.fileformat import fsync_dir
 
 __all__ = [
     "BATCH_LINES",
@@ -78,19 +79,6 @@ class Entry:
 
     data: dict[str, Any]
     raw: bytes
-
-
-def fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def lock_path(path: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from ..errors import InputError, SavedStateError
-from .items import Item
+from .items import Item, shared_prefix
 from .saved import Binding, decode_items, encode_items, load_saved, read_header, write_saved
 
 __all__ = ["DiskEntry", "DiskTier", "SEQUENCE"]
@@ -50,10 +50,7 @@ class DiskEntry:
         return sum(it.n_tokens for it in self.items)
 
     def lcp(self, items: tuple[Item, ...] | list[Item]) -> int:
-        k, n = 0, min(len(self.items), len(items))
-        while k < n and self.items[k].key == items[k].key:
-            k += 1
-        return k
+        return shared_prefix(self.items, items)
 
 
 class DiskTier:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..backend.llama import Backend
 from .disktier import DiskEntry, DiskTier
-from .items import Item
+from .items import Item, shared_prefix
 from .requests import Client
 from .saved import binding_of
 from .sched_options import SchedulerOptions
@@ -41,10 +41,7 @@ class Saved:
         return sum(it.n_tokens for it in self.items)
 
     def lcp(self, items: tuple[Item, ...] | list[Item]) -> int:
-        k, n = 0, min(len(self.items), len(items))
-        while k < n and self.items[k].key == items[k].key:
-            k += 1
-        return k
+        return shared_prefix(self.items, items)
 
 
 MAX_ENTRIES = 256  # conversations kept at most (each lookup compares the request with all of them)

@@ -13,7 +13,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from ..errors import BackendError
 from ..vision.images import LoadedImage
 from ..vision.merge import MergeResult
 
-__all__ = ["ImageCache", "ImageUnit", "Item", "Prompt", "text_items"]
+__all__ = ["ImageCache", "ImageUnit", "Item", "Prompt", "shared_prefix", "text_items"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,14 @@ class Item:
     @property
     def merged(self) -> bool:
         return len(self.key) > 3
+
+
+def shared_prefix(a: Sequence[Item], b: Sequence[Item]) -> int:
+    """How many first items ``a`` and ``b`` have in common (by key)."""
+    k, n = 0, min(len(a), len(b))
+    while k < n and a[k].key == b[k].key:
+        k += 1
+    return k
 
 
 def text_items(tokens: Iterable[int]) -> list[Item]:

@@ -32,7 +32,7 @@ from typing import Any
 
 from ...errors import OutputError, SavedStateError
 
-__all__ = ["FORMAT", "MAGIC", "SavedFile", "load_saved", "read_header", "saved_size", "write_saved"]
+__all__ = ["FORMAT", "MAGIC", "SavedFile", "fsync_dir", "load_saved", "read_header", "saved_size", "write_saved"]
 
 MAGIC = b"EDGEVLM\0CONV"
 FORMAT = 1  # raised when a reader of the previous format would misread a file
@@ -94,7 +94,7 @@ def write_saved(path: str, header: dict[str, Any], sections: Sequence[tuple[str,
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _sync_folder(folder)
+    fsync_dir(folder)
     return size
 
 
@@ -115,12 +115,13 @@ def _clear_dead(folder: str, name: str) -> None:
                 os.unlink(os.path.join(folder, entry))
 
 
-def _sync_folder(folder: str) -> None:
-    """The rename itself on disk (POSIX; elsewhere the rename is as durable as the system makes it)."""
+def fsync_dir(folder: str) -> None:
+    """A rename or a new file in ``folder`` on disk (POSIX; elsewhere as durable as the system
+    makes it)."""
     if os.name != "posix":
         return
     try:
-        fd = os.open(folder, os.O_RDONLY)
+        fd = os.open(folder or ".", os.O_RDONLY)
     except OSError:
         return
     try:
