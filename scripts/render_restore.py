@@ -175,7 +175,7 @@ def example(d: D, stem: str) -> str:
     ex, no = k["cli"], r["refusal"]
     lines = ["```", _shown(ex["argv"]), _json_line(ex["output"])]
     if no:
-        lines += [_shown(no["argv"]), *no["stderr"].splitlines(), "$ echo $?", str(no["returncode"])]
+        lines += [f"{_shown(no['argv'])}  # exit code {no['returncode']}", *no["stderr"].splitlines()]
     lines += ["```"]
     return "\n".join(lines)
 

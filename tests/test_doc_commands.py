@@ -56,6 +56,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("README.md", "ruff check ."): "the linters (.ci/run, and every helper before a commit)",
     ("README.md", "edgevlm chat --model llava-1.5-7b"): "downloads LLaVA-1.5-7B (4.6 GB) from the Hugging Face hub",
     ("docs/install.md", "git clone"): "the clone itself",
+    ("docs/chat.md", "edgevlm chat -m model.gguf --mmproj mmproj.gguf --ctx 4096"): "the session file and the "
+    "LLaVA-1.5-7B-shaped pair scripts/bench_restore.py made: the block is rendered from that run",
     ("docs/install.md", "python3 -m venv .venv"): "installs the package into a new venv (what .ci/run does)",
     ("docs/install.md", "pip install"): "installs packages",
     ("docs/install.md", "ruff check ."): "the linters (.ci/run)",
