@@ -400,7 +400,8 @@ def test_bench_restore_runs_render_the_three_ways_their_targets_and_the_file(tmp
     assert '"cached_n": 2006' in example
     assert "itl_ms_mean" not in example
     assert "$ edgevlm chat -m model.gguf --mmproj mmproj.gguf --kv q8_0" in example
-    assert example.endswith("this one has q8_0 (--kv f16)\n$ echo $?\n2\n```")
+    assert "--json 'Which one?'  # exit code 2\n" in example
+    assert example.endswith("this one has q8_0 (--kv f16)\n```")
 
 
 def test_a_pending_block_says_which_script_makes_its_run_and_nothing_else(tmp_path, monkeypatch):
