@@ -85,7 +85,7 @@ class HostKVCache:
         to disk when there is a disk tier —, and dropping any entry this one continues: it
         holds all of that one)."""
         if not self.fits(len(data)):
-            return self.disk is not None and self.disk.put(items, data)
+            return self.disk is not None and self.disk.put(items, data, wait_s=0.0)  # (the step loop never waits)
         leaving = []
         with self._lock:
             for e in [e for e in self._entries if len(e.items) <= len(items) and e.lcp(items) == len(e.items)]:
@@ -98,7 +98,7 @@ class HostKVCache:
             self._bytes += len(data)
             self.saved += 1
         for e in leaving:
-            if self.disk is None or not self.disk.put(e.items, e.data):
+            if self.disk is None or not self.disk.put(e.items, e.data, wait_s=0.0):
                 self.dropped += 1
         return True
 
