@@ -25,6 +25,7 @@ import re
 import struct
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["MARKERS", "Conflict", "conflict", "exported_definitions", "loaded_objects", "runtime_copy"]
 
@@ -107,7 +108,7 @@ def loaded_objects() -> list[str]:
     found: list[str] = []
     callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Info), ctypes.c_size_t, ctypes.c_void_p)
 
-    def each(info: ctypes._Pointer[Info], _size: int, _data: int | None) -> int:
+    def each(info: Any, _size: int, _data: int | None) -> int:  # info: a pointer to Info
         name = info.contents.name
         if name:
             found.append(os.fsdecode(name))
