@@ -13,7 +13,9 @@ and huggingface_hub first were harmless. The CPU and Vulkan builds never showed 
 So ``import edgevlm`` loads ``llama_cpp`` first of all (``preload``, ~0.1 s), before its own
 modules import numpy; the CLI, the server, the captioner and Ray actors all start that way. A
 program that imported numpy before edgevlm is told, once, how to avoid the crash
-(``late_warning``).
+(``late_warning``). The copy of libstdc++ is the build's (``backend.libstdcxx``): where a loaded
+llama.cpp library carries one and libstdc++ came into the process first, ``require`` refuses
+with one line naming both and the two fixes (``BUILD_PRIVATE_RUNTIME``) instead of crashing.
 
 ggml's CPU threads meet at a barrier after every graph node; in an OpenMP build (the wheels
 from PyPI) that is libgomp's barrier, whose waiting threads spin for ``GOMP_SPINCOUNT``
@@ -43,11 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LibraryError
+from . import libstdcxx
 
 __all__ = [
+    "BUILD_PRIVATE_RUNTIME",
     "PINNED",
     "LoadFailure",
     "backends_on_disk",
+    "conflict_line",
     "cuda_build",
     "failure",
     "failure_of",
@@ -56,11 +61,15 @@ __all__ = [
     "lib_dir",
     "preload",
     "require",
+    "runtime_conflict",
 ]
 
 SPIN_COUNT = "10000"  # libgomp's barrier spin before a thread sleeps (module doc); the default is 300,000
 PINNED = "0.3.36"  # the llama-cpp-python edgevlm calls through (pyproject.toml pins it; a test holds them equal)
 _RISKY = ("numpy",)  # imported before llama_cpp, it crashed a CUDA build's model load
+# the CMake flag that keeps a static libstdc++ (or any static archive) private to the library it is
+# linked into: docs/install.md's build line for a CUDA build that carries its own copy
+BUILD_PRIVATE_RUNTIME = "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL"
 # llama-cpp-python's modules that load a shared library, and the variable that moves each one's folder
 _MODULES = ("llama_cpp", "llama_cpp.mtmd_cpp", "llama_cpp._ggml")
 _OVERRIDES = {"llama": "LLAMA_CPP_LIB_PATH", "mtmd": "MTMD_CPP_LIB"}
@@ -236,11 +245,43 @@ def failure() -> LoadFailure | None:
     return _failure
 
 
+_conflict: list[libstdcxx.Conflict | None] = []  # runtime_conflict's answer, once known
+
+
+def runtime_conflict() -> libstdcxx.Conflict | None:
+    """Whether a loaded llama.cpp library carries its own libstdc++ in a process that loaded
+    libstdc++ before llama.cpp's libraries (``libstdcxx.conflict``; looked up once, after
+    llama.cpp loaded — the order cannot change later). None off Linux or without llama.cpp."""
+    if _failure is not None or "llama_cpp" not in sys.modules:
+        return None
+    if not _conflict:
+        _conflict.append(libstdcxx.conflict(modules=tuple(m for m in _RISKY if m in sys.modules)))
+    return _conflict[0]
+
+
+def conflict_line(found: libstdcxx.Conflict) -> str:
+    """One line: the two copies of libstdc++ (which library, what came first) and both fixes."""
+    build = next(iter(backends_on_disk(Path(found.library).parent)), None)
+    line = install_line(build)
+    if line.startswith('CMAKE_ARGS="'):
+        line = line.replace('" pip install', f' {BUILD_PRIVATE_RUNTIME}" pip install', 1)
+    else:
+        line = f'CMAKE_ARGS="{BUILD_PRIVATE_RUNTIME}" {line}'
+    return (
+        f"{found.cause()}; import edgevlm (or llama_cpp) before numpy, or rebuild llama-cpp-python with its "
+        f"libstdc++ kept private: {line} (docs/install.md)"
+    )
+
+
 def require() -> None:
-    """Raise ``LibraryError`` (one line) when llama.cpp's libraries did not load; every backend
-    entry that calls into llama.cpp starts with this."""
+    """Raise ``LibraryError`` (one line) when llama.cpp's libraries did not load, or when a model
+    load would crash on two copies of libstdc++ (``runtime_conflict``); every backend entry that
+    calls into llama.cpp starts with this."""
     if _failure is not None:
         raise LibraryError(_failure.line())
+    found = runtime_conflict()
+    if found is not None:
+        raise LibraryError(conflict_line(found))
 
 
 def late_warning() -> str | None:
@@ -253,8 +294,8 @@ def late_warning() -> str | None:
         return None
     return (
         f"{', '.join(early)} was imported before llama.cpp's libraries; with llama-cpp-python's CUDA build "
-        "that has crashed every model load (a segmentation fault in llama_model_load_from_file). "
-        "Import edgevlm (or llama_cpp) before numpy."
+        "that has crashed every model load (a segmentation fault in llama_model_load_from_file), and a build "
+        "that carries its own libstdc++ is refused. Import edgevlm (or llama_cpp) before numpy."
     )
 
 
@@ -275,4 +316,5 @@ def preload() -> bool:
         _failure = failure_of(exc)
         return False
     _failure = None
+    _conflict.clear()  # (looked up when first needed)
     return True
