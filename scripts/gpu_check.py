@@ -40,7 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-gpucheck"
 VULKAN_VENV = ROOT / ".venv-vulkan"
-CONFIGS = [  # (family, n_ctx, KV type, n_ubatch, image budget, GPU layers: None = all, CPU extra buffer types)
+CONFIGS = [  # (family, n_ctx, KV type, n_ubatch, image budget, GPU layers: None = all, CPU extra buffer types
+    #            [, KV on the device: False = llama.cpp's offload_kqv off, the cache and attention on the host])
     ("llava15", 4096, "f16", 512, None, None, None),
     ("llava15", 4096, "q8_0", 128, None, None, None),
     ("llava15", 16384, "q8_0", 512, None, None, None),
@@ -54,6 +55,10 @@ CONFIGS = [  # (family, n_ctx, KV type, n_ubatch, image budget, GPU layers: None
     ("qwen2vl", 4096, "q8_0", 256, 1024, 2, True),
     ("qwen2vl", 4096, "q8_0", 256, 1024, 2, False),
     ("llava15", 4096, "f16", 512, None, 0, None),  # no layer on the device, the encoder there
+    # the KV cache on the host (a lever the planner weighs against fewer layers): all, part of the layers
+    ("llava15", 4096, "f16", 512, None, None, None, False),
+    ("llava15", 4096, "q8_0", 512, None, 2, None, False),
+    ("qwen2vl", 4096, "f16", 512, 1024, 2, None, False),
 ]
 GUARDS = [  # (family, what-if free memory on GPU 0): --ngl auto, the default 384 MiB overhead
     ("llava15", "2GiB"),
@@ -119,12 +124,13 @@ def _vulkan_build():
     return mod
 
 
-def _label(family, n_ctx, kv, ub, img, ngl, extra) -> str:
+def _label(family, n_ctx, kv, ub, img, ngl, extra, kqv=True) -> str:
     return (
         f"{family} ctx{n_ctx} {kv} ub{ub}"
         + (f" img{img}" if img else "")
         + (f" ngl{ngl}" if ngl is not None else "")
         + ("" if extra is None else f" extra {'on' if extra else 'off'}")
+        + ("" if kqv else " KV on host")
     )
 
 
@@ -185,12 +191,14 @@ def measure(gpu: bool, out: Path, only: str | None = None) -> int:
     dev = gpus[0] if gpus else None
     for cfg in CONFIGS if only != "guard" else []:
         print(f"measuring {cfg} ...", file=sys.stderr, flush=True)
-        family, n_ctx, kv, ub, img, ngl, extra = cfg
+        family, n_ctx, kv, ub, img, ngl, extra, *rest = cfg
+        kqv = rest[0] if rest else True
         pair = cached_model_pair(family, "real")
         got = _in_child(
             cfg, "edgevlm_testkit.gpu_measure:measure_on_device", notes,
             model=str(pair.model), mmproj=str(pair.mmproj), label=_label(*cfg), n_ctx=n_ctx, type_kv=kv,
             n_ubatch=ub, image_max_tokens=img, gpu=gpu, n_gpu_layers=ngl if gpu else None, extra_buffers=extra,
+            offload_kqv=kqv,
         )  # fmt: skip
         rows += [DeviceRow(**r) for r in got or []]
     from rich.console import Console

@@ -9,7 +9,7 @@ A block sits between ``<!-- results:STEM:PART -->`` and ``<!-- /results:STEM:PAR
 names the results file (``docs/results/STEM.json``, which must exist), PART what is shown of it.
 Which PARTs a file has depends on its benchmark (its ``"benchmark"`` field, or ``gpu_check``
 for ``gpu-check-*.json``): ``scripts/render_gpu.py``, ``render_serve.py``, ``render_caption.py``,
-``render_restart.py``, ``render_restore.py`` and ``render_tables.py`` hold them.
+``render_restart.py``, ``render_restore.py``, ``render_prices.py`` and ``render_tables.py`` hold them.
 Everything between the markers is replaced; what is outside them is the docs' own text.
 
 A STEM ending in ``-pending`` (``bench_suite-pending``) names a run nobody has made yet: its
@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import render_caption
 import render_gpu
+import render_prices
 import render_restart
 import render_restore
 import render_serve
@@ -50,6 +51,7 @@ PARTS: dict[str, dict[str, Part]] = {
     "bench_restore": render_restore.PARTS,
     **render_restart.PARTS,
     **render_tables.PARTS,
+    **render_prices.PARTS,
 }
 
 

@@ -7,7 +7,8 @@ CUDA build — and are skipped on a CPU-only build.
 
 Checked on the device: every buffer llama.cpp logs (device and host, text model and encoder)
 against the plan, with all layers, with part of them (the CPU's extra buffer types on and off,
-so a CPU whose default is either takes both paths) and with none offloaded; the guard's choices
+so a CPU whose default is either takes both paths), with none offloaded, and with the KV cache
+on the host (``offload_kqv`` off, a lever the planner weighs); the guard's choices
 under a what-if free memory keep the logged device buffers inside it; ``chat``, ``caption`` and
 ``serve`` end to end with ``--ngl -1``.
 """
@@ -22,7 +23,7 @@ from PIL import Image
 
 from edgevlm.backend.system import ggml_devices
 from edgevlm.plan.devices import probe
-from edgevlm.plan.planner import make_plan
+from edgevlm.plan.planner import Wishes, make_plan
 from edgevlm_testkit.child import measured_in_child
 
 from .conftest import run_cli
@@ -81,6 +82,46 @@ def test_plan_matches_llama_cpp_buffers_on_the_device(model_pair, family, n_ctx,
     assert on_device and any(r.logged for r in on_device if r.component.startswith(which))
     off = [(r.component, r.predicted, r.logged) for r in rows if not r.within()]
     assert not off, off
+
+
+@pytest.mark.parametrize("ngl", [2, None], ids=["part-of-the-layers", "every-layer"])
+def test_kv_on_the_host_matches_llama_cpp_buffers_and_its_dry_run(model_pair, ngl):
+    """llama.cpp's ``offload_kqv`` off, as the planner may choose it: the tiny LLaVA pair loaded
+    with part (and all) of its layers on the device and the cache on the host; every logged
+    buffer against the plan (the KV cache on the host, none on the device), then a plan made with
+    ``--no-kv-offload`` set against llama.cpp's own dry run of it."""
+    from edgevlm.plan.check import check_plan
+    from edgevlm_testkit.gpu_measure import DeviceRow
+
+    pair = model_pair("llava15")
+    rows = [
+        DeviceRow(**r)
+        for r in measured_in_child(
+            "edgevlm_testkit.gpu_measure:measure_on_device",
+            model=str(pair.model),
+            mmproj=str(pair.mmproj),
+            label="kv-host",
+            n_ctx=1024,
+            type_kv="f16",
+            n_ubatch=512,
+            image_max_tokens=None,
+            n_threads=2,
+            n_gpu_layers=ngl,
+            offload_kqv=False,
+        )  # fmt: skip
+    ]
+    name = GPUS[0].name
+    kv = {r.component: r for r in rows if r.component.startswith("KV on")}
+    assert kv[f"KV on {name}"].logged == 0 and kv["KV on the host"].logged > 0
+    assert any(r.logged for r in rows if r.component == f"weights on {name}")
+    off = [(r.component, r.predicted, r.logged) for r in rows if not r.within()]
+    assert not off, off
+    wishes = Wishes(n_ctx=1024, kv="f16", n_gpu_layers=-1 if ngl is None else ngl, kv_offload=False)
+    plan = make_plan(str(pair.model), str(pair.mmproj), probe(), wishes)
+    assert plan.fits and not plan.offload_kqv and plan.n_gpu_layers > 0
+    assert next(d for d in plan.devices if d.name == name).predicted.kv == 0
+    checked = check_plan(plan)
+    assert checked and not [r for r in checked if r.under], [r.to_dict() for r in checked]
 
 
 @pytest.mark.parametrize("family", ["llava15", "qwen2vl"])

@@ -61,7 +61,7 @@ def test_roomy_gpu_takes_everything(real):
     assert p.max_images_in_context >= 1 and p.image_max_tokens == 576
 
 
-ORDER = ["context", "kv q8_0", "micro-batch", "image budget", "gpu layers", "encoder", "kv q4_0"]
+ORDER = ["context", "kv q8_0", "micro-batch", "image budget", "kv on host", "gpu layers", "encoder", "kv q4_0"]
 
 
 def test_degradation_order(real):
@@ -247,8 +247,9 @@ def test_a_7b_model_keeps_more_layers_on_small_gpus(real):
     micro-batch keeps a layer more on the GPU; on 6 GiB every layer stays, before and after."""
     headers = whole_model(real, 32, 24)
     four = 4 * GiB + GUARD_SLACK  # 4 GiB for the plan once the guard's slack is set aside
-    before = before_levers(headers, [gpu(four), host()])
-    after = plan_headers(headers, [gpu(four), host()])
+    # (the KV cache held on the GPU: on the host it is a lever of its own, weighed by speed)
+    before = before_levers(headers, [gpu(four), host()], kv_offload=True)
+    after = plan_headers(headers, [gpu(four), host()], kv_offload=True)
     assert before.fits and after.fits
     assert after.n_gpu_layers > before.n_gpu_layers  # 24 vs 23 of 33 (this GPU keeps 256 MiB)
     assert after.n_ubatch < 512 and "micro-batch" in [lv.lever for lv in after.levers]
@@ -267,7 +268,7 @@ def test_a_dynamic_model_lowers_its_image_budget_before_moving_layers(model_pair
     after = plan_headers(headers, [gpu(2 * GiB), host()])
     assert before.n_gpu_layers == 0 and after.n_gpu_layers >= 5
     assert after.image_max_tokens == 256 and after.n_ubatch == 64
-    levers = [lv.lever for lv in after.levers]
+    levers = [lv.lever for lv in after.levers if lv.lever != "kv on host"]  # (weighed with the layers)
     assert levers[: levers.index("gpu layers")][-2:] == ["micro-batch", "image budget"]
     reason = next(r for r in after.reasons if r.startswith("image budget 1024 → 256"))
     assert "floor 256" in reason

@@ -204,6 +204,7 @@ def plan_options(fn):
         ctx,
         ngl,
         kv,
+        kv_offload,
         ubatch,
         image_tokens,
         n_images,
@@ -219,6 +220,7 @@ def plan_options(fn):
             image_tokens=image_tokens,
             images=n_images,
             kv=kv,
+            kv_offload=kv_offload,
             n_gpu_layers=ngl,
             n_ubatch=ubatch,
             host_reserve=HOST_RESERVE if host_reserve is None else host_reserve,
@@ -248,6 +250,12 @@ def plan_options(fn):
                 default="auto",
                 show_default=True,
                 help="KV cache type.",
+            ),
+            click.option(
+                "--kv-offload/--no-kv-offload",
+                default=None,
+                help="The KV cache on the GPU, or on the host (attention on the CPU, more room for layers) "
+                "[default: weighed by measured decode speed when not every layer fits].",
             ),
             click.option(
                 "--ubatch",

@@ -23,7 +23,7 @@ def render_plan(p, file=None, explain: bool = False) -> None:
         ("n_gpu_layers", p.n_gpu_layers),
         ("n_ctx", p.n_ctx),
         ("n_batch / n_ubatch", f"{p.n_batch} / {p.n_ubatch}"),
-        ("KV cache", f"K {p.type_k}, V {p.type_v}"),
+        ("KV cache", f"K {p.type_k}, V {p.type_v}" + ("" if p.offload_kqv or not p.n_gpu_layers else ", on the host")),
         ("flash attention", "on" if p.flash_attn else "off"),
         ("vision encoder", "GPU" if p.mmproj_on_gpu else "CPU"),
         ("image budget", f"{p.image_max_tokens} tokens; {p.max_images_in_context} image(s) in context"),
@@ -82,6 +82,8 @@ def render_plan(p, file=None, explain: bool = False) -> None:
     console.print(legend)
     if p.levers or explain:
         render_levers(console, p, explain)
+    if p.options and explain:
+        render_options(console, p)
     console.print("why:")
     for r in p.reasons:
         console.print(f"  - {r}")
@@ -112,6 +114,31 @@ def render_levers(console, p, explain: bool) -> None:
             done = lv.shortfall_after == 0
         elif explain:
             t.add_row(name, "not needed" if done or not p.levers else "not pulled", "", "", "")
+    console.print(t)
+
+
+def render_options(console, p) -> None:
+    """The placements the planner weighed when not every layer fitted: each one's layers, KV
+    type and place, predicted decode speed and memory, and which it chose and why."""
+    from rich.table import Table
+
+    t = Table(
+        title=f"placements weighed by predicted decode speed (prices: {p.prices})", box=None, title_justify="left"
+    )
+    for col in ("", "GPU layers", "KV", "KV on", "ctx", "tokens/s", "GPU", "host", "why"):
+        t.add_column(col, justify="right" if col in ("GPU layers", "ctx", "tokens/s", "GPU", "host") else "left")
+    for o in p.options:
+        t.add_row(
+            "→" if o.chosen else "",
+            f"{o.n_gpu_layers}/{o.max_layers}",
+            o.kv_type,
+            "GPU" if o.kv_on_gpu else "host",
+            str(o.n_ctx),
+            f"{o.tokens_per_s:.3g}",
+            _mib(o.gpu_bytes),
+            _mib(o.host_bytes),
+            o.note,
+        )
     console.print(t)
 
 

@@ -26,6 +26,7 @@ from .estimate import (
     weight_bytes,
 )
 from .offload import device_refuses, device_tensor_bytes, gpu_backend, host_repacks, placed_compute
+from .weigh import PlacementOption
 
 __all__ = [
     "DEFAULT_DYNAMIC_IMAGE_TOKENS",
@@ -76,6 +77,9 @@ class Wishes:
     sequences: int = 1  # sequence ids the context keeps (its output buffer holds logits for each)
     reply_tokens: int = DEFAULT_REPLY_TOKENS  # the reply reserve the image count is planned with
     merge: str = "off"  # visual token merging: ratio/tokens shrink what an image costs in context
+    # the KV cache on the GPU (True) or on the host (False: llama.cpp's offload_kqv off); None:
+    # the planner weighs both when not every layer fits (plan.weigh, by measured prices)
+    kv_offload: bool | None = None
 
     def __post_init__(self) -> None:
         if self.kv != "auto" and self.kv not in KV_CHOICES:
@@ -190,6 +194,10 @@ class Plan:
     host_allowance: int = 0  # RAM planned for requests in flight and waiting (a server's leases)
     cache_ram: int = 0  # RAM for idle conversations' KV cells moved out of the context
     sequences: int = 1  # sequence ids (conversations kept) the plan counted the output buffer for
+    # when not every layer fitted: the placements weighed by predicted decode speed, the chosen
+    # one marked, and the price table they were priced by ("measured for X" / "default (...)")
+    options: tuple[PlacementOption, ...] = ()
+    prices: str = ""
 
     @property
     def host_buffers(self) -> int:
@@ -197,10 +205,11 @@ class Plan:
         return next((d.predicted.total for d in self.devices if d.kind == "cpu"), 0)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k not in ("devices", "reasons", "levers")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("devices", "reasons", "levers", "options")}
         d["devices"] = [dv.to_dict() for dv in self.devices]
         d["reasons"] = list(self.reasons)
         d["levers"] = [asdict(lv) for lv in self.levers]
+        d["options"] = [o.to_dict() for o in self.options]
         return d
 
     def backend_options(self) -> dict[str, Any]:

@@ -13,13 +13,16 @@ one that is pulled is recorded with the bytes it saved (``Plan.levers``, ``plan 
    any lever after it costs (``scripts/bench_ubatch.py``);
 5. the image budget of dynamic-resolution models, down to 256 tokens (the encoder's buffer and
    the context shrink with it; a user's ``--image-tokens`` is kept);
-6. fewer GPU layers, one at a time (generation slows with every layer on the CPU);
+6. fewer GPU layers, one at a time (generation slows with every layer on the CPU) — weighed
+   against the KV cache on the host (llama.cpp's ``offload_kqv`` off, more layers on the GPU)
+   and a smaller KV type by the decode speed each is predicted to reach (``weigh``, priced by
+   the GPU's measured table in ``prices``); ``Plan.options`` lists what was weighed;
 7. the vision encoder to the CPU;
 8. KV cache q4_0;
 9. refuse, stating the shortfall in MiB.
 
 After layers moved to the CPU, earlier sacrifices that are no longer needed are undone. Values
-the user set (``--ctx``, ``--ngl``, ``--kv``, ``--ubatch``, ``--image-tokens``) are kept and
+the user set (``--ctx``, ``--ngl``, ``--kv``, ``--kv-offload``, ``--ubatch``, ``--image-tokens``) are kept and
 checked: the plan says so, and refuses if they cannot fit. The arithmetic is ``footprint.py``'s.
 """
 
@@ -47,10 +50,21 @@ from .footprint import (
     Wishes,
 )
 from .offload import device_refuses
+from .prices import PriceTable, prices_for, representative_fill, traffic
+from .weigh import PlacementOption, choose, describe, priced
 
 __all__ = ["DYNAMIC_IMAGE_FLOOR", "LEVERS", "UBATCH_STEPS", "Plan", "Planner", "Wishes", "image_budget", "make_plan"]
 
-LEVERS = ("context", f"kv {KV_Q8}", "micro-batch", "image budget", "gpu layers", "encoder", f"kv {KV_Q4}")
+LEVERS = (
+    "context",
+    f"kv {KV_Q8}",
+    "micro-batch",
+    "image budget",
+    "kv on host",
+    "gpu layers",
+    "encoder",
+    f"kv {KV_Q4}",
+)
 UBATCH_STEPS = (512, 256, 128, 64)
 DYNAMIC_IMAGE_STEPS = (768, 512, 384, 256)
 DYNAMIC_IMAGE_FLOOR = 256  # the image budget never goes below this on its own
@@ -63,6 +77,8 @@ class Planner(Footprint):
         w, t = self.wishes, self.text
         self.reasons: list[str] = []
         self.steps: list[LeverStep] = []
+        self.options: list[PlacementOption] = []
+        self.priced_by: PriceTable | None = None
         per_image = self._image_budget()
         min_ctx = w.min_ctx or ContextBudget.min_ctx(w.images, self._kv_tokens(per_image), w.reply_tokens)
         self.want_ctx = w.n_ctx or max(min_ctx, min(t.n_ctx_train or AUTO_CTX_MAX, AUTO_CTX_MAX))
@@ -89,6 +105,7 @@ class Planner(Footprint):
             image_tokens=per_image,
             n_batch=min(w.n_batch, kv_cells(self.want_ctx)),
             n_ubatch=ubatch,
+            offload_kqv=gpu and w.kv_offload is not False,
         )
         self._host_budget_reason()
         for i, g in enumerate(self.gpus):
@@ -117,9 +134,9 @@ class Planner(Footprint):
             if self.shortfall(c) == 0:
                 return self._finish(c)
         if gpu:
-            c = self._place(c)
+            c = self._weigh(c, min_ctx, kv_choices)
             if self.shortfall(c) == 0:
-                return self._finish(self._relax(c, min_ctx))
+                return self._finish(c)
         if KV_Q4 in kv_choices and c.type_k != KV_Q4:
             c = self._quantize_kv(c, KV_Q4)
             if self.shortfall(c) == 0:
@@ -256,9 +273,10 @@ class Planner(Footprint):
             )
         return best
 
-    def _relax(self, c: Config, min_ctx: int) -> Config:
+    def _relax(self, c: Config, min_ctx: int, keep_kv: bool = False) -> Config:
         """After layers moved to the host, undo earlier sacrifices that are no longer needed:
-        the micro-batch, the KV type, the image budget, the context."""
+        the micro-batch, the KV type (unless ``keep_kv``: an option weighed with it), the image
+        budget, the context."""
         w = self.wishes
         if w.n_ubatch is None:
             for u in UBATCH_STEPS:
@@ -270,6 +288,7 @@ class Planner(Footprint):
                     break
         if (
             w.kv == "auto"
+            and not keep_kv
             and c.type_k != KV_DEFAULT
             and self.shortfall(replace(c, type_k=KV_DEFAULT, type_v=KV_DEFAULT)) == 0
         ):
@@ -289,6 +308,55 @@ class Planner(Footprint):
             if c.n_ctx > before:
                 self.reasons.append(f"context back up to {c.n_ctx}: with layers on the host it fits")
         return c
+
+    def _weigh(self, c: Config, min_ctx: int, kv_choices: list[str]) -> Config:
+        """Fewer layers, the KV cache on the host, a smaller KV type: each starting point goes
+        through the layer search and the relaxing after it; the one predicted to decode fastest
+        wins (``weigh.choose``); a user's ``--kv`` and ``--kv-offload`` leave one of them."""
+        w = self.wishes
+        places = [True, False] if w.kv_offload is None else [w.kv_offload]
+        starts = [replace(c, type_k=k, type_v=k, offload_kqv=on) for k in kv_choices for on in places]
+        if len(starts) == 1:
+            got = self._place(starts[0])
+            return self._relax(got, min_ctx) if self.shortfall(got) == 0 else got
+        self.priced_by = prices = prices_for(self.gpus[0])
+        fill = representative_fill(self.want_ctx)
+        options, kept = [], []
+        for start in starts:
+            marks = len(self.steps), len(self.reasons)
+            got = self._place(start)
+            fits = self.shortfall(got) == 0
+            got = self._relax(got, min_ctx, keep_kv=True) if fits else got
+            del self.steps[marks[0] :], self.reasons[marks[1] :]  # only the chosen one is told
+            if not got.offload_kqv and got.ngl <= 1 and len(places) > 1:
+                continue  # no layer's cache would be on the GPU: the same as keeping it there
+            t = self.text
+            cost = traffic(self.tensors, t.n_layer, t.n_head_kv, t.head_dim, self.gpus, got.ngl,
+                           got.type_k, got.type_v, got.offload_kqv, fill)  # fmt: skip
+            *on_gpus, host = self.predict(got)
+            options.append(priced(got.type_k, got.offload_kqv, got.ngl, self.max_layers, kv_cells(got.n_ctx), fits,
+                                  cost, prices, on_gpus[0].total, host.total))  # fmt: skip
+            kept.append(start)
+        self.options, best = choose(options)
+        self.reasons.append(describe(self.options, best, prices, fill))
+        start = kept[self.options.index(best)] if best is not None else c
+        last = start.type_k == KV_Q4 != c.type_k  # the last lever: told after the layers
+        if start.type_k != c.type_k and not last:
+            if is_quantized(start.type_k):
+                start = self._pulled(f"kv {start.type_k}", c, start, f"{c.type_k} → {start.type_k}",
+                                     f"KV cache {start.type_k}: the fastest placement that fits uses it")  # fmt: skip
+            else:
+                self.reasons.append(f"KV cache back to {start.type_k}: the fastest placement that fits uses it")
+        if not start.offload_kqv and c.offload_kqv:
+            start = self._pulled("kv on host", replace(c, type_k=start.type_k, type_v=start.type_v), start,
+                                 "GPU → host", "KV cache on the host (offload_kqv off): attention runs on the CPU, "
+                                 "and its room on the GPU holds layers")  # fmt: skip
+        got = self._place(start)
+        if last:
+            before = replace(got, type_k=c.type_k, type_v=c.type_v)
+            why = f"KV cache {KV_Q4}: a quarter of {KV_DEFAULT}, some quality loss; nothing else fits"
+            self._pulled(f"kv {KV_Q4}", before, got, f"{c.type_k} → {KV_Q4}", why)
+        return self._relax(got, min_ctx, keep_kv=True) if self.shortfall(got) == 0 else got
 
     def _grow_ctx(self, c: Config, want: int) -> Config:
         while c.n_ctx + 256 <= kv_cells(want) and self.shortfall(replace(c, n_ctx=c.n_ctx + 256)) == 0:
@@ -368,7 +436,8 @@ class Planner(Footprint):
 
     def _summary(self, c: Config) -> str:
         return (
-            f"ctx {kv_cells(c.n_ctx)}, KV {c.type_k}, micro-batch {c.n_ubatch}, "
+            f"ctx {kv_cells(c.n_ctx)}, KV {c.type_k}{'' if c.offload_kqv or not self.gpus else ' on the host'}, "
+            f"micro-batch {c.n_ubatch}, "
             f"{c.ngl}/{self.text.n_layer + 1} layers on GPU, encoder on {'GPU' if c.mmproj_gpu else 'CPU'}"
         )
 
@@ -428,6 +497,8 @@ class Planner(Footprint):
             host_allowance=self.wishes.host_allowance,
             cache_ram=self.wishes.cache_ram,
             sequences=self.wishes.sequences,
+            options=tuple(self.options),
+            prices=self.priced_by.label if self.priced_by is not None else "",
         )
 
 

@@ -84,12 +84,14 @@ def measure_on_device(
     n_gpu_layers: int | None = None,
     emit: Callable[[list[DeviceRow]], None] | None = None,
     extra_buffers: bool | None = None,
+    offload_kqv: bool = True,
 ) -> list[DeviceRow]:
     """Rows of predicted vs logged bytes per buffer — on the device and on the host — and (GPU
     with a known free memory) what the device lost that no log line accounts for, after load and
     after the first image. ``n_gpu_layers``: None puts every layer (and the encoder) on the GPU;
     ``emit`` gets the rows before the model is freed; ``extra_buffers``: the CPU's extra buffer
-    types on or off for both the plan and the load (None: edgevlm's default for this CPU)."""
+    types on or off for both the plan and the load (None: edgevlm's default for this CPU);
+    ``offload_kqv``: False keeps the KV cache on the host (attention there) for all three."""
     text_gf, proj_gf = read_gguf(model), read_gguf(mmproj)
     g0 = _first_gpu() if gpu else None
     if gpu and g0 is None:
@@ -109,13 +111,14 @@ def measure_on_device(
         image_tokens=image_max_tokens or 0,
         n_batch=max(512, n_ubatch),
         n_ubatch=n_ubatch,
+        offload_kqv=offload_kqv,
     )
     *gpu_pred, host_pred = fp.predict(cfg)
     replayed = [b.compute for b in (*gpu_pred, host_pred)]
     if gpu and ngl > 0:  # what the planner does with a plan: set it against llama.cpp's dry run
         got = dry_run(
             model, n_ctx=n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, n_gpu_layers=ngl, flash_attn=True,
-            type_k=type_kv, type_v=type_kv, op_offload=True, extra_buffers=extra_buffers,
+            type_k=type_kv, type_v=type_kv, op_offload=True, extra_buffers=extra_buffers, offload_kqv=offload_kqv,
         )  # fmt: skip
         if learn(fp.compute_scale, compare(got, [(name, gpu_pred[0])], ("CPU", host_pred))):
             *gpu_pred, host_pred = fp.predict(cfg)
@@ -138,6 +141,7 @@ def measure_on_device(
             image_max_tokens=image_max_tokens,
             op_offload=ngl > 0,
             extra_buffers=extra_buffers,
+            offload_kqv=offload_kqv,
         )
         try:
             loaded = _gpu_free()
