@@ -35,11 +35,13 @@ class PlacementOption:
     note: str = ""  # why it was not chosen (or why it was)
 
     @property
+    def kv_place(self) -> str:
+        """Where the cache really is: with no layer on the GPU it is on the host either way."""
+        return "GPU" if self.kv_on_gpu and self.n_gpu_layers > 0 else "host"
+
+    @property
     def label(self) -> str:
-        return (
-            f"{self.n_gpu_layers}/{self.max_layers} layers on the GPU, KV {self.kv_type} on the "
-            f"{'GPU' if self.kv_on_gpu else 'host'}"
-        )
+        return f"{self.n_gpu_layers}/{self.max_layers} layers on the GPU, KV {self.kv_type} on the {self.kv_place}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,5 +90,5 @@ def describe(options: list[PlacementOption], chosen: PlacementOption | None, pri
     if chosen is None:
         return head + ": none fits"
     others = [o for o in options if not o.chosen and o.fits]
-    rest = "; over " + ", ".join(f"{o.label} ({o.tokens_per_s:.3g})" for o in others) if others else ""
-    return f"{head}: {chosen.label}, {chosen.tokens_per_s:.3g} tokens/s{rest}"
+    rest = "; over " + ", ".join(f"{o.label} ({o.tokens_per_s:,.1f})" for o in others) if others else ""
+    return f"{head}: {chosen.label}, {chosen.tokens_per_s:,.1f} tokens/s{rest}"
