@@ -35,7 +35,7 @@ def table(d: D) -> str:
     gpu = res["device"]["name"]
     lines = [
         f"| free on {gpu} | ballast holds | plan: layers, ctx, KV, ubatch | {gpu} planned (MiB) | one layer more "
-        "| chat, 4000×3000 | serve, 4 clients | caption, 16 pictures | pass |",
+        f"| chat, 4000×3000 | serve, 4 clients | caption, {res['setup']['captions']} pictures | pass |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in res["sizes"]:

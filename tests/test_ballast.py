@@ -193,6 +193,6 @@ def test_ballast_ends_when_its_parent_dies():
         ballast = psutil.Process(pid)
     finally:
         parent.kill()
-        parent.wait(timeout=30)
+        parent.communicate(timeout=30)
     gone, alive = psutil.wait_procs([ballast], timeout=60)
     assert gone and not alive

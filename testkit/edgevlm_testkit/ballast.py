@@ -360,6 +360,9 @@ class Ballast:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        for f in (self.proc.stdout, self.proc.stderr) if self.proc is not None else ():
+            if f is not None:
+                f.close()
 
 
 def main(argv: list[str] | None = None) -> int:
