@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import re
 import shutil
 import socket
@@ -58,8 +57,12 @@ SETUPS = {
     # S and the overhead scaled to it (1 and 4 of its 5 layers), the micro-batch kept at 512 (a smaller one costs
     # minutes of dispatches there) and 4 captions, not 16
     "software": Setup(
-        "llava-mini", ("88MiB", "91MiB"), "8MiB", ("--ubatch", "512"),
-        "a miniature LLaVA (4 layers 256 wide, 576 image tokens) with S and the GPU overhead scaled to it", 4,
+        "llava-mini",
+        ("88MiB", "91MiB"),
+        "8MiB",
+        ("--ubatch", "512"),
+        "a miniature LLaVA (4 layers 256 wide, 576 image tokens) with S and the GPU overhead scaled to it",
+        4,
     ),  # fmt: skip
 }
 
@@ -113,7 +116,8 @@ class Peak:
         return self
 
     def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc is not None
+        assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if line.strip().isdigit():
                 self.samples.append(int(line) * MIB)
@@ -162,8 +166,11 @@ def one_more(spec: dict[str, Any]) -> dict[str, Any]:
     p = spec["plan"]
     pr = probe(free_memory=spec["free_memory"] or None,
                gpu_overhead=parse_size(spec["overhead"]) if spec["overhead"] else None)  # fmt: skip
-    out: dict[str, Any] = {}
-    for n in (p["n_gpu_layers"], p["n_gpu_layers"] + 1):
+    from edgevlm.model.gguf_info import read_gguf, text_model_info
+
+    layers = text_model_info(read_gguf(spec["model"])).n_layer + 1  # the output layer counts as one
+    out: dict[str, Any] = {"layers": layers}
+    for n in (p["n_gpu_layers"], p["n_gpu_layers"] + 1) if p["n_gpu_layers"] < layers else (p["n_gpu_layers"],):
         w = Wishes(n_ctx=p["n_ctx"], kv=p["type_k"], n_gpu_layers=n, flash_attn=p["flash_attn"],
                    mmproj_on_gpu=p["mmproj_on_gpu"], n_batch=p["n_batch"], n_ubatch=p["n_ubatch"],
                    image_tokens=p["image_max_tokens"])  # fmt: skip
@@ -220,7 +227,7 @@ def serve(common: list[str], pics: list[Path], timeout: float) -> dict[str, Any]
                         {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{b64}"}}]}],
                 )  # fmt: skip
                 answers.append(r.choices[0].message.content or "")
-            except Exception as e:  # noqa: BLE001 - counted and shown, the run goes on
+            except Exception as e:  # counted and shown: the run goes on
                 errors.append(f"{type(e).__name__}: {str(e)[:300]}")
 
         threads = [threading.Thread(target=ask, args=(p,)) for p in pics]
@@ -229,7 +236,7 @@ def serve(common: list[str], pics: list[Path], timeout: float) -> dict[str, Any]
         for t in threads:
             t.join(timeout)
         status = _get(url + "/status")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         errors.append(f"{type(e).__name__}: {e}")
     finally:
         proc.terminate()  # by pid: SIGTERM, the server's own graceful stop
@@ -300,12 +307,33 @@ def one_size(size: str, setup: Setup, pair, pics: dict[str, list[Path]], gpu, ba
         row["context"] = context_bytes(peak)
         runs = {}
         for name, go in (
-            ("chat", lambda: _run(_edgevlm("chat", *common, "--image", str(pics["chat"][0]), "-n", "8", "--stats",
-                                           "Describe the picture."), 900)),  # fmt: skip
+            (
+                "chat",
+                lambda: _run(
+                    _edgevlm(
+                        "chat", *common, "--image", str(pics["chat"][0]), "-n", "8", "--stats", "Describe the picture."
+                    ),
+                    900,
+                ),
+            ),  # fmt: skip
             ("serve", lambda: serve(common, pics["serve"], 900)),
-            ("caption", lambda: _run(_edgevlm("caption", str(pics["caption"][0].parent), *common, "-n", "8", "-o",
-                                              str(pics["caption"][0].parent.parent / f"captions-{size}.jsonl"),
-                                              "--existing", "overwrite"), 1800)),  # fmt: skip
+            (
+                "caption",
+                lambda: _run(
+                    _edgevlm(
+                        "caption",
+                        str(pics["caption"][0].parent),
+                        *common,
+                        "-n",
+                        "8",
+                        "-o",
+                        str(pics["caption"][0].parent.parent / f"captions-{size}.jsonl"),
+                        "--existing",
+                        "overwrite",
+                    ),
+                    1800,
+                ),
+            ),  # fmt: skip
         ):
             base = peak.now()
             with peak:
@@ -325,7 +353,7 @@ def one_size(size: str, setup: Setup, pair, pics: dict[str, list[Path]], gpu, ba
         row["runs"] = runs
     om = row["one_more"]
     n = row["plan"]["n_gpu_layers"]
-    row["largest"] = "error" not in om and om[str(n)]["fits"] and not om[str(n + 1)]["fits"]
+    row["largest"] = "error" not in om and om[str(n)]["fits"] and (str(n + 1) not in om or not om[str(n + 1)]["fits"])
     row["ok"] = bool(
         rep.converged and row["plan"]["fits"] and row["largest"]
         and all(r["rc"] == 0 and not r["oom"] and r["within"] is not False for r in runs.values())
@@ -335,9 +363,10 @@ def one_size(size: str, setup: Setup, pair, pics: dict[str, list[Path]], gpu, ba
 
 
 def check(sizes: list[str] | None, shape: str | None, out: Path | None, tag: str | None) -> int:
+    from resultfile import Run
+
     from edgevlm.plan.devices import probe
     from edgevlm_testkit.bigpair import cached_big_llava
-    from resultfile import Run
 
     pr = probe()
     if not pr.gpus:
@@ -361,7 +390,7 @@ def check(sizes: list[str] | None, shape: str | None, out: Path | None, tag: str
     try:
         (tmp / "caption").mkdir()
         pics = {"chat": pictures(tmp, 1, (4000, 3000), 1),
-                "serve": [p for i in range(4) for p in pictures(tmp, 1, (4000, 3000) if i % 2 else (3000, 4000), 10 + i)],
+                "serve": [pictures(tmp, 1, (4000, 3000) if i % 2 else (3000, 4000), 10 + i)[0] for i in range(4)],
                 "caption": pictures(tmp / "caption", setup.captions, (1600, 1200), 2)}  # fmt: skip
         for s in sizes:
             rows.append(one_size(s, setup, pair, pics, {"name": g.name}, backend))

@@ -26,6 +26,8 @@ def _more(row: D) -> str:
     om, n = row["one_more"], row["plan"]["n_gpu_layers"]
     if "error" in om:
         return "not checked (error)"
+    if str(n + 1) not in om:
+        return f"none: all {om['layers']} on the device"
     m = om[str(n + 1)]
     return "fits (!)" if m["fits"] else f"short by {_mib(m['shortfall'])} MiB"
 
@@ -40,7 +42,8 @@ def table(d: D) -> str:
     ]
     for row in res["sizes"]:
         b, p = row["ballast"], row["plan"]
-        free = row["size"] + (" (what-if: the device cannot say)" if row["what_if"] else f", read {_mib(b['free'])} MiB")
+        read = " (what-if: the device cannot say)" if row["what_if"] else f", read {_mib(b['free'])} MiB"
+        free = row["size"] + read
         lines.append(
             f"| {free} | {_mib(b['held'])} MiB | {p['n_gpu_layers']}, {p['n_ctx']}, {p['type_k']}, {p['n_ubatch']} "
             f"| {_mib(p['device_total'])} + {_mib(row['overhead'])} overhead | {_more(row)} "
@@ -58,7 +61,7 @@ def summary(d: D) -> str:
     return (
         f"{dev['name']} ({dev['description']}, {_mib(dev['total'])} MiB); host {m['cpu']}, {m['cores']} cores; "
         f"llama-cpp-python {m['llama_cpp_python']}; `python scripts/{' '.join(d['command'])}`, {d['date'][:10]}, "
-        f"commit `{d['commit'][:7]}`.\n\n"
+        f"commit `{d['commit'][:7]}`{' plus uncommitted changes' if d.get('code_changed') else ''}.\n\n"
         f"Pair: {setup['why']} ({_mib(pair['bytes'])} MiB"
         + (f", written in {pair['write_seconds']:.1f} s" if pair["write_seconds"] else "")
         + f"){', GPU overhead ' + setup['overhead'] if setup['overhead'] else ''}"

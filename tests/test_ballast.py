@@ -67,9 +67,11 @@ class FakeDevice:
 def test_fill_leaves_the_target_free_within_the_tolerance(target, kw):
     dev = FakeDevice(**kw)
     report, held = fill(dev, target, tolerance=16 * MIB)
-    assert report.free_known and report.converged
+    assert report.free_known
+    assert report.converged
     assert abs(dev.read()[0] - target) <= 16 * MIB  # what the device itself now says
-    assert report.free == dev.read()[0] and report.held == sum(n for _, n in held)
+    assert report.free == dev.read()[0]
+    assert report.held == sum(n for _, n in held)
     assert len(held) == len(dev.held)  # everything it allocated and did not give back, it holds
 
 
@@ -78,7 +80,8 @@ def test_fill_says_when_the_device_cannot_report_and_still_holds_the_memory():
     report, held = fill(dev, 96 * MIB, tolerance=16 * MIB, chunk=1024 * MIB)
     assert not report.free_known
     assert sum(dev.held.values()) >= 2048 * MIB - 96 * MIB  # real memory held: total − target
-    assert "free memory is unknown" in report.note and "--free-memory" in report.note
+    assert "free memory is unknown" in report.note
+    assert "--free-memory" in report.note
 
 
 def test_fill_finds_out_a_device_that_does_not_move_and_says_so():
@@ -87,28 +90,37 @@ def test_fill_finds_out_a_device_that_does_not_move_and_says_so():
     dev = FakeDevice(total=2048 * MIB)
     dev.read = lambda: (1900 * MIB, 2048 * MIB)  # type: ignore[method-assign]
     report, _ = fill(dev, 512 * MIB, tolerance=16 * MIB, chunk=256 * MIB)
-    assert not report.free_known and "--free-memory" in report.note
+    assert not report.free_known
+    assert "--free-memory" in report.note
 
 
 def test_fill_stops_at_its_deadline():
     dev = FakeDevice(refuse_over=0)  # refuses everything
     ticks = iter(range(0, 10_000, 1))
     report, held = fill(dev, 1024 * MIB, tolerance=MIB, deadline_s=50, chunk=2**40, clock=lambda: next(ticks))
-    assert not report.converged and not held and report.note
+    assert not report.converged
+    assert not held
+    assert report.note
 
 
 def test_fill_refuses_a_target_above_what_is_free():
     dev = FakeDevice(total=4096 * MIB)
     report, held = fill(dev, 6144 * MIB)
-    assert not held and not report.converged and "less than" in report.note
+    assert not held
+    assert not report.converged
+    assert "less than" in report.note
 
 
-@pytest.mark.parametrize("qtype,gtype", [("q4_k", gguf.GGMLQuantizationType.Q4_K), ("q4_0", gguf.GGMLQuantizationType.Q4_0)])
+@pytest.mark.parametrize(
+    "qtype,gtype",
+    [("q4_k", gguf.GGMLQuantizationType.Q4_K), ("q4_0", gguf.GGMLQuantizationType.Q4_0)],
+)
 def test_random_blocks_dequantize_to_finite_weights_of_the_asked_spread(qtype, gtype):
     """Checked with gguf-py's own dequantizer: valid blocks, finite, about N(0, std²) in size."""
     raw = random_blocks(np.random.default_rng(0), 64, 4096, qtype, std=4096**-0.5)
     w = gguf.quants.dequantize(raw, gtype)
-    assert w.shape == (64, 4096) and np.isfinite(w).all()
+    assert w.shape == (64, 4096)
+    assert np.isfinite(w).all()
     assert 0.3 * 4096**-0.5 < w.std() < 3 * 4096**-0.5
     assert abs(w.mean()) < w.std()
 
@@ -123,7 +135,8 @@ def test_full_llava_pair_reads_as_the_published_shape(tmp_path):
     assert pair.seconds < 5
     r = gguf.GGUFReader(pair.model)
     types = {t.name: t.tensor_type for t in r.tensors}
-    assert types["blk.7.ffn_down.weight"] == gguf.GGMLQuantizationType.Q4_K and "blk.8.attn_q.weight" not in types
+    assert types["blk.3.ffn_down.weight"] == gguf.GGMLQuantizationType.Q4_K
+    assert "blk.4.attn_q.weight" not in types
     p = make_plan(str(pair.model), str(pair.mmproj), probe(device="cpu"))
     assert p.fits
 
@@ -133,18 +146,20 @@ def test_one_layer_more_than_the_plan_chose_does_not_fit(tmp_path):
     auto plan's layer count fits with every lever pinned, one more does not."""
     pair = write_big_llava(tmp_path, "llava-mini")
     env_py = [sys.executable, str(ROOT / "scripts" / "laptop_check.py")]
-    common = ["-m", str(pair.model), "--mmproj", str(pair.mmproj), "--ngl", "auto", "--free-memory", "GPU0=96MiB",
+    common = ["-m", str(pair.model), "--mmproj", str(pair.mmproj), "--ngl", "auto", "--free-memory", "GPU0=90MiB",
               "--gpu-overhead", "8MiB", "--ubatch", "512"]  # fmt: skip
     plan = json.loads(subprocess.run([sys.executable, "-m", "edgevlm", "plan", *common, "--json"],
                                      capture_output=True, text=True, check=True, timeout=120).stdout)  # fmt: skip
     n = plan["n_gpu_layers"]
-    assert 0 < n < 9  # a laptop's share: part of the 8 layers + output
-    spec = {"plan": plan, "model": str(pair.model), "mmproj": str(pair.mmproj), "free_memory": ["GPU0=96MiB"],
+    assert 0 < n < 5  # a laptop's share: part of the 4 layers + output
+    spec = {"plan": plan, "model": str(pair.model), "mmproj": str(pair.mmproj), "free_memory": ["GPU0=90MiB"],
             "overhead": "8MiB"}  # fmt: skip
     out = subprocess.run([*env_py, "--one-more", json.dumps(spec)], capture_output=True, text=True, timeout=120)
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got[str(n)]["fits"] and got[str(n)]["n_gpu_layers"] == n
-    assert not got[str(n + 1)]["fits"] and got[str(n + 1)]["shortfall"] > 0
+    assert got[str(n)]["fits"]
+    assert got[str(n)]["n_gpu_layers"] == n
+    assert not got[str(n + 1)]["fits"]
+    assert got[str(n + 1)]["shortfall"] > 0
 
 
 # ------------------------------------------------------------------------------------------------ on the device
@@ -166,11 +181,13 @@ def test_ballast_process_holds_real_device_memory_until_stopped():
             free = probe().gpus[0].free_bytes
             assert abs(free - target) <= 16 * MIB
         else:
-            assert "--free-memory" in rep.note and rep.held >= rep.total - target - 16 * MIB
+            assert "--free-memory" in rep.note
+            assert rep.held >= rep.total - target - 16 * MIB
             assert psutil.Process(b.pid).memory_info().rss >= 0.9 * rep.held
         pid = b.pid
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert b.proc is not None and b.proc.returncode == 0  # it let go and ended by itself
+    assert b.proc is not None
+    assert b.proc.returncode == 0
 
 
 @pytest.mark.timeout(240)
@@ -195,4 +212,5 @@ def test_ballast_ends_when_its_parent_dies():
         parent.kill()
         parent.communicate(timeout=30)
     gone, alive = psutil.wait_procs([ballast], timeout=60)
-    assert gone and not alive
+    assert gone
+    assert not alive

@@ -179,7 +179,8 @@ def find_cudart() -> str | None:
                     return line.split("=>")[1].split("(")[0].strip()
     pats = [str(d / "libcudart.so*") for d in libdirs]
     pats += [p + "/nvidia/cuda_runtime/lib/libcudart.so*" for p in sys.path if p]
-    pats += ["/usr/local/cuda/lib64/libcudart.so*", "/usr/local/cuda*/lib64/libcudart.so*", "/usr/lib/x86_64-linux-gnu/libcudart.so*"]
+    pats += ["/usr/local/cuda/lib64/libcudart.so*", "/usr/local/cuda*/lib64/libcudart.so*"]
+    pats += ["/usr/lib/x86_64-linux-gnu/libcudart.so*"]
     for pat in pats:
         hits = sorted(glob.glob(pat))
         if hits:

@@ -44,7 +44,11 @@ _BLOCKS = {
     "q4_k": (gguf.GGMLQuantizationType.Q4_K, 144, 256, (0, 2)),
     "q8_0": (gguf.GGMLQuantizationType.Q8_0, 34, 32, (0,)),
 }
-_FILE_TYPE = {"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+_FILE_TYPE = {
+    "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+}
 
 
 def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: str, std: float) -> np.ndarray:
