@@ -10,6 +10,8 @@ outside those logs (cuBLAS, the memory pool; the driver's context is taken befor
     python scripts/gpu_check.py --tests              # the device tests on the CUDA build
     python scripts/gpu_check.py --loads [--vulkan]   # which of edgevlm's load steps the GPU build survives
     python scripts/gpu_check.py --cpu                # the same measurements on the CPU (checks the script)
+    python scripts/gpu_check.py --laptop 4 6         # a laptop on a big GPU: a ballast leaves 4, then 6 GiB free
+                                                     # (scripts/laptop_check.py; --vulkan: its miniature sizes)
 
 CUDA: (1) a virtualenv ``.venv-gpucheck`` with edgevlm, its ``testkit/`` and llama-cpp-python
 0.3.36 built with ``-DGGML_CUDA=on`` for this GPU's architecture only (minutes on an H200's 16
@@ -389,6 +391,11 @@ def device_tests(py: Path, extra: list[str], env: dict | None = None) -> int:
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 
 
+def laptop(py: Path | str, sizes: list[str], env: dict | None = None) -> int:
+    """``scripts/laptop_check.py`` with the GPU build's interpreter (sizes: its defaults when none)."""
+    return subprocess.run([str(py), str(ROOT / "scripts" / "laptop_check.py"), *sizes], env=env).returncode
+
+
 def vulkan(args: argparse.Namespace) -> int:
     vb = _vulkan_build()
     t0 = time.perf_counter()
@@ -400,6 +407,8 @@ def vulkan(args: argparse.Namespace) -> int:
         return 2
     if args.tests:
         return device_tests(py, args.pytest_args, env)
+    if args.laptop is not None:
+        return laptop(py, args.laptop, env)
     if args.loads:
         return subprocess.run([str(py), __file__, "--loads", "--inner"], env=env).returncode
     inner = [str(py), __file__, "--inner", "--out", str(args.out.resolve())] + (
@@ -419,12 +428,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--only", choices=("buffers", "guard"), help="one of the two tables")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
+    ap.add_argument("--laptop", nargs="*", metavar="S", help="a laptop on this GPU: sizes left free (4 6 = GiB)")
     ap.add_argument("pytest_args", nargs="*", help="with --tests: extra pytest arguments")
     args = ap.parse_args(argv)
     if args.load_variant is not None:
         return load_variant(args.load_variant)
     if args.loads and (args.inner or args.cpu):
         return loads()
+    if args.laptop is not None and args.inner:
+        return laptop(sys.executable, args.laptop)
     if args.cpu or args.inner:
         return measure(gpu=not args.cpu, out=args.out, only=args.only)
     if args.vulkan:
@@ -439,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     py = prepare_venv(args.wheel)
     if args.tests:
         return device_tests(py, args.pytest_args)
+    if args.laptop is not None:
+        return laptop(py, args.laptop)
     if args.loads:
         return subprocess.run([str(py), __file__, "--loads", "--inner"]).returncode
     inner = [str(py), __file__, "--inner", "--out", str(args.out.resolve())] + (

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import render_caption
 import render_gpu
+import render_laptop
 import render_prices
 import render_restart
 import render_restore
@@ -49,6 +50,7 @@ PARTS: dict[str, dict[str, Part]] = {
     "bench_serve": render_serve.PARTS,
     "bench_caption": render_caption.PARTS,
     "bench_restore": render_restore.PARTS,
+    "laptop_check": render_laptop.PARTS,
     **render_restart.PARTS,
     **render_tables.PARTS,
     **render_prices.PARTS,
