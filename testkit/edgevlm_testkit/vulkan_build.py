@@ -18,12 +18,15 @@ unless ``GGML_VK_VISIBLE_DEVICES`` names them); a real GPU needs nothing.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 VERSION = "0.3.36"  # the llama-cpp-python the project pins
@@ -34,6 +37,8 @@ HEADER = Path("/usr/include/vulkan/vulkan_core.h")
 PATCH_FROM = "    VkBool32 enable_best_practice = layer_settings;"
 PATCH_TO = "    vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, extensions);"
 PATCH_END = "&layer_setting_info);"
+SERVER_CMAKE = Path(__file__).with_name("llama_server.cmake")
+SERVER_ARGS = f"-DCMAKE_PROJECT_llama_cpp_INCLUDE={SERVER_CMAKE} -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF"
 
 
 def say(msg: str) -> None:
@@ -94,9 +99,51 @@ def cached_wheel() -> Path | None:
     return next(iter(sorted(wheel_dir().glob("llama_cpp_python-*.whl"))), None)
 
 
-def build_wheel(python: str = sys.executable) -> Path:
+def server_dir() -> Path:
+    return wheel_dir() / "server"
+
+
+def cached_server() -> Path | None:
+    """The cached llama-server of the same build as the cached wheel (run it with ``server_env``)."""
+    exe = server_dir() / "llama-server"
+    return exe if exe.exists() and (server_dir() / "build.json").exists() else None
+
+
+def server_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that runs the cached llama-server on its own build's libraries and device 0."""
+    env = device_env(env)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(server_dir()), env.get("LD_LIBRARY_PATH")) if p)
+    return env
+
+
+def keep_server(build: Path, whl: Path, seconds: float) -> Path:
+    """Copy llama-server and the shared libraries it links from the build folder into the cache."""
+    out = server_dir()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    shutil.copy2(build / "bin" / "llama-server", out / "llama-server")
+    for lib in sorted(build.rglob("lib*.so*")):
+        if not (out / lib.name).exists():
+            shutil.copy2(lib, out / lib.name, follow_symlinks=True)
+    if (build / ".ninja_log").exists():  # each compile's start and end: what the server adds to the build
+        shutil.copy2(build / ".ninja_log", out / "ninja_log.txt")
+    stamp = {"wheel": whl.name, "wheel_sha256": sha256(whl), "build_s": round(seconds)}
+    (out / "build.json").write_text(json.dumps(stamp, indent=1) + "\n")
+    return out / "llama-server"
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def build_wheel(python: str = sys.executable, server: bool = False) -> Path:
+    """The cached Vulkan wheel, built first when missing (with llama-server beside it when ``server``)."""
     whl = cached_wheel()
-    if whl:
+    if whl and (cached_server() or not server):
         return whl
     ensure_packages()
     out = wheel_dir()
@@ -110,17 +157,23 @@ def build_wheel(python: str = sys.executable) -> Path:
         if not headers_have_layer_settings():
             say(f"{HEADER} lacks VK_EXT_layer_settings: building without the validation layer's settings")
             patch_layer_settings(src)
+        build = Path(tmp) / "build"
         env = dict(
             os.environ,
-            CMAKE_ARGS="-DGGML_VULKAN=on",
+            CMAKE_ARGS="-DGGML_VULKAN=on" + (f" {SERVER_ARGS}" if server else ""),
             CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2),
             FORCE_CMAKE="1",
         )
-        say(f"building llama-cpp-python {VERSION} with Vulkan (about 12 minutes on 2 cores, once)")
-        run([python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)], env=env)
-    whl = cached_wheel()
-    if whl is None:
-        raise SystemExit(f"no wheel in {out} after the build")
+        say(f"building llama-cpp-python {VERSION} with Vulkan{' and llama-server' * server} (once)")
+        t0 = time.monotonic()
+        run([python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
+             f"--config-settings=build-dir={build}", str(src)], env=env)  # fmt: skip
+        whl = cached_wheel()
+        if whl is None:
+            raise SystemExit(f"no wheel in {out} after the build")
+        if server:
+            keep_server(build, whl, time.monotonic() - t0)
+        say(f"built in {time.monotonic() - t0:.0f} s")
     return whl
 
 
@@ -137,16 +190,21 @@ def has_vulkan(py: Path) -> bool:
     return py.exists() and subprocess.run([str(py), "-c", probe], capture_output=True).returncode == 0
 
 
-def prepare_venv(venv: Path, extras: str = "test") -> Path:
-    """A venv with the Vulkan llama-cpp-python, edgevlm (with ``extras``) and the test kit."""
+def prepare_venv(venv: Path, extras: str = "test", server: bool = False) -> Path:
+    """A venv with the Vulkan llama-cpp-python, edgevlm (with ``extras``) and the test kit; with ``server``,
+    the wheel is the one built with the cached llama-server."""
     py = venv_python(venv)
     if not py.exists():
         run([sys.executable, "-m", "venv", str(venv)])
         run([str(py), "-m", "pip", "install", "-q", "--upgrade", "pip"])
-    if not has_vulkan(py):
-        whl = build_wheel(str(py))
-        run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(whl)])
-        run([str(py), "-m", "pip", "install", "-q", str(whl)])  # its own dependencies (numpy, jinja2)
+    stamp = venv / "edgevlm-wheel.sha256"
+    if not has_vulkan(py) or server:
+        whl = build_wheel(str(py), server=server)
+        digest = sha256(whl)
+        if not has_vulkan(py) or not stamp.exists() or stamp.read_text().strip() != digest:
+            run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(whl)])
+            run([str(py), "-m", "pip", "install", "-q", str(whl)])  # its own dependencies (numpy, jinja2)
+            stamp.write_text(digest + "\n")
     target = f"{ROOT}[{extras}]" if extras else str(ROOT)
     run([str(py), "-m", "pip", "install", "-q", "-e", str(ROOT / "testkit"), "-e", target])
     if not has_vulkan(py):
@@ -165,11 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv", type=Path, default=ROOT / ".venv-vulkan")
     ap.add_argument("--wheel-only", action="store_true", help="build (or find) the cached wheel and print it")
+    ap.add_argument("--server", action="store_true", help="also llama-server, from the same CMake build")
     args = ap.parse_args(argv)
     if args.wheel_only:
-        print(build_wheel())
+        print(build_wheel(server=args.server))
+        if args.server:
+            print(cached_server())
         return 0
-    print(prepare_venv(args.venv))
+    print(prepare_venv(args.venv, server=args.server))
     return 0
 
 
