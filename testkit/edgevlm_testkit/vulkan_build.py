@@ -140,6 +140,20 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def fetch_sdist(folder: Path, python: str = sys.executable) -> Path:
+    """The pinned llama-cpp-python's source, unpacked into ``folder`` (the 77 MB archive is
+    downloaded once and kept in the cache: pip takes most of a minute to hand it over again)."""
+    keep = CACHE.parent / "sdist"
+    tgz = keep / f"llama_cpp_python-{VERSION}.tar.gz"
+    if not tgz.exists():
+        keep.mkdir(parents=True, exist_ok=True)
+        run([python, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(keep),
+             f"llama-cpp-python=={VERSION}"])  # fmt: skip
+    with tarfile.open(tgz) as tar:
+        tar.extractall(folder, filter="data")
+    return folder / f"llama_cpp_python-{VERSION}"
+
+
 def build_wheel(python: str = sys.executable, server: bool = False) -> Path:
     """The cached Vulkan wheel, built first when missing (with llama-server beside it when ``server``)."""
     whl = cached_wheel()
@@ -149,11 +163,7 @@ def build_wheel(python: str = sys.executable, server: bool = False) -> Path:
     out = wheel_dir()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="llama-vk-") as tmp:
-        run([python, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp,
-             f"llama-cpp-python=={VERSION}"])  # fmt: skip
-        with tarfile.open(next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))) as tar:
-            tar.extractall(tmp, filter="data")
-        src = Path(tmp) / f"llama_cpp_python-{VERSION}"
+        src = fetch_sdist(Path(tmp), python)
         if not headers_have_layer_settings():
             say(f"{HEADER} lacks VK_EXT_layer_settings: building without the validation layer's settings")
             patch_layer_settings(src)
