@@ -375,7 +375,9 @@ def run_split(
 ) -> dict[str, Any]:
     logdir = Path(args.logs)
     port = free_port()
-    srv = launch("edgevlm", edgevlm_cmd(args, ngl, port), port, logdir, env=env, wait_s=args.timeout)
+    # edgevlm in this process's environment: the server's LD_LIBRARY_PATH would load a second copy of
+    # ggml beside the one llama_cpp opens by its path
+    srv = launch("edgevlm", edgevlm_cmd(args, ngl, port), port, logdir, wait_s=args.timeout)
     if isinstance(srv, str):
         raise SystemExit(f"edgevlm serve --ngl {ngl}: {srv}")
     try:
@@ -403,7 +405,8 @@ def run_split(
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("-m", "--model", type=Path, help="GGUF (default: the tiny Qwen2-VL-shaped pair)")
+    ap.add_argument("-m", "--model", type=Path, help="GGUF (default: the test kit's --pair)")
+    ap.add_argument("--pair", default="qwen2vl:tiny", help="FAMILY:PRESET of a generated pair (real: real widths)")
     ap.add_argument("--mmproj", type=Path)
     ap.add_argument("--llama-server", type=Path, help="llama-server of the same build as this llama-cpp-python")
     ap.add_argument("--vulkan-server", action="store_true", help="the one vulkan_build --server cached")
@@ -437,12 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.model is None:
         from edgevlm_testkit import cached_model_pair
 
-        pair = cached_model_pair("qwen2vl", "tiny")
+        family, _, preset = args.pair.partition(":")
+        pair = cached_model_pair(family, preset or "tiny")
         args.model, args.mmproj = pair.model, pair.mmproj
-    exe, env, build = which_server(args)
-    if not args.cpu and env is not None:
-        env.setdefault("GGML_VK_VISIBLE_DEVICES", "0")  # lavapipe is a CPU-type device (vulkan_build.device_env)
+    if not args.cpu:  # lavapipe is a CPU-type Vulkan device, shown only when named (vulkan_build.device_env)
         os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+    exe, env, build = which_server(args)
     device = device_info(args.cpu)
     build["llama_server_version"] = server_version(exe, env)
     rows = []
