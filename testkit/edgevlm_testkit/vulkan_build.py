@@ -200,9 +200,12 @@ def has_vulkan(py: Path) -> bool:
     return py.exists() and subprocess.run([str(py), "-c", probe], capture_output=True).returncode == 0
 
 
-def prepare_venv(venv: Path, extras: str = "test", server: bool = False) -> Path:
-    """A venv with the Vulkan llama-cpp-python, edgevlm (with ``extras``) and the test kit; with ``server``,
-    the wheel is the one built with the cached llama-server."""
+def prepare_venv(venv: Path, extras: str = "test", server: bool | None = None) -> Path:
+    """A venv with the Vulkan llama-cpp-python, edgevlm (with ``extras``) and the test kit; with ``server``
+    (default: ``EDGEVLM_VULKAN_SERVER=1`` in the environment), the wheel is the one built with the cached
+    llama-server."""
+    if server is None:
+        server = os.environ.get("EDGEVLM_VULKAN_SERVER") == "1"
     py = venv_python(venv)
     if not py.exists():
         run([sys.executable, "-m", "venv", str(venv)])
@@ -233,11 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv", type=Path, default=ROOT / ".venv-vulkan")
     ap.add_argument("--wheel-only", action="store_true", help="build (or find) the cached wheel and print it")
-    ap.add_argument("--server", action="store_true", help="also llama-server, from the same CMake build")
+    ap.add_argument("--server", action="store_true", default=None, help="also llama-server, from the same build")
     args = ap.parse_args(argv)
     if args.wheel_only:
-        print(build_wheel(server=args.server))
-        if args.server:
+        server = args.server or os.environ.get("EDGEVLM_VULKAN_SERVER") == "1"
+        print(build_wheel(server=server))
+        if server:
             print(cached_server())
         return 0
     print(prepare_venv(args.venv, server=args.server))
