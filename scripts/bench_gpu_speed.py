@@ -47,6 +47,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# ggml lists a CPU-type Vulkan device (lavapipe) only when named, and lists devices when it loads (the
+# imports below load it): vulkan_build.device_env; no effect on other backends
+os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
 
 from caption_sides import PROMPT, SYSTEM, make_images
 from peer_servers import EXTRA_BUFFERS, Server, find_llama_server, free_port, launch
@@ -299,15 +302,31 @@ def caption(server: Server, edge: bool, args, pictures: list[Path]) -> dict[str,
 
 
 def workloads(server: Server, edge: bool, args, folder: Path, pictures: list[Path], seed0: int) -> dict[str, Any]:
-    post(server.url, [{"role": "user", "content": "Hello."}], 4, args.timeout)  # warm: the template, the first step
-    out = {"ttft": ttft(server, edge, args, folder, seed0)}
-    out["decode_1"] = decode(server, edge, args, 1)
-    out[f"decode_{args.parallel}"] = decode(server, edge, args, args.parallel)
-    out["caption"] = caption(server, edge, args, pictures)
+    """The four measures on one server; a server that dies leaves the rest unmeasured, with why."""
+    steps = {
+        "ttft": lambda: ttft(server, edge, args, folder, seed0),
+        "decode_1": lambda: decode(server, edge, args, 1),
+        "decode_4": lambda: decode(server, edge, args, args.parallel),
+        "caption": lambda: caption(server, edge, args, pictures),
+    }
+    out: dict[str, Any] = {}
+    try:
+        post(server.url, [{"role": "user", "content": "Hello."}], 4, args.timeout)  # warm: the template, a step
+        for key, measure in steps.items():
+            out[key] = measure()
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"the server exited during {key}")
+    except (httpx.HTTPError, RuntimeError) as exc:
+        server.proc.wait(30)
+        log = server.log.read_text(errors="replace").strip().splitlines()
+        out["died"] = {"error": f"{type(exc).__name__}: {exc}", "exit": server.proc.poll(), "log": log[-3:]}
+    for key in steps:
+        none = {"s": None, "tok_per_s": None, "images_per_s": None, "profile": {}}
+        out.setdefault(key, {**none, "errors": ["not measured: the server died"]})
     return out
 
 
-def ratios(edge: dict[str, Any], peer: dict[str, Any], parallel: int = 4) -> dict[str, Any]:
+def ratios(edge: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
     """edgevlm / llama-server for each measure, and whether each target holds (None: unmeasured)."""
 
     def ratio(a: float | None, b: float | None) -> float | None:
@@ -316,7 +335,7 @@ def ratios(edge: dict[str, Any], peer: dict[str, Any], parallel: int = 4) -> dic
     r = {
         "ttft": ratio(edge["ttft"]["s"], peer["ttft"]["s"]),
         "decode_1": ratio(edge["decode_1"]["tok_per_s"], peer["decode_1"]["tok_per_s"]),
-        "decode_4": ratio(edge[f"decode_{parallel}"]["tok_per_s"], peer[f"decode_{parallel}"]["tok_per_s"]),
+        "decode_4": ratio(edge["decode_4"]["tok_per_s"], peer["decode_4"]["tok_per_s"]),
         "caption": ratio(edge["caption"]["images_per_s"], peer["caption"]["images_per_s"]),
     }
     met = {
@@ -398,7 +417,7 @@ def run_split(
     keys = ("n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "type_k", "type_v", "flash_attn", "mmproj_on_gpu")
     setting = {k: plan.get(k) for k in (*keys, "image_max_tokens", "offload_kqv")}
     row = {"ngl": ngl, "settings": setting, "llama_server_flags": llama_server_args(plan, args.parallel, args.threads)}
-    row.update(edgevlm=edge, llama_server=peer, **ratios(edge, peer, args.parallel))
+    row.update(edgevlm=edge, llama_server=peer, **ratios(edge, peer))
     args.done.append(row)
     return row
 
@@ -417,7 +436,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--kv", default="f16")
     ap.add_argument("--ubatch", type=int, default=512)
     ap.add_argument("--image-tokens", type=int, default=1024)
-    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--parallel", type=int, default=4, help="sequences of both servers, streams of decode_4")
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 2))
     ap.add_argument("--ttft-reps", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3, help="decode: runs of each request set (medians)")
@@ -443,8 +462,6 @@ def main(argv: list[str] | None = None) -> int:
         family, _, preset = args.pair.partition(":")
         pair = cached_model_pair(family, preset or "tiny")
         args.model, args.mmproj = pair.model, pair.mmproj
-    if not args.cpu:  # lavapipe is a CPU-type Vulkan device, shown only when named (vulkan_build.device_env)
-        os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
     exe, env, build = which_server(args)
     device = device_info(args.cpu)
     build["llama_server_version"] = server_version(exe, env)

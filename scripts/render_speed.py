@@ -71,6 +71,13 @@ def table(d: D, stem: str) -> str:
                 f"{_num(val(row['llama_server']), unit)} | {'–' if ratio is None else f'{ratio:.2f}×'} | "
                 f"{r['targets'][key].replace('<=', '≤').replace('>=', '≥')}× {verdict} |"
             )
+    for row in r["splits"]:
+        for side, name in (("edgevlm", "edgevlm's server"), ("llama_server", "llama-server")):
+            died = row[side].get("died")
+            if died:
+                log = " / ".join(died["log"][-1:])
+                lines += ["", f"At {_split(row)} {name} died (exit {died['exit']}; its log ends `{log}`): "
+                          f"the measures after it are missing."]  # fmt: skip
     return "\n".join(lines)
 
 
