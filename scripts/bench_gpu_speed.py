@@ -345,6 +345,77 @@ def ratios(edge: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
     return {"ratios": r, "targets_met": met, "missed": [k for k, v in met.items() if v is False]}
 
 
+# --- cProfile of edgevlm's step loop --------------------------------------------------------------
+BACKEND_CALLS = {  # edgevlm.backend.llama methods that are a llama.cpp call and the arrays around it
+    "decode_multi": "llama_decode (the step's batch)",
+    "sample": "llama_sampler_sample (waits for the device's logits, then samples)",
+    "decode_rows": "llama_decode (picture rows)",
+    "decode_embeddings": "llama_decode (picture rows)",
+    "decode_image": "mtmd: a picture's rows",
+    "encode_image": "mtmd: the encoder",
+    "decode_tokens": "llama_decode (prompt)",
+    "accept": "llama_sampler_accept",
+}
+
+
+def step_profile_child(args, ngl: int) -> dict[str, Any]:
+    """In this process: edgevlm loaded as the server loads it, one stream's replies (``decode_tokens``
+    tokens in all) under cProfile (the step loop runs on the caller's thread): per step, the time in the backend's
+    llama.cpp calls and the rest (Python: the scheduler, batches, text)."""
+    import cProfile
+    import pstats
+
+    import edgevlm
+
+    vlm = edgevlm.load(args.model, args.mmproj, n_ctx=args.ctx, n_gpu_layers=ngl, kv=args.kv,
+                       image_tokens=args.image_tokens, n_threads=args.threads)  # fmt: skip
+    vlm.chat(STORY.format(i=1), max_tokens=8, temperature=0)  # warm
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    tokens = 0
+    for i in range(20, 30):  # replies until decode_tokens were generated (a random pair may stop early)
+        tokens += vlm.chat(STORY.format(i=i), max_tokens=args.decode_tokens, temperature=0).stats.predicted_n
+        if tokens >= args.decode_tokens:
+            break
+    prof.disable()
+    wall = (time.perf_counter() - t0) * 1000
+    calls: dict[str, float] = {}
+    steps = 0
+    for (fn, _, name), (_, n, tt, _, _) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+        path = fn.replace(os.sep, "/")
+        if path.endswith("edgevlm/backend/llama.py") and name in BACKEND_CALLS:
+            calls[name] = calls.get(name, 0.0) + tt * 1000
+        if path.endswith("edgevlm/runtime/scheduler.py") and name == "_step":
+            steps += n
+    native = sum(calls.values())
+    per = max(1, steps)
+    return {
+        "ngl": ngl,
+        "tokens": tokens,
+        "steps": steps,
+        "wall_ms": round(wall, 1),
+        "calls_ms": {k: round(v, 1) for k, v in sorted(calls.items(), key=lambda kv: -kv[1])},
+        "python_ms": round(max(0.0, wall - native), 1),
+        "step_ms": round(wall / per, 3),
+        "calls_ms_per_step": round(native / per, 3),
+        "python_ms_per_step": round(max(0.0, wall - native) / per, 3),
+        "note": "under cProfile, which slows the Python part; the calls' times are their C time",
+    }
+
+
+def step_profile(args, ngl: int) -> dict[str, Any]:
+    """``step_profile_child`` in a process of its own (a crash there costs only the profile)."""
+    cmd = [sys.executable, __file__, "--profile-child", str(ngl), "-m", str(args.model), "--mmproj", str(args.mmproj)]
+    cmd += ["--ctx", str(args.ctx), "--kv", args.kv, "--image-tokens", str(args.image_tokens)]
+    cmd += ["--threads", str(args.threads), "--decode-tokens", str(args.decode_tokens)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if r.returncode != 0:
+        return {"ngl": ngl, "error": f"exit {r.returncode}: {r.stderr.strip().splitlines()[-1:] or ''}"}
+    d: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return d
+
+
 # --- the run -----------------------------------------------------------------------------------
 def device_info(cpu: bool) -> dict[str, Any]:
     if cpu:
@@ -448,11 +519,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", help="the JSON's path (default: a new file in docs/results/)")
     ap.add_argument("--logs", default=tempfile.gettempdir())
+    ap.add_argument("--profile-child", type=int, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.profile_child is not None:
+        print(json.dumps(step_profile_child(args, args.profile_child)))
+        return 0
     args.done = []
     args.prompt_ids = itertools.count(10)  # a prompt id of two digits or more: the same length of text
     run = Run("bench_gpu_speed", args.tag)
@@ -480,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
                 ngl = -1 if s == "all" else int(s)
             row = run_split(args, ngl, exe, env, folder, pictures)
             row["split"] = s
+            if row["missed"]:  # where the time goes: edgevlm's step loop under cProfile
+                row["step_profile"] = step_profile(args, row["settings"]["n_gpu_layers"])
             n_all = row["settings"]["n_gpu_layers"] if s == "all" else n_all
             rows.append(row)
             print(f"{s} (ngl {row['settings']['n_gpu_layers']}): {json.dumps(row['ratios'])}", file=sys.stderr)

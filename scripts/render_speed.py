@@ -111,6 +111,27 @@ def profile(d: D, stem: str) -> str:
                 f"{e['encode_ms']:,.0f} ms | {e['python_ms']:,.0f} ms | {e['steps']} | {per} | "
                 f"{_server_ms(peer, key)} |"
             )
+    prof = [row for row in d["result"]["splits"] if row.get("step_profile")]
+    if prof:
+        lines += [
+            "",
+            "edgevlm's step loop under cProfile, one stream (a process of its own, where a target was missed):",
+            "",
+        ]
+        lines += [
+            "| split | tokens | steps | ms a step | in llama.cpp calls | of which | Python |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in prof:
+            sp = row["step_profile"]
+            if "error" in sp:
+                lines.append(f"| {_split(row)} | – | – | – | – | {sp['error']} | – |")
+                continue
+            calls = ", ".join(f"{k} {v / max(1, sp['steps']):.2f}" for k, v in sp["calls_ms"].items())
+            lines.append(
+                f"| {_split(row)} | {sp['tokens']} | {sp['steps']} | {sp['step_ms']:.2f} | "
+                f"{sp['calls_ms_per_step']:.2f} | {calls} | {sp['python_ms_per_step']:.2f} |"
+            )
     missed = sorted({k for row in d["result"]["splits"] for k in row["missed"]})
     names = {k: label for k, label, _, _ in MEASURES}
     lines += ["", "Missed: " + ("; ".join(names[k] for k in missed) if missed else "none") + "."]

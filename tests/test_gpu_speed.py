@@ -135,7 +135,12 @@ def test_bench_gpu_speed_end_to_end_on_the_device(model_pair, tmp_path):
         skip_unless_required("llama-server", server)
     pair = model_pair("qwen2vl")
     out = tmp_path / "speed.json"
+    # lavapipe (a CPU-type device): every layer only. With part of the layers there, edgevlm's server dies
+    # of a corrupted heap after the 4000x3000 picture (SIGABRT/SIGSEGV, docs/gpu.md "Speed against
+    # llama-server"; lavapipe's device memory is the heap: docs/gpu.md "Limits") — the benchmark records it
+    splits = "all" if any(d.kind == "gpu" and "llvmpipe" in d.description for d in ggml_devices()) else "all,laptop"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_gpu_speed.py"), *server, "-m", str(pair.model)]
+    cmd += ["--splits", splits]
     cmd += ["--mmproj", str(pair.mmproj), "--ctx", "4096", "--ttft-reps", "1", "--reps", "1", "--decode-tokens", "8"]
     cmd += ["--caption-images", "4", "--caption-tokens", "4", "--threads", "2", "--out", str(out)]
     cmd += ["--logs", str(tmp_path), "--timeout", "300"]
@@ -146,13 +151,16 @@ def test_bench_gpu_speed_end_to_end_on_the_device(model_pair, tmp_path):
     res = d["result"]
     assert res["device"]["name"] != "CPU"
     assert res["build"]["same_build"]
-    assert [s["split"] for s in res["splits"]] == ["all", "laptop"]
+    assert [s["split"] for s in res["splits"]] == splits.split(",")
     n_all = res["splits"][0]["settings"]["n_gpu_layers"]
-    assert res["splits"][1]["settings"]["n_gpu_layers"] == (n_all - 1) // 2 + 1 < n_all
+    assert n_all == 3  # the tiny pair's 2 layers and the output layer, on both sides (the flags below)
+    if len(res["splits"]) > 1:
+        assert res["splits"][1]["settings"]["n_gpu_layers"] == 2
     for row in res["splits"]:
         flags = row["llama_server_flags"]
         assert flags[flags.index("-ngl") + 1] == str(row["settings"]["n_gpu_layers"])
         for side in ("edgevlm", "llama_server"):
+            assert "died" not in row[side], row[side]["died"]
             for key in ("ttft", "decode_1", "decode_4", "caption"):
                 assert not row[side][key]["errors"], (side, key, row[side][key]["errors"])
             # the image budget held on both sides: the 4000x3000 picture is about 1024 tokens
