@@ -138,6 +138,27 @@ def profile(d: D, stem: str) -> str:
     return "\n".join(lines)
 
 
+def deaths(d: D, stem: str) -> str:
+    """One line for a run: its budget and context, and per split which server ran through and which
+    died in which measure (with its exit)."""
+    r = d["result"]
+    st = r["splits"][0]["settings"]
+    parts = []
+    for row in r["splits"]:
+        sides = []
+        for side, name in (("edgevlm", "edgevlm"), ("llama_server", "llama-server")):
+            died = row[side].get("died")
+            if not died:
+                sides.append(f"{name} ran through")
+                continue
+            where = next((label for key, label, _, _ in MEASURES if row[side][key]["errors"]), "between measures")
+            sides.append(f"{name} died in {where} (exit {died['exit']})")
+        parts.append(f"{_split(row)}: " + ", ".join(sides))
+    return (
+        f"- [budget {st['image_max_tokens']}, context {st['n_ctx']}](results/{stem}.json) — " + "; ".join(parts) + "."
+    )
+
+
 PARTS: dict[str, dict[str, Callable[[D, str], str]]] = {
-    "bench_gpu_speed": {"summary": summary, "table": table, "profile": profile},
+    "bench_gpu_speed": {"summary": summary, "table": table, "profile": profile, "deaths": deaths},
 }

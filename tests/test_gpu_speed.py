@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import pytest
 from edgevlm_testkit.child import DriverCrash
 
 from .conftest import skip_unless_required
+from .test_serve import Served, data_uri, png, user
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -77,6 +79,26 @@ def test_ratios_are_edgevlm_over_llama_server_and_targets_follow():
     assert r["missed"] == ["decode_4"]
     slow = bench.ratios(_side(1.2, None, 90.0, 0.5), _side(1.0, 40.0, 90.0, 1.0))
     assert slow["targets_met"] == {"ttft": False, "decode_1": None, "decode_4": True, "caption": False}
+
+
+def test_status_counts_the_encoders_time_beside_llama_ms(model_pair):
+    """The profile's split (bench_gpu_speed.profile_between): ``/status`` kv.encode_ms is the
+    encoder's time, summed — 0 before a picture, then more than 0 and no more than the request took."""
+    s = Served(model_pair("llava15"), "--max-tokens", "4")
+    try:
+        kv = s.status()["kv"]
+        assert kv["encode_ms"] == 0.0
+        t0 = time.monotonic()
+        s.client().chat.completions.create(
+            model="m", messages=[user("What is it?", data_uri(png(200, 150, seed=5)))], max_tokens=4, temperature=0
+        )
+        wall_ms = (time.monotonic() - t0) * 1000
+        after = s.status()
+        assert after["threads"]["encodes"] == 1
+        assert 0 < after["kv"]["encode_ms"] <= wall_ms
+        assert after["kv"]["llama_ms"] > kv["llama_ms"]
+    finally:
+        s.stop()
 
 
 @pytest.mark.slow
