@@ -123,7 +123,7 @@ def keep_server(build: Path, whl: Path, seconds: float) -> Path:
     out.mkdir(parents=True)
     shutil.copy2(build / "bin" / "llama-server", out / "llama-server")
     for lib in sorted(build.rglob("lib*.so*")):  # (the soname links stay links: lib.so -> lib.so.0 -> lib.so.0.x)
-        if not (out / lib.name).exists():
+        if not os.path.lexists(out / lib.name):
             shutil.copy2(lib, out / lib.name, follow_symlinks=False)
     if (build / ".ninja_log").exists():  # each compile's start and end: what the server adds to the build
         shutil.copy2(build / ".ninja_log", out / "ninja_log.txt")
