@@ -1,6 +1,6 @@
 """llama-cpp-python built with llama.cpp's Vulkan backend, in a virtualenv of its own, unattended.
 
-    python -m edgevlm_testkit.vulkan_build [--venv .venv-vulkan]
+    python -m edgevlm_testkit.vulkan_build [--venv .venv-vulkan] [--server]
 
 Steps, each skipped when already done: (1) Debian's Vulkan loader headers, ``glslc``, SPIR-V
 headers and Mesa's drivers (lavapipe, the software device) through apt when any is missing; (2) the
@@ -10,6 +10,13 @@ Vulkan headers predate ``VK_EXT_layer_settings`` (Debian 12 ships 1.3.239), the 
 ``ggml-vulkan.cpp`` that needs it (settings for the validation layer only) is taken out first;
 (3) the venv gets that wheel, then edgevlm and its test kit. About 12 minutes on 2 cores the first
 time, seconds afterwards.
+
+``--server`` (or ``EDGEVLM_VULKAN_SERVER=1``, which ``scripts/gpu_check.py --vulkan`` passes on) adds
+llama.cpp's ``llama-server`` to that same CMake build (``llama_server.cmake``: ggml is compiled once for
+both) and keeps it, with the build's shared libraries, in the cache's ``server/`` folder (``cached_server``,
+run with ``server_env``); a wheel cached without it is built again, once, with it, and the venv gets that
+wheel (``edgevlm-wheel.sha256`` in the venv says which it has). The server's own sources are a small part
+of the compile: ggml and the Vulkan shaders are most of it.
 
 ``device_env()`` gives the environment that shows a CPU-type Vulkan device (ggml skips those
 unless ``GGML_VK_VISIBLE_DEVICES`` names them); a real GPU needs nothing.
