@@ -131,12 +131,18 @@ class Server:
 
 
 def launch(
-    name: str, cmd: list[str], port: int, logdir: Path, health: str = "/health", wait_s: float = 300
+    name: str,
+    cmd: list[str],
+    port: int,
+    logdir: Path,
+    health: str = "/health",
+    wait_s: float = 300,
+    env: dict[str, str] | None = None,
 ) -> Server | str:
-    """``cmd`` (a server on ``port`` of 127.0.0.1) started and ready (``health`` answers 200) — or
-    why it could not start."""
+    """``cmd`` (a server on ``port`` of 127.0.0.1, in ``env``: default this process's) started and
+    ready (``health`` answers 200) — or why it could not start."""
     log = logdir / f"{name}-{port}.log"
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:

@@ -9,7 +9,8 @@ A block sits between ``<!-- results:STEM:PART -->`` and ``<!-- /results:STEM:PAR
 names the results file (``docs/results/STEM.json``, which must exist), PART what is shown of it.
 Which PARTs a file has depends on its benchmark (its ``"benchmark"`` field, or ``gpu_check``
 for ``gpu-check-*.json``): ``scripts/render_gpu.py``, ``render_serve.py``, ``render_caption.py``,
-``render_restart.py``, ``render_restore.py``, ``render_prices.py`` and ``render_tables.py`` hold them.
+``render_restart.py``, ``render_restore.py``, ``render_prices.py``, ``render_laptop.py``, ``render_speed.py``
+and ``render_tables.py`` hold them.
 Everything between the markers is replaced; what is outside them is the docs' own text.
 
 A STEM ending in ``-pending`` (``bench_suite-pending``) names a run nobody has made yet: its
@@ -36,6 +37,7 @@ import render_prices
 import render_restart
 import render_restore
 import render_serve
+import render_speed
 import render_tables
 
 __all__ = ["BLOCK", "PENDING", "RESULTS", "blocks_in", "check", "docs", "is_pending", "load", "part", "render"]
@@ -52,6 +54,7 @@ PARTS: dict[str, dict[str, Part]] = {
     "bench_restore": render_restore.PARTS,
     "laptop_check": render_laptop.PARTS,
     **render_restart.PARTS,
+    **render_speed.PARTS,
     **render_tables.PARTS,
     **render_prices.PARTS,
 }

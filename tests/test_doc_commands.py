@@ -72,6 +72,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("docs/gpu.md", "CMAKE_ARGS="): "rebuilds llama-cpp-python for Vulkan",
     ("docs/gpu.md", "vulkaninfo"): "needs a Vulkan loader and device",
     ("docs/gpu.md", "GGML_VK_VISIBLE_DEVICES=0 edgevlm plan"): "needs the Vulkan build and its device",
+    ("docs/gpu.md", ".venv-vulkan/bin/python scripts/bench_gpu_speed.py"): "needs the Vulkan build's venv and "
+    "its llama-server (minutes)",
     ("docs/demo-model.md", "python scripts/train_demo.py"): "trains the demo model for hours (JAX)",
     ("docs/demo-model.md", "cp test-artifacts/run12/"): "copies what the training above wrote",
     ("docs/plan.md", "python scripts/make_tiny_vlm.py real7b"): "writes 450 MB; the test links the test kit's cached "

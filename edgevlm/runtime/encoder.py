@@ -36,6 +36,7 @@ class Encoder:
         self._busy: tuple[ImageUnit, int] | None = None
         self._lock = threading.Lock()
         self.cost_ms = 0.0  # what an encode takes (moving average; 0 until one is done: /status)
+        self.total_ms = 0.0  # every encode's time, summed (/status: kv.encode_ms, beside llama_ms)
         self.encodes = 0
 
     def ready(self, unit: ImageUnit, ci: int) -> bool:
@@ -72,6 +73,7 @@ class Encoder:
             unit.encode(ci, self.backend)  # (a closed unit raises: its request ends with that)
             ms = unit.encode_ms.get(ci, 0.0)
             self.cost_ms = ms if not self.cost_ms else 0.7 * self.cost_ms + 0.3 * ms
+            self.total_ms += ms
         except Exception as exc:  # this picture's request ends with it; the encoder goes on
             unit.errors[ci] = exc
         finally:

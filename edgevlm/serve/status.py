@@ -96,7 +96,8 @@ def scheduler_status(sched: Scheduler) -> dict[str, Any]:
         "encoding": sched.encoder.pending,
         "evicted": {"conversations": sched.placer.evicted, "cells": sched.placer.evicted_cells},
         "steps": dict(sched.counters),
-        "llama_ms": round(sched.llama_ms, 1),
+        "llama_ms": round(sched.llama_ms, 1),  # decode and sampling in llama.cpp (the step loop's batches)
+        "encode_ms": round(sched.encoder.total_ms, 1),  # pictures in mtmd's encoder (steps of their own)
         "step_ms": sched.costs.to_dict(),
     }
 
