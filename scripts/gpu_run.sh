@@ -1,27 +1,52 @@
 #!/bin/bash
-# Everything #58 needs an NVIDIA GPU for, as one run after the CUDA build — within about 10 minutes (an NVIDIA
-# machine may be at hand for 15, and the build takes 5). On the machine, from the project's root:
+# Everything #58 needs an NVIDIA GPU for, after the CUDA build, as named steps with their own timeouts (an
+# NVIDIA machine may be at hand for 15 minutes, one command for 10, and the build takes 5). On the machine, from
+# the project's root (/work/shared/gpu/cuda_check.sh builds llama-cpp-python with CUDA into /tmp/site and
+# llama-server from the same CMake build into /tmp/llbuild, sets PYTHONPATH, then runs its arguments):
 #
-#     OUT=/some/folder bash .gpu/cuda_check.sh 'bash scripts/gpu_run.sh'
+#     OUT=/some/folder bash .gpu/cuda_check.sh 'bash scripts/gpu_run.sh libstdcxx laptop'   # with the build: ~10 min
+#     OUT=/some/folder bash .gpu/cuda_check.sh 'bash scripts/gpu_run.sh speed prices'       # warm machine: ~6 min
 #
-# (/work/shared/gpu/cuda_check.sh builds llama-cpp-python with CUDA into /tmp/site, sets PYTHONPATH, then runs
-# its arguments.) Each step has its own timeout, so a slow one cannot take the others' time; results land in
-# docs/results/ (commit them) and are copied to $OUT. Steps whose script is not in this checkout are skipped.
+# With no step named, all four run in this order. Results land in docs/results/ (commit them) and in $OUT.
+#   libstdcxx  is libstdc++ private to the CUDA library (nm -D / ldd), and does numpy-first load, crash or refuse
+#   laptop     a ballast leaves 4, then 6 GiB free; LLaVA-1.5-7B at full size, --ngl auto: chat, serve, caption
+#   speed      edgevlm against llama-server of the same build: TTFT, decode 1 and 4 streams, captioning
+#   prices     decode tokens/s per placement (layers, KV on the device or the host, KV types): the price table
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-.gpu/out}; mkdir -p "$OUT"
 T0=$(date +%s); el() { echo "[gpu_run t+$(( $(date +%s) - T0 ))s] $*"; }
 nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv
-step() {  # step SECONDS SCRIPT ARGS...: run scripts/SCRIPT if it exists, within SECONDS
-  local limit=$1 script=$2; shift 2
-  if [ ! -f "scripts/$script" ]; then el "skip $script (not in this checkout)"; return; fi
-  el "$script $*"; timeout "$limit" python3 "scripts/$script" "$@"; el "$script rc=$?"
+SERVER=${LLAMA_SERVER:-/tmp/llbuild/bin/llama-server}
+LIB=$(python3 -c "import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent / 'lib')" 2>/dev/null)
+
+libstdcxx() {  # where libstdc++'s code is, and what a numpy-first process does (docs/gpu.md, "Loading on NVIDIA")
+  local L
+  L=$(ls "$LIB"/libggml-cuda.so* 2>/dev/null | head -n 1)
+  el "libggml-cuda: $L"; ldd "$L" | grep -E 'stdc|gcc_s|cudart'
+  echo "exported: $(nm -D --defined-only "$L" | wc -l); libstdc++'s own (_M_insert<long>, __cxa_throw," \
+    "__gxx_personality_v0): $(nm -D --defined-only "$L" | grep -cE ' (_ZNSo9_M_insertIlEERSoT_|__cxa_throw|__gxx_personality_v0)$')"
+  strings -a "$L" | grep -m3 'GCC:'; grep -m3 -i 'exclude-libs' /tmp/build.log
+  timeout 60 python3 -c 'import numpy, llama_cpp; llama_cpp.Llama("models/edgevlm-demo.gguf", n_gpu_layers=-1, verbose=False).close(); print("numpy first: loaded")'
+  el "numpy first, llama_cpp.Llama: rc=$? (139: the crash)"
+  timeout 60 python3 -c 'import numpy, runpy, sys; sys.argv=["edgevlm","chat","--model","demo","--ngl","-1","Hi"]; runpy.run_module("edgevlm", run_name="__main__")'
+  el "numpy first, edgevlm chat: rc=$? (0: answered; 2: refused with the cause; 139: crashed)"
 }
-# 1. a laptop on this GPU (#58 part 1): a ballast leaves 4, then 6 GiB free; LLaVA-1.5-7B at full size (random
-#    Q4_K blocks, ~40 s to write on 2 busy cores, cached), --ngl auto: chat, serve with 4 clients, caption of 16
-step 300 gpu_check.py --inner --laptop 4 6
-# 2. the speed benchmark and 3. the KV price (other helpers' scripts; the lead sets their arguments)
-step 150 bench_gpu_speed.py
-step 120 bench_kv_price.py
-cp docs/results/laptop_check-*.json docs/results/bench_gpu_speed-*.json docs/results/bench_kv_price-*.json "$OUT"/ 2>/dev/null
+laptop() { timeout 290 python3 scripts/gpu_check.py --inner --laptop 4 6; el "laptop rc=$?"; }
+speed() {
+  timeout 330 python3 scripts/bench_gpu_speed.py --llama-server "$SERVER" --same-build --pair qwen2vl:real \
+    --reps 2 --ttft-reps 2 --tag cuda-real --logs "$OUT"
+  el "speed rc=$?"
+}
+prices() { timeout 200 python3 scripts/bench_kv_price.py --shape large --repeats 3 --update-table; el "prices rc=$?"; }
+
+[ $# -gt 0 ] || set -- libstdcxx laptop speed prices
+for step in "$@"; do
+  case $step in
+    libstdcxx|laptop|speed|prices) el "step $step"; "$step" ;;
+    *) echo "unknown step $step (libstdcxx laptop speed prices)" >&2; exit 2 ;;
+  esac
+done
+cp docs/results/laptop_check-*.json docs/results/bench_gpu_speed-*.json docs/results/bench_kv_price-*.json \
+  edgevlm/data/kv_prices.json "$OUT"/ 2>/dev/null
 el end
