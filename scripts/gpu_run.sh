@@ -40,7 +40,7 @@ libstdcxx() {  # where libstdc++'s code is, and what a numpy-first process does 
   strings -a "$L" | grep -m3 'GCC:'; grep -m3 -i 'exclude-libs' /tmp/build.log
   timeout 120 "$PY" -c 'import numpy, llama_cpp; llama_cpp.Llama("models/edgevlm-demo.gguf", n_gpu_layers=-1, verbose=False).close(); print("numpy first: loaded")'
   el "numpy first, llama_cpp.Llama: rc=$? (139: the crash)"
-  timeout 120 "$PY" -c 'import numpy, runpy, sys; sys.argv=["edgevlm","chat","--model","demo","--ngl","-1","Hi"]; runpy.run_module("edgevlm", run_name="__main__")'
+  timeout 120 "$PY" -c 'import numpy, runpy, sys; sys.argv=["edgevlm","chat","--model","demo","--ngl","-1","-n","8","Describe the image."]; runpy.run_module("edgevlm", run_name="__main__")'
   el "numpy first, edgevlm chat: rc=$? (0: answered; 2: refused with the cause; 139: crashed)"
 }
 laptop() {
