@@ -141,7 +141,7 @@ def test_the_committed_table_has_a_default_and_a_measured_lavapipe_entry():
     assert lvp.machine.get("llama_cpp_python")
     assert lvp.source.startswith("bench_kv_price")
     assert all(v >= 0 for v in lvp.params.values())
-    assert lvp.params["base"] > 0
+    assert any(v > 0 for v in lvp.params.values())  # a fit, not all zeros (which price is 0 is the device's call)
     other = prices_for(Device("CUDA0", "NVIDIA H200", "gpu", GiB, GiB), tables)
     assert other.fallback == "NVIDIA H200"
     assert other.label == "default (no measurement for NVIDIA H200)"
