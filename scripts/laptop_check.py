@@ -24,7 +24,6 @@ import base64
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -182,12 +181,6 @@ def one_more(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=10) as r:
         d: dict[str, Any] = json.loads(r.read())
@@ -197,8 +190,9 @@ def _get(url: str) -> dict[str, Any]:
 def serve(common: list[str], pics: list[Path], timeout: float) -> dict[str, Any]:
     """``edgevlm serve``, 4 openai clients at once, each with its own large picture; stopped by pid."""
     from openai import OpenAI
+    from peer_servers import free_port
 
-    port = _free_port()
+    port = free_port()
     t0 = time.perf_counter()
     log = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(_edgevlm("serve", *common, "--port", str(port), "--parallel", str(len(pics))),

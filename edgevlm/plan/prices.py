@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +135,7 @@ def prices_for(device: Device, tables: dict[str, PriceTable] | None = None) -> P
             return tables[key]
     d = tables[DEFAULT_KEY]
     who = device.description if device.description and device.description != "what-if GPU" else device.name
-    return PriceTable(d.key, d.gpu, d.params, d.machine, d.rows, d.source, d.about, fallback=who)
+    return replace(d, fallback=who)
 
 
 def representative_fill(n_ctx_wished: int) -> int:
