@@ -17,6 +17,7 @@ from typing import Any, Literal, overload
 import gguf
 
 from ..errors import ModelFileError, ModelPairError
+from .audio import AudioEncoderInfo
 
 __all__ = [
     "GGUF_MAGIC",
@@ -339,13 +340,15 @@ class ProjectorInfo:
     has_vision_encoder: bool = True
     has_audio_encoder: bool = False
     kind: str = "mmproj"
+    audio: AudioEncoderInfo | None = None  # the file's audio encoder (``model.audio``), if any
     # every clip.* key of the GGUF (family-specific ones: scale factors, tile limits, ...)
     meta: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # mtmd's own count, (width, height, min_tokens, max_tokens) -> ImageTokens, once loaded
     counter: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("meta", "counter")}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("meta", "counter", "audio")}
+        d["audio"] = self.audio.to_dict() if self.audio is not None else None
         d = {k: list(v) if isinstance(v, list) else v for k, v in d.items()}
         if self.image_grid_pinpoints is not None:
             d["image_grid_pinpoints"] = [list(p) for p in self.image_grid_pinpoints]
@@ -447,14 +450,36 @@ def projector_info(gf: GGUFFile) -> ProjectorInfo:
         # Old LLaVA mmproj files omit the type: clip.cpp then assumes "mlp".
         ptype = "mlp"
     has_vision = bool(md.get("clip.has_vision_encoder", False))
+    audio = _audio_encoder(gf, str(ptype)) if md.get("clip.has_audio_encoder", False) else None
+    if not has_vision and audio is None:
+        raise ModelFileError(f"{gf.path}: mmproj has neither a vision nor an audio encoder (clip.has_*_encoder)")
     if not has_vision:
-        raise ModelFileError(f"{gf.path}: mmproj has no vision encoder (clip.has_vision_encoder)")
+        assert audio is not None
+        return ProjectorInfo(
+            path=gf.path,
+            projector_type=audio.projector_type,
+            name=str(md.get("general.name", os.path.basename(gf.path))),
+            image_size=0,
+            patch_size=0,
+            n_layer=0,
+            n_embd=0,
+            n_head=0,
+            n_ff=0,
+            n_mmproj_embd=audio.n_mmproj_embd,
+            file_type=_file_type_name(gf),
+            file_size=gf.file_size,
+            weight_bytes=gf.weight_bytes,
+            has_vision_encoder=False,
+            has_audio_encoder=True,
+            audio=audio,
+            meta={k: v for k, v in md.items() if k.startswith("clip.")},
+        )
     pin = md.get("clip.vision.image_grid_pinpoints")
     pinpoints = [(int(pin[i]), int(pin[i + 1])) for i in range(0, len(pin) - 1, 2)] if pin else None
     fl = md.get("clip.vision.feature_layer")
     return ProjectorInfo(
         path=gf.path,
-        projector_type=str(ptype),
+        projector_type=_VISION_HALF.get(str(ptype), str(ptype)),
         name=str(md.get("general.name", os.path.basename(gf.path))),
         image_size=int(_need(gf, "clip.vision.image_size")),
         patch_size=int(_need(gf, "clip.vision.patch_size")),
@@ -476,8 +501,34 @@ def projector_info(gf: GGUFFile) -> ProjectorInfo:
         image_max_pixels=md.get("clip.vision.image_max_pixels"),
         n_wa_pattern=md.get("clip.vision.n_wa_pattern"),
         has_vision_encoder=has_vision,
-        has_audio_encoder=bool(md.get("clip.has_audio_encoder", False)),
+        has_audio_encoder=audio is not None,
+        audio=audio,
         meta={k: v for k, v in md.items() if k.startswith("clip.")},
+    )
+
+
+# a file with both encoders under one type: its vision half, as clip.cpp splits it
+_VISION_HALF = {"qwen2.5o": "qwen2.5vl_merger", "qwen3o": "qwen3vl_merger"}
+
+
+def _audio_encoder(gf: GGUFFile, ptype: str) -> AudioEncoderInfo:
+    """The ``clip.audio.*`` keys and ``a.*`` / ``mm.a.*`` tensors of a projector file; the
+    type is ``clip.audio.projector_type``, else the file's (a ``qwen2.5o`` file's audio is
+    ``qwen2a``, as clip.cpp splits it)."""
+    md = gf.metadata
+    atype = str(md.get("clip.audio.projector_type") or ptype)
+    atype = {"qwen2.5o": "qwen2a", "qwen3o": "qwen3a"}.get(atype, atype)
+    fc = gf.tensor("mm.a.mlp.2.weight") or gf.tensor("mm.a.fc.weight") or gf.tensor("mm.a.mlp.3.weight")
+    return AudioEncoderInfo(
+        projector_type=atype,
+        n_embd=int(_need(gf, "clip.audio.embedding_length")),
+        n_layer=int(_need(gf, "clip.audio.block_count")),
+        n_head=int(md.get("clip.audio.attention.head_count", 0)),
+        n_ff=int(md.get("clip.audio.feed_forward_length", 0)),
+        n_mel=int(md.get("clip.audio.num_mel_bins", 0)),
+        stack_factor=int(md.get("clip.audio.projector.stack_factor", 0)),
+        n_mmproj_embd=int(fc.shape[1]) if fc is not None else int(md.get("clip.audio.projection_dim", 0)),
+        weight_bytes=sum(t.n_bytes for t in gf.tensors if t.name.startswith(("a.", "mm.a."))),
     )
 
 

@@ -41,12 +41,19 @@ _FAMILY_MODULES = {
     "internvl": ("InternVL: qwen2 text + InternViT internvl projector (pixel shuffle), tiles + thumbnail", "internvl"),
     "pixtral": ("Pixtral / Mistral Small: llama text + pixtral ViT (2-D RoPE), dynamic with row breaks", "pixtral"),
 }
+# families that hear: kept out of FAMILIES (the family-wide picture tests run over those)
+_AUDIO_MODULES = {
+    "ultravox": ("Ultravox: llama text + an audio-only Whisper ultravox projector (stack factor 4)", "audio"),
+    "qwen25o": ("Qwen2.5-Omni: qwen2vl text + one qwen2.5o file, Qwen2.5-VL ViT and Whisper qwen2a audio", "audio"),
+}
+AUDIO_FAMILIES = {name: desc for name, (desc, _) in _AUDIO_MODULES.items()}
 # the families whose writer exists in this checkout
 FAMILIES = {
     name: desc
     for name, (desc, mod) in _FAMILY_MODULES.items()
     if importlib.util.find_spec(f"{__name__}.{mod}") is not None
 }
+_FAMILY_MODULES.update(_AUDIO_MODULES)
 PRESETS = ("tiny", "real")
 
 
@@ -60,8 +67,8 @@ class ModelPair:
 
 
 def _check(family: str, preset: str) -> None:
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family '{family}' (choose from {', '.join(FAMILIES)})")
+    if family not in FAMILIES and family not in AUDIO_FAMILIES:
+        raise ValueError(f"unknown family '{family}' (choose from {', '.join([*FAMILIES, *AUDIO_FAMILIES])})")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset '{preset}' (choose from {', '.join(PRESETS)})")
 

@@ -1,5 +1,5 @@
-"""PROTOTYPE (issue #56 research, not wired into ``model_pair`` yet): random-weight audio
-projectors in the layout the vendored mtmd (llama-cpp-python 0.3.36) loads.
+"""Random-weight audio projectors in the layout the vendored mtmd (llama-cpp-python 0.3.36)
+loads, and the pairs ``model_pair("ultravox")`` / ``model_pair("qwen25o")`` write.
 
 * ``ultravox`` (audio only): a Whisper encoder (``a.*``) + Ultravox's stacked-frame SwiGLU
   projector (``mm.a.*``); clip.cpp ``load_tensors`` case ULTRAVOX, graph ``models/whisper-enc.cpp``.
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .qwen import QWEN_MEAN, QWEN_STD
-from .shapes import VisionShape
+from .llava import write_llama_text
+from .qwen import QWEN_MEAN, QWEN_STD, write_qwen2vl_text
+from .shapes import LLAVA_PRESETS, QWEN_PRESETS, VisionShape
 from .writer import FILE_TYPES, RandomGGUF
 
 WHISPER_POSITIONS = 1500  # 3000 mel frames per 30 s window, halved by the stride-2 conv
@@ -171,3 +172,26 @@ def whisper_graph_tokens(projector_type: str, stack_factor: int = 0, frames: int
     if projector_type in ("ultravox", "voxtral", "meralion"):
         n = -(-n // stack_factor)
     return n
+
+
+# tiny: a 1-block Whisper 64 wide (128 mels, as large-v3); real: Whisper large-v3's width with 2 blocks
+AUDIO_PRESETS = {
+    "tiny": AudioShape(64, 1, 4, 128, stack_factor=4),
+    "real": AudioShape(1280, 2, 20, 5120, stack_factor=4),
+}
+
+
+def write_pair(outdir: Path, preset: str, seed: int, family: str) -> tuple[Path, Path]:
+    """``ultravox``: a llama text model + an audio-only Ultravox projector (stack factor 4: the
+    factor 8 of Ultravox 0.5 aborts this llama.cpp); ``qwen25o``: a qwen2vl text model + one
+    Qwen2.5-Omni file with a vision and an audio encoder."""
+    a = AUDIO_PRESETS[preset]
+    if family == "ultravox":
+        text, _ = LLAVA_PRESETS[preset]
+        model = write_llama_text(outdir / "model.gguf", text, seed, "Ultravox random (llama text)")
+        mmproj = write_ultravox_mmproj(outdir / "mmproj.gguf", a, text.n_embd, seed + 1, "Ultravox Whisper random")
+        return model, mmproj
+    text, vision = QWEN_PRESETS[preset]
+    model = write_qwen2vl_text(outdir / "model.gguf", text, seed, "Qwen2.5-Omni random (qwen2vl text)")
+    mmproj = write_qwen25_omni_mmproj(outdir / "mmproj.gguf", vision, a, text.n_embd, seed + 1, "Qwen2.5-Omni random")
+    return model, mmproj
