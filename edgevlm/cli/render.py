@@ -33,6 +33,9 @@ def render_plan(p, file=None, explain: bool = False) -> None:
             + (f" + {format_size(p.host_allowance)} for requests in flight" if p.host_allowance else ""),
         ),
     ]
+    if p.audio_encoder:  # its own compute buffer (counted in the encoder column below)
+        where = "GPU" if p.mmproj_on_gpu else "CPU"
+        rows.insert(7, ("audio encoder", f"{p.audio_encoder}, {format_size(p.audio_encoder_bytes)} compute on {where}"))
     for k, v in rows:
         t.add_row(k, str(v))
     console.print(t)

@@ -16,14 +16,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
+from ..model.audio import AudioEncoderInfo, refusal
 from ..model.gguf_info import GGUFFile, ProjectorInfo, TensorInfo, TextModelInfo
 from ..model.kv_types import KV_DEFAULT, KV_TYPES
 from ..model.projectors import facts
 from . import clipgraph, compute, graphalloc
+from .encoders import whisper
+from .encoders.whisper import WhisperTensors
 from .sched import Backend
 
 __all__ = [
     "CTX_PAD",
+    "audio_compute_bytes",
     "clip_compute_bytes",
     "HostWeights",
     "kv_bytes",
@@ -36,6 +40,7 @@ __all__ = [
     "TextTensors",
     "weight_bytes",
     "WeightTensor",
+    "WhisperTensors",
 ]
 
 # bytes per element of the KV cache types (ggml block size / type size)
@@ -430,3 +435,21 @@ def clip_compute_bytes(
     n = n_patches + 1
     attn = n * max(proj.n_embd, 1) * 4 * 2 if flash_attn else n * n * max(proj.n_head, 1) * 4
     return attn + n * (4 * proj.n_embd + 3 * max(proj.n_ff, proj.n_embd)) * 4 + 12 * n_patches * proj.patch_size**2
+
+
+@functools.lru_cache(maxsize=256)
+def audio_compute_bytes(
+    audio: AudioEncoderInfo,
+    flash_attn: bool,
+    tensors: WhisperTensors = WhisperTensors(),
+    gpu: Backend | None = None,
+    host: bool = False,
+) -> int:
+    """The audio encoder's compute buffer: its own clip context's, beside the vision encoder's,
+    reserved at warm-up or the first encode for one 3000-frame window (every window's size, so
+    a recording's length does not change it; ``plan.encoders.whisper``, exact). ``tensors``: what
+    the graph reads from the file's tensor table (``WhisperTensors.from_gguf``). 0 for an encoder
+    this llama.cpp cannot take (``model.audio.refusal``: it is never loaded for audio)."""
+    if refusal(audio) is not None:
+        return 0
+    return whisper.compute_bytes(audio, flash_attn, tensors, gpu, host)

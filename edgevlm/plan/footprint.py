@@ -11,6 +11,7 @@ from typing import Any
 
 from ..backend.system import cpu_repacks
 from ..errors import InputError
+from ..model.audio import AudioEncoderInfo, refusal
 from ..model.gguf_info import GGUFFile, ProjectorInfo, TextModelInfo, projector_info, text_model_info
 from ..model.kv_types import KV_CHOICES, is_quantized
 from ..model.projectors import DEFAULT_DYNAMIC_IMAGE_TOKENS, encoder_patches
@@ -19,6 +20,8 @@ from .context import DEFAULT_REPLY_TOKENS
 from .devices import UNKNOWN_FREE_MARGIN, Device, Probe
 from .estimate import (
     TextTensors,
+    WhisperTensors,
+    audio_compute_bytes,
     clip_compute_bytes,
     kv_bytes,
     layer_devices,
@@ -194,6 +197,11 @@ class Plan:
     host_allowance: int = 0  # RAM planned for requests in flight and waiting (a server's leases)
     cache_ram: int = 0  # RAM for idle conversations' KV cells moved out of the context
     sequences: int = 1  # sequence ids (conversations kept) the plan counted the output buffer for
+    # the audio encoder (its projector type, "" when none is planned) and its compute buffer on
+    # the encoder's device: a clip context of its own, beside the vision encoder's (both are in
+    # ``Breakdown.mmproj_compute``); the runtime guard reserves it before the first recording
+    audio_encoder: str = ""
+    audio_encoder_bytes: int = 0
     # when not every layer fitted: the placements weighed by predicted decode speed, the chosen
     # one marked, and the price table they were priced by ("measured for X" / "default (...)")
     options: tuple[PlacementOption, ...] = ()
@@ -255,7 +263,15 @@ class Footprint:
         self.text_gf = text_gf
         self.text: TextModelInfo = text_model_info(text_gf)
         self.proj: ProjectorInfo | None = projector_info(proj_gf) if proj_gf is not None else None
+        # a mixed file's two clip contexts each load their own tensors: together, the whole file
         self.proj_weights = proj_gf.weight_bytes if proj_gf is not None else 0
+        self.vision = self.proj is not None and self.proj.has_vision_encoder
+        # the audio encoder the plan counts: one this llama.cpp can take (model.audio.refusal)
+        a = self.proj.audio if self.proj is not None else None
+        self.audio: AudioEncoderInfo | None = a if a is not None and refusal(a) is None else None
+        self.audio_tensors = WhisperTensors()  # what the audio graph reads from the tensor table
+        if self.audio is not None and proj_gf is not None:
+            self.audio_tensors = WhisperTensors.from_gguf(proj_gf)
         self.tensors = TextTensors.from_gguf(text_gf, self.text.n_layer)
         self.probe = probe
         self.wishes = wishes
@@ -284,8 +300,19 @@ class Footprint:
         return int(usable * (1 - self.margin(d)))
 
     def encoder_patches(self, tokens: int) -> int:
-        """Patches the encoder sees for one chunk of the largest admitted image."""
-        return encoder_patches(self.proj, tokens) if self.proj is not None else 0
+        """Patches the encoder sees for one chunk of the largest admitted image (0 without a
+        vision encoder)."""
+        return encoder_patches(self.proj, tokens) if self.proj is not None and self.vision else 0
+
+    def audio_bytes(self, c: Config, host: bool = False) -> int:
+        """The audio encoder's compute buffer on the encoder's device (``host``: the host-side
+        part when that is a GPU); 0 without an audio encoder the plan counts."""
+        if self.audio is None:
+            return 0
+        on = gpu_backend(self.gpus[0]) if c.mmproj_gpu and self.gpus else None
+        if host and on is None:
+            return 0
+        return audio_compute_bytes(self.audio, c.flash_attn, self.audio_tensors, gpu=on, host=host)
 
     def predict(self, c: Config) -> list[Breakdown]:
         """Breakdown per device: GPUs in probe order, then the host."""
@@ -337,12 +364,16 @@ class Footprint:
             host_compute = text_compute_bytes(t, c.n_ctx, c.n_ubatch, c.n_batch, c.flash_attn, c.type_k, c.type_v)
         enc = enc_host = 0
         enc_gpu = c.mmproj_gpu and bool(self.gpus)
-        if self.proj is not None:
+        if self.vision:
+            assert self.proj is not None  # (self.vision says there is one)
             patches = self.encoder_patches(c.image_tokens)
             on = gpu_backend(self.gpus[0]) if enc_gpu else None  # mtmd puts the encoder on the first GPU
             enc = clip_compute_bytes(self.proj, patches, c.flash_attn, gpu=on)
             if enc_gpu:  # the pixels and positions the CPU fills stay in a host buffer
                 enc_host = clip_compute_bytes(self.proj, patches, c.flash_attn, gpu=on, host=True)
+        # the audio encoder's own buffer, on the same device (mtmd gives both contexts one use_gpu)
+        enc += self.audio_bytes(c)
+        enc_host += self.audio_bytes(c, host=True)
         scale = self.compute_scale
         out = []
         for i, g in enumerate(self.gpus):

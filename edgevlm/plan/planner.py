@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..model.audio import refusal
 from ..model.gguf_info import ProjectorInfo, read_gguf
 from ..model.kv_types import KV_CHOICES, KV_DEFAULT, KV_Q4, KV_Q8, is_quantized
 from ..model.projectors import facts, largest_image_tokens, view_tokens
@@ -434,6 +435,20 @@ class Planner(Footprint):
             )
         return out
 
+    def _audio_notes(self, c: Config) -> list[str]:
+        """The audio encoder: its own compute buffer, or why it is not counted."""
+        a = self.proj.audio if self.proj is not None else None
+        if a is None:
+            return []
+        why = refusal(a)
+        if why is not None:
+            return [f"audio not planned: {why}"]
+        return [
+            f"audio encoder ({a.projector_type}, {a.n_layer} block(s) of {a.n_embd}): a compute buffer of its own, "
+            f"{format_size(self.audio_bytes(c))} on {'the GPU' if c.mmproj_gpu and self.gpus else 'the CPU'} "
+            f"for a 30 s window (every window's size, whatever the recording's length)"
+        ]
+
     def _summary(self, c: Config) -> str:
         return (
             f"ctx {kv_cells(c.n_ctx)}, KV {c.type_k}{'' if c.offload_kqv or not self.gpus else ' on the host'}, "
@@ -461,6 +476,7 @@ class Planner(Footprint):
             f"{rule.text_room} tokens kept for text and "
             f"{rule.reply_reserve(self.wishes.reply_tokens)} for the reply"
         )
+        reasons.extend(self._audio_notes(c))
         for dv in devs:
             reasons.append(
                 f"{dv.name}: {format_size(dv.predicted.total)} predicted of "
@@ -497,6 +513,8 @@ class Planner(Footprint):
             host_allowance=self.wishes.host_allowance,
             cache_ram=self.wishes.cache_ram,
             sequences=self.wishes.sequences,
+            audio_encoder=self.audio.projector_type if self.audio is not None else "",
+            audio_encoder_bytes=self.audio_bytes(c),
             options=tuple(self.options),
             prices=self.priced_by.label if self.priced_by is not None else "",
         )
@@ -509,6 +527,8 @@ def image_budget(p: ProjectorInfo, image_tokens: int | None = None) -> tuple[int
     fixed-size encoder, the most tiles for a tiled one. ``chat``, ``serve``, ``caption`` and
     ``budget`` all start from it; the plan may lower a dynamic budget to fit memory."""
     reasons: list[str] = []
+    if not p.has_vision_encoder:
+        return 0, [f"no image budget: the projector has no vision encoder ({p.projector_type}, audio only)"]
     if facts(p).dynamic:
         n = image_tokens or DEFAULT_DYNAMIC_IMAGE_TOKENS
         reasons.append(
