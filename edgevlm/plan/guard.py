@@ -7,6 +7,11 @@ free right now, a dynamic-resolution image is shrunk before encoding (and the us
 fixed-size image is refused. A request the guard admitted must never reach an allocation
 failure inside llama.cpp. How many image cells a request may bring is the context budget's
 business (``context.ContextBudget``); the guard checks one image against it.
+
+A recording (``admit_audio``) adds its tokens, and the audio encoder's compute buffer — a clip
+context of its own, the same for every 30 s window (``Plan.audio_encoder_bytes``) — the first
+time: it is reserved at the first encode (or at load, with mtmd's warm-up: set
+``reserved_audio`` then), never grows, and is never released.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from ..errors import ContextExceeded, MemoryBusy
+from ..errors import ContextExceeded, MemoryBusy, UnsupportedModel
+from ..model.audio import refusal
 from ..model.gguf_info import ProjectorInfo
 from ..model.projectors import encoder_patches, facts, image_tokens
 from ..vision.budget import fit_size
@@ -46,6 +52,7 @@ class Guard:
     proj: ProjectorInfo
     measure: Callable[[], Probe]  # the real probe, or what-if numbers in tests
     reserved_encoder: int = 0  # encoder compute already allocated (largest image so far)
+    reserved_audio: int = 0  # the audio encoder's compute, once allocated (its first encode)
     notices: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _encoder_gpu: Backend | None = field(default=None, init=False, repr=False)
@@ -90,6 +97,38 @@ class Guard:
         pictures. Thread-safe: concurrent requests see each other's encoder reservations."""
         with self.lock:
             return self._admit(image, cells_free)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Both encoders' compute buffers allocated so far (what ``after_load``'s ``encoder``
+        callback should answer)."""
+        return self.reserved_encoder + self.reserved_audio
+
+    def admit_audio(self, tokens: int, cells_free: int) -> int:
+        """Admit one recording of ``tokens`` tokens (every window of it) for a request with
+        ``cells_free`` KV cells left: ``ContextExceeded`` when they do not fit, ``MemoryBusy``
+        when the audio encoder's buffer is not allocated yet and does not fit the memory free
+        now. Thread-safe, like ``admit``: returns the tokens."""
+        with self.lock:
+            a = self.proj.audio
+            why = "the projector has no audio encoder" if a is None else refusal(a)
+            if why is not None:
+                raise UnsupportedModel(f"audio: {why}")
+            if tokens > cells_free:
+                raise ContextExceeded(
+                    f"audio: needs {tokens} tokens but only {max(cells_free, 0)} are left in the context "
+                    f"(/reset, a shorter recording, or a larger --ctx)"
+                )
+            growth = max(0, self.plan.audio_encoder_bytes - self.reserved_audio)
+            if growth:
+                free = self._free_now() - SAFETY
+                if growth > free:
+                    raise MemoryBusy(
+                        f"audio: encoding needs {format_size(growth)} more memory but only "
+                        f"{format_size(max(free, 0))} is free now; close other programs or plan again"
+                    )
+                self.reserved_audio = self.plan.audio_encoder_bytes
+            return tokens
 
     def _admit(self, image: LoadedImage, cells_free: int) -> Admission:
         w, h = image.width, image.height
@@ -139,7 +178,8 @@ class Guard:
 def after_load(measure: Callable[[], Probe], plan: Plan, encoder: Callable[[], int]) -> Callable[[], Probe]:
     """A what-if probe (``--free-memory``: what was free before loading) as the guard needs it
     at run time: each what-if device less what the loaded plan holds there — all but the
-    encoder's buffer, which is ``encoder()`` (the largest picture's so far) where the encoder is."""
+    encoders' buffers, which are ``encoder()`` (``Guard.reserved_bytes``: the largest picture's so
+    far and the audio encoder's once allocated) where the encoders are."""
     enc_on = next((d.name for d in plan.devices if d.kind != "cpu"), None) if plan.mmproj_on_gpu else None
 
     def now() -> Probe:
