@@ -173,6 +173,7 @@ class AudioStream(Iterator[np.ndarray]):
         self.decoded = 0
         self.notes: list[str] = []
         self._blocks = blocks
+        self._container: Any = None
 
     def __iter__(self) -> AudioStream:
         return self
@@ -184,6 +185,9 @@ class AudioStream(Iterator[np.ndarray]):
         close = getattr(self._blocks, "close", None)
         if close is not None:
             close()
+        if self._container is not None:  # a stream never iterated: its generator never ran
+            self._container.close()
+            self._container = None
 
     def __enter__(self) -> AudioStream:
         return self
@@ -232,6 +236,7 @@ def iter_samples(
         raise
     out = AudioStream(info, rate, hold_bytes, iter(()))
     out._blocks = _blocks(av, container, stream, out, limits, hold)
+    out._container = container
     return out
 
 

@@ -194,7 +194,9 @@ class _Packer:
             return
         x = self.buf if self.n == self.buf.size else self.buf[: self.n].copy()
         self.buf = None
-        digest = hashlib.sha256(f"{self.rate}:".encode() + x.tobytes()).hexdigest()
+        h = hashlib.sha256(f"{self.rate}:".encode())
+        h.update(memoryview(x))  # the samples' bytes, not copied
+        digest = h.hexdigest()
         tokens = int(self.tokens_for(x.size))
         spans = tuple((a / self.rate, b / self.rate) for a, b in self.spans)
         self.pieces.append(AudioPiece(x, spans, tokens, digest, self.name))
@@ -239,7 +241,10 @@ def plan_audio(
     def leased(nbytes: int) -> None:
         if hold is None:
             return
-        most = int(limits.max_seconds * rate)
+        seconds = limits.max_seconds
+        if stream.info.duration_s is not None:  # the bomb rule stops decoding past this
+            seconds = min(seconds, stream.info.duration_s * limits.slack + limits.slack_s)
+        most = int(seconds * rate)
         if budget_tokens is not None:
             per = max(1, tokens_for(window_samples))
             full = budget_tokens // per
@@ -249,7 +254,7 @@ def plan_audio(
         hold(nbytes + pending.data.nbytes + most * 4)
 
     pos = 0
-    with iter_samples(source, name, rate=rate, limits=limits, hold=leased) as stream:
+    with iter_samples(source, name, rate=rate, limits=limits, hold=leased) as stream:  # (leased reads stream)
         going = True
         for block in stream:
             if packer.full():  # the budget is spent and the recording goes on: stop decoding here
