@@ -26,7 +26,7 @@ MAX_LINES = 600
 LAYERS = [
     "model",
     "backend",
-    "vision",
+    ("vision", "audio"),
     "plan",
     "runtime",
     "jobs",
