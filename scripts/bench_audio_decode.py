@@ -71,6 +71,8 @@ def speech_chunks(seconds: float, rate: int = RATE, seed: int = 56):
         pause = float(rng.uniform(0.3, 4.0))
         f0 = float(rng.uniform(110.0, 220.0))
         n = round(min(talk, seconds - done) * rate)
+        if n <= 0:
+            break
         t = np.arange(n) / rate
         voice = sum(np.sin(2 * np.pi * f0 * k * t + k + phase) / k for k in range(1, 6))
         env = 0.25 + 0.75 * np.abs(np.sin(2 * np.pi * 2.0 * t))
