@@ -35,6 +35,7 @@ what edgevlm says it holds: the pieces kept (2 × 479,680 × 4 B) plus the decod
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import resource
@@ -165,7 +166,7 @@ def child(case: str, path: str, budget: int) -> dict[str, Any]:
             x = np.empty(int(declared * RATE) + RATE, dtype=np.float32)  # the header's length, as miniaudio
             rs = av.AudioResampler(format="flt", layout="mono", rate=RATE)
             n = 0
-            for frame in [*c.decode(s), None]:
+            for frame in itertools.chain(c.decode(s), [None]):  # frame by frame, then the flush
                 for f in rs.resample(frame):
                     a = f.to_ndarray().reshape(-1)
                     x[n : n + a.size] = a
