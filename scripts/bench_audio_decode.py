@@ -35,6 +35,7 @@ what edgevlm says it holds: the pieces kept (2 × 479,680 × 4 B) plus the decod
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import resource
@@ -71,6 +72,8 @@ def speech_chunks(seconds: float, rate: int = RATE, seed: int = 56):
         pause = float(rng.uniform(0.3, 4.0))
         f0 = float(rng.uniform(110.0, 220.0))
         n = round(min(talk, seconds - done) * rate)
+        if n <= 0:
+            break
         t = np.arange(n) / rate
         voice = sum(np.sin(2 * np.pi * f0 * k * t + k + phase) / k for k in range(1, 6))
         env = 0.25 + 0.75 * np.abs(np.sin(2 * np.pi * 2.0 * t))
@@ -163,7 +166,7 @@ def child(case: str, path: str, budget: int) -> dict[str, Any]:
             x = np.empty(int(declared * RATE) + RATE, dtype=np.float32)  # the header's length, as miniaudio
             rs = av.AudioResampler(format="flt", layout="mono", rate=RATE)
             n = 0
-            for frame in [*c.decode(s), None]:
+            for frame in itertools.chain(c.decode(s), [None]):  # frame by frame, then the flush
                 for f in rs.resample(frame):
                     a = f.to_ndarray().reshape(-1)
                     x[n : n + a.size] = a

@@ -195,7 +195,7 @@ class _Packer:
         x = self.buf if self.n == self.buf.size else self.buf[: self.n].copy()
         self.buf = None
         h = hashlib.sha256(f"{self.rate}:".encode())
-        h.update(memoryview(x))  # the samples' bytes, not copied
+        h.update(x.data)  # the samples' bytes, not copied
         digest = h.hexdigest()
         tokens = int(self.tokens_for(x.size))
         spans = tuple((a / self.rate, b / self.rate) for a, b in self.spans)
