@@ -124,7 +124,7 @@ def load(
     try:
         guard = Guard(plan, backend.proj_info, measure)
         if what_if:  # the sizes given were free before loading: the guard sees them less what loading took
-            guard.measure = after_load(measure, plan, lambda: guard.reserved_encoder)
+            guard.measure = after_load(measure, plan, lambda: guard.reserved_bytes)
         return LoadedModel(Scheduler(backend, sched_opts), opts, plan=plan, guard=guard)
     except BaseException:
         backend.close()

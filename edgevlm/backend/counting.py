@@ -13,6 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from ..errors import BackendError, ImageError, ModelFileError, ModelPairError
 from ..model.gguf_info import load_projector
 from ..model.tokens import ImageTokens, View
@@ -76,6 +78,33 @@ class MtmdTokenizer:
     marker: str
     _counts: OrderedDict[tuple[int, int], ImageTokens]
     mtmd_lock: Any
+
+    def bitmap_from_audio(self, samples: np.ndarray, audio_id: str | None = None):
+        """An mtmd bitmap from mono float32 samples at the encoder's rate (decoding and
+        resampling are the audio module's job); mtmd copies them."""
+        data = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1)
+        if not len(data):
+            raise BackendError("internal: an audio bitmap needs samples")
+        bm = self.mtmd.mtmd_bitmap_init_from_audio(len(data), data.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+        if not bm:
+            raise BackendError(f"mtmd could not take {len(data)} audio samples")
+        if audio_id:
+            self.mtmd.mtmd_bitmap_set_id(bm, audio_id.encode())
+        return bm
+
+    def bitmap_from_rgb(self, rgb: np.ndarray, image_id: str | None = None):
+        """An mtmd bitmap from an HxWx3 uint8 array (decoding/EXIF is the images module's job)."""
+        if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
+            raise ImageError("internal: bitmap needs an HxWx3 uint8 array")
+        h, w = rgb.shape[:2]
+        data = np.ascontiguousarray(rgb)
+        # mtmd copies the pixels into the bitmap: hand it the array's own buffer
+        bm = self.mtmd.mtmd_bitmap_init(w, h, data.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)))
+        if not bm:
+            raise ImageError(f"mtmd could not take a {w}x{h} image")
+        if image_id:
+            self.mtmd.mtmd_bitmap_set_id(bm, image_id.encode())
+        return bm
 
     def placeholder_bitmap(self, width: int, height: int):
         """A data-less bitmap: mtmd tokenizes it (counts tokens) but cannot encode it."""

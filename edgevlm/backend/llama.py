@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import BackendError, ImageError, InputError, ModelFileError, ModelPairError
+from ..errors import BackendError, InputError, ModelFileError, ModelPairError
 from ..model.gguf_info import check_pair, load_projector, load_text_model
 from ..model.kv_types import KV_DEFAULT, KV_TYPES, is_quantized
 from ..model.tokens import ImageTokens
@@ -201,9 +201,10 @@ class Backend(MtmdTokenizer):
             self.llama.close()
             tail = next((ln for ln in reversed(lines) if "error" in ln.lower() or "failed" in ln.lower()), "")
             raise ModelPairError(f"{self.mmproj_path}: mtmd could not load the projector {tail}".strip())
-        if not mtmd_cpp.mtmd_support_vision(self.mctx):
+        self.supports_audio = bool(mtmd_cpp.mtmd_support_audio(self.mctx))
+        if not mtmd_cpp.mtmd_support_vision(self.mctx) and not self.supports_audio:
             self.close()
-            raise ModelPairError(f"{self.mmproj_path}: projector has no vision support")
+            raise ModelPairError(f"{self.mmproj_path}: projector has neither vision nor audio support")
         self.marker = mtmd_cpp.mtmd_default_marker().decode()
         self._counts: OrderedDict[tuple[int, int], ImageTokens] = OrderedDict()
         # from here on, projector types without edgevlm arithmetic are counted by mtmd itself
@@ -268,20 +269,6 @@ class Backend(MtmdTokenizer):
         return self.llama
 
     # --- images and tokenization ------------------------------------------------------
-    def bitmap_from_rgb(self, rgb: np.ndarray, image_id: str | None = None):
-        """An mtmd bitmap from an HxWx3 uint8 array (decoding/EXIF is the images module's job)."""
-        if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
-            raise ImageError("internal: bitmap needs an HxWx3 uint8 array")
-        h, w = rgb.shape[:2]
-        data = np.ascontiguousarray(rgb)
-        # mtmd copies the pixels into the bitmap: hand it the array's own buffer
-        bm = self.mtmd.mtmd_bitmap_init(w, h, data.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)))
-        if not bm:
-            raise ImageError(f"mtmd could not take a {w}x{h} image")
-        if image_id:
-            self.mtmd.mtmd_bitmap_set_id(bm, image_id.encode())
-        return bm
-
     def tokenize_text(self, text: str, add_special: bool = False) -> list[int]:
         return self._llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=True)
 
@@ -342,6 +329,8 @@ class Backend(MtmdTokenizer):
     def image_positions(self, chunk: Chunk, n_past: int, indices) -> np.ndarray:
         """(len(indices), 4) decoder positions (t, y, x, z) mtmd gives those image tokens."""
         m = self.mtmd
+        if chunk.kind == "audio":  # 1-D positions on every section (mtmd-helper: set_position_mrope_1d)
+            return np.repeat((n_past + np.asarray(indices, np.int32))[:, None], 4, axis=1)
         img = m.mtmd_input_chunk_get_tokens_image(chunk.handle)
         out = np.zeros((len(indices), 4), dtype=np.int32)
         for k, i in enumerate(indices):

@@ -22,6 +22,7 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from ..audio.budget import AudioBudget
 from ..backend.llama import Backend
 from ..backend.sampling import LIBRARY_REPLY, SamplingParams
 from ..errors import InputError, MemoryBusy, SavedStateError
@@ -33,7 +34,7 @@ from ..vision.merge import MergeSpec
 from ..vision.video import VideoBudget
 from .chat_format import PromptFormatter
 from .conversation import Conversation, Message, Picture
-from .intake import Asked, Clip, Fetcher, FetchRules, Intake, MediaRef, ReplySpec, load_media
+from .intake import Asked, Clip, Fetcher, FetchRules, Intake, MediaRef, ReplySpec, Sound, load_media
 from .items import Prompt
 from .saved import SavedInfo, binding_of, read_chat, write_chat
 from .scheduler import Client, GenerationResponse, Request, Scheduler, Sequence
@@ -42,7 +43,7 @@ from .stats import TurnStats
 
 BUSY_WAIT_S = 120.0  # a turn waits this long for cells other clients' requests hold
 
-__all__ = ["ChatResult", "Clip", "Engine", "EngineOptions", "GenerationResponse", "LoadedParts", "Message"]
+__all__ = ["ChatResult", "Clip", "Engine", "EngineOptions", "GenerationResponse", "LoadedParts", "Message", "Sound"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class EngineOptions:
     max_image_pixels: int = DEFAULT_MAX_PIXELS
     session: SessionOptions = SessionOptions()  # what happens when the context runs out
     video: VideoBudget = VideoBudget()  # a clip's frames: tokens (None: the room left), frames, fps cap
+    audio: AudioBudget = AudioBudget()  # a recording's tokens (None: the room left), silences, longest
     # where pictures named by a string come from: any local file, data: URIs, public http(s) URLs
     fetch: FetchRules = FetchRules()
 

@@ -39,7 +39,9 @@ def make_feed(be: Backend, pos: int, it: Item, unit: ImageUnit, emb: np.ndarray,
         rows = range(chunk.n_tokens)
         positions = be.image_positions(chunk, pos, rows) if be.use_mrope else pos + np.arange(chunk.n_tokens)
         counts = {"image_tokens_in": it.n_tokens, "image_tokens_out": it.n_tokens}
-        return Feed(emb, positions, be.non_causal, it, counts)
+        if chunk.kind == "audio":
+            counts["audio_tokens_in"] = it.n_tokens
+        return Feed(emb, positions, be.non_causal and chunk.kind == "image", it, counts)
     ci, spec = it.key[2], it.key[3]
     res = unit.merged.get((ci, spec))
     if res is None:

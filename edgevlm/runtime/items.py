@@ -164,6 +164,16 @@ class Prompt:
     def image_cells(self) -> int:
         return sum(it.n_tokens for it in self.items if not it.is_text)
 
+    def audio_cells(self, units: frozenset[str] | None = None) -> int:
+        """The cells its recordings' pieces take (only those of ``units``, when given)."""
+        return sum(
+            it.n_tokens
+            for it in self.items
+            if not it.is_text
+            and (units is None or it.key[1] in units)
+            and self.units[it.key[1]].chunks[it.key[2]].kind == "audio"
+        )
+
 
 class ImageCache:
     """LRU of image units shared by every caller of one model, bounded by count and by bytes.
@@ -178,10 +188,10 @@ class ImageCache:
         self._retired: list[ImageUnit] = []  # out of the cache, not closed yet (held, or transient)
         self._lock = threading.RLock()
 
-    def key(self, image: LoadedImage) -> str:
+    def key(self, image: Any) -> str:
         return f"{image.sha256}@{self.budget_key}"
 
-    def get(self, image: LoadedImage, keep: bool = True) -> ImageUnit:
+    def get(self, image: Any, keep: bool = True) -> ImageUnit:
         """The unit of ``image``: cached, or tokenized now (kept in the cache unless ``keep`` is
         False: a picture that will not be seen again, e.g. in captioning)."""
         key = self.key(image)
@@ -192,7 +202,10 @@ class ImageCache:
             elif unit is not None:
                 self._units.move_to_end(key)
                 return unit
-        bm = self.backend.bitmap_from_rgb(image.rgb, image.sha256[:16])
+        if isinstance(image, LoadedImage):
+            bm = self.backend.bitmap_from_rgb(image.rgb, image.sha256[:16])
+        else:  # a recording's piece (``audio.AudioPiece``): its samples
+            bm = self.backend.bitmap_from_audio(image.samples, image.sha256[:16])
         try:
             chunks = self.backend.tokenize(self.backend.marker, [bm], add_special=False)
         finally:

@@ -41,6 +41,7 @@ class TurnStats:
     image_tokens_in: int = 0  # image tokens the projector produced (evaluated this turn)
     image_tokens_out: int = 0  # image tokens fed to the model after merging
     merge_map_size: int = 0  # entries of the input→output token map (0 when merging is off)
+    audio_tokens: int = 0  # tokens of the recordings this turn sends (new ones; part of image_tokens)
     # where the cached prompt tokens were: "resident" (the KV cache), "host" (RAM), "disk"
     # (serve --cache-dir); "" when none were
     cache_source: str = ""
@@ -53,7 +54,7 @@ class TurnStats:
         return (
             f"{self.predicted_n} tok · {self.predicted_per_second:.1f} tok/s · "
             f"prompt {self.prompt_per_second:.1f} tok/s · TTFT {self.ttft_ms:.0f} ms · "
-            f"image {self.image_tokens} tok"
+            f"image {self.image_tokens} tok" + (f" · audio {self.audio_tokens} tok" if self.audio_tokens else "")
         )
 
 
@@ -116,4 +117,5 @@ def build_stats(
         image_tokens_out=c.get("image_tokens_out", 0),
         cache_source=c.get("cache_source", "") if c["cached_n"] else "",
         merge_map_size=c.get("merge_map_size", 0),
+        audio_tokens=c.get("audio_tokens", 0),
     )

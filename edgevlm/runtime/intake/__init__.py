@@ -28,7 +28,7 @@ What is decided here, once:
 from __future__ import annotations
 
 from .fetch import Fetcher, FetchRules, url_scheme
-from .media import Clip, MediaRef, file_key, load_media, media_kind, thumbnail_uri
+from .media import Clip, MediaRef, Sound, file_key, load_media, media_kind, thumbnail_uri
 from .turn import Asked, ReplySpec, Turn
 from .views import LOW_DETAIL_TOKENS, Admitted, Intake, Views, make_turn
 
@@ -43,6 +43,7 @@ __all__ = [
     "MediaRef",
     "ReplySpec",
     "Turn",
+    "Sound",
     "Views",
     "file_key",
     "load_media",

@@ -70,7 +70,7 @@ class ReplySpec:
             reserve=self.reserve,
             new_images=new_images,
             t_start=t_start,
-            counters=dict(counters or {}),
+            counters={"audio_tokens": prompt.audio_cells(new_images), **(counters or {})},
             tag=tag,
             preserve=self.preserve,
             think=self.think,

@@ -11,7 +11,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from ...errors import InputError
+from ...audio.budget import AudioBudget
+from ...audio.plan import AudioPiece, AudioPlan, plan_audio
+from ...errors import InputError, UnsupportedModel
+from ...model.audio import audio_tokens, piece_samples, refusal
 from ...model.gguf_info import ProjectorInfo
 from ...model.projectors import encoder_patches, facts, image_tokens
 from ...plan.guard import Guard
@@ -29,6 +32,7 @@ from .turn import Asked, ReplySpec, Turn, copy_message
 __all__ = ["LOW_DETAIL_TOKENS", "Admitted", "Intake", "PictureOptions", "Views", "make_turn"]
 
 LOW_DETAIL_TOKENS = 256  # detail "low": a dynamic encoder's budget, and no tiles
+_WHAT = {"image": "pictures", "video": "video"}
 
 
 class PictureOptions(Protocol):
@@ -46,20 +50,23 @@ class PictureOptions(Protocol):
     @property
     def video(self) -> VideoBudget: ...
 
+    @property
+    def audio(self) -> AudioBudget: ...
+
 
 @dataclass
 class Views:
     """A picture or a clip made ready: its views (compact) in prompt order, their labels, its
     planned tokens, notes, the key its summary is remembered by, and its plan."""
 
-    kind: str  # image | video
+    kind: str  # image | video | audio
     name: str
-    views: list[LoadedImage]
+    views: list[Any]  # LoadedImage (a picture's, a clip's frames) | AudioPiece (a recording's pieces)
     labels: list[str | None]
     tokens: int
     notes: list[str]
     key: str
-    plan: ImagePlan | VideoPlan
+    plan: ImagePlan | VideoPlan | AudioPlan
     width: int
     height: int
     original: LoadedImage | None = None  # a picture's full decode, when the intake keeps it (``/recall``)
@@ -74,6 +81,11 @@ class Views:
             return None
         return tuple(round(f.t, 3) for f in self.plan.kept)
 
+    @property
+    def audio_tokens(self) -> int:
+        """The tokens its recording's pieces take (0 for a picture or a clip)."""
+        return self.tokens if self.kind == "audio" else 0
+
     def picture(self, number: int) -> Picture:
         """Its entry in a conversation's pictures (what a summary replaces, by ``key``)."""
         image = self.original if self.original is not None else self.views[0]
@@ -81,7 +93,9 @@ class Views:
 
     def to_dict(self) -> dict[str, Any]:
         """What ``edgevlm budget --json`` and ``/v1/edgevlm/budget`` show."""
-        out: dict[str, Any] = {"kind": self.kind, "name": self.name, "width": self.width, "height": self.height}
+        out: dict[str, Any] = {"kind": self.kind, "name": self.name}
+        if self.kind != "audio":
+            out.update(width=self.width, height=self.height)
         out.update(self.plan.to_dict())
         if self.kind == "video":
             out["thumbnails"] = [thumbnail_uri(v.rgb) for v in self.views]
@@ -92,7 +106,7 @@ class Views:
 class Admitted:
     """Views past the guard (maybe shrunk), the image cells they take, and what to tell."""
 
-    views: list[LoadedImage]
+    views: list[Any]  # LoadedImage | AudioPiece
     tokens: int
     notices: list[str]
 
@@ -111,6 +125,7 @@ class Intake:
         budget: ImageBudget,
         *,
         video: VideoBudget = VideoBudget(),
+        audio: AudioBudget = AudioBudget(),
         max_pixels: int = DEFAULT_MAX_PIXELS,
         frame_text: int = 0,
         n_embd: int = 0,
@@ -119,7 +134,7 @@ class Intake:
         keep_originals: bool = False,
         host_wait_s: float = 30.0,
     ):
-        self.proj, self.budget, self.video = proj, budget, video
+        self.proj, self.budget, self.video, self.audio = proj, budget, video, audio
         self.max_pixels, self.frame_text, self.n_embd = max_pixels, frame_text, n_embd
         self.guard, self.keep_originals = guard, keep_originals
         self.fetcher = fetcher if fetcher is not None else Fetcher()
@@ -155,6 +170,7 @@ class Intake:
             proj,
             ImageBudget(proj, tokens, options.tiles, mtmd_max_tokens, scorer),
             video=options.video,
+            audio=getattr(options, "audio", AudioBudget()),
             max_pixels=options.max_image_pixels,
             frame_text=frame_text,
             n_embd=n_embd,
@@ -176,6 +192,17 @@ class Intake:
         planned = image_budget(proj, options.image_tokens)[0]
         return cls.for_caller(proj, options, planned, planned if facts(proj).dynamic else None, scorer=scorer)
 
+    @property
+    def model_name(self) -> str:
+        """The projector as a refusal names it: its file and its own name."""
+        return f"{os.path.basename(self.proj.path)} ({self.proj.name})"
+
+    @classmethod
+    def for_audio(cls, proj: ProjectorInfo, options: PictureOptions) -> Intake:
+        """The intake ``edgevlm budget`` plans a recording with from a projector alone: the
+        options' audio budget, no picture budget (none is needed)."""
+        return cls(proj, ImageBudget(proj, None), audio=options.audio)
+
     def budget_for(self, detail: str = "auto") -> ImageBudget:
         """The image budget of a picture sent with ``detail``."""
         if detail != "low":
@@ -186,12 +213,17 @@ class Intake:
         """The views of one decoded picture (decided before encoding)."""
         return self.budget_for(detail).plan(image)
 
-    def view_bytes(self, view: LoadedImage) -> int:
-        """Host memory one view holds until its request ends: its pixels, mtmd's preprocessed
-        float copy of every chunk, and the embeddings of its tokens."""
+    def view_bytes(self, view: Any) -> int:
+        """Host memory one view holds until its request ends: its pixels (a recording's piece:
+        its samples), mtmd's preprocessed float copy of every chunk (a piece's log-mel), and the
+        embeddings of its tokens."""
+        if isinstance(view, AudioPiece):
+            a = self.proj.audio
+            mel = (a.n_mel if a is not None else 128) * 3000 * 4
+            return int(view.samples.nbytes) + mel + view.tokens * self.n_embd * 4
         it = image_tokens(self.proj, view.width, view.height)
         preprocessed = sum(encoder_patches(self.proj, v.n_tokens) for v in it.views) * self.proj.patch_size**2 * 3 * 4
-        return view.rgb.nbytes + preprocessed + it.n_tokens * self.n_embd * 4
+        return int(view.rgb.nbytes) + preprocessed + it.n_tokens * self.n_embd * 4
 
     # --- one picture or clip ------------------------------------------------------------------
     def own_file(self, source: Any) -> bool:
@@ -221,20 +253,31 @@ class Intake:
         own = self.own_file(src)
         if not ref.name and own:
             label = os.fspath(src)  # a file is named by its path
-        label = ref.name or label or ("video" if ref.kind == "video" else "image")
+        label = ref.name or label or (ref.kind if ref.kind in ("video", "audio") else "image")
         deadline = time.monotonic() + self.host_wait_s
+        if not self.proj.has_vision_encoder and ref.kind in ("image", "video"):  # (stated: refused before reading)
+            raise InputError(f"{label}: {self.model_name} has no vision encoder; it cannot take {_WHAT[ref.kind]}")
+        if own and media_kind(ref) == "audio":
+            made = self._audio(ref, label, src, room, lease, deadline)  # (read as a stream from its file)
+            made.given = ref.name
+            return made
         if own and media_kind(ref) == "video":
             made = self._clip(ref, label, src, room, lease, deadline)  # (read as a stream from its file)
             made.given = ref.name
             return made
         data = None if isinstance(src, LoadedImage) else self.read(ref, label)
         held = len(data) if data is not None and not ref.leased else 0
-        video = media_kind(ref, data) == "video"
+        kind = "image" if isinstance(src, LoadedImage) else media_kind(ref, data)
+        if not self.proj.has_vision_encoder and kind != "audio":
+            raise InputError(f"{label}: {self.model_name} has no vision encoder; it cannot take {_WHAT[kind]}")
+        video = kind == "video"
         peak = decode_bytes(data, label) if not video and data is not None and lease is not None else 0
         if lease is not None:  # the bytes and their decode's peak at once: never one held waiting for the other
             lease.grow(held + peak, deadline)
         try:
-            if video:
+            if kind == "audio":
+                made = self._audio(ref, label, data if data is not None else ref.source, room, lease, deadline)
+            elif video:
                 made = self._clip(ref, label, data if data is not None else ref.source, room, lease, deadline)
             else:
                 made = self._picture(ref, label, data, lease, deadline, peak)
@@ -284,6 +327,62 @@ class Intake:
             *size,
             original=original,
             decoded=img_notes,
+        )
+
+    def _audio(
+        self, ref: MediaRef, label: str, source: Any, room: int | None, lease: Lease | None, deadline: float
+    ) -> Views:
+        """A recording's pieces under the audio budget and ``room``: decoded as a stream, long
+        silences dropped (unless the budget keeps them), cut to what fits, each piece labelled
+        with the times it covers; refused at once by a model that cannot hear it."""
+        a = self.proj.audio
+        if a is None:
+            raise InputError(f"{label}: {self.model_name} has no audio encoder; it cannot take audio")
+        why = refusal(a)
+        if why is not None:
+            raise UnsupportedModel(f"{label}: {self.model_name} cannot take audio: {why}")
+        if not isinstance(source, (str, bytes, os.PathLike)):
+            raise InputError(f"{label}: a recording is given as a path or its bytes")
+        decoding = 0
+
+        def hold(n: int) -> None:
+            nonlocal decoding
+            if lease is not None:
+                lease.grow(n, deadline)
+            decoding += n
+
+        budget = self.audio.within(None if room is None else max(room, 0))
+        try:
+            plan, pieces = plan_audio(
+                source,
+                label,
+                window_samples=piece_samples(a),
+                tokens_for=lambda n: audio_tokens(a, n),
+                budget_tokens=budget,
+                keep_silence=self.audio.keep_silence,
+                limits=self.audio.limits,
+                rate=a.sample_rate,
+                hold=hold,
+            )
+            if not pieces:
+                what = "no audio in it" if plan.decoded_s <= 0 else "nothing but silence (--keep-silence sends it)"
+                raise InputError(f"{label}: {what}")
+            if lease is not None:
+                lease.grow(sum(self.view_bytes(p) for p in pieces), deadline)
+        finally:
+            if lease is not None:
+                lease.shrink(decoding)
+        return Views(
+            "audio",
+            label,
+            list(pieces),
+            [p.label for p in pieces],
+            plan.total_tokens,
+            list(plan.notes),
+            file_key(source),
+            plan,
+            0,
+            0,
         )
 
     def _clip(
@@ -337,14 +436,20 @@ class Intake:
         )
 
     # --- a message's media --------------------------------------------------------------------
-    def admit(self, views: Iterable[LoadedImage], cells_free: int) -> Admitted:
+    def admit(self, views: Iterable[Any], cells_free: int) -> Admitted:
         """Run each view past the guard (memory free now, ``cells_free`` image cells left), in
         order; a view may come back shrunk (with a notice) or be refused (an error)."""
         views = list(views)
         if self.guard is None:
             return Admitted(views, 0, [])
-        out, notices, used = [], [], 0
+        out: list[Any] = []
+        notices: list[str] = []
+        used = 0
         for view in views:
+            if isinstance(view, AudioPiece):  # (a piece is never shrunk: it fits, or is refused)
+                used += self.guard.admit_audio(view.tokens, cells_free - used)
+                out.append(view)
+                continue
             adm = self.guard.admit(view, cells_free - used)
             used += adm.tokens
             if adm.notice:
@@ -356,20 +461,21 @@ class Intake:
         self, media: Iterable[Any], room: int, *, first: int = 1, lease: Lease | None = None
     ) -> tuple[list[Views], int]:
         """A message's pictures and clips made ready and admitted, in the message's order:
-        pictures first, then the clips share the room the pictures leave (each an equal part).
+        pictures first, then the clips and recordings share the room the pictures leave (each an
+        equal part).
         ``media``: ``MediaRef``s, decoded ``LoadedImage``s, or ``Views`` made already (by
         ``views``: captioning's prefetch) — those are only admitted. ``first``: the number of
         its first picture (default names: "image 3"). Returns the views (admitted, with their
         notices) and the image cells they take."""
         items = [m if isinstance(m, (MediaRef, Views)) else MediaRef(m, "image", name=m.source) for m in media]
         kinds = [m.kind if isinstance(m, Views) else media_kind(m) for m in items]
-        clips_left = kinds.count("video")
+        clips_left = kinds.count("video") + kinds.count("audio")
         done: dict[int, Views] = {}
         used = 0
-        for j in sorted(range(len(items)), key=lambda j: kinds[j] == "video"):
+        for j in sorted(range(len(items)), key=lambda j: kinds[j] != "image"):
             item = items[j]
             share = None
-            if kinds[j] == "video":
+            if kinds[j] != "image":
                 share = (room - used) // clips_left
                 clips_left -= 1
             if isinstance(item, Views):

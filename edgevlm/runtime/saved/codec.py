@@ -5,7 +5,8 @@ positions]`` (``+ [mode, value]`` when merged) — the unit key is the picture's
 budget, so a restored sequence matches the same picture sent again, in any process. A
 conversation keeps its messages and pictures as data; every picture's pixels (the views sent,
 and the whole picture ``/recall`` sends again) are lossless PNG sections named by their pixel
-hash, stored once however often they appear, and checked against it when read back.
+hash, stored once however often they appear, and checked against it when read back; a
+recording's pieces likewise, as raw float32 samples named by their hash (``pcm:``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from ...audio.plan import AudioPiece
 from ...errors import SavedStateError
 from ...vision.images import LoadedImage
 from ...vision.merge import MergeSpec
@@ -71,7 +73,18 @@ class _Images:
     def __init__(self) -> None:
         self.sections: dict[str, bytes] = {}
 
-    def ref(self, image: LoadedImage) -> dict[str, Any]:
+    def ref(self, image: Any) -> dict[str, Any]:
+        if isinstance(image, AudioPiece):
+            samples = np.ascontiguousarray(image.samples, dtype="<f4")
+            pcm = hashlib.sha256(samples.data.cast("B")).hexdigest()
+            self.sections.setdefault(f"pcm:{pcm}", samples.tobytes())
+            return {
+                "pcm": pcm,
+                "sha256": image.sha256,
+                "source": image.source,
+                "spans": [list(s) for s in image.spans],
+                "tokens": image.tokens,
+            }
         px = _pixel_hash(image.rgb)
         name = f"px:{px}"
         if name not in self.sections:
@@ -124,7 +137,24 @@ def decode_conversation(
 ) -> tuple[Conversation, Summaries]:
     decoded: dict[str, np.ndarray] = {}
 
-    def image(ref: dict[str, Any]) -> LoadedImage:
+    def sound(ref: dict[str, Any]) -> AudioPiece:
+        pcm = str(ref["pcm"])
+        blob = sections.get(f"pcm:{pcm}")
+        if blob is None:
+            raise SavedStateError(f"{where}: corrupted (recording {pcm[:12]} is missing)")
+        if hashlib.sha256(bytes(blob)).hexdigest() != pcm:
+            raise SavedStateError(f"{where}: corrupted (recording {pcm[:12]} does not match its hash)")
+        return AudioPiece(
+            samples=np.frombuffer(bytes(blob), dtype="<f4").astype(np.float32),
+            spans=tuple((float(a), float(b)) for a, b in ref["spans"]),
+            tokens=int(ref["tokens"]),
+            sha256=str(ref["sha256"]),
+            source=str(ref["source"]),
+        )
+
+    def image(ref: dict[str, Any]) -> Any:
+        if "pcm" in ref:
+            return sound(ref)
         px = str(ref["px"])
         rgb = decoded.get(px)
         if rgb is None:
