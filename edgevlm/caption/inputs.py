@@ -31,6 +31,7 @@ from fnmatch import fnmatchcase
 from typing import IO
 
 from ..errors import InputError
+from ..runtime.intake.media import AUDIO_EXTS, looks_like_audio
 from ..vision.images import has_image_ext
 from ..vision.video import is_video_path, looks_like_video
 
@@ -148,11 +149,11 @@ class _Finder:
         self.found.items.append(InputItem(path, rel, explicit))
 
     def _candidate(self, path: str) -> bool:
-        """A picture or a clip, by extension or by its first bytes."""
-        if has_image_ext(path) or is_video_path(path):
+        """A picture, a clip or a recording, by extension or by its first bytes."""
+        if has_image_ext(path) or is_video_path(path) or os.path.splitext(path)[1].lower() in AUDIO_EXTS:
             return True
         head = read_head(path, 64)
-        return sniff(head) is not None or looks_like_video(head)
+        return sniff(head) is not None or looks_like_video(head) or looks_like_audio(head[:16])
 
     def directory(self, root: str) -> None:
         root_n = _norm(root)

@@ -202,8 +202,8 @@ class Preparer:
             p.existing = self.out.existing(item)
         ref = MediaRef(data, name=item.path)
         if self.intake is None:  # no model: the picture is only checked
-            if media_kind(ref) == "video":
-                raise InputError("a video needs the model's projector to be planned")
+            if media_kind(ref) in ("video", "audio"):
+                raise InputError(f"a {media_kind(ref)} file needs the model's projector to be planned")
             img = load_image(data, s.max_pixels, name=item.path)
             p.width, p.height, p.image, p.notes = img.width, img.height, img, list(img.notes)
             return p

@@ -114,7 +114,11 @@ class Captioner:
         if model is not None:
             sched = model.scheduler
             opts = replace(
-                model.options, image_tokens=settings.image_tokens or None, tiles=settings.tiles, video=settings.video
+                model.options,
+                image_tokens=settings.image_tokens or None,
+                tiles=settings.tiles,
+                video=settings.video,
+                audio=settings.audio,
             )
             self.intake = model.intake(opts)
             self.slots = max(1, min(slots or sched.max_running, sched.max_running))

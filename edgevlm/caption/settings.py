@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+from ..audio.budget import AudioBudget
 from ..backend.sampling import SamplingParams
 from ..errors import InputError
 from ..plan.context import IN_FLIGHT_MAX, ContextBudget
@@ -45,6 +46,7 @@ class CaptionSettings:
     merge: str = "off"  # visual token merging after the projector (off, ratio:R, ...)
     json_schema: str | None = None  # a JSON Schema (as JSON text) the answer must follow
     video: VideoBudget = VideoBudget()  # a clip's frames (--video-tokens, --max-frames, --fps)
+    audio: AudioBudget = AudioBudget()  # a recording's tokens (--audio-tokens, --keep-silence, ...)
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_file_bytes: int = 1 << 30
 
@@ -71,6 +73,7 @@ class CaptionSettings:
             ("merge", "off"),
             ("json_schema", None),
             ("video", asdict(VideoBudget())),
+            ("audio", asdict(AudioBudget())),
         ):  # older records stay valid
             if d[key] == off:
                 d.pop(key)

@@ -11,6 +11,7 @@ from ..serve.options import DEFAULT_PARALLEL, ServeOptions, serve_layout
 from .common import (
     AutoInt,
     CLIError,
+    audio_options,
     check_writable,
     echo_err,
     handle_errors,
@@ -74,6 +75,7 @@ status_code or "error") · 2 the file is unusable (unreadable, not a batch file)
 )
 @tiles_option
 @video_options
+@audio_options
 @merge_option
 @plan_options
 @threads_option
@@ -104,6 +106,7 @@ def batch(
     allow_private_urls,
     tiles,
     video,
+    audio,
     merge,
     planning,
     threads,
@@ -162,6 +165,7 @@ def batch(
         merge=merge,
         max_image_pixels=max_pixels,
         video=video,
+        audio=audio,
     )
     output = BatchOutput(data, out).open()
     token = StopToken()

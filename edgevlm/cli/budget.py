@@ -1,5 +1,6 @@
 """``edgevlm budget``: what an image costs before the encoder runs, and which views it becomes;
-for a clip, which frames are kept, at what size, and what they cost."""
+for a clip, which frames are kept, at what size, and what they cost; for a recording, which
+pieces are sent (silences dropped, cut to its budget) and what they cost."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from dataclasses import replace
 import click
 
 from ..backend.sampling import CHAT_REPLY
-from .common import handle_errors, max_pixels_option, plan_options, tiles_option, video_options
+from .common import audio_options, handle_errors, max_pixels_option, plan_options, tiles_option, video_options
 
 __all__ = ["budget"]
 
 
 @click.command()
-@click.argument("image", metavar="IMAGE|CLIP", type=click.Path(dir_okay=False))
+@click.argument("image", metavar="IMAGE|CLIP|AUDIO", type=click.Path(dir_okay=False))
 @click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector GGUF (found for model names).")
 @click.option(
     "--model",
@@ -33,6 +34,7 @@ __all__ = ["budget"]
     help="How tile detail is scored (the other commands use edges).",
 )
 @video_options
+@audio_options
 @click.option(
     "--max-tokens",
     "-n",
@@ -49,16 +51,20 @@ __all__ = ["budget"]
 @max_pixels_option("Refuse images with more pixels than this (decompression-bomb guard).")
 @click.option("--json", "as_json", is_flag=True, help="Print the image (or clip) plan as JSON.")
 @handle_errors
-def budget(image, mmproj, model, tiles, scorer, video, max_tokens, planning, overlay, max_pixels, as_json) -> None:
+def budget(
+    image, mmproj, model, tiles, scorer, video, audio, max_tokens, planning, overlay, max_pixels, as_json
+) -> None:
     """Show how an image is split and budgeted before the encoder runs; for a clip
-    (MP4/WebM/MOV/MKV/AVI, animated GIF/WebP), which frames are kept and what they cost.
-    With --model, exactly what `edgevlm chat -i IMAGE|CLIP` sends on a first turn with the same
-    flags (the guard aside: it weighs the memory free when the request comes).
+    (MP4/WebM/MOV/MKV/AVI, animated GIF/WebP), which frames are kept and what they cost; for a
+    recording (WAV/FLAC/MP3/Ogg), the pieces sent, their times and tokens.
+    With --model, exactly what `edgevlm chat -i IMAGE|CLIP` (`--audio AUDIO`) sends on a first
+    turn with the same flags (the guard aside: it weighs the memory free when the request comes).
 
     \b
     edgevlm budget photo.jpg --mmproj mmproj.gguf --image-tokens 2304 --overlay views.png
     edgevlm budget photo.jpg --model demo
     edgevlm budget clip.mp4 --mmproj mmproj.gguf --video-tokens 4096 --overlay frames.png
+    edgevlm budget voice.mp3 --mmproj mmproj.gguf --audio-tokens 2000 --json
     """
     import os
 
@@ -75,7 +81,9 @@ def budget(image, mmproj, model, tiles, scorer, video, max_tokens, planning, ove
 
     image_tokens = planning.wishes.image_tokens
     # the flags as chat parses them; the picture checked (a clip: found) as chat checks its own
-    options = EngineOptions(image_tokens=image_tokens, tiles=tiles, max_image_pixels=max_pixels, video=video)
+    options = EngineOptions(
+        image_tokens=image_tokens, tiles=tiles, max_image_pixels=max_pixels, video=video, audio=audio
+    )
     (media,) = load_media([image], max_pixels)
     if model is not None:
         native.require()  # mtmd counts with the text model: one line before any note if llama.cpp did not load
@@ -84,10 +92,10 @@ def budget(image, mmproj, model, tiles, scorer, video, max_tokens, planning, ove
         for n in r.notes:
             echo_err(f"note: {n}")
         if r.mmproj is None:
-            raise CLIError(f"{r.name}: no vision projector found; pass --mmproj", 2)
+            raise CLIError(f"{r.name}: no projector found; pass --mmproj", 2)
         model, mmproj = r.local_paths()
     if mmproj is None:
-        raise CLIError("give the vision projector (--mmproj), or the model (--model) to find it", 2)
+        raise CLIError("give the projector (--mmproj), or the model (--model) to find it", 2)
     if model is not None:
         # chat's intake and room: the plan chat loads this pair with (same wishes, same probe), the
         # room its first turn gives pictures beside the reply, frame labels by the model's tokenizer
@@ -120,7 +128,10 @@ def budget(image, mmproj, model, tiles, scorer, video, max_tokens, planning, ove
     else:
         proj = load_projector(mmproj)
         try:
-            intake = Intake.for_projector(proj, options, scorer=scorer)
+            if isinstance(media, MediaRef) and media.kind == "audio":  # (no picture budget for a recording)
+                intake = Intake.for_audio(proj, options)
+            else:
+                intake = Intake.for_projector(proj, options, scorer=scorer)
             made = intake.views(media if isinstance(media, MediaRef) else MediaRef(media, "image", name=media.source))
         except UnsupportedModel as exc:
             raise UnsupportedModel(f"{exc}; give the text model (--model) and mtmd counts them") from None
@@ -130,6 +141,8 @@ def budget(image, mmproj, model, tiles, scorer, video, max_tokens, planning, ove
             f"{DEFAULT_VIDEO_PICTURES} pictures of the {intake.budget.tokens}-token image budget (no context is "
             "known without --model)"
         )
+    if made.kind == "audio":
+        return _show_audio(image, made, audio.tokens, room, clip_source, as_json)
     if made.kind == "video":
         return _show_clip(image, made, video.tokens, room, clip_source, overlay, as_json)
     ip, img, tokens = made.plan, media, intake.budget.tokens
@@ -228,3 +241,29 @@ def _show_clip(path, made, video_tokens, room, source, overlay, as_json) -> None
         console.print(f"note: {n}")
     if overlay:
         console.print(f"contact sheet written to {overlay}")
+
+
+def _show_audio(path, made, audio_tokens, room, source, as_json) -> None:
+    """``edgevlm budget AUDIO``: the pieces a recording is sent as, as chat sends them."""
+    ap = made.plan
+    notes = list(ap.notes)
+    if audio_tokens is None and room is not None:
+        notes.insert(0, f"budget {ap.budget_tokens} tokens for the recording: {source} (--audio-tokens changes it)")
+    if as_json:
+        click.echo(json.dumps({"audio": path, "key": made.key, **ap.to_dict(), "notes": notes}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    budget = f" (budget {ap.budget_tokens})" if ap.budget_tokens is not None else ""
+    title = f"{path} · {ap.duration_s:.1f} s · {len(made.views)} piece(s) · total {ap.total_tokens} tokens{budget}"
+    t = Table(title=title, title_justify="left", box=None)
+    for col in ("piece", "times", "seconds", "tokens"):
+        t.add_column(col, justify="left" if col == "times" else "right")
+    for i, p in enumerate(made.views, 1):
+        t.add_row(str(i), p.label, f"{len(p.samples) / 16000:.1f}", str(p.tokens))
+    console.print(t)
+    console.print(f"rule: {ap.rule}")
+    for n in notes:
+        console.print(f"note: {n}")

@@ -16,6 +16,7 @@ from .common import (
     AutoInt,
     CLIError,
     Size,
+    audio_options,
     check_writable,
     handle_errors,
     json_schema_option,
@@ -163,6 +164,7 @@ def output_options(fn):
 @sampling_options(CaptionSettings.max_tokens, CaptionSettings().sampling())
 @tiles_option
 @video_options
+@audio_options
 @merge_option
 @json_schema_option('each caption (the parsed object goes into the record as "json")')
 @plan_options
@@ -210,6 +212,7 @@ def caption(
     reply,
     tiles,
     video,
+    audio,
     merge,
     json_schema,
     planning,
@@ -270,6 +273,7 @@ def caption(
         image_tokens=planning.wishes.image_tokens,
         tiles=tiles,
         video=video,
+        audio=audio,
         merge=str(merge),
         max_pixels=max_pixels,
         max_file_bytes=max_file_size,

@@ -12,6 +12,7 @@ import click
 
 from ..backend.sampling import CHAT_REPLY
 from .common import (
+    audio_options,
     echo_err,
     handle_errors,
     json_schema_option,
@@ -53,6 +54,15 @@ __all__ = ["chat"]
     help="Video for the first message (repeatable): frames chosen under its budget, each with its timestamp.",
 )
 @video_options
+@click.option(
+    "--audio",
+    "sounds",
+    multiple=True,
+    type=click.Path(dir_okay=False, exists=True),
+    help="Recording for the first message (repeatable; WAV, FLAC, MP3, Ogg/Opus, or a video's sound track), "
+    "for models with an audio encoder: long silences dropped, cut to its budget, pieces timestamped.",
+)
+@audio_options
 @click.option("--system", help="System prompt.")
 @sampling_options(CHAT_REPLY.max_tokens, CHAT_REPLY.sampling)
 @tiles_option
@@ -93,6 +103,8 @@ def chat(
     images,
     videos,
     video,
+    sounds,
+    audio,
     system,
     reply,
     tiles,
@@ -117,8 +129,9 @@ def chat(
     Scripted:     printf '/image a.png\\nWhat is it?\\n' | edgevlm chat -m ... --mmproj ...
     Structured:   edgevlm chat -m ... -i photo.jpg --json-schema tags.json "Tag this picture"
     Video:        edgevlm chat -m ... --video clip.mp4 --video-tokens 2048 "What happens, and when?"
+    Audio:        edgevlm chat -m ... --audio voice.mp3 "Transcribe this."
     """
-    from ..runtime.engine import Clip, EngineOptions
+    from ..runtime.engine import Clip, EngineOptions, Sound
     from ..runtime.intake import FetchRules, load_media
     from ..runtime.jsongrammar import json_grammar
     from ..runtime.saved import session_binding
@@ -145,6 +158,7 @@ def chat(
         max_image_pixels=max_pixels,
         session=session,
         video=video,
+        audio=audio,
         fetch=FetchRules(allow_private_urls=True),  # (a URL on the user's own command line: theirs to name)
     )
     s = reply.sampling
@@ -170,7 +184,7 @@ def chat(
             if not as_json:
                 echo_err(f"continuing {info.describe()}")
                 flush_notices(engine)
-        clips = [Clip(v, v) for v in videos]
+        clips = [Clip(v, v) for v in videos] + [Sound(a, a) for a in sounds]
         if prompt is not None:
             code = _one_shot(engine, prompt, [*pictures, *clips], gen, show_stats, as_json, session_file)
         else:

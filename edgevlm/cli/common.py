@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import click
 
+from ..audio.budget import AudioBudget
 from ..backend.sampling import SamplingParams
 from ..backend.system import MAX_THREADS
 from ..cluster.connect import DEFAULT_BATCH
@@ -459,6 +460,26 @@ def video_options(fn):
                      help="At most this many frames of a clip (default: as the budget allows)."),
         click.option("--fps", type=click.FloatRange(0, min_open=True), default=VideoBudget.fps, show_default=True,
                      help="At most this many frames a second are looked at (a cap, not a promise)."),
+    ])  # fmt: skip
+
+
+def audio_options(fn):
+    """--audio-tokens, --keep-silence, --max-audio-seconds: what a recording may cost (defaults:
+    ``AudioBudget``); the command gets one ``audio`` argument."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, audio_tokens, keep_silence, max_audio_seconds, **kwargs):
+        budget = AudioBudget(tokens=audio_tokens, keep_silence=keep_silence, max_seconds=max_audio_seconds)
+        return fn(*args, audio=budget, **kwargs)
+
+    return _apply(wrapper, [
+        click.option("--audio-tokens", type=click.IntRange(1), default=AudioBudget.tokens,
+                     help="A recording's tokens, all its pieces together (default: the room the context has left); "
+                          "a longer one is cut to what fits, and the reply says what was left out."),
+        click.option("--keep-silence", is_flag=True, default=AudioBudget.keep_silence,
+                     help="Keep long silences in recordings (by default they are dropped before encoding)."),
+        click.option("--max-audio-seconds", type=click.FloatRange(0, min_open=True), default=AudioBudget.max_seconds,
+                     show_default=True, help="Refuse recordings longer than this, before decoding them."),
     ])  # fmt: skip
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import IO
 
 from ..errors import EdgeVLMError
-from ..runtime.engine import Clip, Engine
+from ..runtime.engine import Clip, Engine, Sound
 from ..runtime.intake import MediaRef
 from ..runtime.session import recall
 from ..vision.images import LoadedImage, has_image_ext
@@ -30,6 +30,7 @@ _PATH_RE = re.compile(r"""(?:'([^']+)'|"([^"]+)"|((?:\\ |[^\s'"])+))""", re.VERB
 HELP = """commands:
   /image PATH   attach an image to the next message (repeatable)
   /video PATH   attach a video: frames chosen under the room left, each with its timestamp
+  /audio PATH   attach a recording (or a video's sound): silences dropped, cut to the room left
   /reset        forget the conversation (cached image encodings are kept)
   /stats        statistics of the last reply
   /history      what the conversation holds (pictures in context or as summaries)
@@ -75,7 +76,7 @@ class ChatLoop:
         self.err = err
         self.interactive = interactive
         self.show_stats = show_stats
-        self.queued: list[str | LoadedImage | MediaRef | Clip] = []  # paths, and pictures /recall brings back
+        self.queued: list[str | LoadedImage | MediaRef | Clip | Sound] = []  # paths, and pictures /recall brings back
         self.session = session  # saved after every turn (``chat --session``)
         self._read = read_line or self._read_stdin
 
@@ -163,6 +164,16 @@ class ChatLoop:
                     continue
                 self.queued.append(Clip(path, path))  # (frames are chosen when the message is sent)
                 self._say(f"queued {path} ({len(self.queued)} picture(s)/clip(s) for the next message)")
+        elif cmd == "/audio":
+            if not args:
+                self._say("Error: /audio needs a path")
+            for a in args:
+                path = os.path.expanduser(a)
+                if not os.path.isfile(path):
+                    self._say(f"Error: {path}: no such audio file")
+                    continue
+                self.queued.append(Sound(path, path))  # (decoded and budgeted when the message is sent)
+                self._say(f"queued {path} ({len(self.queued)} item(s) for the next message)")
         elif cmd == "/reset":
             self.engine.reset()
             self.queued.clear()
