@@ -17,13 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edgevlm_testkit import FAMILIES, PRESETS, make_model_pair
+from edgevlm_testkit import AUDIO_FAMILIES, FAMILIES, PRESETS, make_model_pair
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outdir", type=Path)
-    ap.add_argument("--family", default="llava15", choices=list(FAMILIES))
+    ap.add_argument("--family", default="llava15", choices=[*FAMILIES, *AUDIO_FAMILIES])
     ap.add_argument("--preset", default="tiny", choices=list(PRESETS))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

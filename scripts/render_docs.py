@@ -9,8 +9,8 @@ A block sits between ``<!-- results:STEM:PART -->`` and ``<!-- /results:STEM:PAR
 names the results file (``docs/results/STEM.json``, which must exist), PART what is shown of it.
 Which PARTs a file has depends on its benchmark (its ``"benchmark"`` field, or ``gpu_check``
 for ``gpu-check-*.json``): ``scripts/render_gpu.py``, ``render_serve.py``, ``render_caption.py``,
-``render_restart.py``, ``render_restore.py``, ``render_prices.py``, ``render_laptop.py``, ``render_speed.py``
-and ``render_tables.py`` hold them.
+``render_restart.py``, ``render_restore.py``, ``render_prices.py``, ``render_laptop.py``, ``render_speed.py``,
+``render_audio.py`` and ``render_tables.py`` hold them.
 Everything between the markers is replaced; what is outside them is the docs' own text.
 
 A STEM ending in ``-pending`` (``bench_suite-pending``) names a run nobody has made yet: its
@@ -30,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import render_audio
 import render_caption
 import render_gpu
 import render_laptop
@@ -57,6 +58,7 @@ PARTS: dict[str, dict[str, Part]] = {
     **render_speed.PARTS,
     **render_tables.PARTS,
     **render_prices.PARTS,
+    **render_audio.PARTS,
 }
 
 

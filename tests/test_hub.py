@@ -297,7 +297,7 @@ def test_generated_pairs_come_from_the_entry_point_and_are_named_when_missing(mo
     from edgevlm.hub.registry import resolve
 
     assert demo.generated_pairs() is edgevlm_testkit.generated_pairs
-    assert set(demo.generated_pairs().FAMILIES) == set(edgevlm_testkit.FAMILIES)
+    assert set(demo.generated_pairs().FAMILIES) == set(edgevlm_testkit.FAMILIES) | set(edgevlm_testkit.AUDIO_FAMILIES)
     monkeypatch.setattr(demo, "entry_points", lambda group: [])
     assert demo.generated_pairs() is None
     with pytest.raises(

@@ -147,7 +147,7 @@ def with_chat_template(pair: ModelPair, template: str, cache_dir: str | os.PathL
 
 # What the ``edgevlm.generated_pairs`` entry point names: the families and a cached pair of one
 # (``cached_model_pair(family, preset)`` → an object with ``.model`` and ``.mmproj`` paths).
-generated_pairs = SimpleNamespace(FAMILIES=FAMILIES, cached_model_pair=cached_model_pair)
+generated_pairs = SimpleNamespace(FAMILIES={**FAMILIES, **AUDIO_FAMILIES}, cached_model_pair=cached_model_pair)
 
 __all__ = [
     "FAMILIES",
