@@ -14,6 +14,7 @@ from .backend import native
 native.preload()
 
 from .api import load  # noqa: E402
+from .audio.budget import AudioBudget  # noqa: E402
 from .backend.sampling import SamplingParams  # noqa: E402
 from .errors import (  # noqa: E402
     BackendError,
@@ -36,7 +37,7 @@ from .errors import (  # noqa: E402
 )
 from .model.gguf_info import ProjectorInfo, TextModelInfo, check_pair, load_projector, load_text_model  # noqa: E402
 from .model.projectors import ImageTokens, image_tokens  # noqa: E402
-from .runtime.engine import ChatResult, Engine, EngineOptions, GenerationResponse  # noqa: E402
+from .runtime.engine import ChatResult, Clip, Engine, EngineOptions, GenerationResponse, Sound  # noqa: E402
 from .runtime.model import LoadedModel  # noqa: E402
 from .runtime.session import SessionOptions  # noqa: E402
 from .runtime.stats import TurnStats  # noqa: E402
@@ -46,9 +47,11 @@ from .vision.merge import MergeSpec  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
+    "AudioBudget",
     "BackendError",
     "ClusterError",
     "ChatResult",
+    "Clip",
     "ContextExceeded",
     "DoesNotFit",
     "DownloadError",
@@ -71,6 +74,7 @@ __all__ = [
     "SavedStateError",
     "ProjectorInfo",
     "SamplingParams",
+    "Sound",
     "SchemaError",
     "SessionOptions",
     "TextModelInfo",

@@ -6,6 +6,7 @@ same key in every caller, and a conversation with a recording is saved and conti
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -174,3 +175,24 @@ def test_the_same_request_gives_the_same_tokens(model_pair, sounds):
     b = _chat(pair, sounds["speech45"], "-n", "6")
     assert a["text"] == b["text"]
     assert a["stats"]["predicted_n"] == b["stats"]["predicted_n"]
+
+
+def test_an_encoder_that_would_abort_llama_cpp_is_refused_before_encoding(model_pair, sounds, tmp_path):
+    """Ultravox 0.5's stack factor 8: mtmd counts 187 tokens a window, its graph gives 188 and
+    clip_encode aborts the process. edgevlm says so in one line and plans no audio buffer."""
+    from edgevlm.model.audio import refusal
+    from edgevlm.model.gguf_info import load_projector
+    from edgevlm_testkit.audio import AUDIO_PRESETS, write_ultravox_mmproj
+
+    shape = dataclasses.replace(AUDIO_PRESETS["tiny"], stack_factor=8)
+    mmproj = write_ultravox_mmproj(tmp_path / "mmproj.gguf", shape, 128, 1, "Ultravox 0.5 random")
+    assert "aborts this llama.cpp" in (refusal(load_projector(mmproj).audio) or "")
+    model = model_pair("ultravox").model
+    r = run_cli("chat", "--model", str(model), "--mmproj", str(mmproj), "--audio", str(sounds["speech45"]), "hi")
+    assert r.returncode == 2, r.stderr  # (not 134: nothing reached clip_encode)
+    (line,) = r.stderr.strip().splitlines()
+    assert "stack factor 8" in line
+    assert "187" in line
+    plan = run_cli("plan", "--model", str(model), "--mmproj", str(mmproj), "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["audio_encoder_bytes"] == 0
