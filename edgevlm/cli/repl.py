@@ -154,25 +154,16 @@ class ChatLoop:
                     continue
                 self.queued.append(path)
                 self._say(f"queued {path} ({len(self.queued)} image(s) for the next message)")
-        elif cmd == "/video":
+        elif cmd in ("/video", "/audio"):
+            kind, make = ("video", Clip) if cmd == "/video" else ("audio", Sound)
             if not args:
-                self._say("Error: /video needs a path")
+                self._say(f"Error: {cmd} needs a path")
             for a in args:
                 path = os.path.expanduser(a)
                 if not os.path.isfile(path):
-                    self._say(f"Error: {path}: no such video file")
+                    self._say(f"Error: {path}: no such {kind} file")
                     continue
-                self.queued.append(Clip(path, path))  # (frames are chosen when the message is sent)
-                self._say(f"queued {path} ({len(self.queued)} picture(s)/clip(s) for the next message)")
-        elif cmd == "/audio":
-            if not args:
-                self._say("Error: /audio needs a path")
-            for a in args:
-                path = os.path.expanduser(a)
-                if not os.path.isfile(path):
-                    self._say(f"Error: {path}: no such audio file")
-                    continue
-                self.queued.append(Sound(path, path))  # (decoded and budgeted when the message is sent)
+                self.queued.append(make(path, path))  # (decoded and budgeted when the message is sent)
                 self._say(f"queued {path} ({len(self.queued)} item(s) for the next message)")
         elif cmd == "/reset":
             self.engine.reset()

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .llava import write_llama_text
-from .qwen import QWEN_MEAN, QWEN_STD, write_qwen2vl_text
+from .qwen import qwen_vision_into, write_qwen2vl_text
 from .shapes import LLAVA_PRESETS, QWEN_PRESETS, VisionShape
 from .writer import FILE_TYPES, RandomGGUF
 
@@ -98,42 +98,8 @@ def write_qwen25_omni_mmproj(path: Path, v: VisionShape, a: AudioShape, n_text_e
     w = g.writer
     w.add_name(name)
     w.add_file_type(FILE_TYPES["f16"])
-    w.add_string("clip.projector_type", "qwen2.5o")  # one key; clip.cpp splits it per modality
-    # vision (as testkit.qwen.write_qwen_vision with v25=True)
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_bool("clip.use_silu", True)  # global key: whisper's case overrides ffn_op to gelu_erf
-    w.add_uint32("clip.vision.n_wa_pattern", min(8, v.n_layer))
-    w.add_uint32("clip.vision.image_size", v.image_size)
-    w.add_uint32("clip.vision.patch_size", v.patch_size)
-    w.add_uint32("clip.vision.embedding_length", v.n_embd)
-    w.add_uint32("clip.vision.feed_forward_length", v.n_ff)
-    w.add_uint32("clip.vision.projection_dim", n_text_embd)
-    w.add_uint32("clip.vision.attention.head_count", v.n_head)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_uint32("clip.vision.block_count", v.n_layer)
-    w.add_uint32("clip.vision.spatial_merge_size", v.merge)
-    w.add_array("clip.vision.image_mean", QWEN_MEAN)
-    w.add_array("clip.vision.image_std", QWEN_STD)
-    # audio
+    qwen_vision_into(g, v, n_text_embd, True, "qwen2.5o")  # (one type: clip.cpp splits it per modality)
     _whisper_header(w, a, n_text_embd)
-
-    E = v.n_embd
-    g.weight("v.patch_embd.weight", (E, 3, v.patch_size, v.patch_size))
-    g.weight("v.patch_embd.weight.1", (E, 3, v.patch_size, v.patch_size))
-    for i in range(v.n_layer):
-        p = f"v.blk.{i}"
-        g.norm(f"{p}.ln1", E, bias=False)
-        for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            g.linear(f"{p}.{proj}", E, E)
-        g.norm(f"{p}.ln2", E, bias=False)
-        g.linear(f"{p}.ffn_gate", v.n_ff, E)
-        g.linear(f"{p}.ffn_up", v.n_ff, E)
-        g.linear(f"{p}.ffn_down", E, v.n_ff)
-    g.norm("v.post_ln", E, bias=False)
-    merged = E * v.merge * v.merge
-    g.linear("mm.0", merged, merged)
-    g.linear("mm.2", n_text_embd, merged)
-
     _whisper_tensors(g, a)
     g.linear("mm.a.fc", n_text_embd, a.n_embd)  # audio_tower.proj (after the 2x avg pool)
     return g.write()

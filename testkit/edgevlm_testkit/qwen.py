@@ -51,11 +51,18 @@ def write_qwen2vl_text(path: Path, t: TextShape, seed: int, name: str, weight_ty
 
 def write_qwen_vision(path: Path, v: VisionShape, n_text_embd: int, seed: int, name: str, v25: bool) -> Path:
     g = RandomGGUF(path, "clip", seed, "f16")
+    g.writer.add_name(name)
+    g.writer.add_file_type(FILE_TYPES["f16"])
+    qwen_vision_into(g, v, n_text_embd, v25, "qwen2.5vl_merger" if v25 else "qwen2vl_merger")
+    return g.write()
+
+
+def qwen_vision_into(g: RandomGGUF, v: VisionShape, n_text_embd: int, v25: bool, ptype: str) -> None:
+    """Qwen2/2.5-VL's ViT and merger (keys and tensors) into ``g``, under projector type ``ptype``
+    (a Qwen2.5-Omni file names the one type of both its encoders)."""
     w = g.writer
-    w.add_name(name)
-    w.add_file_type(FILE_TYPES["f16"])
     w.add_bool("clip.has_vision_encoder", True)
-    w.add_string("clip.projector_type", "qwen2.5vl_merger" if v25 else "qwen2vl_merger")
+    w.add_string("clip.projector_type", ptype)
     if v25:
         w.add_bool("clip.use_silu", True)
         # Qwen2.5-VL: full attention every 8th block (fullatt_block_indexes 7, 15, ...);
@@ -93,7 +100,6 @@ def write_qwen_vision(path: Path, v: VisionShape, n_text_embd: int, seed: int, n
     merged = E * v.merge * v.merge
     g.linear("mm.0", merged, merged)
     g.linear("mm.2", n_text_embd, merged)
-    return g.write()
 
 
 def write_qwen(outdir: Path, text: TextShape, vision: VisionShape, seed: int, family: str) -> tuple[Path, Path]:
