@@ -15,6 +15,7 @@ from ..serve.options import ServeOptions
 from .common import (
     AutoInt,
     Size,
+    audio_options,
     echo_err,
     handle_errors,
     max_pixels_option,
@@ -166,6 +167,7 @@ __all__ = ["serve"]
 @click.option("--model-id", help="The model's name in /v1/models (default: the model file's name).")
 @tiles_option
 @video_options
+@audio_options
 @merge_option
 @plan_options
 @threads_option
@@ -201,6 +203,7 @@ def serve(
     model_id,
     tiles,
     video,
+    audio,
     merge,
     planning,
     threads,
@@ -215,10 +218,11 @@ def serve(
       OpenAI chat completions   POST /v1/chat/completions
       OpenAI Responses          POST /v1/responses, GET|DELETE /v1/responses/ID
       Anthropic Messages        POST /v1/messages, /v1/messages/count_tokens
+      OpenAI transcriptions     POST /v1/audio/transcriptions (a model with an audio encoder)
       Ollama                    /api/chat, /api/generate, /api/tags, /api/show ...
                                 (also on a port of its own: --ollama-port 11434)
       models                    GET /v1/models
-      a picture's cost          POST /v1/edgevlm/budget
+      a picture's (recording's) cost  POST /v1/edgevlm/budget
       the web page              GET /
       state                     GET /health (open), /status, /metrics
 
@@ -287,6 +291,7 @@ def serve(
         merge=merge,
         max_image_pixels=max_pixels,
         video=video,
+        audio=audio,  # (--audio-tokens: one request's recordings at most; --max-audio-seconds: longer is a 400)
     )
     outcome = {"code": 0}
 

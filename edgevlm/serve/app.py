@@ -4,6 +4,7 @@ Routes: ``GET /`` (the web page, ``static/``), ``POST /v1/chat/completions`` (te
 streamed or not, JSON output by grammar, tool calls), ``POST /v1/responses`` (OpenAI's Responses
 API; ``GET``/``DELETE /v1/responses/{id}``: the responses kept for ``previous_response_id``),
 ``POST /v1/messages`` (Anthropic's Messages API; ``/v1/messages/count_tokens``),
+``POST /v1/audio/transcriptions`` (``transcribe``),
 ``POST /v1/edgevlm/budget`` (what a picture will cost), ``GET /v1/models``, ``GET /health`` (503
 while the model loads), ``GET /status`` (the plan, slots, queue, memory predicted and measured,
 counters) and ``GET /metrics`` (Prometheus text); Ollama's API under ``/api/``
@@ -65,6 +66,7 @@ from .responses_store import ResponseStore
 from .service import ChatService, model_name
 from .status import metrics as metrics_text
 from .status import status as status_of
+from .transcribe import transcription_routes
 
 __all__ = ["Server", "create_app"]
 
@@ -418,6 +420,7 @@ def create_app(
             Route("/v1/responses", guarded(create_response), methods=["POST"]),
             Route("/v1/responses/{response_id}", guarded(stored_response), methods=["GET", "DELETE"]),
             Route("/v1/edgevlm/budget", guarded(server.budget), methods=["POST"]),
+            *transcription_routes(server, guarded),
             Route("/v1/models", guarded(models), methods=["GET"]),
             Route("/v1/models/{model}", guarded(model_card), methods=["GET"]),
             *ollama_routes(server, guarded),

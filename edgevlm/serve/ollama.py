@@ -8,7 +8,9 @@ Pure functions, no I/O, as ``openai``. What maps where:
   reply; ``/api/tags`` lists the server's one model as ``<model id>:latest``. ``/api/show`` of
   another name is Ollama's 404 ``model '…' not found``.
 - ``messages`` (chat): system, user, assistant and tool; ``content`` a string; ``images`` a list
-  of base64 strings (``data:`` URIs too) on user and tool messages; assistant ``tool_calls``
+  of base64 strings (``data:`` URIs too) on user and tool messages — an entry that is a
+  recording by its content (WAV, FLAC, MP3, Ogg, M4A), or a ``data:audio/...`` URI, is audio, as
+  Ollama takes audio in ``images``; assistant ``tool_calls``
   ``[{"function": {"name", "arguments": {...}}}]``; a tool message names its call by
   ``tool_call_id`` (Open WebUI) or ``tool_name`` (Ollama's own clients), else it answers the
   earliest call not yet answered. ``thinking`` sent back is dropped.
@@ -43,7 +45,6 @@ edgevlm's status (400, 401, 404, 413, 503 with ``retry-after`` when busy).
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
@@ -54,12 +55,12 @@ from ..errors import EdgeVLMError, shown
 from . import openai
 from .api_errors import RETRY_AFTER_S, APIError, NotFound, failure_of
 from .http import bearer
+from .ollama_media import media_refs
 from .request import (
     DEFAULT_SAMPLING,
     ChatMessage,
     ChatRequest,
     Delta,
-    ImageRef,
     Reply,
     ToolCall,
     bad,
@@ -87,8 +88,6 @@ VERSION = "0.12.0"  # what /api/version says: an Ollama whose API has everything
 MEDIA_TYPE = "application/x-ndjson"
 MAX_STOPS = openai.MAX_STOPS
 EFFORTS = ("low", "medium", "high")
-_SPACE = re.compile(r"\s")
-_MIME = (("/9j/", "image/jpeg"), ("iVBOR", "image/png"), ("R0lGOD", "image/gif"), ("UklGR", "image/webp"))
 
 api_key = bearer  # Ollama's clients send Authorization: Bearer KEY (OLLAMA_API_KEY)
 
@@ -111,25 +110,6 @@ def _model(body: dict[str, Any]) -> str:
     if not isinstance(m, str):
         raise bad("'model' must be a string", "model")
     return m
-
-
-def _images(raw: Any, where: str) -> tuple[ImageRef, ...]:
-    """``images``: base64 strings (no ``data:`` prefix, as Ollama's) or ``data:`` URIs."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise bad(f"'{where}' must be a list of base64 strings", where)
-    out = []
-    for j, s in enumerate(raw):
-        if not isinstance(s, str) or not s:
-            raise bad(f"{where}[{j}] must be a base64 string", f"{where}[{j}]")
-        if not s.startswith("data:"):
-            if _SPACE.search(s):  # (line-wrapped base64, as Go's decoder takes it)
-                s = "".join(s.split())
-            mime = next((m for head, m in _MIME if s.startswith(head)), "application/octet-stream")
-            s = f"data:{mime};base64,{s}"
-        out.append(ImageRef(s))
-    return tuple(out)
 
 
 def _answered(m: dict[str, Any], pending: list[ToolCall], where: str, i: int) -> tuple[str, str]:
@@ -173,7 +153,7 @@ def _messages(raw: Any) -> tuple[list[str], list[ChatMessage]]:
         if role not in ("system", "user", "assistant", "tool"):
             raise bad(f"{where}.role must be system, user, assistant or tool, not {shown(role)}", f"{where}.role")
         text = _content(m, where)
-        images = _images(m.get("images"), f"{where}.images")
+        images = media_refs(m.get("images"), f"{where}.images")
         if images and role not in ("user", "tool"):
             raise bad(f"{where}.images: only user and tool messages may carry images", f"{where}.images")
         if role == "system":
@@ -315,7 +295,7 @@ def parse_generate(body: Any, defaults: SamplingParams = DEFAULT_SAMPLING) -> Ch
         raise bad("'prompt' must be a string", "prompt")
     if system is not None and not isinstance(system, str):
         raise bad("'system' must be a string", "system")
-    images = _images(body.get("images"), "images")
+    images = media_refs(body.get("images"), "images")
     if not prompt and not images:
         raise LoadOnly(_model(body))
     return _request(body, [ChatMessage("user", prompt or "", images)], [system] if system else [], defaults, None)

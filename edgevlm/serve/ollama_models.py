@@ -45,6 +45,8 @@ class ModelFacts:
     template: str
     info: Mapping[str, Any]  # model_info: the GGUF's numbers
     thinking: bool  # the template knows <think>
+    vision: bool  # the projector has a vision encoder
+    audio: bool  # ... an audio encoder
     size_loaded: int  # the plan's buffers (weights, KV, compute) on every device
     size_vram: int  # ... on the GPUs
 
@@ -126,6 +128,8 @@ def facts_of(model: LoadedModel, model_id: str) -> ModelFacts:
         template=fmt.template,
         info=info,
         thinking=fmt.caps.thinking,
+        vision=proj.has_vision_encoder,
+        audio=proj.audio is not None,
         size_loaded=loaded,
         size_vram=vram,
     )
@@ -166,7 +170,8 @@ def show_body(f: ModelFacts, options: Any) -> dict[str, Any]:
     s = options.sampling
     params = [("num_ctx", f.n_ctx), ("num_predict", options.max_tokens), ("temperature", s.temperature)]
     params += [("top_k", s.top_k), ("top_p", s.top_p), ("min_p", s.min_p)]
-    caps = ["completion", "vision", "tools"] + (["thinking"] if f.thinking else [])
+    caps = ["completion", *(["vision"] if f.vision else []), *(["audio"] if f.audio else []), "tools"]
+    caps += ["thinking"] if f.thinking else []
     return {
         "license": "",
         "modelfile": f"# Modelfile of edgevlm's model {f.model_id}\nFROM {os.path.basename(f.path)}\n",

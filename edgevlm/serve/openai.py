@@ -10,6 +10,8 @@ named function — the last two enforced by a grammar), ``parallel_tool_calls``,
 ``tool_calls`` and ``tool`` messages (whose content may hold pictures) sent back; replies carry
 ``tool_calls`` and ``reasoning_content`` (a thinking model's ``<think>`` text;
 ``chat_template_kwargs.enable_thinking`` switches it where the template can).
+Audio: ``input_audio`` parts (``{"data": <base64>, "format": "wav" | "mp3"}``, also flac, ogg,
+opus, m4a, aac, webm) on user messages, a recording each (``request.audio_ref``).
 Extensions (other servers ignore them):
 an image part's ``name``, and ``"edgevlm": {"evict": "summary"}`` — when the conversation no
 longer fits, its oldest pictures become the model's summaries and the reply says which
@@ -31,6 +33,7 @@ from .request import (
     ImageRef,
     Tool,
     ToolCall,
+    audio_ref,
     bad,
     integer,
     number,
@@ -87,8 +90,14 @@ def _content(raw: Any, where: str, role: str) -> tuple[str, tuple[ImageRef, ...]
                 raise bad(f'{at}.video_url must be a URL string or {{"url": ...}}', at)
             name = part.get("name") if isinstance(part.get("name"), str) else ""
             images.append(ImageRef(url, "auto", name[:200], "video"))
+        elif kind == "input_audio":
+            images.append(audio_ref(part, at, role))
         else:
-            raise bad(f"{at}: content part type {shown(kind)} is not supported (text, image_url and video_url are)", at)
+            raise bad(
+                f"{at}: content part type {shown(kind)} is not supported (text, image_url, video_url and "
+                "input_audio are)",
+                at,
+            )
     return "\n".join(texts), tuple(images)
 
 

@@ -44,7 +44,7 @@ def usage_body(reply: Reply) -> dict[str, Any]:
         "prompt_tokens": reply.prompt_tokens,
         "completion_tokens": reply.completion_tokens,
         "total_tokens": reply.prompt_tokens + reply.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": reply.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": reply.cached_tokens, "audio_tokens": reply.stats.audio_tokens},
     }
 
 

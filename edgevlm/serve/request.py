@@ -9,6 +9,8 @@ body and events. Admission, budgeting, the guard, tool calls and reasoning happe
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from ..runtime.toolformat import partial_object
 from .api_errors import APIError
 
 __all__ = [
+    "AUDIO_FORMATS",
     "ChatMessage",
     "ChatRequest",
     "DEFAULT_SAMPLING",
@@ -29,6 +32,8 @@ __all__ = [
     "Reply",
     "Tool",
     "ToolCall",
+    "audio_ref",
+    "audio_uri",
     "bad",
     "integer",
     "new_id",
@@ -78,7 +83,50 @@ class ImageRef:
     url: str  # a data: URI, an http(s) URL, or a path under --allow-path
     detail: str = "auto"  # auto | low | high
     name: str = ""  # edgevlm extension: the picture's file name, for summaries that mention it
-    kind: str = "image"  # image | video (a clip: frames chosen under the room left)
+    kind: str = "image"  # image | video (a clip: frames chosen under the room left) | audio (a recording)
+
+
+# ``input_audio.format``s taken (OpenAI documents wav and mp3; PyAV decodes these too), and the
+# type their data: URI says (the intake tells a recording by its content, not by this)
+AUDIO_FORMATS = {
+    "wav": "audio/wav",
+    "mp3": "audio/mpeg",
+    "flac": "audio/flac",
+    "ogg": "audio/ogg",
+    "opus": "audio/ogg",
+    "m4a": "audio/mp4",
+    "aac": "audio/aac",
+    "webm": "audio/webm",
+}
+
+
+def audio_ref(part: dict[str, Any], at: str, role: str) -> ImageRef:
+    """An ``input_audio`` part (OpenAI's chat and Responses share the shape: ``{"type":
+    "input_audio", "input_audio": {"data": <base64>, "format": "wav" | "mp3" ...}}``) → a
+    recording's ``ImageRef`` (a ``data:`` URI of kind audio); ``at`` names the part in errors.
+    Only user messages carry audio."""
+    if role != "user":
+        raise bad(f"{at}: only user messages may carry audio", at)
+    name = part.get("name")
+    name = name[:200] if isinstance(name, str) else ""
+    return ImageRef(audio_uri(part.get("input_audio"), f"{at}.input_audio"), "auto", name, "audio")
+
+
+def audio_uri(inner: Any, at: str) -> str:
+    """``{"data": <base64>, "format": ...}`` (``at`` names it in errors) → its ``data:`` URI. The
+    base64 is checked here, so bad data is a 400 naming the field before anything is queued."""
+    if not isinstance(inner, dict):
+        raise bad(f'{at} must be {{"data": <base64>, "format": "wav" | "mp3"}}', at)
+    data, fmt = inner.get("data"), inner.get("format")
+    if fmt not in AUDIO_FORMATS:
+        raise bad(f"{at}.format must be one of {', '.join(AUDIO_FORMATS)}, not {shown(fmt)}", f"{at}.format")
+    if not isinstance(data, str) or not data:
+        raise bad(f"{at}.data must be the recording as a base64 string", f"{at}.data")
+    try:
+        base64.b64decode(data, validate=True)  # (no data: prefix, as OpenAI's)
+    except (binascii.Error, ValueError):
+        raise bad(f"{at}.data is not valid base64", f"{at}.data") from None
+    return f"data:{AUDIO_FORMATS[fmt]};base64,{data}"
 
 
 @dataclass(frozen=True)

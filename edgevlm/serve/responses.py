@@ -5,7 +5,8 @@ conversation read from the store (``responses_store``: the responses kept for
 replies: the ``response`` object and the streaming events.
 
 Input: a string, or items — messages (user, assistant, system, developer; ``input_text``,
-``input_image`` with a URL or data URI, ``output_text``), ``function_call`` items (consecutive
+``input_image`` with a URL or data URI, ``input_audio`` — base64 and its format, as chat's —
+``output_text``), ``function_call`` items (consecutive
 ones are one assistant turn's calls), ``function_call_output`` items (text or parts with
 pictures: the tool's result) and ``reasoning`` items (dropped: the model reasons afresh).
 ``instructions`` is the system prompt; ``text.format`` asks for JSON (object or schema, by
@@ -36,6 +37,7 @@ from .request import (
     ChatRequest,
     ImageRef,
     ToolCall,
+    audio_ref,
     bad,
     integer,
     new_id,
@@ -289,9 +291,11 @@ def _content(raw: Any, where: str, role: str, key: str = "content") -> tuple[str
                 raise bad(f"{at}.detail must be auto, low, high or original, not {shown(detail)}", f"{at}.detail")
             name = part.get("name") if isinstance(part.get("name"), str) else ""
             images.append(ImageRef(url, DETAILS[detail], name[:200]))
+        elif kind == "input_audio":
+            images.append(audio_ref(part, at, role))
         else:
             raise bad(
-                f"{at}: content part type {shown(kind)} is not supported (input_text and input_image are)",
+                f"{at}: content part type {shown(kind)} is not supported (input_text, input_image and input_audio are)",
                 f"{at}.type",
                 "unsupported_parameter",
             )

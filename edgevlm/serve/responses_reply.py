@@ -29,7 +29,11 @@ def usage_body(reply: Reply) -> dict[str, Any]:
     reasoning = round(out * len(reply.reasoning) / len(reply.raw)) if reply.reasoning and reply.raw else 0
     return {
         "input_tokens": reply.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": reply.cached_tokens, "cache_write_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": reply.cached_tokens,
+            "cache_write_tokens": 0,
+            "audio_tokens": reply.stats.audio_tokens,
+        },
         "output_tokens": out,
         "output_tokens_details": {"reasoning_tokens": min(reasoning, out)},
         "total_tokens": reply.prompt_tokens + out,

@@ -44,7 +44,7 @@ from .options import ServeOptions
 from .prep import Preparation
 from .recall import load_recall, save_recall
 from .replies import ReplySplitter
-from .request import ChatRequest, Delta, Reply
+from .request import ChatRequest, Delta, Reply, audio_uri
 from .rules import ReplyRules
 from .worker import Worker
 
@@ -170,13 +170,21 @@ class ChatService:
             lease.shrink(sum(map(len, fetched.values())))
 
     def budget(self, body: Any, lease: Lease) -> dict[str, Any]:
-        """``POST /v1/edgevlm/budget``'s answer (blocking): what a picture or clip in ``body``
-        will cost, from the one intake, holding ``lease`` for what it decodes."""
-        kind = "video" if isinstance(body, dict) and "video_url" in body else "image"
-        ref = body.get(f"{kind}_url") if isinstance(body, dict) else None
-        url = ref.get("url") if isinstance(ref, dict) else ref
+        """``POST /v1/edgevlm/budget``'s answer (blocking): what a picture, clip or recording in
+        ``body`` will cost (``{"input_audio": {"data", "format"}}``: a recording as a chat part
+        carries it), from the one intake, holding ``lease`` for what it decodes."""
+        url: Any
+        if isinstance(body, dict) and "input_audio" in body:  # (as a chat part: base64 and its format)
+            ref, kind = None, "audio"
+            url = audio_uri(body["input_audio"], "input_audio")
+        else:
+            kind = "video" if isinstance(body, dict) and "video_url" in body else "image"
+            ref = body.get(f"{kind}_url") if isinstance(body, dict) else None
+            url = ref.get("url") if isinstance(ref, dict) else ref
         if not isinstance(url, str) or not url:
-            raise APIError(f'give {{"{kind}_url": {{"url": ...}}}}', f"{kind}_url")
+            raise APIError(
+                f'give {{"{kind}_url": {{"url": ...}}}} or {{"input_audio": {{"data", "format"}}}}', f"{kind}_url"
+            )
         detail = body.get("detail") or (ref.get("detail") if isinstance(ref, dict) else None) or "auto"
         name = body.get("name") if isinstance(body.get("name"), str) else ""
         if len(name) > NAME_MAX:
@@ -186,7 +194,7 @@ class ChatService:
             max_tokens = self.options.max_tokens
         room = self.model.scheduler.budget.image_room(max_tokens)
         made = self.intake.views(MediaRef(url, kind, detail, name), room, lease)
-        return {**made.to_dict(), "n_ctx": self.model.n_ctx, "image_room": room}
+        return {**made.to_dict(), "key": made.key, "n_ctx": self.model.n_ctx, "image_room": room}
 
     def measure_text(self, req: ChatRequest) -> None:
         """The context check by size (``ContextBudget.check_text``), on the caller's thread before
@@ -203,12 +211,19 @@ class ChatService:
 
     # --- requests ----------------------------------------------------------------------------
     async def submit(
-        self, req: ChatRequest, gone: Gone | None = None, lease: Lease | None = None, count_only: bool = False
+        self,
+        req: ChatRequest,
+        gone: Gone | None = None,
+        lease: Lease | None = None,
+        count_only: bool = False,
+        seen: Callable[[Turn], None] | None = None,
     ) -> Job:
         """Prepare the request and queue it; returns once the worker runs it (an error it
         refuses with — 400 too long, 503 busy — is raised). The job holds ``lease`` (or a new
         one) from here on; whoever ends the job releases it (``finish``). ``count_only``: the
-        prompt is rendered and counted (``job.prompt_cells``), never run."""
+        prompt is rendered and counted (``job.prompt_cells``), never run. ``seen``: told the
+        turn as the intake made it, before the worker has it (a transcription reads its
+        recording's pieces there)."""
         loop = asyncio.get_running_loop()
         lease = lease or self.admit()  # (the server's routes admitted it at the door)
         deadline = time.monotonic() + self.options.timeout_s  # (its preparation included)
@@ -234,6 +249,8 @@ class ChatService:
             )
             # (the turn goes straight into its job: nothing here keeps its pictures while it waits)
             job = Job(await prep.run(None, self.prepare, req, lease, fetched, reply), deadline, loop, lease, count_only)
+            if seen is not None:
+                seen(job.turn)
             self.worker.submit(job)
         except BaseException:
             prep.give_up()  # (the lease given back once no step of it runs)

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import psutil
 
+from ..model.audio import piece_samples
 from ..model.projectors import encoder_patches
 from ..plan.devices import format_size
 from ..runtime.model import LoadedModel
@@ -167,12 +168,15 @@ def metrics(server: Server) -> str:
 
 def image_cache_bound(model: LoadedModel) -> int:
     """The most the image cache holds on the host: its units at the largest picture's embeddings
-    (and merged copies) and mtmd's preprocessed pixels, within its byte bound."""
+    (and merged copies) and mtmd's preprocessed pixels (a recording's piece: its samples and
+    log-mel), within its byte bound."""
     sched, be = model.scheduler, model.backend
     proj = be.proj_info
     tokens = (model.plan.image_max_tokens if model.plan is not None else 0) or 4096
     embeddings = tokens * be.n_embd_inp * 4 * 2  # (a merged copy is at most as large again)
-    pixels = encoder_patches(proj, tokens) * proj.patch_size**2 * 3 * 4
+    pixels = encoder_patches(proj, tokens) * proj.patch_size**2 * 3 * 4 if proj.has_vision_encoder else 0
+    if proj.audio is not None:  # a recording's piece: its samples and mtmd's log-mel of them
+        pixels = max(pixels, piece_samples(proj.audio) * 4 + proj.audio.n_mel * 3000 * 4)
     opts = sched.options
     return min(opts.image_cache_bytes, opts.image_cache_units * embeddings) + opts.image_cache_units * pixels
 

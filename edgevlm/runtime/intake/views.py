@@ -271,7 +271,7 @@ class Intake:
         if not self.proj.has_vision_encoder and kind != "audio":
             raise InputError(f"{label}: {self.model_name} has no vision encoder; it cannot take {_WHAT[kind]}")
         video = kind == "video"
-        peak = decode_bytes(data, label) if not video and data is not None and lease is not None else 0
+        peak = decode_bytes(data, label) if kind == "image" and data is not None and lease is not None else 0
         if lease is not None:  # the bytes and their decode's peak at once: never one held waiting for the other
             lease.grow(held + peak, deadline)
         try:
