@@ -196,3 +196,22 @@ def test_an_encoder_that_would_abort_llama_cpp_is_refused_before_encoding(model_
     plan = run_cli("plan", "--model", str(model), "--mmproj", str(mmproj), "--json")
     assert plan.returncode == 0, plan.stderr
     assert json.loads(plan.stdout)["audio_encoder_bytes"] == 0
+
+
+def test_a_batch_line_with_input_audio_costs_what_budget_says(model_pair, sounds, tmp_path):
+    """An OpenAI batch file's line carries the recording as base64: the same tokens as the file."""
+    import base64
+
+    pair = model_pair("ultravox")
+    path = sounds["quiet60"]
+    data = base64.b64encode(path.read_bytes()).decode()
+    part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+    body = {"model": "x", "max_tokens": 2, "messages": [{"role": "user", "content": [part]}]}
+    line = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps(line) + "\n")
+    r = run_cli("batch", str(src), *_pair_args(pair), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
+    usage = rec["response"]["body"]["usage"]
+    assert usage["prompt_tokens_details"]["audio_tokens"] == _budget(pair, path)["total_tokens"]
