@@ -215,3 +215,18 @@ def test_a_batch_line_with_input_audio_costs_what_budget_says(model_pair, sounds
     (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
     usage = rec["response"]["body"]["usage"]
     assert usage["prompt_tokens_details"]["audio_tokens"] == _budget(pair, path)["total_tokens"]
+
+
+def test_inspect_describes_an_audio_projector(model_pair):
+    only, both = model_pair("ultravox"), model_pair("qwen25o")
+    r = run_cli("inspect", str(only.mmproj), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)["mmproj"]
+    assert "image_tokens" not in d
+    assert d["audio"]["projector_type"] == "ultravox"
+    assert d["audio_tokens"] == {"per_30s_window": 375, "refused": None}
+    r = run_cli("inspect", str(both.model), "--mmproj", str(both.mmproj))
+    assert r.returncode == 0, r.stderr
+    assert "image tokens @ 560x560" in r.stdout
+    assert "750 per 30 s window" in r.stdout
+    assert "qwen2a" in r.stdout

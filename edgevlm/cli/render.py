@@ -210,19 +210,22 @@ def render_inspect(report: dict) -> None:
         console.print(t)
     if "mmproj" in report:
         p = report["mmproj"]
-        t = Table(title=f"vision projector  {p['path']}", show_header=False, box=None, title_justify="left")
+        title = "projector" if p["audio"] else "vision projector"
+        t = Table(title=f"{title}  {p['path']}", show_header=False, box=None, title_justify="left")
         t.add_column(style="bold")
         t.add_column()
-        it = p["image_tokens"]
         rows = [
             ("projector_type", p["projector_type"]),
             ("file_type", p["file_type"]),
-            ("image_size / patch_size", f"{p['image_size']} / {p['patch_size']}"),
-            ("vision n_layer", p["n_layer"]),
-            ("vision n_embd", p["n_embd"]),
             ("output width", p["n_mmproj_embd"]),
             ("weights", _mib(p["weight_bytes"])),
         ]
+        if p["has_vision_encoder"]:
+            rows[2:2] = [
+                ("image_size / patch_size", f"{p['image_size']} / {p['patch_size']}"),
+                ("vision n_layer", p["n_layer"]),
+                ("vision n_embd", p["n_embd"]),
+            ]
         if p["image_grid_pinpoints"]:
             rows.append(("pinpoints", " ".join(f"{w}x{h}" for w, h in p["image_grid_pinpoints"])))
         if p["spatial_merge_size"]:
@@ -230,14 +233,21 @@ def render_inspect(report: dict) -> None:
         for key in ("image_min_pixels", "image_max_pixels"):
             if p[key]:
                 rows.append((key, p[key]))
-        rows.append(
-            (
-                f"image tokens @ {it['width']}x{it['height']}",
-                f"not known before mtmd loads it; at most {it['bound']} (the planner's bound)"
-                if "error" in it
-                else f"{it['n_tokens']} in {it['n_chunks']} chunk(s), {it['n_pos']} positions",
+        it = p.get("image_tokens")
+        if it is not None:
+            rows.append(
+                (
+                    f"image tokens @ {it['width']}x{it['height']}",
+                    f"not known before mtmd loads it; at most {it['bound']} (the planner's bound)"
+                    if "error" in it
+                    else f"{it['n_tokens']} in {it['n_chunks']} chunk(s), {it['n_pos']} positions",
+                )
             )
-        )
+        a, at = p["audio"], p.get("audio_tokens")
+        if a is not None and at is not None:
+            rows.append(("audio encoder", f"{a['projector_type']}, {a['n_layer']} block(s) of {a['n_embd']}"))
+            rows.append(("audio weights", _mib(a["weight_bytes"])))
+            rows.append(("audio tokens", at["refused"] or f"{at['per_30s_window']} per 30 s window"))
         for k, v in rows:
             t.add_row(k, str(v))
         console.print(t)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ModelPairError, UnsupportedModel
+from .audio import refusal, window_tokens
 from .gguf_info import check_pair, projector_info, read_gguf, text_model_info
 from .projectors import image_tokens, token_bound
 
@@ -31,10 +32,16 @@ def inspect_files(file: str, mmproj: str | None = None, image_size: tuple[int, i
         proj = projector_info(proj_gf)
         d = proj.to_dict()
         w, h = image_size or (proj.image_size, proj.image_size)
-        try:
-            d["image_tokens"] = {"width": w, "height": h, **image_tokens(proj, w, h).to_dict()}
-        except UnsupportedModel as exc:  # the file is still worth describing
-            d["image_tokens"] = {"width": w, "height": h, "error": str(exc), "bound": token_bound(proj)}
+        if not proj.has_vision_encoder:  # (audio only: no picture to count)
+            pass
+        else:
+            try:
+                d["image_tokens"] = {"width": w, "height": h, **image_tokens(proj, w, h).to_dict()}
+            except UnsupportedModel as exc:  # the file is still worth describing
+                d["image_tokens"] = {"width": w, "height": h, "error": str(exc), "bound": token_bound(proj)}
+        if proj.audio is not None:
+            why = refusal(proj.audio)
+            d["audio_tokens"] = {"per_30s_window": None if why else window_tokens(proj.audio), "refused": why}
         report["mmproj"] = d
         if "model" in report:
             try:

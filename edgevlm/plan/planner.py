@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..model.audio import refusal
+from ..model.audio import refusal, window_tokens
 from ..model.gguf_info import ProjectorInfo, read_gguf
 from ..model.kv_types import KV_CHOICES, KV_DEFAULT, KV_Q4, KV_Q8, is_quantized
 from ..model.projectors import facts, largest_image_tokens, view_tokens
@@ -446,7 +446,9 @@ class Planner(Footprint):
         return [
             f"audio encoder ({a.projector_type}, {a.n_layer} block(s) of {a.n_embd}): a compute buffer of its own, "
             f"{format_size(self.audio_bytes(c))} on {'the GPU' if c.mmproj_gpu and self.gpus else 'the CPU'} "
-            f"for a 30 s window (every window's size, whatever the recording's length)"
+            f"for a 30 s window (every window's size, whatever the recording's length); "
+            f"{ContextBudget(kv_cells(c.n_ctx)).images_that_fit(window_tokens(a), self.wishes.reply_tokens)} "
+            f"window(s) of {window_tokens(a)} tokens fit in the context beside the reply"
         ]
 
     def _summary(self, c: Config) -> str:
@@ -471,11 +473,12 @@ class Planner(Footprint):
         per_image = self._kv_tokens(c.image_tokens)
         rule = ContextBudget(kv_cells(c.n_ctx))
         max_images = rule.images_that_fit(per_image, self.wishes.reply_tokens)
-        reasons.append(
-            f"{max_images} image(s) of {per_image} tokens fit in the context with "
-            f"{rule.text_room} tokens kept for text and "
-            f"{rule.reply_reserve(self.wishes.reply_tokens)} for the reply"
-        )
+        if self.proj is None or self.proj.has_vision_encoder:  # (an audio-only one: its windows, below)
+            reasons.append(
+                f"{max_images} image(s) of {per_image} tokens fit in the context with "
+                f"{rule.text_room} tokens kept for text and "
+                f"{rule.reply_reserve(self.wishes.reply_tokens)} for the reply"
+            )
         reasons.extend(self._audio_notes(c))
         for dv in devs:
             reasons.append(
