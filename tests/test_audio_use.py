@@ -151,6 +151,7 @@ def test_the_same_recording_has_the_same_key_and_tokens_in_every_caller(model_pa
     assert rec["sha256"] == by_path.key
     assert rec["image_tokens"] == by_path.tokens
     assert rec["error"] is None
+    assert rec["prompt"] == "Write a one-sentence caption for this recording."  # (not "this image")
 
 
 def test_the_repl_takes_audio_and_a_saved_conversation_keeps_it(model_pair, sounds, tmp_path):

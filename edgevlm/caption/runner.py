@@ -195,7 +195,10 @@ class Captioner:
                             yield self._settled(p)
                             continue
                         job = _InFlight(
-                            p, render_prompt(self.settings.prompt, p.item, p.existing), [], time.perf_counter()
+                            p,
+                            render_prompt(self.settings.prompt, p.item, p.existing, p.made.kind if p.made else "image"),
+                            [],
+                            time.perf_counter(),
                         )
                         if sched is None:  # the file changed after the run decided no model was needed
                             yield self._failed(p, job.prompt, "runtime", "changed while the run started; run again")

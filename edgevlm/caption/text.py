@@ -11,9 +11,18 @@ import string
 from ..errors import InputError
 from .inputs import InputItem
 
-__all__ = ["DEFAULT_PROMPT", "PLACEHOLDERS", "check_template", "clean_caption", "compose", "render_prompt"]
+__all__ = [
+    "DEFAULT_AUDIO_PROMPT",
+    "DEFAULT_PROMPT",
+    "PLACEHOLDERS",
+    "check_template",
+    "clean_caption",
+    "compose",
+    "render_prompt",
+]
 
 DEFAULT_PROMPT = "Write a one-sentence caption for this image."
+DEFAULT_AUDIO_PROMPT = "Write a one-sentence caption for this recording."  # a recording's, when --prompt is not given
 PLACEHOLDERS = ("name", "filename", "path", "existing")
 
 
@@ -29,7 +38,10 @@ def check_template(template: str) -> None:
             )
 
 
-def render_prompt(template: str, item: InputItem, existing: str | None) -> str:
+def render_prompt(template: str, item: InputItem, existing: str | None, kind: str = "image") -> str:
+    """The prompt of one input; a recording asked with the default prompt is asked about a recording."""
+    if kind == "audio" and template == DEFAULT_PROMPT:
+        template = DEFAULT_AUDIO_PROMPT
     return template.format_map(
         {
             "name": item.name,
