@@ -231,3 +231,23 @@ def test_inspect_describes_an_audio_projector(model_pair):
     assert "image tokens @ 560x560" in r.stdout
     assert "750 per 30 s window" in r.stdout
     assert "qwen2a" in r.stdout
+
+
+def test_an_old_recording_gives_way_to_its_summary_when_the_context_fills(model_pair, sounds):
+    import edgevlm
+    from edgevlm import Sound
+
+    pair = model_pair("ultravox")
+    vlm = edgevlm.load(str(pair.model), str(pair.mmproj), n_ctx=1024)
+    try:
+        eng = vlm.conversation()
+        first = eng.chat("one", [Sound(str(sounds["speech45"]), "talk.wav")], max_tokens=2, temperature=0)
+        assert first.stats.audio_tokens == 750
+        second = eng.chat("two", [Sound(str(sounds["speech45"]), "again.wav")], max_tokens=2, temperature=0)
+        assert second.stats.summarized_images == 1  # 2 × 750 audio tokens cannot share 1,024 cells
+        said = [n for n in eng.notices if "replaced by its summary" in n]
+        assert said
+        assert said[0].startswith("context full: recording 1 (talk.wav)")
+        assert any(n.startswith("[recording 1 (talk.wav): ") for m in eng.messages for n in m.notes)
+    finally:
+        vlm.close()

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..audio.plan import AudioPiece
 from ..vision.images import LoadedImage
 
 __all__ = ["Conversation", "Message", "Picture"]
@@ -59,6 +60,11 @@ class Picture:
     @property
     def in_context(self) -> bool:
         return self.summary is None
+
+    @property
+    def what(self) -> str:
+        """What notices and summaries call it: "image" (a picture or a clip), or "recording"."""
+        return "recording" if isinstance(self.image, AudioPiece) else "image"
 
 
 @dataclass

@@ -45,6 +45,11 @@ DEFAULT_SUMMARY_PROMPT = (
     "In one or two short sentences, describe image {n} ({name}) from earlier in this "
     "conversation, with any text or numbers it shows."
 )
+# a recording's, when the session's prompt is the default one
+DEFAULT_AUDIO_SUMMARY_PROMPT = (
+    "In one or two short sentences, say what recording {n} ({name}) from earlier in this "
+    "conversation holds: who speaks, and what is said."
+)
 
 
 @dataclass(frozen=True)
@@ -107,10 +112,13 @@ Ask = Callable[[str, list[Message]], str]
 def summarize(conv: Conversation, pic: Picture, ask: Ask, options: SessionOptions, memory: Summaries) -> str:
     """The model's own short description of ``pic`` (cached by content hash), asked after the
     conversation before the turn being prepared."""
-    key = pic.image.sha256 + "\0" + options.summary_prompt
+    prompt = options.summary_prompt
+    if pic.what == "recording" and prompt == DEFAULT_SUMMARY_PROMPT:
+        prompt = DEFAULT_AUDIO_SUMMARY_PROMPT
+    key = pic.image.sha256 + "\0" + prompt
     if key in memory.texts:
         return memory.texts[key]
-    question = options.summary_prompt.format(n=pic.number, name=pic.name)
+    question = prompt.format(n=pic.number, name=pic.name)
     earlier = conv.messages[:-1]
     try:
         text = ask(question, earlier)
@@ -137,9 +145,8 @@ def replace_picture(conv: Conversation, pic: Picture, summary: str) -> None:
             m.images = [m.images[i] for i in keep]
             m.labels = [m.labels[i] for i in keep] if m.labels else []
             m.pictures = [m.pictures[i] for i in keep]
-            m.notes.append(
-                f"[image {pic.number} ({pic.name}): {summary}]" if pic.name else f"[image {pic.number}: {summary}]"
-            )
+            what = f"{pic.what} {pic.number}"
+            m.notes.append(f"[{what} ({pic.name}): {summary}]" if pic.name else f"[{what}: {summary}]")
     pic.summary = summary
 
 
@@ -180,7 +187,7 @@ def make_room(
             replace_picture(conv, pic, summary)
             rep.summarized.append(pic)
             rep.evicted_tokens += pic.tokens
-            label = f"image {pic.number} ({pic.name})" if pic.name else f"image {pic.number}"
+            label = f"{pic.what} {pic.number} ({pic.name})" if pic.name else f"{pic.what} {pic.number}"
             notices.append(f"context full: {label} replaced by its summary ({pic.tokens} tokens freed): {summary[:80]}")
             continue
         older = conv.messages[:-1]
