@@ -327,5 +327,11 @@ def encoder_bytes(g: Graph, gpu: Backend | None = None, host: bool = False) -> i
     ``host`` the CPU's (the pixels and positions it fills, in a plain CPU buffer)."""
     if gpu is None:
         return 0 if host else replay(g)
+    # clip loads the whole projector file into one buffer marked as weights
+    # (GGML_BACKEND_BUFFER_USAGE_WEIGHTS, clip.cpp), so ggml's first pass puts every op on an
+    # encoder weight next to it, on the GPU, and its second pass carries that GPU down to the
+    # nodes after an op the GPU refuses (an attention score matrix past Vulkan's tensor limit):
+    # the graphs' stand-in for those weights (``Graph.EXT``) must read as weights here too
+    g.EXT.weights = True
     got = schedule(g, (gpu, Backend("CPU", "CPU")), lambda t: Home(gpu.buft))
     return got["CPU" if host else gpu.name]

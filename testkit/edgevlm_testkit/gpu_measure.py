@@ -27,7 +27,17 @@ from edgevlm.plan.footprint import Footprint, Wishes
 
 from .measure import MIB, buffer_lines, largest_image
 
-__all__ = ["ROUNDING", "TARGET", "DeviceRow", "GuardRow", "guard_on_device", "logged_on_device", "measure_on_device"]
+__all__ = [
+    "ROUNDING",
+    "TARGET",
+    "DeviceRow",
+    "GuardRow",
+    "audio_on_device",
+    "clip_reserves",
+    "guard_on_device",
+    "logged_on_device",
+    "measure_on_device",
+]
 
 TARGET = 0.005  # a buffer's plan within 0.5 % of the log, as on the CPU
 
@@ -305,3 +315,62 @@ def guard_on_device(
         finally:
             vlm.close()
     return row
+
+
+_RESERVE = re.compile(r"reserve_compute_meta:\s+(\S+) compute buffer size =\s+([0-9.]+) MiB")
+
+
+def clip_reserves(lines: list[str]) -> list[tuple[str, float]]:
+    """The (buffer, MiB) of each ``reserve_compute_meta`` line, in order: what a clip context
+    reserved (mtmd with the warm-up off logs it at the context's first encode)."""
+    return [(m.group(1), float(m.group(2))) for ln in lines if (m := _RESERVE.search(ln))]
+
+
+def audio_on_device(
+    model: str,
+    mmproj: str,
+    flash_attn: bool,
+    n_threads: int = 2,
+    emit: Callable[[dict], None] | None = None,
+) -> dict:
+    """Every layer and the projector on the first GPU, mtmd's warm-up off (as edgevlm loads it):
+    what the clip contexts reserved at load, and at the first encode of one 20 s recording,
+    beside the planner's audio buffer on that GPU and its host-side part (the mel frames)."""
+    text_gf, proj_gf = read_gguf(model), read_gguf(mmproj)
+    g0 = _first_gpu()
+    if g0 is None:
+        raise RuntimeError("no GPU registered in ggml (a CUDA or Vulkan build, GGML_VK_VISIBLE_DEVICES=0 for lavapipe)")
+    host = Device("CPU", "host", "cpu", 64 * 2**30, 64 * 2**30, True, "what-if")
+    fp = Footprint(text_gf, proj_gf, Probe((replace(g0, overhead_bytes=0), host)), Wishes())
+    ngl = fp.text.n_layer + 1
+    cfg = PlanConfig(
+        ngl=ngl, n_ctx=1024, type_k="f16", type_v="f16", flash_attn=flash_attn, mmproj_gpu=True,
+        image_tokens=0, n_batch=512, n_ubatch=512,
+    )  # fmt: skip
+    with logs.capture() as lines:
+        be = Backend(
+            model, mmproj, n_ctx=1024, n_gpu_layers=ngl, n_threads=n_threads, flash_attn=flash_attn,
+            warmup=False, mmproj_use_gpu=True,
+        )  # fmt: skip
+        try:
+            loaded = len(lines)
+            samples = (np.random.default_rng(0).standard_normal(16000 * 20) * 0.1).astype(np.float32)
+            bm = be.bitmap_from_audio(samples)
+            try:
+                with be.tokenize(be.marker, [bm], add_special=False) as chunks:
+                    be.encode_image(next(c for c in chunks if c.kind == "audio"))
+            finally:
+                be.free_bitmap(bm)
+            got = {
+                "gpu": g0.name,
+                "predicted_gpu": fp.audio_bytes(cfg),
+                "predicted_host": fp.audio_bytes(cfg, host=True),
+                "clip_on": [ln.split("CLIP using ")[1].split()[0] for ln in lines if "CLIP using " in ln],
+                "at_load": clip_reserves(lines[:loaded]),
+                "at_first_encode": clip_reserves(lines[loaded:]),
+            }
+            if emit is not None:  # before teardown, which a driver may not survive
+                emit(got)
+        finally:
+            be.close()
+    return got
