@@ -1,8 +1,8 @@
-"""One intake for every caller: a picture or a clip, from wherever it comes, made into the
-budgeted, guarded views a turn sends, and the turn itself (``turn``: the one shape every caller
-builds and the runtime takes). Chat (``Engine``), the server (``ChatService`` and the
-budget route), captioning, batch files and ``edgevlm budget`` all go through here: this is the
-one place that budgets a picture or plans a clip.
+"""One intake for every caller: a picture, a clip or a recording, from wherever it comes, made
+into the budgeted, guarded views a turn sends, and the turn itself (``turn``: the one shape
+every caller builds and the runtime takes). Chat (``Engine``), the server (``ChatService`` and
+the budget route), captioning, batch files and ``edgevlm budget`` all go through here: this is
+the one place that budgets a picture, plans a clip or cuts a recording.
 
     intake = vlm.intake()                                   # a LoadedModel's, or Intake(proj, budget, ...)
     made, used = intake.message([MediaRef("photo.jpg"), MediaRef("clip.mp4")], room)
@@ -18,7 +18,12 @@ What is decided here, once:
   ``LOW_DETAIL_TOKENS`` without tiles (``budget_for``);
 - **a clip's frames**: pictures first, then the clips of a message share the room the pictures
   leave, each an equal part (``message``), its frames chosen by ``vision.video.plan_video``;
-- **what it is remembered by** (its summary key): a picture's pixel hash, a clip's file hash;
+- **a recording's pieces**: decoded as a stream by ``audio.plan_audio``, long silences dropped,
+  packed into encoder windows each labelled with its times, cut to the room it shares with the
+  message's clips; a model without an audio encoder refuses it (one without a vision encoder
+  refuses pictures);
+- **what it is remembered by** (its summary key): a picture's pixel hash, a clip's or a
+  recording's file hash;
 - **what it holds**: views larger than the encoder needs are kept small (``compact_view``);
   under a ``Lease`` the compressed bytes, the decode's peak and the views are taken before they
   are held and given back when dropped;

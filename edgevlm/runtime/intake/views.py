@@ -162,7 +162,8 @@ class Intake:
         limit), the options' tiles, and mtmd's own cap ``mtmd_max_tokens`` (what the pair is
         loaded with); a clip gets the options' ``video`` under that per-picture budget, each
         frame's label costing ``frame_text`` tokens (``frame_text_tokens`` of the model's
-        tokenizer); a picture or frame over the options' ``max_image_pixels`` is refused.
+        tokenizer); a picture or frame over the options' ``max_image_pixels`` is refused; a
+        recording gets the options' ``audio`` budget under the room it is given.
         ``scorer``: how tiles are scored (``edgevlm budget --scorer``; the others use the
         default). The rest is ``Intake``'s own."""
         tokens = options.image_tokens if options.image_tokens is not None else (planned or None)
@@ -170,7 +171,7 @@ class Intake:
             proj,
             ImageBudget(proj, tokens, options.tiles, mtmd_max_tokens, scorer),
             video=options.video,
-            audio=getattr(options, "audio", AudioBudget()),
+            audio=options.audio,
             max_pixels=options.max_image_pixels,
             frame_text=frame_text,
             n_embd=n_embd,
