@@ -50,21 +50,26 @@ def wav_bytes(seconds: float, rate: int = RATE, seed: int = 0) -> bytes:
     return buf.getvalue()
 
 
-def mp3_bytes(seconds: float) -> bytes:
+def encoded(seconds: float, fmt: str, codec: str, block: int) -> bytes:
+    """``tone(seconds)`` in a ``fmt`` container through ``codec``, fed ``block`` samples at a time."""
     import av
 
     buf = io.BytesIO()
-    with av.open(buf, "w", format="mp3") as out:
-        s = out.add_stream("libmp3lame", rate=RATE, layout="mono")
+    with av.open(buf, "w", format=fmt) as out:
+        s = out.add_stream(codec, rate=RATE, layout="mono")
         pcm = tone(seconds)
-        for k in range(0, pcm.size, 1152):
-            frame = av.AudioFrame.from_ndarray(pcm[None, k : k + 1152], format="s16", layout="mono")
+        for k in range(0, pcm.size, block):
+            frame = av.AudioFrame.from_ndarray(pcm[None, k : k + block], format="s16", layout="mono")
             frame.rate = RATE
             for p in s.encode(frame):
                 out.mux(p)
         for p in s.encode(None):
             out.mux(p)
     return buf.getvalue()
+
+
+def mp3_bytes(seconds: float) -> bytes:
+    return encoded(seconds, "mp3", "libmp3lame", 1152)
 
 
 def b64(data: bytes) -> str:
@@ -346,20 +351,7 @@ def test_audio_tokens_cut_a_long_recording_and_the_reply_says_so(model_pair):
 
 
 def flac_bytes(seconds: float) -> bytes:
-    import av
-
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="flac") as out:
-        s = out.add_stream("flac", rate=RATE, layout="mono")
-        pcm = tone(seconds)
-        for k in range(0, pcm.size, 4096):
-            frame = av.AudioFrame.from_ndarray(pcm[None, k : k + 4096], format="s16", layout="mono")
-            frame.rate = RATE
-            for p in s.encode(frame):
-                out.mux(p)
-        for p in s.encode(None):
-            out.mux(p)
-    return buf.getvalue()
+    return encoded(seconds, "flac", "flac", 4096)
 
 
 def flac_bomb() -> bytes:
