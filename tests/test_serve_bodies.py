@@ -36,9 +36,20 @@ def open_body(port: int, path: str, declared: int, first: bytes = b"{", headers:
 
 
 def reply_of(s: socket.socket) -> tuple[int, dict]:
-    """The status and JSON body of the response on a raw socket (``connection: close``: read to the end)."""
+    """The status and JSON body of the response on a raw socket (``connection: close``: read to the
+    end). A server that closes a connection whose body it stopped reading resets it (the kernel's
+    answer to unread bytes, which a trickling client keeps sending): a reset after the answer ends
+    it too."""
     data = b""
-    while chunk := s.recv(65536):
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            if not data:
+                raise
+            break
+        if not chunk:
+            break
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     return int(head.split()[1]), json.loads(body)
