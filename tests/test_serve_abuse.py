@@ -130,7 +130,8 @@ def test_twenty_trickling_bodies_hold_no_place_and_trickling_heads_are_closed(mo
             until(lambda: s.status()["queue"]["reading"] == 20, "all twenty bodies arriving")
             inn.served(2, "answered while twenty bodies trickled in")
             st = s.status()
-            assert st["queue"]["reading"] == 20, st["queue"]  # (still arriving: they held no place)
+            # (still arriving: they held no place; an innocent's own body may be being read too)
+            assert st["queue"]["reading"] >= 20, st["queue"]
             assert st["memory"]["host"]["in_use_bytes"] >= 20 * 1_000_000  # (each its whole length)
             until(lambda: all(closed(h) for h in heads), "every trickling head closed", timeout=60)
     finally:
