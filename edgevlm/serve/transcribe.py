@@ -36,10 +36,9 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from ..audio.decode import probe
 from ..audio.plan import AudioPiece
 from ..backend.sampling import SamplingParams
-from ..errors import InputError, shown
+from ..errors import shown
 from ..plan.host import Lease
 from ..runtime.intake import Turn
 from .options import ServeOptions
@@ -233,30 +232,25 @@ async def transcribe(server: Server, request: HTTPRequest) -> Response:
             await form.close()
         lease.resize(len(uri) + len(data))  # (what it holds until the intake took the recording)
         call = parse_form(form, uri, filename, server.options.sampling)
-        declared = await run_in_threadpool(_declared, data) if call.response_format == "verbose_json" else None
         del data
         del uri
         service.admit(lease)
         pieces: list[Piece] = []
-        job = await service.submit(
-            call.request, request.is_disconnected, lease, seen=lambda t: pieces.extend(pieces_of(t))
-        )
+        heard: list[float | None] = []
+
+        def seen(turn: Turn) -> None:
+            pieces.extend(pieces_of(turn))
+            heard.extend(turn.heard)
+
+        job = await service.submit(call.request, request.is_disconnected, lease, seen=seen)
     except BaseException:
         lease.release()
         raise
     reply = await service.whole(job, call.request, request.is_disconnected)
-    # (the recording's length as its header says, else the end of its last piece kept)
-    duration = declared if declared is not None else max((p.end for p in pieces), default=0.0)
+    # (the recording's length as the intake decoded it, else the end of its last piece kept)
+    known = heard[-1] if heard else None
+    duration = known if known is not None else max((p.end for p in pieces), default=0.0)
     return answer(call, reply, pieces, duration)
-
-
-def _declared(data: bytes) -> float | None:
-    """A recording's length as its header says (None: not said, or not a file PyAV opens — the
-    intake says why)."""
-    try:
-        return probe(data, "file").duration_s
-    except InputError:
-        return None
 
 
 def usage_tokens(reply: Reply) -> dict[str, Any]:

@@ -115,6 +115,9 @@ class Turn:
     notes: tuple[str, ...] = ()  # what the intake did to its new pictures (resized, tiles, frames)
     notices: tuple[str, ...] = ()  # what the guard did (a view shrunk)
     added: int = 0
+    # the seconds each recording of its new messages lasts, in order (decoded to its end, or as its
+    # header says where the budget stopped decoding; None: not known)
+    heard: tuple[float | None, ...] = ()
 
     @property
     def new_views(self) -> tuple[LoadedImage, ...]:

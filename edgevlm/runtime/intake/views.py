@@ -523,6 +523,7 @@ def make_turn(
     pictures = [replace(p) for p in history.pictures] if history is not None else []
     first_new = len(pictures)
     notes: list[str] = []
+    heard: list[float | None] = []
     notices: list[str] = []
     places: list[int] = [-1] * len(messages)  # (the history's messages are the caller's own)
     left = room
@@ -541,6 +542,8 @@ def make_turn(
         numbers: list[int] = []
         for v in made:
             notes += v.notes
+            if isinstance(v.plan, AudioPlan):
+                heard.append(v.plan.duration_s)
             notices += v.notices
             pictures.append(v.picture(len(pictures) + 1))
             views += v.views
@@ -574,4 +577,5 @@ def make_turn(
         tuple(notes),
         tuple(notices),
         len(pictures) - first_new,
+        tuple(heard),
     )
